@@ -1,0 +1,1 @@
+"""The embedded cluster: real PostgreSQL and NATS servers plus every service, on one machine."""

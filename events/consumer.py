@@ -1,0 +1,153 @@
+"""Checkpointed, idempotent consumers of the log.
+
+A bus message at position p is only a wake-up: the runner locks the consumer's checkpoint row,
+reads (checkpoint, p] from PostgreSQL, applies those events in order and moves the checkpoint,
+all in one transaction, and acks the message only after that commit. A redelivered or duplicate
+message finds p <= checkpoint and changes nothing; a lost one is healed by the periodic catch-up,
+which does the same read up to the head of the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+import structlog
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from events import faults
+from events.bus import EVENTS_PREFIX, Bus, position_of
+from events.envelope import RecordedEvent
+from events.errors import EventsError
+from events.store import EventStore, Fence, Transaction
+
+log = structlog.get_logger("consumer")
+
+
+class Consumer:
+    """Subclass and implement :meth:`handle`. Effects go through ``tx`` so they commit atomically
+    with the checkpoint.
+
+    Attributes:
+        name: the checkpoint name; unique per consumer.
+        subjects: bus subjects whose messages wake this consumer.
+        types: event types to receive (``None``: all); others only move the checkpoint.
+    """
+
+    name: str = "consumer"
+    subjects: Sequence[str] = (f"{EVENTS_PREFIX}.>",)
+    types: frozenset[str] | None = None
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Applies one event inside the consumer's transaction."""
+        raise NotImplementedError
+
+    async def after_commit(self) -> None:
+        """Runs after each committed batch (e.g. to publish commands derived from new state)."""
+
+
+class ConsumerRunner:
+    """Drives a :class:`Consumer` from bus wake-ups and a catch-up timer."""
+
+    def __init__(
+        self,
+        store: EventStore,
+        bus: Bus | None,
+        consumer: Consumer,
+        *,
+        batch: int = 500,
+        catch_up_every: float = 2.0,
+        fence: Fence | None = None,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.consumer = consumer
+        self.batch = batch
+        self.catch_up_every = catch_up_every
+        self.fence = fence
+        self.applied = 0
+        self._lock = asyncio.Lock()
+
+    async def catch_up(self, upto: int | None = None) -> int:
+        """Applies every event up to ``upto`` (default: the head); returns the new checkpoint."""
+        async with self._lock:
+            while True:
+                done, position = await self._apply_page(upto)
+                await faults.point("consumer.after_commit")
+                if done:
+                    await self.consumer.after_commit()
+                    return position
+
+    async def _apply_page(self, upto: int | None) -> tuple[bool, int]:
+        name = self.consumer.name
+        async with self.store.transaction() as tx:
+            checkpoint = await tx.lock_checkpoint(name)
+            bound = upto
+            if bound is None:
+                bound = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+            if bound <= checkpoint:
+                return True, checkpoint
+            events = await tx.read_all(
+                checkpoint, upto=bound, limit=self.batch, types=self.consumer.types
+            )
+            for event in events:
+                await self.consumer.handle(tx, event)
+            full = len(events) == self.batch
+            position = events[-1].position if full else bound
+            if self.fence is not None:
+                await tx.check_fence(self.fence)
+            await tx.set_checkpoint(name, position)
+            self.applied += len(events)
+        return not full, position
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consumes until ``stop`` is set. Survives bus and database outages by retrying."""
+        timer = asyncio.create_task(self._timer(stop))
+        try:
+            await self._consume_bus(stop)
+        finally:
+            timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await timer
+
+    async def _timer(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.catch_up()
+            except EventsError as exc:
+                log.warning("catch-up failed", consumer=self.consumer.name, error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.catch_up_every)
+
+    async def _consume_bus(self, stop: asyncio.Event) -> None:
+        if self.bus is None:
+            await stop.wait()
+            return
+        sub = None
+        while not stop.is_set():
+            try:
+                if sub is None:
+                    sub = await self.bus.pull(self.consumer.name, self.consumer.subjects)
+                msgs = await sub.fetch(batch=256, timeout=1.0)
+            except (NatsTimeoutError, TimeoutError):
+                continue
+            except Exception as exc:  # bus down, consumer deleted by a restored store, ...
+                log.warning("bus fetch failed", consumer=self.consumer.name, error=str(exc))
+                sub = None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                continue
+            positions = [p for p in (position_of(m) for m in msgs) if p is not None]
+            try:
+                if positions:
+                    await self.catch_up(max(positions))
+            except EventsError as exc:
+                log.warning("apply failed", consumer=self.consumer.name, error=str(exc))
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=1.0)
+                continue
+            for msg in msgs:
+                with contextlib.suppress(Exception):
+                    await msg.ack()

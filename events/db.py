@@ -1,0 +1,68 @@
+"""PostgreSQL connections: pools, JSON codecs, and the one place driver errors are translated."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any, TypeAlias, cast
+
+import asyncpg
+
+from events.errors import ConcurrencyError, EventsError, StoreUnavailableError
+
+Pool: TypeAlias = asyncpg.Pool
+Connection: TypeAlias = asyncpg.Connection
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            name, encoder=_dumps, decoder=json.loads, schema="pg_catalog", format="text"
+        )
+
+
+def _dumps(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
+    """Opens a connection pool whose connections decode json/jsonb to Python values."""
+    with translate_errors():
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, init=_init_connection
+        )
+    assert pool is not None
+    return cast(Pool, pool)
+
+
+async def connect(dsn: str) -> Connection:
+    """Opens one dedicated connection (for leases and LISTEN), with the same codecs as a pool."""
+    with translate_errors():
+        conn = await asyncpg.connect(dsn)
+        await _init_connection(conn)
+    return cast(Connection, conn)
+
+
+@contextlib.contextmanager
+def translate_errors(stream_id: str | None = None) -> Iterator[None]:
+    """Turns asyncpg and socket errors into :mod:`events.errors` errors."""
+    try:
+        yield
+    except EventsError:
+        raise
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == "events_pkey" and stream_id is not None:
+            raise ConcurrencyError(stream_id, None, -1) from exc
+        raise StoreUnavailableError(f"unique violation: {exc}") from exc
+    except asyncpg.LockNotAvailableError as exc:
+        raise StoreUnavailableError(f"event log busy: {exc}") from exc
+    except (
+        asyncpg.PostgresConnectionError,
+        asyncpg.InterfaceError,
+        asyncpg.AdminShutdownError,
+        asyncpg.CannotConnectNowError,
+        ConnectionError,
+        OSError,
+    ) as exc:
+        raise StoreUnavailableError(f"PostgreSQL unavailable: {exc}") from exc

@@ -1,0 +1,85 @@
+"""The envelope every stored event travels in, and the base class of event payloads."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Event(BaseModel):
+    """Base of every event payload: a frozen fact with a stable type name and schema version.
+
+    Subclasses set ``event_type`` (never renamed once stored) and ``schema_version`` (bumped with an
+    upcaster in :mod:`events.registry` whenever the payload shape changes).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_type: ClassVar[str]
+    schema_version: ClassVar[int] = 1
+
+
+class Metadata(BaseModel):
+    """Who caused an event and why: actor, causation and correlation ids, leader epoch."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    actor: str | None = None
+    causation_id: str | None = None
+    correlation_id: str | None = None
+    epoch: int | None = None
+
+
+class NewEvent(BaseModel):
+    """An event about to be appended: the payload plus its id and metadata."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    event: Event
+    event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    metadata: Metadata = Field(default_factory=Metadata)
+
+
+class RecordedEvent(BaseModel):
+    """An event as stored in the log, with its global position and stream version.
+
+    ``payload`` is the raw JSON as stored (possibly an old schema version); :meth:`decode` upcasts
+    and validates it into the current model.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    position: int
+    stream_id: str
+    stream_version: int
+    event_id: uuid.UUID
+    type: str
+    schema_version: int
+    payload: dict[str, Any]
+    metadata: Metadata
+    recorded_at: datetime
+
+    @property
+    def stream_type(self) -> str:
+        """The stream's category: the part of ``stream_id`` before the first ``-``."""
+        return stream_type_of(self.stream_id)
+
+    def decode(self) -> Event:
+        """Returns the payload as the current version of its event model."""
+        from events.registry import decode
+
+        return decode(self.type, self.schema_version, self.payload)
+
+
+def stream_type_of(stream_id: str) -> str:
+    """Returns the category of a stream id (``trial-42.7`` -> ``trial``)."""
+    head, _, _ = stream_id.partition("-")
+    return head
+
+
+def new(event: Event, **metadata: Any) -> NewEvent:
+    """Wraps a payload for appending, with optional metadata fields."""
+    return NewEvent(event=event, metadata=Metadata(**metadata))

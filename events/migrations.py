@@ -1,0 +1,88 @@
+"""Schema migrations: an ordered list per namespace, each applied once, under an advisory lock.
+
+The core namespace owns the log itself; services (tracker projections, metrics) pass their own
+namespace and list to :func:`apply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from events.db import Connection
+
+_LOCK_KEY = 0x6361_6972  # "cair": serializes concurrent migrators
+
+CORE: Sequence[tuple[str, str]] = (
+    (
+        "0001_events",
+        """
+        CREATE TABLE events (
+            position        bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+            stream_id       text        NOT NULL,
+            stream_version  bigint      NOT NULL,
+            event_id        uuid        NOT NULL UNIQUE,
+            type            text        NOT NULL,
+            schema_version  integer     NOT NULL,
+            payload         jsonb       NOT NULL,
+            metadata        jsonb       NOT NULL DEFAULT '{}',
+            recorded_at     timestamptz NOT NULL DEFAULT now(),
+            CONSTRAINT events_pkey PRIMARY KEY (stream_id, stream_version)
+        ) WITH (autovacuum_vacuum_scale_factor = 0.5);
+        CREATE INDEX events_type_position ON events (type, position);
+        """,
+    ),
+    (
+        "0002_checkpoints",
+        """
+        CREATE TABLE checkpoints (
+            name        text PRIMARY KEY,
+            position    bigint NOT NULL DEFAULT 0,
+            updated_at  timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE TABLE snapshots (
+            stream_id       text    NOT NULL,
+            fold            text    NOT NULL,
+            fold_version    integer NOT NULL,
+            stream_version  bigint  NOT NULL,
+            state           jsonb   NOT NULL,
+            PRIMARY KEY (stream_id, fold)
+        );
+        CREATE TABLE inbox (
+            source      text NOT NULL,
+            key         text NOT NULL,
+            result      jsonb,
+            recorded_at timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (source, key)
+        );
+        CREATE SEQUENCE experiment_ids;
+        """,
+    ),
+)
+
+
+async def apply(conn: Connection, namespace: str, migrations: Sequence[tuple[str, str]]) -> int:
+    """Applies the not-yet-applied migrations of ``namespace`` in order; returns how many ran."""
+    ran = 0
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS schema_migrations (
+                   namespace text NOT NULL, id text NOT NULL,
+                   applied_at timestamptz NOT NULL DEFAULT now(),
+                   PRIMARY KEY (namespace, id))"""
+        )
+        done = {
+            r["id"]
+            for r in await conn.fetch(
+                "SELECT id FROM schema_migrations WHERE namespace = $1", namespace
+            )
+        }
+        for mig_id, sql in migrations:
+            if mig_id in done:
+                continue
+            await conn.execute(sql)
+            await conn.execute(
+                "INSERT INTO schema_migrations (namespace, id) VALUES ($1, $2)", namespace, mig_id
+            )
+            ran += 1
+    return ran

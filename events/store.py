@@ -1,0 +1,308 @@
+"""The PostgreSQL event store: serialized appends with optimistic concurrency, ordered reads.
+
+Invariant: every append takes ``LOCK TABLE events IN EXCLUSIVE MODE`` before inserting, so
+positions are assigned and committed in the same order. A reader that has seen position p has
+therefore seen every committed event below p; gaps (from rolled-back appends) are never filled
+later and are safe to skip. The lock does not block readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from events import faults, migrations
+from events.db import Connection, Pool, create_pool, translate_errors
+from events.envelope import Event, Metadata, NewEvent, RecordedEvent
+from events.errors import ConcurrencyError, FencedError
+from events.registry import encode
+
+NOTIFY_CHANNEL = "cairn_events"
+_COLUMNS = (
+    "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
+    "recorded_at"
+)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A leader's epoch on a lease; writes carrying a stale fence are rejected."""
+
+    lease: str
+    epoch: int
+
+
+def lease_stream(lease: str) -> str:
+    """The stream on which a lease's ``LeaderElected`` events are recorded."""
+    return f"lease-{lease}"
+
+
+def _row_to_event(row: Any) -> RecordedEvent:
+    return RecordedEvent(
+        position=row["position"],
+        stream_id=row["stream_id"],
+        stream_version=row["stream_version"],
+        event_id=row["event_id"],
+        type=row["type"],
+        schema_version=row["schema_version"],
+        payload=row["payload"],
+        metadata=Metadata.model_validate(row["metadata"]),
+        recorded_at=row["recorded_at"],
+    )
+
+
+def _as_new(item: Event | NewEvent) -> NewEvent:
+    return item if isinstance(item, NewEvent) else NewEvent(event=item)
+
+
+class Transaction:
+    """A database transaction in which appends, reads, checkpoints and effects commit together."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._locked = False
+
+    async def _lock(self) -> None:
+        if not self._locked:
+            await self.conn.execute("SET LOCAL lock_timeout = '10s'")
+            await self.conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")
+            self._locked = True
+
+    async def check_fence(self, fence: Fence) -> None:
+        """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch."""
+        await self._lock()
+        current = await self.conn.fetchval(
+            "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1",
+            lease_stream(fence.lease),
+        )
+        if current != fence.epoch:
+            raise FencedError(fence.lease, fence.epoch, int(current))
+
+    async def stream_version(self, stream_id: str) -> int:
+        """Returns the stream's current version (0 for a stream with no events)."""
+        value = await self.conn.fetchval(
+            "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1", stream_id
+        )
+        return int(value)
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | NewEvent],
+        *,
+        expected_version: int | None = None,
+        fence: Fence | None = None,
+    ) -> list[RecordedEvent]:
+        """Appends ``events`` to ``stream_id`` atomically with the rest of this transaction.
+
+        Args:
+            stream_id: target stream, e.g. ``trial-42.7``.
+            events: payloads (or payloads with ids and metadata) in order.
+            expected_version: the version the stream must be at (0: must not exist yet);
+                ``None`` appends whatever the version is.
+            fence: the writer's leader epoch; a stale one raises :class:`FencedError`.
+
+        Raises:
+            ConcurrencyError: the stream is not at ``expected_version``.
+            FencedError: ``fence`` is no longer current.
+        """
+        if not events:
+            return []
+        await self._lock()
+        if fence is not None:
+            await self.check_fence(fence)
+        current = await self.stream_version(stream_id)
+        if expected_version is not None and current != expected_version:
+            raise ConcurrencyError(stream_id, expected_version, current)
+        items = [_as_new(e) for e in events]
+        epoch = fence.epoch if fence is not None else None
+        metas = [
+            item.metadata.model_copy(update={"epoch": epoch}) if epoch else item.metadata
+            for item in items
+        ]
+        with translate_errors(stream_id):
+            rows = await self.conn.fetch(
+                f"""INSERT INTO events (event_id, stream_id, stream_version, type,
+                                        schema_version, payload, metadata)
+                    SELECT e, $2, v, t, s, p::jsonb, m::jsonb
+                    FROM unnest($1::uuid[], $3::bigint[], $4::text[], $5::int[],
+                                $6::text[], $7::text[]) AS u(e, v, t, s, p, m)
+                    RETURNING {_COLUMNS}""",
+                [i.event_id for i in items],
+                stream_id,
+                [current + n + 1 for n in range(len(items))],
+                [i.event.event_type for i in items],
+                [i.event.schema_version for i in items],
+                [json.dumps(encode(i.event), separators=(",", ":")) for i in items],
+                [m.model_dump_json(exclude_none=True) for m in metas],
+            )
+            await self.conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, stream_id)
+        recorded = sorted((_row_to_event(r) for r in rows), key=lambda e: e.position)
+        await faults.point("store.before_commit")
+        return recorded
+
+    async def read_all(
+        self,
+        after: int = 0,
+        *,
+        upto: int | None = None,
+        limit: int = 1000,
+        types: Iterable[str] | None = None,
+    ) -> list[RecordedEvent]:
+        """Reads committed events with ``after < position <= upto`` in position order."""
+        return await _read_all(self.conn, after, upto, limit, types)
+
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        """Reads one stream's events after ``after_version`` in version order."""
+        return await _read_stream(self.conn, stream_id, after_version)
+
+    async def lock_checkpoint(self, name: str) -> int:
+        """Locks consumer ``name``'s checkpoint row until commit and returns its position."""
+        await self.conn.execute(
+            "INSERT INTO checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING", name
+        )
+        value = await self.conn.fetchval(
+            "SELECT position FROM checkpoints WHERE name = $1 FOR UPDATE", name
+        )
+        return int(value)
+
+    async def set_checkpoint(self, name: str, position: int) -> None:
+        """Moves consumer ``name``'s checkpoint forward to ``position`` (never backwards)."""
+        await self.conn.execute(
+            """INSERT INTO checkpoints (name, position) VALUES ($1, $2)
+               ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = now()
+               WHERE checkpoints.position < excluded.position""",
+            name,
+            position,
+        )
+
+
+async def _read_all(
+    conn: Connection, after: int, upto: int | None, limit: int, types: Iterable[str] | None
+) -> list[RecordedEvent]:
+    type_list = sorted(set(types)) if types is not None else None
+    with translate_errors():
+        rows = await conn.fetch(
+            f"""SELECT {_COLUMNS} FROM events
+                WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                  AND ($3::text[] IS NULL OR type = ANY($3))
+                ORDER BY position LIMIT $4""",
+            after,
+            upto,
+            type_list,
+            limit,
+        )
+    return [_row_to_event(r) for r in rows]
+
+
+async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> list[RecordedEvent]:
+    with translate_errors():
+        rows = await conn.fetch(
+            f"""SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2
+                ORDER BY stream_version""",
+            stream_id,
+            after_version,
+        )
+    return [_row_to_event(r) for r in rows]
+
+
+class EventStore:
+    """The log: an asyncpg pool plus the append/read operations on it."""
+
+    def __init__(self, pool: Pool, dsn: str) -> None:
+        self.pool = pool
+        self.dsn = dsn
+
+    @classmethod
+    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> EventStore:
+        """Opens a pool on ``dsn`` and applies the core migrations."""
+        pool = await create_pool(dsn, min_size=min_size, max_size=max_size)
+        async with pool.acquire() as conn:
+            with translate_errors():
+                await migrations.apply(conn, "core", migrations.CORE)
+        return cls(pool, dsn)
+
+    async def close(self) -> None:
+        """Closes the pool."""
+        with contextlib.suppress(Exception):
+            await self.pool.close()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Yields a :class:`Transaction` that commits when the block exits without error."""
+        with translate_errors():
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield Transaction(conn)
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | NewEvent],
+        *,
+        expected_version: int | None = None,
+        fence: Fence | None = None,
+    ) -> list[RecordedEvent]:
+        """Appends in a transaction of its own; see :meth:`Transaction.append`."""
+        async with self.transaction() as tx:
+            return await tx.append(
+                stream_id, events, expected_version=expected_version, fence=fence
+            )
+
+    async def read_all(
+        self,
+        after: int = 0,
+        *,
+        upto: int | None = None,
+        limit: int = 1000,
+        types: Iterable[str] | None = None,
+    ) -> list[RecordedEvent]:
+        """Reads committed events with ``after < position <= upto`` in position order."""
+        async with self.pool.acquire() as conn:
+            return await _read_all(conn, after, upto, limit, types)
+
+    async def iter_all(
+        self, after: int = 0, *, batch: int = 5000, types: Iterable[str] | None = None
+    ) -> AsyncIterator[RecordedEvent]:
+        """Iterates every committed event after ``after`` in position order, in pages."""
+        position = after
+        type_list = list(types) if types is not None else None
+        while True:
+            page = await self.read_all(position, limit=batch, types=type_list)
+            for event in page:
+                yield event
+            if len(page) < batch:
+                return
+            position = page[-1].position
+
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        """Reads one stream's events after ``after_version`` in version order."""
+        async with self.pool.acquire() as conn:
+            return await _read_stream(conn, stream_id, after_version)
+
+    async def head(self) -> int:
+        """Returns the highest committed position (0 for an empty log)."""
+        with translate_errors():
+            value = await self.pool.fetchval("SELECT coalesce(max(position), 0) FROM events")
+        return int(value)
+
+    async def stream_version(self, stream_id: str) -> int:
+        """Returns the stream's current version (0 for a stream with no events)."""
+        async with self.transaction() as tx:
+            return await tx.stream_version(stream_id)
+
+    async def checkpoint(self, name: str) -> int:
+        """Returns consumer ``name``'s checkpoint (0 if it has none)."""
+        with translate_errors():
+            value = await self.pool.fetchval(
+                "SELECT position FROM checkpoints WHERE name = $1", name
+            )
+        return int(value or 0)
+
+    async def next_experiment_id(self) -> int:
+        """Allocates a new experiment id (ids are never reused; gaps are possible)."""
+        with translate_errors():
+            value = await self.pool.fetchval("SELECT nextval('experiment_ids')")
+        return int(value)

@@ -1,0 +1,42 @@
+"""Facts on an agent's stream (``agent-<id>``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from events.envelope import Event
+from events.registry import register
+
+
+class Slot(BaseModel):
+    """One schedulable device of an agent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    slot_id: str
+    device: Literal["cpu", "cuda"] = "cpu"
+    name: str = ""
+
+
+@register
+class AgentRegistered(Event):
+    """An agent announced itself with its slots and resource pool."""
+
+    event_type = "AgentRegistered"
+
+    agent_id: str
+    resource_pool: str = "default"
+    slots: list[Slot]
+    hostname: str = ""
+
+
+@register
+class AgentLost(Event):
+    """An agent stopped heartbeating; its running trials are to be treated as lost."""
+
+    event_type = "AgentLost"
+
+    agent_id: str
+    reason: str = "heartbeat timeout"

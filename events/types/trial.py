@@ -1,0 +1,109 @@
+"""Facts on a trial's stream (``trial-<experiment>.<n>``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from events.envelope import Event
+from events.registry import register, upcaster
+
+
+@register
+class SlotsAllocated(Event):
+    """The scheduler placed a trial's run: all its slots at once (gang), maybe on several agents."""
+
+    event_type = "SlotsAllocated"
+
+    trial_id: str
+    allocation_id: str
+    placements: dict[str, list[str]] = Field(description="agent id -> slot ids")
+
+
+@register
+class TrialStarted(Event):
+    """An agent started a trial's process for one run (a restart starts a new run)."""
+
+    event_type = "TrialStarted"
+
+    trial_id: str
+    allocation_id: str
+    run_id: int
+    agent_id: str
+    restored_checkpoint: str | None = None
+
+
+@register
+class WorkloadCompleted(Event):
+    """A training workload finished: summary training metrics at ``steps_completed``."""
+
+    event_type = "WorkloadCompleted"
+
+    trial_id: str
+    run_id: int
+    steps_completed: int
+    metrics: dict[str, float]
+
+
+@register
+class ValidationReported(Event):
+    """A validation finished: validation metrics at ``steps_completed``."""
+
+    event_type = "ValidationReported"
+
+    trial_id: str
+    run_id: int
+    steps_completed: int
+    metrics: dict[str, float]
+
+
+@register
+class CheckpointSaved(Event):
+    """A checkpoint directory was written and is complete."""
+
+    event_type = "CheckpointSaved"
+
+    trial_id: str
+    run_id: int
+    uuid: str
+    steps_completed: int
+    resources: dict[str, int] = Field(default_factory=dict, description="relative path -> bytes")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+@register
+class TrialExited(Event):
+    """A trial run's process ended.
+
+    v1 stored ``failed: bool``; v2 says how the run ended in ``outcome``.
+    """
+
+    event_type = "TrialExited"
+    schema_version = 2
+
+    trial_id: str
+    run_id: int
+    allocation_id: str
+    outcome: Literal["completed", "failed", "killed", "preempted", "lost"]
+    exit_code: int | None = None
+    message: str = ""
+
+
+@register
+class SlotsReleased(Event):
+    """The slots of an allocation are free again."""
+
+    event_type = "SlotsReleased"
+
+    trial_id: str
+    allocation_id: str
+    placements: dict[str, list[str]]
+
+
+@upcaster("TrialExited", 1)
+def _trial_exited_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    data = dict(payload)
+    failed = data.pop("failed", False)
+    data["outcome"] = "failed" if failed else "completed"
+    return data

@@ -1,0 +1,1 @@
+"""The relay service: moves committed events from PostgreSQL onto NATS JetStream (leader-only)."""

@@ -1,0 +1,89 @@
+"""Shared test helpers: polling, subprocess control, and a consumer that records its effects."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from events.consumer import Consumer
+from events.envelope import RecordedEvent
+from events.store import EventStore, Transaction
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float = 20.0, every: float = 0.05) -> None:
+    """Polls ``predicate`` (sync or async) until it is truthy; fails the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(every)
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 30.0) -> str:
+    """Reads ``proc``'s stderr until a line contains ``needle``; returns the lines read."""
+    assert proc.stderr is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    raise AssertionError(f"{needle!r} not seen; stderr so far:\n{''.join(seen)}")
+
+
+def spawn(module: str, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """Starts ``python -m module args`` with stderr piped for :func:`wait_for_line`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+EFFECTS_DDL = """CREATE TABLE IF NOT EXISTS effects (
+    consumer text NOT NULL, event_id uuid NOT NULL, position bigint NOT NULL)"""
+
+
+class EffectsConsumer(Consumer):
+    """Records one row per applied event, with no unique key, so a double apply is visible."""
+
+    types = None
+
+    def __init__(self, name: str = "effects") -> None:
+        self.name = name
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        await tx.conn.execute(
+            "INSERT INTO effects (consumer, event_id, position) VALUES ($1, $2, $3)",
+            self.name,
+            event.event_id,
+            event.position,
+        )
+
+
+async def effect_counts(store: EventStore, consumer: str = "effects") -> dict[int, int]:
+    """Position -> number of times ``consumer`` applied it."""
+    rows = await store.pool.fetch(
+        "SELECT position, count(*) AS n FROM effects WHERE consumer = $1 GROUP BY position",
+        consumer,
+    )
+    return {r["position"]: r["n"] for r in rows}
