@@ -14,7 +14,7 @@ import structlog
 
 from events import db, faults
 from events.bus import Bus
-from events.errors import EventsError
+from events.errors import BusUnavailableError, EventsError, StoreUnavailableError
 from events.lease import LeaderLease
 from events.store import NOTIFY_CHANNEL, EventStore
 
@@ -49,7 +49,13 @@ class Relay:
             while not stop.is_set():
                 if lease.lost.is_set():
                     raise EventsError("relay lease lost")
-                moved = await self.step(lease)
+                try:
+                    moved = await self.step(lease)
+                except (BusUnavailableError, StoreUnavailableError) as exc:
+                    log.warning("relay step failed; retrying", error=str(exc))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), self.idle_poll * 2)
+                    continue
                 if moved < self.page:
                     wake.clear()
                     with contextlib.suppress(TimeoutError):

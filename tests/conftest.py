@@ -91,4 +91,3 @@ def service_env() -> Callable[..., dict[str, str]]:
         return env
 
     return make
-

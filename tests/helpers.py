@@ -16,7 +16,9 @@ from events.store import EventStore, Transaction
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def wait_until(predicate: Callable[[], object], timeout: float = 20.0, every: float = 0.05) -> None:
+async def wait_until(
+    predicate: Callable[[], object], timeout: float = 20.0, every: float = 0.05
+) -> None:
     """Polls ``predicate`` (sync or async) until it is truthy; fails the test on timeout."""
     deadline = time.monotonic() + timeout
     while True:

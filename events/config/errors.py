@@ -73,9 +73,9 @@ def _tag_of(node: Any, path: Sequence[str | int]) -> str | None:
     if not isinstance(node, Mapping):
         return None
     key = "name" if list(path) == ["searcher"] else "type"
-    if key in node:
-        tag = node[key]
-        return tag if isinstance(tag, str) else None
+    tag = node.get(key)
+    if isinstance(tag, str):
+        return tag
     return _NESTED_GROUP_TAG if path[0] == "hyperparameters" else None
 
 
@@ -137,12 +137,11 @@ _BOUNDS = {
 
 def _unknown_field(path: list[str | int], allowed: Iterable[str]) -> str:
     name = path[-1] if path else ""
-    message = "unknown field"
-    if isinstance(name, str):
-        close = difflib.get_close_matches(name, list(allowed), n=1)
-        if close:
-            message += f" (did you mean {close[0]!r}?)"
-    return message
+    known = list(allowed)
+    if name in known:
+        return "unknown field (not valid in this section or for this searcher/type)"
+    close = difflib.get_close_matches(name, known, n=1) if isinstance(name, str) else []
+    return f"unknown field (did you mean {close[0]!r}?)" if close else "unknown field"
 
 
 def _format(
@@ -158,6 +157,8 @@ def _format(
         issues = ctx.get("issues")
         if issues:
             return [(join_path([*base, *sub]), None, msg) for sub, msg in issues]
+        if not ctx:
+            return [(join_path(base), None, f"{err['msg']}, got {show(value)}")]
         field = ctx.get("field")
         parts = [*base, field] if field else base
         return [(join_path(parts), None, str(ctx.get("message", err["msg"])))]
@@ -180,15 +181,16 @@ def _format(
         return [(where, None, f"must have at least {n} {noun}, got {show(value)}")]
     if kind == "too_long":
         return [(where, None, f"must have at most {ctx.get('max_length')} items")]
-    if kind == "union_tag_invalid":
-        key = str(ctx.get("discriminator", "")).strip("'") or "type"
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        key = str(ctx.get("discriminator", "")).strip("'")
+        key = key if key.isidentifier() else "type"
         tagged = join_path([*path, key])
-        return [
-            (tagged, None, f"must be one of {ctx.get('expected_tags')}, got {show(ctx.get('tag'))}")
-        ]
+    if kind == "union_tag_invalid":
+        # A nested group is not something a user names in ``type``.
+        tags = str(ctx.get("expected_tags", "")).replace(", 'group'", "")
+        return [(tagged, None, f"must be one of {tags}, got {show(ctx.get('tag'))}")]
     if kind == "union_tag_not_found":
-        key = str(ctx.get("discriminator", "")).strip("'") or "type"
-        return [(join_path([*path, key]), None, "required field missing")]
+        return [(tagged, None, "required field missing")]
     if kind in ("value_error", "assertion_error"):
         text = str(err["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
         return [(where, None, text)]

@@ -44,7 +44,18 @@ class FreeIndex:
     "smallest agent id". Only enabled slots of enabled agents are ever in the index.
     """
 
-    __slots__ = ("_buckets", "_caps", "_count", "_feasible", "_free", "_pos", "_size", "_sorted_caps", "ids", "usable")
+    __slots__ = (
+        "_buckets",
+        "_caps",
+        "_count",
+        "_feasible",
+        "_free",
+        "_pos",
+        "_size",
+        "_sorted_caps",
+        "ids",
+        "usable",
+    )
 
     def __init__(self, usable: Mapping[str, Sequence[str]], busy: Mapping[str, Iterable[str]]):
         """Build the index.
@@ -182,7 +193,9 @@ class FreeIndex:
                 return [(i, p) for i in self._select(p, k)]
         return None
 
-    def choose_slots(self, i: int, k: int, rank: Mapping[str, int] | None = None) -> tuple[str, ...]:
+    def choose_slots(
+        self, i: int, k: int, rank: Mapping[str, int] | None = None
+    ) -> tuple[str, ...]:
         """Pick ``k`` free slots of agent ``i``: lowest ``rank`` first (default 1), then slot id."""
         free = self._free[i]
         if rank is None:

@@ -25,7 +25,7 @@ def preempt_for(
     candidates: Iterable[Allocation],
     reason: str,
     shared: PassState,
-) -> bool:
+) -> list[Allocation] | None:
     """Promise ``req`` a placement made of free, soon-free and newly preempted slots.
 
     Args:
@@ -36,7 +36,8 @@ def preempt_for(
         shared: Pass-wide state receiving the decisions.
 
     Returns:
-        Whether ``req`` now has a promised placement (possibly without any new preemption).
+        The allocations preempted (possibly none) if ``req`` now has a promised placement, else
+        ``None``.
     """
     index = pool.index
     n = req.slots_needed
@@ -59,9 +60,9 @@ def preempt_for(
         for alloc in candidates:
             r = _VICTIM_RANK_BASE + len(chosen)
             for agent_id, slot_ids in alloc.placements:
-                i = index.position(agent_id)
-                if i is not None:
-                    give(i, slot_ids, r)
+                pos = index.position(agent_id)
+                if pos is not None:
+                    give(pos, slot_ids, r)
             chosen.append(alloc)
             fit = index.find_gang(n)
             if fit is not None:
@@ -70,7 +71,7 @@ def preempt_for(
     for i, added in reversed(given):
         index.take(i, added)
     if fit is None:
-        return False
+        return None
 
     used = frozenset((index.ids[i], s) for i, slots in placement for s in slots)
     needed = [
@@ -89,4 +90,4 @@ def preempt_for(
         pool.add_soon_free(victim, exclude=used)
     pool.charge(req.experiment_id, n, shared)
     emit_preempts(pool, needed, reason, shared)
-    return True
+    return needed

@@ -61,7 +61,7 @@ def schedule_priority(pool: PoolState, shared: PassState) -> None:
         # set only shrinks), so a size that cannot be made room for never can again.
         if preempting and n not in failed_preempt:
             reason = f"preempted for {req.request_id} (priority {req.priority})"
-            if preempt_for(pool, req, eligible(req), reason, shared):
+            if preempt_for(pool, req, eligible(req), reason, shared) is not None:
                 continue
             failed_preempt.add(n)
         pool.drain_for(n)

@@ -1,0 +1,148 @@
+"""Hyperparameter definitions: const, int, double, log, categorical and nested groups.
+
+A hyperparameter is written either as a mapping with a ``type`` key, as a nested group (a mapping
+without ``type`` whose values are hyperparameters), or as shorthand: any other value is a
+constant. :func:`normalize_hyperparameters` rewrites shorthand into the explicit form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, JsonValue, Tag, model_validator
+from typing_extensions import TypeAliasType
+
+from events.config.common import ConfigModel, PositiveInt, field_error
+
+HP_TYPES = ("const", "int", "double", "log", "categorical")
+
+
+class ConstHP(ConfigModel):
+    """A fixed value passed to every trial as is."""
+
+    type: Literal["const"]
+    val: JsonValue
+
+
+def _check_range(lo: float, hi: float) -> None:
+    if lo >= hi:
+        raise field_error("minval", f"must be < maxval ({lo} >= {hi})")
+
+
+class IntHP(ConfigModel):
+    """An integer drawn uniformly from ``[minval, maxval]`` (both ends included)."""
+
+    type: Literal["int"]
+    minval: int
+    maxval: int
+    count: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntHP:
+        _check_range(self.minval, self.maxval)
+        return self
+
+
+class DoubleHP(ConfigModel):
+    """A float drawn uniformly from ``[minval, maxval]``."""
+
+    type: Literal["double"]
+    minval: float
+    maxval: float
+    count: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DoubleHP:
+        _check_range(self.minval, self.maxval)
+        return self
+
+
+class LogHP(ConfigModel):
+    """``base ** u`` with ``u`` drawn uniformly from ``[minval, maxval]``."""
+
+    type: Literal["log"]
+    minval: float
+    maxval: float
+    base: float = Field(10.0, gt=0)
+    count: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LogHP:
+        _check_range(self.minval, self.maxval)
+        return self
+
+
+class CategoricalHP(ConfigModel):
+    """One of ``vals``, each equally likely."""
+
+    type: Literal["categorical"]
+    vals: list[JsonValue] = Field(min_length=1)
+
+
+def _hp_tag(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        return kind if isinstance(kind, str) else "group"
+    kind = getattr(value, "type", None)
+    return kind if isinstance(kind, str) else None
+
+
+Hyperparameter = TypeAliasType(
+    "Hyperparameter",
+    Annotated[
+        Annotated[ConstHP, Tag("const")]
+        | Annotated[IntHP, Tag("int")]
+        | Annotated[DoubleHP, Tag("double")]
+        | Annotated[LogHP, Tag("log")]
+        | Annotated[CategoricalHP, Tag("categorical")]
+        | Annotated[dict[str, "Hyperparameter"], Tag("group")],
+        Discriminator(_hp_tag),
+    ],
+)
+"""One hyperparameter or a nested group (``dict`` of name to hyperparameter)."""
+
+Hyperparameters = dict[str, Hyperparameter]
+
+LeafHP = ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP
+
+
+def _normalize_one(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        if isinstance(value.get("type"), str):
+            return dict(value)
+        return {k: _normalize_one(v) for k, v in value.items()}
+    return {"type": "const", "val": value}
+
+
+def normalize_hyperparameters(raw: Any) -> Any:
+    """Rewrites shorthand constants into ``{type: const, val: ...}``; other input is returned as is.
+
+    Idempotent: normalizing an already normalized mapping returns an equal mapping.
+    """
+    if not isinstance(raw, Mapping):
+        return raw
+    return {k: _normalize_one(v) for k, v in raw.items()}
+
+
+def iter_leaves(
+    hps: Mapping[str, Any], prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], LeafHP]]:
+    """Yields ``(path, hyperparameter)`` for every non-group hyperparameter, in sorted order."""
+    for name in sorted(hps):
+        value = hps[name]
+        if isinstance(value, dict):
+            yield from iter_leaves(value, (*prefix, name))
+        else:
+            yield (*prefix, name), value
+
+
+def grid_issues(hps: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """Paths (relative to ``hyperparameters``) of numeric hyperparameters lacking ``count``."""
+    issues: list[tuple[tuple[str | int, ...], str]] = []
+    for path, hp in iter_leaves(hps):
+        if isinstance(hp, IntHP | DoubleHP | LogHP) and hp.count is None:
+            issues.append(
+                ((*path, "count"), f"required for grid search ({hp.type} hyperparameter)")
+            )
+    return issues

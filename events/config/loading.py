@@ -1,0 +1,71 @@
+"""``parse_config``: text or data, plus overrides, into a validated :class:`ExperimentConfig`."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from events.config import common, hyperparameters, models, searcher
+from events.config.errors import ConfigError, from_validation_error, show
+from events.config.hyperparameters import normalize_hyperparameters
+from events.config.models import UINT32_MAX, ExperimentConfig
+from events.config.overrides import apply_overrides, load_yaml
+
+
+def _vocabulary() -> frozenset[str]:
+    names: set[str] = set()
+    for module in (common, hyperparameters, models, searcher):
+        for item in vars(module).values():
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                names.update(item.model_fields)
+    return frozenset(names)
+
+
+VOCABULARY = _vocabulary()
+"""Every field name of the schema, used to suggest a fix for an unknown key."""
+
+
+def _fill_seed(doc: dict[str, Any], default_seed: int | None) -> None:
+    repro = doc.get("reproducibility")
+    if repro is None:
+        repro = doc["reproducibility"] = {}
+    if isinstance(repro, dict) and repro.get("experiment_seed") is None:
+        seed = default_seed if default_seed is not None else int(time.time()) % (UINT32_MAX + 1)
+        repro["experiment_seed"] = seed
+
+
+def parse_config(
+    raw: Mapping[str, Any] | str,
+    overrides: Sequence[str] = (),
+    *,
+    default_seed: int | None = None,
+) -> ExperimentConfig:
+    """Validates an experiment config.
+
+    Args:
+        raw: YAML text or already-parsed data (not modified).
+        overrides: ``key.path=value`` strings (value read as YAML), applied before validation.
+        default_seed: Seed used when ``reproducibility.experiment_seed`` is absent; ``None`` means
+            the current unix time, as Determined does.
+
+    Returns:
+        The frozen config, with every default filled and an experiment seed set.
+
+    Raises:
+        ConfigError: Every problem found, each with its dotted path.
+    """
+    doc = load_yaml(raw) if isinstance(raw, str) else copy.deepcopy(dict(raw))
+    if not isinstance(doc, dict):
+        raise ConfigError([("<config>", f"must be a mapping, got {show(doc)}")])
+    doc = apply_overrides(doc, overrides)
+    _fill_seed(doc, default_seed)
+    if "hyperparameters" in doc:
+        doc["hyperparameters"] = normalize_hyperparameters(doc["hyperparameters"])
+    try:
+        return ExperimentConfig.model_validate(doc)
+    except ValidationError as exc:
+        raise from_validation_error(exc, doc, VOCABULARY) from None

@@ -1,0 +1,112 @@
+"""Searcher configs, one model per ``name``: single, random, grid, async_halving, adaptive_asha."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from events.config.common import (
+    ConfigModel,
+    Length,
+    NonNegInt,
+    PositiveInt,
+    field_error,
+    length_from_int,
+)
+
+LegacyLength = Annotated[Length, BeforeValidator(length_from_int)]
+"""Deprecated ``max_length``: ``{batches|records|epochs: N}`` or a bare integer of batches."""
+
+SEARCHER_NAMES = ("single", "random", "grid", "async_halving", "adaptive_asha")
+
+
+class _SearcherBase(ConfigModel):
+    name: str
+    metric: str = Field(min_length=1)
+    smaller_is_better: bool = True
+    source_trial_id: PositiveInt | None = None
+    source_checkpoint_uuid: str | None = None
+    max_length: LegacyLength | None = None
+
+
+class SingleSearcher(_SearcherBase):
+    """One trial with the hyperparameters as given (random draws for non-const ones)."""
+
+    name: Literal["single"]
+
+
+class RandomSearcher(_SearcherBase):
+    """``max_trials`` trials with independently sampled hyperparameters."""
+
+    name: Literal["random"]
+    max_trials: PositiveInt
+    max_concurrent_trials: NonNegInt = 16
+
+
+class GridSearcher(_SearcherBase):
+    """One trial per point of the hyperparameter grid."""
+
+    name: Literal["grid"]
+    max_concurrent_trials: NonNegInt = 16
+
+
+class _HalvingBase(_SearcherBase):
+    max_trials: PositiveInt
+    max_concurrent_trials: NonNegInt = 16
+    divisor: float = Field(4.0, gt=1)
+    time_metric: str | None = Field(None, min_length=1)
+    max_time: PositiveInt | None = None
+    stop_once: bool | None = None
+
+    @model_validator(mode="after")
+    def _has_length(self) -> _HalvingBase:
+        if self.time_metric is not None and self.max_time is None:
+            raise field_error("max_time", "required when time_metric is set")
+        if self.max_time is not None and self.time_metric is None:
+            raise field_error("time_metric", "required when max_time is set")
+        if self.time_metric is None:
+            if self.max_length is None:
+                name = getattr(self, "name", "asha")
+                raise field_error(
+                    "time_metric", f"{name} needs time_metric and max_time (or legacy max_length)"
+                )
+            if self.max_length.units < 1:
+                raise field_error("max_length", f"must be at least 1 {self.max_length.unit}, got 0")
+        return self
+
+    def length(self) -> tuple[str, int]:
+        """The time axis of the rungs: ``(metric name, max value)``.
+
+        ``time_metric``/``max_time`` win; the legacy ``max_length`` gives its unit's name
+        (``batches``, ``records`` or ``epochs``) and its count.
+        """
+        if self.time_metric is not None and self.max_time is not None:
+            return self.time_metric, self.max_time
+        assert self.max_length is not None
+        return self.max_length.unit, self.max_length.units
+
+
+class AsyncHalvingSearcher(_HalvingBase):
+    """Asynchronous successive halving (stop-based ASHA) with a fixed number of rungs."""
+
+    name: Literal["async_halving"]
+    num_rungs: PositiveInt
+
+
+class AdaptiveASHASearcher(_HalvingBase):
+    """Several ASHA brackets with different early-stopping aggressiveness."""
+
+    name: Literal["adaptive_asha"]
+    mode: Literal["aggressive", "standard", "conservative"] = "standard"
+    max_rungs: PositiveInt = 5
+    bracket_rungs: list[PositiveInt] = Field(default_factory=list)
+
+
+SearcherConfig = Annotated[
+    SingleSearcher | RandomSearcher | GridSearcher | AsyncHalvingSearcher | AdaptiveASHASearcher,
+    Field(discriminator="name"),
+]
+"""Any searcher config, chosen by its ``name``."""
+
+HalvingSearcher = AsyncHalvingSearcher | AdaptiveASHASearcher

@@ -1,0 +1,67 @@
+"""Event registry: every (type, version) has a fixture that decodes; upcasters run before validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from events.errors import UnknownEventError
+from events.registry import decode, known_types, upcast
+from events.types import TrialExited
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "events"
+
+
+def fixture(event_type: str, version: int) -> dict[str, object]:
+    return json.loads((FIXTURES / f"{event_type}.v{version}.json").read_text())
+
+
+def all_versions() -> list[tuple[str, int]]:
+    return [
+        (name, v)
+        for name, model in known_types().items()
+        for v in range(1, model.schema_version + 1)
+    ]
+
+
+def test_every_type_and_version_has_a_fixture() -> None:
+    """Each registered event type keeps a fixture payload for every schema version it ever had."""
+    missing = [f"{t}.v{v}" for t, v in all_versions() if not (FIXTURES / f"{t}.v{v}.json").exists()]
+    assert missing == []
+
+
+@pytest.mark.parametrize(("event_type", "version"), all_versions())
+def test_fixture_decodes_to_current_model(event_type: str, version: int) -> None:
+    """Every stored fixture, old or current, decodes into the current model of its type."""
+    event = decode(event_type, version, fixture(event_type, version))
+    assert type(event).event_type == event_type
+
+
+def test_v1_trial_exited_is_upcast_to_current() -> None:
+    """A v1 TrialExited ({failed: true}) becomes a current one with outcome 'failed'."""
+    event = decode("TrialExited", 1, fixture("TrialExited", 1))
+    assert isinstance(event, TrialExited)
+    assert event.outcome == "failed"
+    assert event.exit_code == 3
+    assert upcast("TrialExited", 1, {"failed": False, "x": 1}) == {"outcome": "completed", "x": 1}
+
+
+def test_future_version_is_refused() -> None:
+    """A payload from a newer schema version than this code knows is refused, not guessed at."""
+    with pytest.raises(UnknownEventError, match="newer"):
+        decode("TrialExited", 99, fixture("TrialExited", 2))
+
+
+def test_unknown_type_is_refused() -> None:
+    """An event type nobody registered cannot be decoded."""
+    with pytest.raises(UnknownEventError):
+        decode("NoSuchThing", 1, {})
+
+
+def test_events_are_frozen() -> None:
+    """Event payloads are immutable facts."""
+    event = decode("TrialExited", 2, fixture("TrialExited", 2))
+    with pytest.raises(Exception):  # noqa: B017  (pydantic's frozen-instance error)
+        event.message = "changed"  # type: ignore[misc]
