@@ -12,7 +12,7 @@ import contextlib
 
 import structlog
 
-from events import db, faults
+from events import commands, db, faults
 from events.bus import Bus
 from events.errors import BusUnavailableError, EventsError, StoreUnavailableError
 from events.lease import LeaderLease
@@ -72,6 +72,11 @@ class Relay:
         if not events:
             return 0
         fresh = await self.bus.publish_events(events)
+        for event in events:
+            for command in commands.derive(event):
+                await self.bus.publish_command(
+                    command.subject, command.payload(), command.command_id
+                )
         await faults.point("relay.after_publish")
         async with self.store.transaction() as tx:
             await tx.check_fence(lease.fence)

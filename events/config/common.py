@@ -55,7 +55,7 @@ def shape_union(expected: str) -> Discriminator:
 
 
 class Length(ConfigModel):
-    """A training length in exactly one unit: ``{batches: N}``, ``{records: N}`` or ``{epochs: N}``."""
+    """A training length in exactly one unit: ``{batches: N}``, ``{records: N}``, ``{epochs: N}``."""
 
     batches: NonNegInt | None = None
     records: NonNegInt | None = None

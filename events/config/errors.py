@@ -223,10 +223,10 @@ def from_validation_error(
     out: list[tuple[str, str]] = []
     for path in order:
         items = merged[path]
-        expected = [e for e, _ in items if e is not None]
-        if len(expected) > 1 and len(expected) == len(items):
+        kinds = [e for e, _ in items if e is not None]
+        if len(kinds) > 1 and len(kinds) == len(items):
             got = items[0][1].rsplit(", got ", 1)[-1]
-            names = list(dict.fromkeys(expected))
+            names = list(dict.fromkeys(kinds))
             out.append((path, f"must be {' or '.join(names)}, got {got}"))
             continue
         for message in dict.fromkeys(m for _, m in items):

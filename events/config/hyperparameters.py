@@ -8,7 +8,7 @@ constant. :func:`normalize_hyperparameters` rewrites shorthand into the explicit
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, JsonValue, Tag, model_validator
 from typing_extensions import TypeAliasType
@@ -88,18 +88,23 @@ def _hp_tag(value: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-Hyperparameter = TypeAliasType(
-    "Hyperparameter",
-    Annotated[
-        Annotated[ConstHP, Tag("const")]
-        | Annotated[IntHP, Tag("int")]
-        | Annotated[DoubleHP, Tag("double")]
-        | Annotated[LogHP, Tag("log")]
-        | Annotated[CategoricalHP, Tag("categorical")]
-        | Annotated[dict[str, "Hyperparameter"], Tag("group")],
-        Discriminator(_hp_tag),
-    ],
-)
+if TYPE_CHECKING:
+    Hyperparameter = (
+        ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP | dict[str, "Hyperparameter"]
+    )
+else:
+    Hyperparameter = TypeAliasType(
+        "Hyperparameter",
+        Annotated[
+            Annotated[ConstHP, Tag("const")]
+            | Annotated[IntHP, Tag("int")]
+            | Annotated[DoubleHP, Tag("double")]
+            | Annotated[LogHP, Tag("log")]
+            | Annotated[CategoricalHP, Tag("categorical")]
+            | Annotated[dict[str, "Hyperparameter"], Tag("group")],
+            Discriminator(_hp_tag),
+        ],
+    )
 """One hyperparameter or a nested group (``dict`` of name to hyperparameter)."""
 
 Hyperparameters = dict[str, Hyperparameter]

@@ -44,3 +44,15 @@ class TrialStopRequested(Event):
     trial_id: str
     request_id: str
     reason: str = "searcher"
+
+
+@register
+class ExperimentStateChanged(Event):
+    """An experiment moved to a new state; user actions (pause, activate, cancel, kill) land here."""
+
+    event_type = "ExperimentStateChanged"
+
+    experiment_id: int
+    state: str
+    reason: str = ""
+    actor: str = ""

@@ -19,6 +19,7 @@ class SlotsAllocated(Event):
     trial_id: str
     allocation_id: str
     placements: dict[str, list[str]] = Field(description="agent id -> slot ids")
+    run_id: int = 1
 
 
 @register
@@ -107,3 +108,60 @@ def _trial_exited_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     failed = data.pop("failed", False)
     data["outcome"] = "failed" if failed else "completed"
     return data
+
+
+@register
+class TrialStateChanged(Event):
+    """A trial moved to a new state (ACTIVE, PAUSED, STOPPING_*, COMPLETED, CANCELED, ERROR)."""
+
+    event_type = "TrialStateChanged"
+
+    trial_id: str
+    state: str
+    reason: str = ""
+
+
+@register
+class TrialRestarted(Event):
+    """A failed or lost run will be retried from the latest checkpoint; ``restarts`` counts failures."""
+
+    event_type = "TrialRestarted"
+
+    trial_id: str
+    restarts: int
+    latest_checkpoint: str | None = None
+    reason: str = ""
+
+
+@register
+class PreemptionRequested(Event):
+    """An allocation was asked to checkpoint and exit (pause, cancel, searcher stop, priority)."""
+
+    event_type = "PreemptionRequested"
+
+    trial_id: str
+    allocation_id: str
+    reason: str
+    agent_ids: list[str] = Field(default_factory=list)
+
+
+@register
+class KillRequested(Event):
+    """An allocation is to be terminated now (SIGTERM, then SIGKILL)."""
+
+    event_type = "KillRequested"
+
+    trial_id: str
+    allocation_id: str
+    reason: str
+    agent_ids: list[str] = Field(default_factory=list)
+
+
+@register
+class TrialEarlyExited(Event):
+    """The training code ended the trial early (invalid hyperparameters or its own decision)."""
+
+    event_type = "TrialEarlyExited"
+
+    trial_id: str
+    reason: Literal["invalid_hp", "user_requested_stop", "errored"]
