@@ -33,15 +33,25 @@ class Consumer:
         name: the checkpoint name; unique per consumer.
         subjects: bus subjects whose messages wake this consumer.
         types: event types to receive (``None``: all); others only move the checkpoint.
+        tick_always: call :meth:`before_commit` on every catch-up, even with no new events
+            (for decisions driven by time, such as heartbeat timeouts).
     """
 
     name: str = "consumer"
     subjects: Sequence[str] = (f"{EVENTS_PREFIX}.>",)
     types: frozenset[str] | None = None
+    tick_always: bool = False
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
         """Applies one event inside the consumer's transaction."""
         raise NotImplementedError
+
+    async def before_commit(self, tx: Transaction) -> None:
+        """Runs inside the transaction of the last page of a catch-up, after :meth:`handle`:
+        the place to append decisions so they commit with the checkpoint."""
+
+    async def on_rollback(self) -> None:
+        """Runs when a page's transaction failed; in-memory state must be rebuilt."""
 
     async def after_commit(self) -> None:
         """Runs after each committed batch (e.g. to publish commands derived from new state)."""
@@ -73,13 +83,18 @@ class ConsumerRunner:
         """Applies every event up to ``upto`` (default: the head); returns the new checkpoint."""
         async with self._lock:
             while True:
-                done, position = await self._apply_page(upto)
-                await faults.point("consumer.after_commit")
+                try:
+                    done, position, applied = await self._apply_page(upto)
+                except BaseException:
+                    await self.consumer.on_rollback()
+                    raise
+                if applied:
+                    await faults.point("consumer.after_commit")
                 if done:
                     await self.consumer.after_commit()
                     return position
 
-    async def _apply_page(self, upto: int | None) -> tuple[bool, int]:
+    async def _apply_page(self, upto: int | None) -> tuple[bool, int, int]:
         name = self.consumer.name
         async with self.store.transaction() as tx:
             checkpoint = await tx.lock_checkpoint(name)
@@ -87,19 +102,27 @@ class ConsumerRunner:
             if bound is None:
                 bound = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
             if bound <= checkpoint:
-                return True, checkpoint
+                if self.consumer.tick_always and upto is None:
+                    await self.consumer.before_commit(tx)
+                    if self.fence is not None:
+                        await tx.check_fence(self.fence)
+                return True, checkpoint, 0
             events = await tx.read_all(
                 checkpoint, upto=bound, limit=self.batch, types=self.consumer.types
             )
             for event in events:
                 await self.consumer.handle(tx, event)
             full = len(events) == self.batch
+            if not full:
+                # Decide only on a state that has reached ``bound``: a full page may stop short
+                # of this consumer's own earlier decisions, and deciding then could repeat them.
+                await self.consumer.before_commit(tx)
             position = events[-1].position if full else bound
             if self.fence is not None:
                 await tx.check_fence(self.fence)
             await tx.set_checkpoint(name, position)
             self.applied += len(events)
-        return not full, position
+        return not full, position, len(events)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consumes until ``stop`` is set. Survives bus and database outages by retrying."""

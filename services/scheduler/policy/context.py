@@ -35,19 +35,24 @@ class PassState:
 
 @dataclass
 class PoolState:
-    """One pool's free-slot index, allocations and bookkeeping for the pass."""
+    """One pool's free-slot indexes, allocations and bookkeeping for the pass."""
 
     name: str
     config: PoolConfig
     index: FreeIndex
+    """Slots free now."""
     allocations: list[Allocation]
     """Allocations of this pool, sorted by request id."""
     pending: list[PendingRequest]
     """Slot-needing requests of this pool, sorted by (priority, order, request id)."""
-    soon_free: dict[int, set[str]] = field(default_factory=dict)
-    """Agent position -> slots of preempted allocations not yet promised to a request."""
+    future: FreeIndex | None = None
+    """With preemption: slots free now plus slots of allocations asked to release that are not
+    yet promised to a request ("soon free"). Every slot taken from :attr:`index` is taken here
+    too."""
     victims: set[str] = field(default_factory=set)
     """Request ids of allocations already asked to release (before or during this pass)."""
+    reserved: set[int] = field(default_factory=set)
+    """Agent positions under a draining reservation (nothing is taken or preempted there)."""
     held: dict[str, int] = field(default_factory=dict)
     """Experiment id -> slots held in this pool (current + decided in this pass)."""
     failed_fit: set[int] = field(default_factory=set)
@@ -55,16 +60,12 @@ class PoolState:
     drained: bool = False
     """Whether a blocked request already got this pool's draining reservation."""
 
-    def add_soon_free(self, alloc: Allocation, exclude: frozenset[tuple[str, str]]) -> None:
-        """Record ``alloc``'s usable slots (minus ``exclude``) as freed soon and unpromised."""
-        for agent_id, slot_ids in alloc.placements:
-            i = self.index.position(agent_id)
-            if i is None:
-                continue
-            usable = self.index.usable[i]
-            keep = {s for s in slot_ids if s in usable and (agent_id, s) not in exclude}
-            if keep:
-                self.soon_free.setdefault(i, set()).update(keep)
+    def take(self, i: int, slots: Iterable[str]) -> None:
+        """Take ``slots`` of agent ``i`` out of both indexes."""
+        slots = tuple(slots)
+        self.index.take(i, slots)
+        if self.future is not None:
+            self.future.take(i, slots)
 
     def try_fit(self, n: int) -> Fit | None:
         """Find a placement for ``n`` slots now (memoizing sizes that do not fit)."""
@@ -80,7 +81,7 @@ class PoolState:
         placements: list[Placement] = []
         for i, k in fit:
             slots = self.index.choose_slots(i, k)
-            self.index.take(i, slots)
+            self.take(i, slots)
             placements.append(Placement(self.index.ids[i], slots))
         placements.sort()
         self.charge(req.experiment_id, req.slots_needed, shared)
@@ -92,12 +93,19 @@ class PoolState:
         shared.held[experiment_id] = shared.held.get(experiment_id, 0) + n
 
     def drain_for(self, n: int) -> None:
-        """Give the pool's single draining reservation to a blocked gang of ``n`` slots."""
+        """Give the pool's single draining reservation to a blocked gang of ``n`` slots.
+
+        The reserved agents' free (and soon-free) slots are withheld from every later request
+        of the pass, and their allocations are not preempted for them.
+        """
         if self.drained:
             return
         self.drained = True
         for i in self.index.drain_targets(n):
+            self.reserved.add(i)
             self.index.reserve_agent(i)
+            if self.future is not None:
+                self.future.reserve_agent(i)
 
     def preemptible(self, allocs: Iterable[Allocation]) -> list[Allocation]:
         """Filter ``allocs`` to those that may still be asked to release."""

@@ -62,10 +62,13 @@ def decide(view: ClusterView) -> list[Decision]:
 
     # Slots held, per agent; zero-slot tasks, per agent.
     busy: dict[str, set[str]] = {}
+    staying: dict[str, set[str]] = {}  # held by allocations not asked to release
     zero_load: dict[str, int] = {}
     for alloc in allocations:
         for agent_id, slot_ids in alloc.placements:
             busy.setdefault(agent_id, set()).update(slot_ids)
+            if not alloc.preemption_requested:
+                staying.setdefault(agent_id, set()).update(slot_ids)
         if alloc.slots == 0:
             for agent_id, _ in alloc.placements:
                 zero_load[agent_id] = zero_load.get(agent_id, 0) + 1
@@ -108,19 +111,18 @@ def decide(view: ClusterView) -> list[Decision]:
             _admit_zero_slot(zero_reqs[name], sorted(agents), zero_load, config, shared)
         if name not in slot_reqs:
             continue
-        index = FreeIndex(agents, busy)
         pool = PoolState(
             name=name,
             config=config,
-            index=index,
+            index=FreeIndex(agents, busy),
             allocations=pool_allocs.get(name, []),
             pending=slot_reqs[name],
+            future=FreeIndex(agents, staying) if config.preemption else None,
         )
         for alloc in pool.allocations:
             pool.held[alloc.experiment_id] = pool.held.get(alloc.experiment_id, 0) + alloc.slots
             if alloc.preemption_requested:
                 pool.victims.add(alloc.request_id)
-                pool.add_soon_free(alloc, exclude=frozenset())
         if config.scheduler == "fair_share":
             schedule_fair_share(pool, shared, weights)
         else:

@@ -119,21 +119,35 @@ def schedule_fair_share(
         if a.request_id in pool.victims:
             releasing[a.experiment_id] = releasing.get(a.experiment_id, 0) + a.slots
     excess = {e: held(e) - share[e] for e in exps}
-    candidates = sorted(
-        (a for a in pool.preemptible(pool.allocations) if excess.get(a.experiment_id, 0) > 0),
-        key=lambda a: (-excess[a.experiment_id], a.experiment_id, -a.order, a.request_id),
-    )
+    by_exp: dict[str, list[Allocation]] = {}
+    for a in pool.preemptible(pool.allocations):
+        if excess.get(a.experiment_id, 0) > 0:
+            by_exp.setdefault(a.experiment_id, []).append(a)
+    donors = sorted(by_exp, key=lambda e: (-excess[e], e))
+    for allocs in by_exp.values():
+        allocs.sort(key=lambda a: (-a.order, a.request_id))  # newest first
+    smallest = {e: min(a.slots for a in allocs) for e, allocs in by_exp.items()}
+    start = dict.fromkeys(by_exp, 0)  # per donor: allocations before it are all victims
     failed_preempt: set[int] = set()
 
     def over_share(req: PendingRequest) -> Iterator[Allocation]:
-        keep = {e: held(e) - releasing.get(e, 0) for e in exps}
-        for a in candidates:
-            e = a.experiment_id
-            if e == req.experiment_id or a.request_id in pool.victims:
+        """Newest allocations of the most-over-share experiments, never dipping below share."""
+        keep = {e: held(e) - releasing.get(e, 0) for e in donors}
+        for e in donors:
+            if e == req.experiment_id:
                 continue
-            if keep[e] - a.slots >= share[e]:
-                keep[e] -= a.slots
-                yield a
+            allocs = by_exp[e]
+            i = start[e]
+            while i < len(allocs) and allocs[i].request_id in pool.victims:
+                i += 1
+            start[e] = i
+            for j in range(i, len(allocs)):
+                a = allocs[j]
+                if keep[e] - smallest[e] < share[e]:
+                    break
+                if a.request_id not in pool.victims and keep[e] - a.slots >= share[e]:
+                    keep[e] -= a.slots
+                    yield a
 
     while heap:
         _, _, e = heapq.heappop(heap)

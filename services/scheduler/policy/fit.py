@@ -88,17 +88,9 @@ class FreeIndex:
         """Return the position of ``agent_id``, or ``None`` if it is not usable in this pool."""
         return self._pos.get(agent_id)
 
-    def free_count(self, i: int) -> int:
-        """Return the number of free slots of agent ``i``."""
-        return self._count[i]
-
     def free_slots(self, i: int) -> frozenset[str]:
         """Return the free slot ids of agent ``i``."""
         return frozenset(self._free[i])
-
-    def total_free(self) -> int:
-        """Return the number of free slots in the pool."""
-        return sum(self._count)
 
     def capacity(self) -> int:
         """Return the number of usable slots in the pool (free or not)."""
@@ -224,8 +216,9 @@ class FreeIndex:
 
         Single-agent shape if any agent is big enough (the one with the most free slots, ties by
         id), else the even split with the fewest agents (those with the most free slots towards
-        their share, ties by id). While reserved an agent only gains free slots, so the chosen
-        target can only move to a strictly better one and the blocked gang cannot be starved.
+        their share, ties by id). While reserved an agent only gains free slots, so the target
+        only ever moves to one at least as close to fitting (a tie moving to a smaller id), and
+        the blocked gang's best achievable fit never regresses.
 
         Args:
             n: Gang size (> 0, feasible).

@@ -13,10 +13,11 @@ and could ever fit in the pool:
 3. Else the first such blocked request of the pool gets a *draining reservation*: the agents it
    would eventually fit on (most free slots first) are withheld from everyone after it in this
    pass, so they only drain. Later, smaller requests may **backfill** the rest of the pool. Because
-   the reserved agents never lose free slots while reserved, and a different target is chosen only
-   when it is strictly better, the blocked request's best achievable fit never regresses and it
-   runs once enough of the drained allocations finish: backfill cannot starve it (only more
-   important requests can delay it, by design). Other blocked requests wait their turn to be first.
+   the reserved agents never lose free slots while reserved, and the target only moves to agents
+   at least as close to fitting (ties to a smaller id), the blocked request's best achievable fit
+   never regresses and it runs once enough of the drained allocations finish: backfill cannot
+   starve it (only more important requests can delay it, by design). Other blocked requests wait
+   their turn to be first.
 
 Requests over their experiment's cap, or bigger than the pool can ever hold, are skipped without
 blocking anyone.
@@ -41,9 +42,14 @@ def schedule_priority(pool: PoolState, shared: PassState) -> None:
     preempting = pool.config.preemption
     candidates = sorted(pool.preemptible(pool.allocations), key=victim_order) if preempting else []
     failed_preempt: set[int] = set()
+    start = 0  # candidates before this index are all victims already
 
     def eligible(req: PendingRequest) -> Iterator[Allocation]:
-        for alloc in candidates:
+        nonlocal start
+        while start < len(candidates) and candidates[start].request_id in pool.victims:
+            start += 1
+        for j in range(start, len(candidates)):
+            alloc = candidates[j]
             if alloc.priority <= req.priority:
                 return  # sorted by priority descending: nothing less important remains
             if alloc.request_id not in pool.victims:

@@ -8,7 +8,7 @@ allocation requests, current allocations, pool settings), calls
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 DEFAULT_PRIORITY = 42
@@ -132,18 +132,17 @@ class Allocation:
     preemptible: bool = True
     preemption_requested: bool = False
     weight: float = 1.0
+    _slots: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "placements",
-            tuple(Placement(p[0], tuple(p[1])) for p in self.placements),
-        )
+        placements = tuple(Placement(p[0], tuple(p[1])) for p in self.placements)
+        object.__setattr__(self, "placements", placements)
+        object.__setattr__(self, "_slots", sum(len(p.slot_ids) for p in placements))
 
     @property
     def slots(self) -> int:
         """Number of slots held."""
-        return sum(len(p.slot_ids) for p in self.placements)
+        return self._slots
 
 
 @dataclass(frozen=True, slots=True)

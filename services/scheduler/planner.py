@@ -1,0 +1,308 @@
+"""Decisions from the folded cluster state: a pure function, tested as such.
+
+Each call looks at every live trial and answers the questions the log raises: what to do with a
+run that exited (complete, requeue, restart from the latest checkpoint, or give up), which runs
+must be signalled (pause, cancel, kill, searcher stop), which pending trials get slots now (the
+scheduling policy), and which stopping experiments are done. Decisions become events; the next
+fold sees them, so calling the planner again on the updated state decides nothing twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from events.envelope import Event
+from events.types import (
+    AgentLost,
+    ExperimentStateChanged,
+    KillRequested,
+    PreemptionRequested,
+    SlotsAllocated,
+    SlotsReleased,
+    TrialExited,
+    TrialRestarted,
+    TrialStateChanged,
+)
+from services.scheduler.policy import decide
+from services.scheduler.policy.state import (
+    Agent,
+    Allocate,
+    Allocation,
+    ClusterView,
+    PendingRequest,
+    Placement,
+    PoolConfig,
+    Preempt,
+    SchedulerType,
+    Slot,
+)
+from services.scheduler.state import STOPPING, ClusterState, Experiment, Run, Trial
+
+Decision = tuple[str, Event]
+
+_STOPPED = {
+    "STOPPING_COMPLETED": "COMPLETED",
+    "STOPPING_CANCELED": "CANCELED",
+    "STOPPING_KILLED": "CANCELED",
+    "STOPPING_ERROR": "ERROR",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Scheduler settings that are not in the log."""
+
+    default_pool: str = "default"
+    preemption: bool = True
+    scheduler: SchedulerType = "priority"
+
+
+def trial_stream(trial_id: str) -> str:
+    """The stream of a trial's facts."""
+    return f"trial-{trial_id}"
+
+
+def plan(state: ClusterState, settings: Settings) -> list[Decision]:
+    """Every decision the current state calls for, in a deterministic order."""
+    decisions: list[Decision] = []
+    pending: list[Trial] = []
+    for trial_id in sorted(state.trials, key=lambda t: state.trials[t].order):
+        trial = state.trials[trial_id]
+        exp = state.experiments.get(trial.experiment_id)
+        if exp is None or not trial.live:
+            continue
+        run = trial.run
+        if run is not None and run.exited is not None:
+            decisions.extend(_after_exit(trial, run, exp))
+        elif run is not None and _orphaned(state, run):
+            decisions.extend(_lost(trial, run, "agent restarted"))
+        elif run is not None:
+            decisions.extend(_signals(trial, run, exp))
+        else:
+            settled = _unallocated(trial, exp)
+            if settled is not None:
+                decisions.append(settled)
+            elif exp.state == "ACTIVE":
+                pending.append(trial)
+    decisions.extend(_allocate(state, pending, settings))
+    decisions.extend(_finish_experiments(state))
+    return decisions
+
+
+def _state(trial: Trial, state: str, reason: str) -> Decision:
+    return trial_stream(trial.trial_id), TrialStateChanged(
+        trial_id=trial.trial_id, state=state, reason=reason
+    )
+
+
+def _after_exit(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
+    outcome = run.exited
+    if outcome == "completed" or trial.early_exit is not None:
+        return [_state(trial, "COMPLETED", "exited")]
+    if trial.stop_requested:
+        return [_state(trial, "COMPLETED", "stopped by searcher")]
+    if exp.state in STOPPING or run.killing:
+        return [_state(trial, "CANCELED", exp.state.lower())]
+    if outcome in ("preempted", "killed"):
+        return [_state(trial, "ACTIVE", "requeue")]
+    if outcome == "lost" or trial.restarts < exp.max_restarts:
+        restarts = trial.restarts + (0 if outcome == "lost" else 1)
+        event = TrialRestarted(
+            trial_id=trial.trial_id,
+            restarts=restarts,
+            latest_checkpoint=trial.latest_checkpoint,
+            reason=f"run {run.run_id} {outcome}",
+        )
+        return [(trial_stream(trial.trial_id), event)]
+    return [_state(trial, "ERROR", f"failed {trial.restarts + 1} times (max_restarts)")]
+
+
+def _orphaned(state: ClusterState, run: Run) -> bool:
+    """A run whose agent registered anew after the allocation (the agent restarted) is gone."""
+    for agent_id in run.placements:
+        agent = state.agents.get(agent_id)
+        if agent is not None and agent.registered_position > run.order:
+            return True
+    return False
+
+
+def _lost(trial: Trial, run: Run, message: str) -> list[Decision]:
+    stream = trial_stream(trial.trial_id)
+    return [
+        (
+            stream,
+            TrialExited(
+                trial_id=trial.trial_id,
+                run_id=run.run_id,
+                allocation_id=run.allocation_id,
+                outcome="lost",
+                message=message,
+            ),
+        ),
+        (
+            stream,
+            SlotsReleased(
+                trial_id=trial.trial_id, allocation_id=run.allocation_id, placements=run.placements
+            ),
+        ),
+    ]
+
+
+def _signals(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
+    agents = sorted(run.placements)
+    if exp.state == "STOPPING_KILLED" and not run.killing:
+        kill = KillRequested(
+            trial_id=trial.trial_id,
+            allocation_id=run.allocation_id,
+            reason="kill",
+            agent_ids=agents,
+        )
+        return [(trial_stream(trial.trial_id), kill)]
+    if run.preemption is not None or run.killing:
+        return []
+    reason = None
+    if trial.stop_requested:
+        reason = "searcher stop"
+    elif exp.state == "PAUSED" or exp.state in STOPPING:
+        reason = exp.state.lower()
+    if reason is None:
+        return []
+    event = PreemptionRequested(
+        trial_id=trial.trial_id, allocation_id=run.allocation_id, reason=reason, agent_ids=agents
+    )
+    return [(trial_stream(trial.trial_id), event)]
+
+
+def _unallocated(trial: Trial, exp: Experiment) -> Decision | None:
+    if trial.stop_requested:
+        return _state(trial, "COMPLETED", "stopped by searcher before running")
+    if exp.state in STOPPING:
+        return _state(trial, "CANCELED", exp.state.lower())
+    return None
+
+
+def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> list[Decision]:
+    if not pending:
+        return []
+    pool_of = {e.experiment_id: e.pool or settings.default_pool for e in state.experiments.values()}
+    agents = tuple(
+        Agent(
+            id=a.agent_id,
+            resource_pool=a.pool or settings.default_pool,
+            slots=tuple(Slot(s, device_type="cpu") for s in a.slots),
+        )
+        for a in sorted(state.agents.values(), key=lambda a: a.agent_id)
+        if not a.lost
+    )
+    allocations = []
+    for trial in state.trials.values():
+        run = trial.run
+        if run is None or run.exited is not None:
+            continue
+        exp = state.experiments[trial.experiment_id]
+        allocations.append(
+            Allocation(
+                request_id=run.allocation_id,
+                experiment_id=str(exp.experiment_id),
+                placements=tuple(Placement(a, tuple(s)) for a, s in sorted(run.placements.items())),
+                resource_pool=pool_of[exp.experiment_id],
+                priority=exp.priority,
+                order=run.order,
+                preemption_requested=run.preemption is not None or run.killing,
+                weight=exp.weight,
+            )
+        )
+    requests = []
+    by_request: dict[str, Trial] = {}
+    for trial in pending:
+        exp = state.experiments[trial.experiment_id]
+        request_id = f"{trial.trial_id}.{trial.run_id + 1}"
+        by_request[request_id] = trial
+        requests.append(
+            PendingRequest(
+                request_id=request_id,
+                experiment_id=str(exp.experiment_id),
+                slots_needed=exp.slots_per_trial,
+                order=trial.order,
+                trial_id=trial.trial_id,
+                priority=exp.priority,
+                weight=exp.weight,
+                resource_pool=pool_of[exp.experiment_id],
+                max_slots=exp.max_slots,
+            )
+        )
+    pools = {a.resource_pool for a in agents} | set(pool_of.values())
+    view = ClusterView(
+        agents=agents,
+        pending=tuple(requests),
+        allocations=tuple(allocations),
+        pools=tuple(
+            PoolConfig(name=p, scheduler=settings.scheduler, preemption=settings.preemption)
+            for p in sorted(pools)
+        ),
+        default_pool=settings.default_pool,
+    )
+    decisions: list[Decision] = []
+    running = {a.request_id: a for a in allocations}
+    for decision in decide(view):
+        if isinstance(decision, Allocate):
+            trial = by_request[decision.request_id]
+            event = SlotsAllocated(
+                trial_id=trial.trial_id,
+                allocation_id=decision.request_id,
+                placements={p.agent_id: list(p.slot_ids) for p in decision.placements},
+                run_id=trial.run_id + 1,
+            )
+            decisions.append((trial_stream(trial.trial_id), event))
+        elif isinstance(decision, Preempt):
+            victim = running[decision.request_id]
+            trial_id = decision.request_id.rsplit(".", 1)[0]
+            decisions.append(
+                (
+                    trial_stream(trial_id),
+                    PreemptionRequested(
+                        trial_id=trial_id,
+                        allocation_id=decision.request_id,
+                        reason=f"priority: {decision.reason}",
+                        agent_ids=sorted(p.agent_id for p in victim.placements),
+                    ),
+                )
+            )
+    return decisions
+
+
+def _finish_experiments(state: ClusterState) -> list[Decision]:
+    decisions: list[Decision] = []
+    for exp_id in sorted(state.experiments):
+        exp = state.experiments[exp_id]
+        if exp.state not in STOPPING:
+            continue
+        if any(state.trials[t].live for t in exp.trials):
+            continue
+        final = _STOPPED[exp.state]
+        event = ExperimentStateChanged(experiment_id=exp_id, state=final, reason="all trials done")
+        decisions.append((f"experiment-{exp_id}", event))
+    return decisions
+
+
+def reap(
+    state: ClusterState, last_beat: dict[str, float], now: float, timeout: float
+) -> list[Decision]:
+    """Agents silent for longer than ``timeout`` are lost, and so are the runs they held.
+
+    ``last_beat`` maps agent id to the time of its latest heartbeat (agents that never beat are
+    judged by the time they registered, which the caller supplies the same way).
+    """
+    decisions: list[Decision] = []
+    for agent_id in sorted(state.agents):
+        agent = state.agents[agent_id]
+        beat = last_beat.get(agent_id)
+        if agent.lost or beat is None or now - beat <= timeout:
+            continue
+        decisions.append((f"agent-{agent_id}", AgentLost(agent_id=agent_id)))
+        for trial in sorted(state.trials.values(), key=lambda t: t.order):
+            run = trial.run
+            if run is None or run.exited is not None or agent_id not in run.placements:
+                continue
+            decisions.extend(_lost(trial, run, f"agent {agent_id} stopped heartbeating"))
+    return decisions

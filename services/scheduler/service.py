@@ -1,0 +1,80 @@
+"""The scheduler service: folds the cluster from the log, plans, and appends its decisions.
+
+It runs leader-only. Its decisions are appended in the same transaction that moves its
+checkpoint, fenced by its lease epoch, so a crash never leaves a decision without its
+checkpoint (or the reverse) and a deposed leader cannot write.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from events.consumer import Consumer
+from events.envelope import RecordedEvent
+from events.store import EventStore, Transaction
+from services.scheduler.planner import Settings, plan, reap
+from services.scheduler.state import TYPES, ClusterState
+
+log = structlog.get_logger("scheduler")
+
+
+class SchedulerConsumer(Consumer):
+    """Applies cluster events to :class:`ClusterState` and appends the planner's decisions."""
+
+    name = "scheduler"
+    types = TYPES
+    tick_always = True
+
+    def __init__(self, store: EventStore, settings: Settings, agent_timeout: float = 15.0) -> None:
+        self.store = store
+        self.settings = settings
+        self.agent_timeout = agent_timeout
+        self.state = ClusterState()
+        self.decided = 0
+
+    async def rebuild(self) -> None:
+        """Refolds the state from the start of the log up to this consumer's checkpoint."""
+        state = ClusterState()
+        checkpoint = await self.store.checkpoint(self.name)
+        async for event in self.store.iter_all(0, types=TYPES):
+            if event.position > checkpoint:
+                break
+            state.apply(event)
+        self.state = state
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        self.state.apply(event)
+
+    async def on_rollback(self) -> None:
+        await self.rebuild()
+
+    async def before_commit(self, tx: Transaction) -> None:
+        decisions = plan(self.state, self.settings)
+        beats = await _heartbeats(tx)
+        if beats is not None:
+            now, last_beat = beats
+            decisions += reap(self.state, last_beat, now, self.agent_timeout)
+        by_stream: dict[str, list[object]] = {}
+        for stream_id, event in decisions:
+            by_stream.setdefault(stream_id, []).append(event)
+        for stream_id, events in by_stream.items():
+            await tx.append(stream_id, events)  # type: ignore[arg-type]
+        if decisions:
+            self.decided += len(decisions)
+            log.info(
+                "decided",
+                count=len(decisions),
+                types=sorted({type(e).__name__ for _, e in decisions}),
+            )
+
+
+async def _heartbeats(tx: Transaction) -> tuple[float, dict[str, float]] | None:
+    """The database's clock and each agent's latest heartbeat (None before the API made the table)."""
+    exists = await tx.conn.fetchval("SELECT to_regclass('agent_heartbeats') IS NOT NULL")
+    if not exists:
+        return None
+    now = float(await tx.conn.fetchval("SELECT extract(epoch FROM now())"))
+    rows = await tx.conn.fetch(
+        "SELECT agent_id, extract(epoch FROM beat_at) AS t FROM agent_heartbeats"
+    )
+    return now, {r["agent_id"]: float(r["t"]) for r in rows}

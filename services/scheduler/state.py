@@ -1,0 +1,272 @@
+"""The scheduler's view of the cluster, folded from the log.
+
+Pure: the state depends only on the events applied, in order. Decisions the scheduler made
+earlier come back as events and are folded like any other fact, so a restarted scheduler that
+replays the log reaches the same state and does not decide anything twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from events.envelope import RecordedEvent
+
+TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED", "DELETE_FAILED"})
+STOPPING = frozenset(
+    {"STOPPING_COMPLETED", "STOPPING_CANCELED", "STOPPING_KILLED", "STOPPING_ERROR"}
+)
+
+TYPES = frozenset(
+    {
+        "ExperimentSubmitted",
+        "ExperimentStateChanged",
+        "TrialRequested",
+        "TrialStopRequested",
+        "SlotsAllocated",
+        "TrialStarted",
+        "CheckpointSaved",
+        "TrialEarlyExited",
+        "TrialExited",
+        "SlotsReleased",
+        "PreemptionRequested",
+        "KillRequested",
+        "TrialRestarted",
+        "TrialStateChanged",
+        "AgentRegistered",
+        "AgentLost",
+    }
+)
+
+
+@dataclass
+class Run:
+    """The current allocation of a trial."""
+
+    allocation_id: str
+    run_id: int
+    placements: dict[str, list[str]]
+    order: int
+    started: bool = False
+    preemption: str | None = None
+    killing: bool = False
+    exited: str | None = None
+
+
+@dataclass
+class Trial:
+    """What the scheduler knows of one trial."""
+
+    trial_id: str
+    experiment_id: int
+    order: int
+    state: str = "ACTIVE"
+    run_id: int = 0
+    run: Run | None = None
+    restarts: int = 0
+    latest_checkpoint: str | None = None
+    stop_requested: bool = False
+    early_exit: str | None = None
+    requeue: bool = False
+
+    @property
+    def live(self) -> bool:
+        """Not yet in a terminal state."""
+        return self.state not in TERMINAL
+
+    @property
+    def running(self) -> bool:
+        """Holds slots (allocated and not yet exited)."""
+        return self.run is not None and self.run.exited is None
+
+
+@dataclass
+class Experiment:
+    """An experiment's scheduling parameters and state."""
+
+    experiment_id: int
+    state: str
+    slots_per_trial: int = 1
+    priority: int = 42
+    weight: float = 1.0
+    max_slots: int | None = None
+    pool: str = ""
+    max_restarts: int = 5
+    trials: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AgentInfo:
+    """A registered agent."""
+
+    agent_id: str
+    pool: str
+    slots: list[str]
+    lost: bool = False
+    registered_position: int = 0
+
+
+@dataclass
+class ClusterState:
+    """Experiments, trials and agents as of ``position``."""
+
+    experiments: dict[int, Experiment] = field(default_factory=dict)
+    trials: dict[str, Trial] = field(default_factory=dict)
+    agents: dict[str, AgentInfo] = field(default_factory=dict)
+    position: int = 0
+
+    def apply(self, event: RecordedEvent) -> None:
+        """Folds one event into the state."""
+        self.position = event.position
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            handler(self, event.payload, event.position)
+
+    def run_of(self, allocation_id: str) -> tuple[Trial, Run] | None:
+        """The trial and run of ``allocation_id`` if it is the trial's current run."""
+        trial_id = allocation_id.rsplit(".", 1)[0]
+        trial = self.trials.get(trial_id)
+        if trial is None or trial.run is None or trial.run.allocation_id != allocation_id:
+            return None
+        return trial, trial.run
+
+
+def _resources(config: dict[str, Any]) -> dict[str, Any]:
+    res = config.get("resources") or {}
+    return res if isinstance(res, dict) else {}
+
+
+def _submitted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    config = p.get("config") or {}
+    res = _resources(config)
+    priority = res.get("priority")
+    s.experiments[p["experiment_id"]] = Experiment(
+        experiment_id=p["experiment_id"],
+        state="ACTIVE" if p.get("activate", True) else "PAUSED",
+        slots_per_trial=int(res.get("slots_per_trial") or 1),
+        priority=int(priority) if priority is not None else 42,
+        weight=float(res.get("weight") or 1.0),
+        max_slots=res.get("max_slots"),
+        pool=str(res.get("resource_pool") or ""),
+        max_restarts=int(
+            config.get("max_restarts", 5) if config.get("max_restarts") is not None else 5
+        ),
+    )
+
+
+def _experiment_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    exp = s.experiments.get(p["experiment_id"])
+    if exp is not None:
+        exp.state = p["state"]
+
+
+def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:
+    trial = Trial(trial_id=p["trial_id"], experiment_id=p["experiment_id"], order=pos)
+    s.trials[trial.trial_id] = trial
+    exp = s.experiments.get(p["experiment_id"])
+    if exp is not None:
+        exp.trials.append(trial.trial_id)
+
+
+def _stop_requested(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    trial = s.trials.get(p["trial_id"])
+    if trial is not None:
+        trial.stop_requested = True
+
+
+def _allocated(s: ClusterState, p: dict[str, Any], pos: int) -> None:
+    trial = s.trials.get(p["trial_id"])
+    if trial is None:
+        return
+    trial.run_id = int(p.get("run_id", trial.run_id + 1))
+    trial.run = Run(p["allocation_id"], trial.run_id, dict(p["placements"]), order=pos)
+    trial.requeue = False
+
+
+def _started(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    found = s.run_of(p["allocation_id"])
+    if found is not None:
+        found[1].started = True
+
+
+def _checkpoint(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    trial = s.trials.get(p["trial_id"])
+    if trial is not None:
+        trial.latest_checkpoint = p["uuid"]
+
+
+def _early_exit(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    trial = s.trials.get(p["trial_id"])
+    if trial is not None:
+        trial.early_exit = p["reason"]
+
+
+def _exited(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    found = s.run_of(p["allocation_id"])
+    if found is not None and found[1].exited is None:
+        found[1].exited = p["outcome"]
+
+
+def _preemption(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    found = s.run_of(p["allocation_id"])
+    if found is not None:
+        found[1].preemption = p["reason"]
+
+
+def _kill(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    found = s.run_of(p["allocation_id"])
+    if found is not None:
+        found[1].killing = True
+
+
+def _restarted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    trial = s.trials.get(p["trial_id"])
+    if trial is not None:
+        trial.restarts = int(p["restarts"])
+        trial.run = None
+
+
+def _trial_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    trial = s.trials.get(p["trial_id"])
+    if trial is None:
+        return
+    trial.state = p["state"]
+    if p.get("reason") == "requeue":
+        trial.run = None
+        trial.requeue = True
+    elif trial.run is not None and trial.run.exited is not None:
+        trial.run = None
+
+
+def _agent_registered(s: ClusterState, p: dict[str, Any], pos: int) -> None:
+    s.agents[p["agent_id"]] = AgentInfo(
+        agent_id=p["agent_id"],
+        pool=str(p.get("resource_pool") or ""),
+        slots=[slot["slot_id"] for slot in p.get("slots", [])],
+        registered_position=pos,
+    )
+
+
+def _agent_lost(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    agent = s.agents.get(p["agent_id"])
+    if agent is not None:
+        agent.lost = True
+
+
+_HANDLERS = {
+    "ExperimentSubmitted": _submitted,
+    "ExperimentStateChanged": _experiment_state,
+    "TrialRequested": _requested,
+    "TrialStopRequested": _stop_requested,
+    "SlotsAllocated": _allocated,
+    "TrialStarted": _started,
+    "CheckpointSaved": _checkpoint,
+    "TrialEarlyExited": _early_exit,
+    "TrialExited": _exited,
+    "PreemptionRequested": _preemption,
+    "KillRequested": _kill,
+    "TrialRestarted": _restarted,
+    "TrialStateChanged": _trial_state,
+    "AgentRegistered": _agent_registered,
+    "AgentLost": _agent_lost,
+}
