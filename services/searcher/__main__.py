@@ -1,0 +1,33 @@
+"""``python -m services.searcher``: a searcher replica (only the lease holder decides)."""
+
+from __future__ import annotations
+
+from events.consumer import ConsumerRunner
+from events.errors import EventsError
+from events.lease import LeaderLease
+from services.runtime import ServiceContext, main, run_until_stopped
+from services.searcher.service import SearcherConsumer
+
+
+async def run(ctx: ServiceContext) -> None:
+    """Waits for the searcher lease, replays the searches, then searches until stopped."""
+    ctx.ready()
+    lease = await LeaderLease.acquire(ctx.store, "searcher", stop=ctx.stop)
+    if lease is None:
+        return
+    consumer = SearcherConsumer(ctx.store)
+    await consumer.rebuild()
+    runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
+    try:
+        await run_until_stopped(ctx, runner.run(ctx.stop), _until_lost(lease))
+    finally:
+        await lease.release()
+
+
+async def _until_lost(lease: LeaderLease) -> None:
+    await lease.lost.wait()
+    raise EventsError("searcher lease lost")
+
+
+if __name__ == "__main__":
+    main("searcher", run)
