@@ -25,7 +25,7 @@ from events.config.models import (
     ResourcesConfig,
     SharedFSStorage,
 )
-from events.config.overrides import apply_overrides, load_yaml
+from events.config.overrides import apply_overrides, dump_yaml, load_yaml
 from events.config.searcher import (
     AdaptiveASHASearcher,
     AsyncHalvingSearcher,
@@ -63,6 +63,7 @@ __all__ = [
     "SharedFSStorage",
     "SingleSearcher",
     "apply_overrides",
+    "dump_yaml",
     "load_yaml",
     "parse_config",
 ]

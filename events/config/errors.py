@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-#: Error type used by our own validators; its context carries ``field`` and/or ``issues``.
+#: Error type of our own validators; context ``field``+``message`` or ``issues``, or none.
 CAIRN_ERROR = "cairn_config"
 
-# Union tags pydantic inserts into an error location, by the path of the union's field.
+# Tag of the nested-group member of the hyperparameter union (see hyperparameters.py).
 _NESTED_GROUP_TAG = "group"
 
 

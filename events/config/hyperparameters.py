@@ -80,10 +80,15 @@ class CategoricalHP(ConfigModel):
     vals: list[JsonValue] = Field(min_length=1)
 
 
+def _is_group(value: Mapping[Any, Any]) -> bool:
+    # A mapping is a group unless it has a ``type``; a group may hold a member named ``type``,
+    # which is then itself a hyperparameter (a mapping), never a type name.
+    return "type" not in value or isinstance(value["type"], Mapping)
+
+
 def _hp_tag(value: Any) -> str | None:
     if isinstance(value, Mapping):
-        kind = value.get("type")
-        return kind if isinstance(kind, str) else "group"
+        return "group" if _is_group(value) else str(value["type"])
     kind = getattr(value, "type", None)
     return kind if isinstance(kind, str) else None
 
@@ -114,7 +119,7 @@ LeafHP = ConstHP | IntHP | DoubleHP | LogHP | CategoricalHP
 
 def _normalize_one(value: Any) -> Any:
     if isinstance(value, Mapping):
-        if isinstance(value.get("type"), str):
+        if not _is_group(value):
             return dict(value)
         return {k: _normalize_one(v) for k, v in value.items()}
     return {"type": "const", "val": value}

@@ -16,14 +16,21 @@ class _Loader(yaml.SafeLoader):
     """Safe loader that also reads ``1e-4`` as a float, as YAML 1.2 (and Determined) do."""
 
 
-_Loader.yaml_implicit_resolvers = {
-    key: list(value) for key, value in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+class _Dumper(yaml.SafeDumper):
+    """Safe dumper that quotes strings :class:`_Loader` would read as floats (``'1e5'``)."""
+
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+for _cls in (_Loader, _Dumper):
+    _cls.yaml_implicit_resolvers = {
+        key: list(value) for key, value in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text that :func:`load_yaml` reads back as ``data`` (keys in the given order)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def load_yaml(text: str, source: str = "<config>") -> Any:

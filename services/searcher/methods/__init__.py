@@ -1,0 +1,126 @@
+"""Search methods: pure, deterministic state machines that decide which trials to run.
+
+Use :func:`make_method` to build the method for a config; see :mod:`.base` for the protocol.
+"""
+
+from __future__ import annotations
+
+from events.config import (
+    AdaptiveASHASearcher,
+    AsyncHalvingSearcher,
+    ExperimentConfig,
+    GridSearcher,
+    RandomSearcher,
+    SingleSearcher,
+)
+from services.searcher.methods.adaptive_asha import (
+    AdaptiveASHAStrategy,
+    bracket_max_concurrent,
+    bracket_max_trials,
+    bracket_rungs_for,
+    max_rungs_for,
+)
+from services.searcher.methods.asha import ASHAStrategy
+from services.searcher.methods.base import (
+    EXIT_REASONS,
+    Create,
+    ExitReason,
+    Operation,
+    SearchContext,
+    SearcherError,
+    SearchMethod,
+    SearchStrategy,
+    Shutdown,
+    Stop,
+    read_validation,
+)
+from services.searcher.methods.grid import GridStrategy
+from services.searcher.methods.random_search import RandomStrategy
+from services.searcher.methods.single import SingleStrategy
+
+__all__ = [
+    "EXIT_REASONS",
+    "ASHAStrategy",
+    "AdaptiveASHAStrategy",
+    "Create",
+    "ExitReason",
+    "GridStrategy",
+    "Operation",
+    "RandomStrategy",
+    "SearchContext",
+    "SearchMethod",
+    "SearchStrategy",
+    "SearcherError",
+    "Shutdown",
+    "SingleStrategy",
+    "Stop",
+    "adaptive_brackets",
+    "make_method",
+    "make_strategy",
+    "read_validation",
+]
+
+
+def adaptive_brackets(searcher: AdaptiveASHASearcher) -> list[ASHAStrategy]:
+    """The ASHA brackets an adaptive search runs, deepest first."""
+    _, max_time = searcher.length()
+    rungs = sorted(searcher.bracket_rungs, reverse=True)
+    if not rungs:
+        depth = max_rungs_for(searcher.max_rungs, searcher.divisor, max_time, searcher.max_trials)
+        rungs = bracket_rungs_for(searcher.mode, depth)
+    trials = bracket_max_trials(searcher.max_trials, searcher.divisor, rungs)
+    concurrency = bracket_max_concurrent(searcher.max_concurrent_trials, searcher.divisor, trials)
+    return [
+        ASHAStrategy(
+            num_rungs=r,
+            divisor=searcher.divisor,
+            max_trials=t,
+            max_concurrent_trials=c,
+            max_time=max_time,
+            smaller_is_better=searcher.smaller_is_better,
+        )
+        for r, t, c in zip(rungs, trials, concurrency, strict=True)
+    ]
+
+
+def make_strategy(config: ExperimentConfig) -> SearchStrategy:
+    """The bare algorithm for ``config.searcher`` (without bookkeeping)."""
+    searcher = config.searcher
+    target = searcher.max_length.units if searcher.max_length is not None else None
+    if isinstance(searcher, SingleSearcher):
+        return SingleStrategy(target_units=target)
+    if isinstance(searcher, RandomSearcher):
+        return RandomStrategy(searcher.max_trials, searcher.max_concurrent_trials, target)
+    if isinstance(searcher, GridSearcher):
+        return GridStrategy(config.hyperparameters, searcher.max_concurrent_trials, target)
+    if isinstance(searcher, AsyncHalvingSearcher):
+        _, max_time = searcher.length()
+        return ASHAStrategy(
+            num_rungs=searcher.num_rungs,
+            divisor=searcher.divisor,
+            max_trials=searcher.max_trials,
+            max_concurrent_trials=searcher.max_concurrent_trials,
+            max_time=max_time,
+            smaller_is_better=searcher.smaller_is_better,
+        )
+    return AdaptiveASHAStrategy(adaptive_brackets(searcher))
+
+
+def make_method(config: ExperimentConfig) -> SearchMethod:
+    """Builds the search method for a validated config.
+
+    Raises:
+        SearcherError: The config has no ``experiment_seed`` (``parse_config`` always sets one).
+    """
+    seed = config.reproducibility.experiment_seed
+    if seed is None:
+        raise SearcherError("config has no reproducibility.experiment_seed; use parse_config")
+    searcher = config.searcher
+    cap = 1 if isinstance(searcher, SingleSearcher) else searcher.max_concurrent_trials
+    return SearchMethod(
+        searcher.name,
+        make_strategy(config),
+        seed=seed,
+        hparams=config.hyperparameters,
+        max_concurrent_trials=cap,
+    )

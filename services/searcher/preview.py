@@ -1,0 +1,234 @@
+"""``preview-search``: run a search method against simulated trials, no cluster involved.
+
+Every trial trains at the same speed and reports a validation at each rung of its bracket (ASHA)
+or once at its full length (other methods); no trial fails or exits on its own. Each trial has a
+fixed simulated quality drawn from a generator seeded with the experiment seed, so the searcher's
+stop decisions look like a real search's and the preview is reproducible.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from events.config import ExperimentConfig, HalvingSearcher, ReproducibilityConfig
+from services.searcher.methods import make_method
+from services.searcher.methods.adaptive_asha import AdaptiveASHAStrategy
+from services.searcher.methods.asha import ASHAStrategy
+from services.searcher.methods.base import Create, Operation, SearchMethod, Shutdown, Stop
+
+MAX_EVENTS = 1_000_000
+DEFAULT_PREVIEW_SEED = 0
+
+
+@dataclass(frozen=True)
+class BracketRow:
+    """One ASHA bracket: its depth, trial budget and concurrency."""
+
+    bracket: int
+    num_rungs: int
+    max_trials: int
+    max_concurrent_trials: int
+
+
+@dataclass(frozen=True)
+class RungRow:
+    """One rung: where it is and how many trials reached it and were stopped there."""
+
+    bracket: int
+    rung: int
+    units: int
+    trials: int
+    stopped: int
+
+
+@dataclass(frozen=True)
+class LengthRow:
+    """``trials`` trials train up to ``units`` (``None``: the training code decides)."""
+
+    trials: int
+    units: int | None
+
+
+@dataclass(frozen=True)
+class PreviewResult:
+    """What a search would do, as :func:`preview_search` simulated it."""
+
+    searcher: str
+    metric: str
+    smaller_is_better: bool
+    seed: int
+    unit: str | None
+    max_time: int | None
+    total_trials: int
+    total_units: int | None
+    lengths: tuple[LengthRow, ...]
+    brackets: tuple[BracketRow, ...]
+    rungs: tuple[RungRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return asdict(self)
+
+
+def _brackets(method: SearchMethod) -> list[ASHAStrategy]:
+    strategy = method.strategy
+    if isinstance(strategy, AdaptiveASHAStrategy):
+        return strategy.brackets
+    if isinstance(strategy, ASHAStrategy):
+        return [strategy]
+    return []
+
+
+def _bracket_of(method: SearchMethod, request_id: str) -> int:
+    strategy = method.strategy
+    return strategy.bracket_of(request_id) if isinstance(strategy, AdaptiveASHAStrategy) else 0
+
+
+class _Simulation:
+    def __init__(self, config: ExperimentConfig, seed: int) -> None:
+        self.method = make_method(config)
+        self.brackets = _brackets(self.method)
+        self.quality = random.Random(seed)
+        searcher = config.searcher
+        if isinstance(searcher, HalvingSearcher):
+            self.target: int | None = searcher.length()[1]
+        else:
+            self.target = searcher.max_length.units if searcher.max_length is not None else None
+        self.clock = 0.0
+        self.seq = 0
+        self.queue: list[tuple[float, int, str, int]] = []
+        self.metric: dict[str, float] = {}
+        self.start: dict[str, float] = {}
+        self.trained: dict[str, int | None] = {}
+        self.done = False
+
+    def _checkpoints(self, request_id: str) -> list[int | None]:
+        if self.brackets:
+            return list(self.brackets[_bracket_of(self.method, request_id)].units)
+        return [self.target]
+
+    def _schedule(self, request_id: str, step: int) -> None:
+        points = self._checkpoints(request_id)
+        if step >= len(points):
+            return
+        at = points[step]
+        self.seq += 1
+        when = self.start[request_id] + (at if at is not None else 1)
+        heapq.heappush(self.queue, (when, self.seq, request_id, step))
+
+    def _apply(self, ops: list[Operation]) -> None:
+        for op in ops:
+            if isinstance(op, Create):
+                self.metric[op.request_id] = self.quality.random()
+                self.start[op.request_id] = self.clock
+                self.trained[op.request_id] = 0
+                self.method.on_trial_created(op.request_id)
+                self._schedule(op.request_id, 0)
+            elif isinstance(op, Stop):
+                self._close(op.request_id)
+            elif isinstance(op, Shutdown):
+                self.done = True
+
+    def _close(self, request_id: str) -> None:
+        if self.start.pop(request_id, None) is not None:
+            self._apply(self.method.on_trial_closed(request_id))
+
+    def run(self) -> None:
+        self._apply(self.method.initial_operations())
+        events = 0
+        while self.queue and not self.done:
+            events += 1
+            if events > MAX_EVENTS:
+                raise RuntimeError("preview did not finish; the search looks unbounded")
+            when, _, request_id, step = heapq.heappop(self.queue)
+            if request_id not in self.start:
+                continue
+            self.clock = when
+            at = self._checkpoints(request_id)[step]
+            self.trained[request_id] = at
+            time_value = float(at) if at is not None else None
+            ops = self.method.on_validation(request_id, self.metric[request_id], time_value)
+            self._apply(ops)
+            if request_id in self.start:
+                if step + 1 < len(self._checkpoints(request_id)):
+                    self._schedule(request_id, step + 1)
+                else:
+                    self._close(request_id)
+
+
+def preview_search(config: ExperimentConfig) -> PreviewResult:
+    """Simulates the whole search for ``config`` (see the module docstring for assumptions)."""
+    seed = config.reproducibility.experiment_seed
+    if seed is None:
+        seed = DEFAULT_PREVIEW_SEED
+        repro = ReproducibilityConfig(experiment_seed=seed)
+        config = config.model_copy(update={"reproducibility": repro})
+    sim = _Simulation(config, seed)
+    sim.run()
+    searcher = config.searcher
+    lengths = Counter(sim.trained.values())
+    known = [u for u in sim.trained.values() if u is not None]
+    rung_rows: list[RungRow] = []
+    bracket_rows: list[BracketRow] = []
+    for b, bracket in enumerate(sim.brackets):
+        bracket_rows.append(
+            BracketRow(b, bracket.num_rungs, bracket.max_trials, bracket.max_concurrent)
+        )
+        for r, units in enumerate(bracket.units):
+            owners = bracket.owners[r]
+            stopped = sum(1 for rid in owners if sim.trained.get(rid) == units)
+            rung_rows.append(RungRow(b, r, units, len(owners), stopped))
+    unit = searcher.length()[0] if isinstance(searcher, HalvingSearcher) else None
+    if unit is None and searcher.max_length is not None:
+        unit = searcher.max_length.unit
+    return PreviewResult(
+        searcher=searcher.name,
+        metric=searcher.metric,
+        smaller_is_better=searcher.smaller_is_better,
+        seed=seed,
+        unit=unit,
+        max_time=sim.target,
+        total_trials=len(sim.trained),
+        total_units=sum(known) if len(known) == len(sim.trained) else None,
+        lengths=tuple(
+            LengthRow(n, u) for u, n in sorted(lengths.items(), key=lambda kv: kv[0] or 0)
+        ),
+        brackets=tuple(bracket_rows),
+        rungs=tuple(rung_rows),
+    )
+
+
+def render_preview(result: PreviewResult) -> str:
+    """Human-readable text of a :class:`PreviewResult`."""
+    unit = result.unit or "units"
+    direction = "smaller" if result.smaller_is_better else "larger"
+    lines = [
+        f"Search: {result.searcher} on {result.metric!r} ({direction} is better), "
+        f"seed {result.seed}",
+    ]
+    if result.max_time is not None:
+        lines.append(f"Trains each trial for at most {result.max_time} {unit}.")
+    lines.append(f"This search will create a total of {result.total_trials} trial(s).")
+    for bracket in result.brackets:
+        lines.append("")
+        lines.append(
+            f"Bracket {bracket.bracket + 1}: {bracket.num_rungs} rung(s), "
+            f"{bracket.max_trials} trial(s), {bracket.max_concurrent_trials or 'any number'} "
+            "at a time"
+        )
+        lines.append(f"  {'rung':>4}  {unit:>10}  {'trials':>6}  {'stopped':>7}")
+        for row in (r for r in result.rungs if r.bracket == bracket.bracket):
+            lines.append(f"  {row.rung + 1:>4}  {row.units:>10}  {row.trials:>6}  {row.stopped:>7}")
+    lines.append("")
+    lines.append(f"  {'trials':>6} | training length")
+    lines.append(f"  {'-' * 6}-+-{'-' * 16}")
+    for length in result.lengths:
+        amount = f"{length.units} {unit}" if length.units is not None else "chosen by the code"
+        lines.append(f"  {length.trials:>6} | {amount}")
+    if result.total_units is not None:
+        lines.append(f"Total training: {result.total_units} {unit}.")
+    return "\n".join(lines)
