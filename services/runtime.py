@@ -23,6 +23,7 @@ import structlog
 from events import logging as cairn_logging
 from events.bus import Bus
 from events.errors import EventsError
+from events.lease import LeaderLease
 from events.store import EventStore
 
 
@@ -104,6 +105,17 @@ async def _retry(connect: Callable[[], Awaitable[T]], attempts: int = 30) -> T:
                 raise
             await asyncio.sleep(min(0.2 * (attempt + 1), 2.0))
     raise AssertionError("unreachable")
+
+
+async def until_lease_lost(ctx: ServiceContext, lease: LeaderLease) -> None:
+    """Returns when the service stops; raises if the leader lease is lost first."""
+    lost = asyncio.ensure_future(lease.lost.wait())
+    stopped = asyncio.ensure_future(ctx.stop.wait())
+    await asyncio.wait([lost, stopped], return_when=asyncio.FIRST_COMPLETED)
+    for task in (lost, stopped):
+        task.cancel()
+    if lease.lost.is_set() and not ctx.stop.is_set():
+        raise EventsError(f"{lease.name} lease lost")
 
 
 async def run_until_stopped(ctx: ServiceContext, *tasks: Awaitable[None]) -> None:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 
 from events.consumer import ConsumerRunner
-from events.errors import EventsError
 from events.lease import LeaderLease
-from services.runtime import ServiceContext, base_parser, main, run_until_stopped
+from services.runtime import (
+    ServiceContext,
+    base_parser,
+    main,
+    run_until_stopped,
+    until_lease_lost,
+)
 from services.scheduler.planner import Settings
 from services.scheduler.service import SchedulerConsumer
 
@@ -27,14 +32,9 @@ async def run(ctx: ServiceContext) -> None:
     await consumer.rebuild()
     runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
     try:
-        await run_until_stopped(ctx, runner.run(ctx.stop), _until_lost(lease))
+        await run_until_stopped(ctx, runner.run(ctx.stop), until_lease_lost(ctx, lease))
     finally:
         await lease.release()
-
-
-async def _until_lost(lease: LeaderLease) -> None:
-    await lease.lost.wait()
-    raise EventsError("scheduler lease lost")
 
 
 def _parser() -> argparse.ArgumentParser:

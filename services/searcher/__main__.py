@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from events.consumer import ConsumerRunner
-from events.errors import EventsError
 from events.lease import LeaderLease
-from services.runtime import ServiceContext, main, run_until_stopped
+from services.runtime import ServiceContext, main, run_until_stopped, until_lease_lost
 from services.searcher.service import SearcherConsumer
 
 
@@ -19,14 +18,9 @@ async def run(ctx: ServiceContext) -> None:
     await consumer.rebuild()
     runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
     try:
-        await run_until_stopped(ctx, runner.run(ctx.stop), _until_lost(lease))
+        await run_until_stopped(ctx, runner.run(ctx.stop), until_lease_lost(ctx, lease))
     finally:
         await lease.release()
-
-
-async def _until_lost(lease: LeaderLease) -> None:
-    await lease.lost.wait()
-    raise EventsError("searcher lease lost")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""The embedded cluster end to end: ``cairn up`` / ``status`` / ``down`` as real processes.
+
+Every step runs the CLI as a subprocess against a real PostgreSQL, nats-server and service
+processes under a temporary data directory; every test stops its cluster in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairn.local.cluster import SERVICES
+from events.store import EventStore
+from events.types import ExperimentSubmitted
+
+ROOT = Path(__file__).resolve().parents[2]
+EVERYTHING = {"postgres", "nats", *SERVICES}
+
+
+def cairn(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    """Runs ``python -m cairn ARGS`` from the checkout and captures its output."""
+    env = {k: v for k, v in os.environ.items() if k != "CAIRN_HOME"}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "cairn", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def up(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``cairn up`` with two CPU slots, any free API port (parallel runs never collide) and a
+    short stop grace period (a service slow to exit on SIGTERM would otherwise cost 10 s)."""
+    done = cairn(
+        "up", "--data-dir", str(data_dir), "--slots", "2", "--api-port", "0",
+        "--stop-timeout", "3",
+    )  # fmt: skip
+    assert done.returncode == 0, f"cairn up failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def down(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    """``cairn down``; must always succeed."""
+    done = cairn("down", "--data-dir", str(data_dir))
+    assert done.returncode == 0, f"cairn down failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def status(data_dir: Path) -> tuple[int, dict[str, Any]]:
+    """``cairn --json status``: its exit code and report."""
+    done = cairn("--json", "status", "--data-dir", str(data_dir), timeout=30)
+    return done.returncode, json.loads(done.stdout)
+
+
+def processes(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The report's processes by name."""
+    return {p["name"]: p for p in report["processes"]}
+
+
+async def append_marker(dsn: str) -> str:
+    """Appends one event to ``experiment-4242`` and returns its event id."""
+    store = await EventStore.connect(dsn)
+    try:
+        recorded = await store.append(
+            "experiment-4242", [ExperimentSubmitted(experiment_id=4242, config={"marker": True})]
+        )
+        return str(recorded[0].event_id)
+    finally:
+        await store.close()
+
+
+async def read_marker(dsn: str) -> list[str]:
+    """The event ids on ``experiment-4242``."""
+    store = await EventStore.connect(dsn)
+    try:
+        return [str(e.event_id) for e in await store.read_stream("experiment-4242")]
+    finally:
+        await store.close()
+
+
+@pytest.fixture(scope="module")
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A running cluster shared by the tests below, on a data dir with a long path."""
+    data_dir = tmp_path_factory.mktemp("cluster") / ("a-rather-long-directory-name-" * 4) / "home"
+    assert len(str(data_dir)) > 108  # longer than a Unix socket path may be
+    try:
+        up(data_dir)
+        yield data_dir
+    finally:
+        down(data_dir)
+
+
+def test_up_status_down_up_keeps_the_log(tmp_path: Path) -> None:
+    """up → healthy status → append → down → status 3 → up: the event is still in the log."""
+    data_dir = tmp_path / "cairn"
+    try:
+        first = up(data_dir)
+        assert "cluster healthy" in first.stdout
+        code, report = status(data_dir)
+        assert code == 0, report
+        assert report["healthy"] and set(processes(report)) == EVERYTHING
+        assert all(p["state"] == "alive" and p["pid"] for p in report["processes"])
+        assert report["dsn"].endswith("/cairn") and report["nats_url"].startswith("nats://")
+        state = json.loads((data_dir / "cluster.json").read_text())
+        assert state["supervisor_pid"] == report["supervisor_pid"]
+        assert all((data_dir / "logs" / f"{name}.log").exists() for name in SERVICES)
+
+        event_id = asyncio.run(append_marker(report["dsn"]))
+
+        stopped = down(data_dir)
+        assert "cluster stopped" in stopped.stdout
+        code, report = status(data_dir)
+        assert code == 3 and not report["running"]
+        assert cairn("status", "--data-dir", str(data_dir)).returncode == 3
+        assert "no cluster" in down(data_dir).stdout  # down again is a no-op
+
+        up(data_dir)
+        code, report = status(data_dir)
+        assert code == 0, report
+        assert asyncio.run(read_marker(report["dsn"])) == [event_id]
+    finally:
+        down(data_dir)
+
+
+def test_up_when_already_up_is_a_no_op(cluster_dir: Path) -> None:
+    """A second ``cairn up`` on a healthy cluster says so, exits 0 and starts nothing."""
+    _, before = status(cluster_dir)
+    again = up(cluster_dir)
+    assert "already running" in again.stdout
+    _, after = status(cluster_dir)
+    assert after["supervisor_pid"] == before["supervisor_pid"]
+    assert {n: p["pid"] for n, p in processes(after).items()} == {
+        n: p["pid"] for n, p in processes(before).items()
+    }
+
+
+def test_killed_service_is_reported_and_restarted(cluster_dir: Path) -> None:
+    """A SIGKILLed service shows in ``status`` with its exit code and a restart, and comes back."""
+    _, report = status(cluster_dir)
+    victim = processes(report)["relay"]
+    os.kill(victim["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        code, report = status(cluster_dir)
+        relay = processes(report)["relay"]
+        if relay["restarts"] >= victim["restarts"] + 1 and relay["state"] == "alive" and code == 0:
+            break
+        assert time.monotonic() < deadline, f"relay did not come back: {relay}"
+        time.sleep(0.2)
+    assert relay["pid"] != victim["pid"]
+    assert relay["exit_code"] == -signal.SIGKILL
+    log = (cluster_dir / "logs" / "supervisor.log").read_text()
+    assert "process died; restarting" in log and str(victim["pid"]) in log
