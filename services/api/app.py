@@ -1,0 +1,70 @@
+"""The aiohttp application: middlewares, the route tables, and startup (tables, admin, tokens)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from events.bus import Bus
+from events.store import EventStore
+from services.api import (
+    openapi,
+    routes_agents,
+    routes_allocations,
+    routes_auth,
+    routes_experiments,
+    routes_trials,
+    tables,
+)
+from services.api.auth import agent_token, auth_middleware, ensure_admin
+from services.api.errors import error_middleware
+from services.api.routing import STATE, ApiState, Route, RouteTable
+
+MAX_BODY_BYTES = 256 * 1024 * 1024
+"""Largest request body (code tarballs arrive base64-encoded in JSON)."""
+
+ROUTE_TABLES: tuple[RouteTable, ...] = (
+    routes_auth.routes,
+    routes_experiments.routes,
+    routes_agents.routes,
+    routes_allocations.routes,
+    routes_trials.routes,
+    openapi.routes,
+)
+
+
+def all_routes() -> list[Route]:
+    """Every route the gateway serves."""
+    return [route for table in ROUTE_TABLES for route in table.routes]
+
+
+def create_app(store: EventStore, bus: Bus | None, *, secret: bytes) -> web.Application:
+    """Builds the gateway application.
+
+    On startup it applies the ``api`` migrations, creates the initial admin user and loads the
+    agent token.
+
+    Args:
+        store: the event store (its pool also serves the gateway's own tables).
+        bus: the NATS bus, or ``None``; nothing served today requires it.
+        secret: the cluster secret signing trial tokens (:func:`services.api.auth.cluster_secret`).
+
+    Returns:
+        The application, ready for an ``AppRunner``.
+    """
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware], client_max_size=MAX_BODY_BYTES
+    )
+    state = ApiState(store=store, bus=bus, secret=secret)
+    app[STATE] = state
+    for route in all_routes():
+        app.router.add_route(route.method, route.path, route.handler)
+        state.routes[route.handler] = route
+    app.on_startup.append(_startup)
+    return app
+
+
+async def _startup(app: web.Application) -> None:
+    state = app[STATE]
+    await tables.migrate(state.store)
+    await ensure_admin(state.store)
+    state.agent_token = await agent_token(state.store)

@@ -1,0 +1,292 @@
+"""Who is calling: users (scrypt passwords, hashed bearer tokens), agents and trials.
+
+Three kinds of bearer token are accepted:
+
+- user tokens, from ``POST /api/v1/auth/login``; only their SHA-256 is stored (``api_tokens``);
+- the agent token: ``CAIRN_AGENT_TOKEN`` when set, otherwise one generated once and kept in
+  ``api_secrets`` (read it with :func:`agent_token`);
+- trial tokens, ``trial:<trial_id>:<hex>`` where ``<hex>`` is HMAC-SHA256 of ``trial:<trial_id>``
+  under the cluster secret (created by the first migration); they are checked without touching
+  the database and only open their own trial and its allocations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import structlog
+from aiohttp import web
+
+from events.db import translate_errors
+from events.store import EventStore
+from services.api import tables
+from services.api.errors import forbidden, unauthorized
+from services.api.routing import state_of
+
+log = structlog.get_logger("api")
+
+TRIAL_PREFIX = "trial:"
+_SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**14, 8, 1
+# Checked against when the user does not exist, so a wrong name costs as long as a wrong password.
+_DUMMY_HASH = f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${'00' * 16}${'00' * 32}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller.
+
+    Attributes:
+        kind: ``user``, ``agent`` or ``trial``.
+        name: the username, ``agent``, or the trial id.
+        admin: whether a user is an administrator.
+    """
+
+    kind: Literal["user", "agent", "trial"]
+    name: str
+    admin: bool = False
+
+    @property
+    def is_admin(self) -> bool:
+        """Whether this is an administrator user."""
+        return self.kind == "user" and self.admin
+
+    def describe(self) -> dict[str, Any]:
+        """The caller as shown by ``GET /api/v1/me``."""
+        if self.kind == "user":
+            return {"kind": "user", "username": self.name, "admin": self.admin}
+        if self.kind == "trial":
+            return {"kind": "trial", "trial_id": self.name}
+        return {"kind": "agent"}
+
+
+_PRINCIPAL = web.RequestKey("cairn_principal", Principal)
+
+
+# --- passwords and tokens -------------------------------------------------------------------
+
+
+def hash_password(password: str) -> str:
+    """Hashes a password with scrypt and a random salt (``scrypt$n$r$p$salt$hash``)."""
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(
+        password.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P, dklen=32
+    )
+    return f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${salt.hex()}${digest.hex()}"
+
+
+def verify_password(password: str, stored: str) -> bool:
+    """Whether ``password`` matches a :func:`hash_password` result (constant-time compare)."""
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        got = hashlib.scrypt(
+            password.encode(), salt=bytes.fromhex(salt), n=int(n), r=int(r), p=int(p), dklen=32
+        )
+    except ValueError:
+        return False
+    return hmac.compare_digest(got.hex(), digest)
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a bearer token: its SHA-256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def sign_trial_token(secret: bytes, trial_id: str) -> str:
+    """Mints the token that lets a trial's processes call the API for that trial only.
+
+    Args:
+        secret: the cluster secret (:func:`cluster_secret`).
+        trial_id: e.g. ``"7.3"``.
+
+    Returns:
+        ``trial:<trial_id>:<HMAC-SHA256(secret, "trial:<trial_id>") hex>``.
+    """
+    mac = hmac.new(secret, f"{TRIAL_PREFIX}{trial_id}".encode(), hashlib.sha256).hexdigest()
+    return f"{TRIAL_PREFIX}{trial_id}:{mac}"
+
+
+def verify_trial_token(secret: bytes, token: str) -> str | None:
+    """Returns the trial id a trial token was minted for, or ``None`` if it is not valid."""
+    if not token.startswith(TRIAL_PREFIX):
+        return None
+    trial_id, sep, _ = token[len(TRIAL_PREFIX) :].rpartition(":")
+    if not sep or not trial_id:
+        return None
+    expected = sign_trial_token(secret, trial_id)
+    return trial_id if hmac.compare_digest(expected.encode(), token.encode()) else None
+
+
+# --- stored credentials ---------------------------------------------------------------------
+
+
+async def cluster_secret(store: EventStore) -> bytes:
+    """The cluster secret that signs trial tokens (applies the gateway's migrations first)."""
+    await tables.migrate(store)
+    with translate_errors():
+        value = await store.pool.fetchval("SELECT value FROM api_secrets WHERE name = 'cluster'")
+    return bytes.fromhex(str(value))
+
+
+async def trial_token(store: EventStore, trial_id: str) -> str:
+    """Mints trial ``trial_id``'s scoped token (for code outside the gateway, e.g. launchers)."""
+    return sign_trial_token(await cluster_secret(store), trial_id)
+
+
+async def agent_token(store: EventStore) -> str:
+    """The token agents authenticate with.
+
+    ``CAIRN_AGENT_TOKEN`` when set; otherwise a random token generated on first use and kept in
+    ``api_secrets``, so every gateway replica and the local launcher agree on it.
+    """
+    from_env = os.environ.get("CAIRN_AGENT_TOKEN")
+    if from_env:
+        return from_env
+    await tables.migrate(store)
+    with translate_errors():
+        await store.pool.execute(
+            "INSERT INTO api_secrets (name, value) VALUES ('agent_token', $1) "
+            "ON CONFLICT (name) DO NOTHING",
+            "agent:" + secrets.token_urlsafe(32),
+        )
+        value = await store.pool.fetchval(
+            "SELECT value FROM api_secrets WHERE name = 'agent_token'"
+        )
+    return str(value)
+
+
+async def ensure_admin(store: EventStore) -> None:
+    """Creates the ``admin`` user on first start (password ``CAIRN_ADMIN_PASSWORD``, default
+    ``admin``); an existing admin is left as it is."""
+    with translate_errors():
+        exists = await store.pool.fetchval("SELECT 1 FROM api_users WHERE username = 'admin'")
+    if exists:
+        return
+    password = os.environ.get("CAIRN_ADMIN_PASSWORD", "admin")
+    hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
+    with translate_errors():
+        await store.pool.execute(
+            "INSERT INTO api_users (username, password_hash, admin) VALUES ('admin', $1, true) "
+            "ON CONFLICT (username) DO NOTHING",
+            hashed,
+        )
+    log.info("created initial admin user")
+
+
+async def create_user(store: EventStore, username: str, password: str, *, admin: bool) -> bool:
+    """Adds a user; returns ``False`` if the name is taken."""
+    hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
+    with translate_errors():
+        row = await store.pool.fetchval(
+            "INSERT INTO api_users (username, password_hash, admin) VALUES ($1, $2, $3) "
+            "ON CONFLICT (username) DO NOTHING RETURNING 1",
+            username,
+            hashed,
+            admin,
+        )
+    return row is not None
+
+
+async def login(store: EventStore, username: str, password: str) -> tuple[str, bool] | None:
+    """Checks a password and issues a new user token.
+
+    Returns:
+        ``(token, admin)``, or ``None`` when the user is unknown or the password wrong.
+    """
+    with translate_errors():
+        row = await store.pool.fetchrow(
+            "SELECT password_hash, admin FROM api_users WHERE username = $1", username
+        )
+    stored = str(row["password_hash"]) if row is not None else _DUMMY_HASH
+    ok = await asyncio.get_running_loop().run_in_executor(None, verify_password, password, stored)
+    if row is None or not ok:
+        return None
+    token = secrets.token_urlsafe(32)
+    with translate_errors():
+        await store.pool.execute(
+            "INSERT INTO api_tokens (token_hash, username) VALUES ($1, $2)",
+            hash_token(token),
+            username,
+        )
+    return token, bool(row["admin"])
+
+
+async def logout(store: EventStore, token: str) -> None:
+    """Revokes a user token."""
+    with translate_errors():
+        await store.pool.execute("DELETE FROM api_tokens WHERE token_hash = $1", hash_token(token))
+
+
+async def authenticate(request: web.Request, token: str) -> Principal | None:
+    """Resolves a bearer token to its principal, or ``None`` when it is not valid."""
+    state = state_of(request)
+    if token.startswith(TRIAL_PREFIX):
+        trial_id = verify_trial_token(state.secret, token)
+        return Principal("trial", trial_id) if trial_id else None
+    if state.agent_token and hmac.compare_digest(token.encode(), state.agent_token.encode()):
+        return Principal("agent", "agent")
+    with translate_errors():
+        row = await state.store.pool.fetchrow(
+            """SELECT u.username, u.admin FROM api_tokens t JOIN api_users u USING (username)
+               WHERE t.token_hash = $1 AND (t.expires_at IS NULL OR t.expires_at > now())""",
+            hash_token(token),
+        )
+    if row is None:
+        return None
+    return Principal("user", str(row["username"]), admin=bool(row["admin"]))
+
+
+# --- request helpers ------------------------------------------------------------------------
+
+
+def bearer(request: web.Request) -> str | None:
+    """The bearer token of a request, if it carries one."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def principal_of(request: web.Request) -> Principal:
+    """The authenticated caller of ``request`` (set by :func:`auth_middleware`)."""
+    principal = request.get(_PRINCIPAL)
+    if not isinstance(principal, Principal):
+        raise unauthorized()
+    return principal
+
+
+def check_trial(principal: Principal, trial_id: str) -> None:
+    """Raises 403 when a trial token reaches for another trial than its own."""
+    if principal.kind == "trial" and principal.name != trial_id:
+        raise forbidden(f"this token is scoped to trial {principal.name}, not {trial_id}")
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Authenticates every route but the public ones and enforces each route's ``allow`` set."""
+    if request.match_info.http_exception is not None:
+        raise request.match_info.http_exception
+    route = state_of(request).routes.get(request.match_info.handler)
+    if route is None or "public" not in route.allow:
+        token = bearer(request)
+        if token is None:
+            raise unauthorized("missing bearer token")
+        principal = await authenticate(request, token)
+        if principal is None:
+            raise unauthorized("invalid or expired token")
+        allowed = route.allow if route is not None else frozenset()
+        if not (principal.kind in allowed or ("admin" in allowed and principal.is_admin)):
+            raise forbidden(
+                f"a {principal.kind} token may not call {request.method} {request.path}"
+            )
+        request[_PRINCIPAL] = principal
+    response: web.StreamResponse = await handler(request)
+    return response

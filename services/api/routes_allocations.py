@@ -1,0 +1,337 @@
+"""Allocations (one run of a trial): spec, started/exited reports, logs, preemption long poll."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from events.envelope import new
+from events.store import Transaction
+from events.types import SlotsReleased, TrialExited, TrialStarted
+from services.api import tables
+from services.api.auth import check_trial, principal_of, sign_trial_token
+from services.api.errors import bad_request, parse, read_json
+from services.api.inbox import claim, in_transaction, record
+from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, store_of
+from services.api.views import (
+    Outcome,
+    build_spec,
+    exit_outcome,
+    experiment_of,
+    load_agent,
+    load_experiment,
+    load_trial,
+    refresh_trial,
+    trial_of,
+    trial_stream,
+)
+
+log = structlog.get_logger("api")
+routes = RouteTable("allocations")
+
+MAX_POLL_SECONDS = 60.0
+POLL_EVERY = 0.2
+
+
+class SpecQuery(BaseModel):
+    """Which agent asks (its slot ids are returned; all slots when omitted)."""
+
+    agent_id: str | None = None
+
+
+class SpecResponse(BaseModel):
+    """Everything an agent needs to launch the run (see docs/protocol.md)."""
+
+    active: bool
+    allocation_id: str
+    trial_id: str
+    experiment_id: int
+    run_id: int
+    entrypoint: str | list[str] | None
+    code_ref: str | None
+    hparams: dict[str, Any]
+    trial_seed: int
+    latest_checkpoint: str | None
+    steps_completed: int
+    token: str
+    checkpoint_storage: dict[str, Any] | None
+    environment_variables: dict[str, str]
+    slot_ids: list[str]
+    placements: dict[str, list[str]]
+    config: dict[str, Any]
+
+
+class StartedBody(BaseModel):
+    """The agent launched the run's process."""
+
+    agent_id: str
+    idempotency_key: str | None = None
+
+
+class ExitedBody(BaseModel):
+    """The run's process ended with ``exit_code``."""
+
+    agent_id: str
+    exit_code: int
+    message: str = ""
+    idempotency_key: str | None = None
+
+
+class ReportResponse(BaseModel):
+    """Whether this report appended events (``duplicate``: an earlier report already did)."""
+
+    allocation_id: str
+    appended: list[str]
+    duplicate: bool
+    outcome: str | None = None
+
+
+class LogLine(BaseModel):
+    """One line of a trial process's output."""
+
+    ts: datetime | None = None
+    rank: int | None = Field(None, ge=0, le=2**31 - 1)
+    stream: Literal["stdout", "stderr"] = "stdout"
+    line: str
+
+
+class LogsBody(BaseModel):
+    """A batch of log lines; a repeated ``idempotency_key`` is ignored."""
+
+    lines: list[LogLine]
+    idempotency_key: str = Field(min_length=1, max_length=500)
+
+
+class LogsResponse(BaseModel):
+    """How many lines were stored (0 for a repeated batch)."""
+
+    inserted: int
+
+
+class PreemptionQuery(BaseModel):
+    """How long to wait for a signal (capped at 60 s; 0 answers at once)."""
+
+    timeout_seconds: float = Field(0, ge=0, allow_inf_nan=False)
+
+
+class PreemptionResponse(BaseModel):
+    """Whether the run should checkpoint and exit."""
+
+    preempt: bool
+
+
+def _allocation(request: web.Request) -> tuple[str, str]:
+    allocation_id = request.match_info["allocation_id"]
+    trial_id = trial_of(allocation_id)
+    check_trial(principal_of(request), trial_id)
+    return allocation_id, trial_id
+
+
+@routes.get(
+    "/api/v1/allocations/{allocation_id}/spec",
+    allow=TRIAL_OR_AGENT,
+    query=SpecQuery,
+    response=SpecResponse,
+)
+async def spec(request: web.Request) -> web.Response:
+    """The run's launch spec, folded from the trial and experiment streams."""
+    allocation_id, trial_id = _allocation(request)
+    query = parse(SpecQuery, dict(request.query))
+    state = state_of(request)
+    trial = await load_trial(state.store, trial_id)
+    alloc = trial.allocation(allocation_id)
+    experiment = await load_experiment(state.store, experiment_of(trial_id), trial_id=trial_id)
+    device = "cpu"
+    agent_id = query.agent_id or (
+        next(iter(alloc.placements)) if len(alloc.placements) == 1 else None
+    )
+    if agent_id is not None and agent_id in alloc.placements:
+        agent = await load_agent(state.store, agent_id)
+        wanted = set(alloc.placements[agent_id])
+        if agent.registration is not None and any(
+            s.device == "cuda" for s in agent.registration.slots if s.slot_id in wanted
+        ):
+            device = "cuda"
+    body = build_spec(
+        experiment,
+        trial,
+        allocation_id,
+        agent_id=agent_id,
+        device=device,
+        token=sign_trial_token(state.secret, trial_id),
+    )
+    return web.json_response(body)
+
+
+@routes.post(
+    "/api/v1/allocations/{allocation_id}/started",
+    allow=AGENTS,
+    body=StartedBody,
+    response=ReportResponse,
+)
+async def started(request: web.Request) -> web.Response:
+    """Appends TrialStarted once per allocation (repeats return the first answer)."""
+    allocation_id, trial_id = _allocation(request)
+    body = parse(StartedBody, await read_json(request))
+    source = "api.allocation.started"
+
+    async def decide(tx: Transaction) -> dict[str, Any]:
+        fresh, previous = await claim(tx, source, allocation_id)
+        if not fresh:
+            return {**(previous or {}), "duplicate": True}
+        trial = await load_trial(tx, trial_id)
+        alloc = trial.allocation(allocation_id)
+        if body.agent_id not in alloc.placements:
+            raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
+        appended: list[str] = []
+        if not alloc.started and not alloc.exited:
+            checkpoint = trial.latest_checkpoint
+            event = TrialStarted(
+                trial_id=trial_id,
+                allocation_id=allocation_id,
+                run_id=alloc.run_id,
+                agent_id=body.agent_id,
+                restored_checkpoint=checkpoint.uuid if checkpoint else None,
+            )
+            await tx.append(
+                trial_stream(trial_id),
+                [new(event, actor=f"agent:{body.agent_id}", causation_id=body.idempotency_key)],
+                expected_version=trial.version,
+            )
+            appended.append("TrialStarted")
+        result = {"allocation_id": allocation_id, "appended": appended, "duplicate": False}
+        await record(tx, source, allocation_id, result)
+        return result
+
+    result = await in_transaction(store_of(request), decide)
+    if result["appended"] and not result["duplicate"]:
+        log.info("trial started", allocation_id=allocation_id, agent_id=body.agent_id)
+    return web.json_response(result)
+
+
+@routes.post(
+    "/api/v1/allocations/{allocation_id}/exited",
+    allow=AGENTS,
+    body=ExitedBody,
+    response=ReportResponse,
+)
+async def exited(request: web.Request) -> web.Response:
+    """Appends TrialExited (outcome from pending preempt/kill and the exit code) and
+    SlotsReleased, once per allocation."""
+    allocation_id, trial_id = _allocation(request)
+    body = parse(ExitedBody, await read_json(request))
+    source = "api.allocation.exited"
+
+    async def decide(tx: Transaction) -> dict[str, Any]:
+        fresh, previous = await claim(tx, source, allocation_id)
+        if not fresh:
+            return {**(previous or {}), "duplicate": True}
+        trial = await load_trial(tx, trial_id)
+        alloc = trial.allocation(allocation_id)
+        if body.agent_id not in alloc.placements:
+            raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
+        appended: list[str] = []
+        outcome: Outcome | None = None
+        if not alloc.exited:
+            outcome = exit_outcome(alloc, body.exit_code)
+            meta = {"actor": f"agent:{body.agent_id}", "causation_id": body.idempotency_key}
+            events = [
+                new(
+                    TrialExited(
+                        trial_id=trial_id,
+                        run_id=alloc.run_id,
+                        allocation_id=allocation_id,
+                        outcome=outcome,
+                        exit_code=body.exit_code,
+                        message=body.message,
+                    ),
+                    **meta,
+                ),
+                new(
+                    SlotsReleased(
+                        trial_id=trial_id, allocation_id=allocation_id, placements=alloc.placements
+                    ),
+                    **meta,
+                ),
+            ]
+            await tx.append(trial_stream(trial_id), events, expected_version=trial.version)
+            appended = ["TrialExited", "SlotsReleased"]
+        result = {
+            "allocation_id": allocation_id,
+            "appended": appended,
+            "duplicate": False,
+            "outcome": outcome,
+        }
+        await record(tx, source, allocation_id, result)
+        return result
+
+    result = await in_transaction(store_of(request), decide)
+    if result["appended"] and not result["duplicate"]:
+        log.info("trial exited", allocation_id=allocation_id, outcome=result["outcome"])
+    return web.json_response(result)
+
+
+@routes.post(
+    "/api/v1/allocations/{allocation_id}/logs",
+    allow=TRIAL_OR_AGENT,
+    body=LogsBody,
+    response=LogsResponse,
+)
+async def logs(request: web.Request) -> web.Response:
+    """Stores a batch of log lines in one statement (table ``task_logs``)."""
+    allocation_id, trial_id = _allocation(request)
+    body = parse(LogsBody, await read_json(request))
+    if not body.lines:
+        return web.json_response({"inserted": 0})
+    now = datetime.now(UTC)
+    rows = await tables.fetch(
+        store_of(request),
+        """INSERT INTO task_logs
+               (allocation_id, trial_id, idempotency_key, seq, ts, rank, stream, line)
+           SELECT $1, $2, $3, u.seq, u.ts, u.rank, u.stream, u.line
+           FROM unnest($4::int[], $5::timestamptz[], $6::int[], $7::text[], $8::text[])
+                AS u(seq, ts, rank, stream, line)
+           ON CONFLICT (allocation_id, idempotency_key, seq) DO NOTHING
+           RETURNING 1""",
+        allocation_id,
+        trial_id,
+        body.idempotency_key,
+        list(range(len(body.lines))),
+        [line.ts or now for line in body.lines],
+        [line.rank for line in body.lines],
+        [line.stream for line in body.lines],
+        [line.line.replace("\x00", "") for line in body.lines],
+    )
+    return web.json_response({"inserted": len(rows)})
+
+
+@routes.get(
+    "/api/v1/allocations/{allocation_id}/signals/preemption",
+    allow=TRIAL_OR_AGENT,
+    query=PreemptionQuery,
+    response=PreemptionResponse,
+)
+async def preemption(request: web.Request) -> web.Response:
+    """Long poll: answers ``preempt: true`` as soon as the run is asked to stop (preempt or kill
+    requested, or the allocation is no longer current), else ``false`` after the timeout."""
+    allocation_id, trial_id = _allocation(request)
+    query = parse(PreemptionQuery, dict(request.query))
+    deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
+    store = store_of(request)
+    trial = await load_trial(store, trial_id)
+    trial.allocation(allocation_id)
+    while True:
+        alloc = trial.allocations[allocation_id]
+        if alloc.preempt or alloc.kill or not trial.is_current(allocation_id):
+            return web.json_response({"preempt": True})
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return web.json_response({"preempt": False})
+        await asyncio.sleep(min(POLL_EVERY, remaining))
+        await refresh_trial(store, trial)

@@ -1,0 +1,363 @@
+"""Trials: batched reports from training code (metrics, checkpoints, progress, early exit) and
+the metric series."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Any, Literal
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, Field, field_validator
+
+from events.envelope import Event, NewEvent, new
+from events.store import Transaction
+from events.types import CheckpointSaved, TrialEarlyExited, ValidationReported, WorkloadCompleted
+from services.api import tables
+from services.api.auth import check_trial, principal_of
+from services.api.errors import bad_request, not_found, parse, read_json
+from services.api.inbox import claim_many
+from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
+from services.api.views import experiment_of, trial_stream
+
+log = structlog.get_logger("api")
+routes = RouteTable("trials")
+
+MAX_BATCH = 10_000
+MAX_STEPS = 2**62
+MAX_RUN = 2**31 - 1
+
+
+class ItemBase(BaseModel):
+    """What every report item carries: a key that makes a repeat of it a no-op."""
+
+    idempotency_key: str = Field(min_length=1, max_length=500)
+
+
+class MetricsItem(ItemBase):
+    """Metrics of one group at ``steps_completed`` (training -> WorkloadCompleted, validation ->
+    ValidationReported; every group is stored in table ``metrics``)."""
+
+    kind: Literal["metrics"]
+    group: str = Field(min_length=1, max_length=200)
+    steps_completed: int = Field(ge=0, le=MAX_STEPS)
+    metrics: dict[str, Any]
+    run_id: int | None = Field(None, ge=1, le=MAX_RUN, description="defaults to the latest run")
+
+
+class CheckpointItem(ItemBase):
+    """A complete checkpoint; ``metadata.steps_completed`` is required."""
+
+    kind: Literal["checkpoint"]
+    uuid: str = Field(min_length=1)
+    steps_completed: int | None = Field(None, ge=0, le=MAX_STEPS)
+    resources: dict[str, int] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    run_id: int | None = Field(None, ge=1, le=MAX_RUN, description="defaults to the latest run")
+
+
+class ProgressItem(ItemBase):
+    """Fraction of the trial's work done (table ``trial_progress``)."""
+
+    kind: Literal["progress"]
+    progress: float = Field(ge=0, le=1, allow_inf_nan=False)
+
+
+class EarlyExitItem(ItemBase):
+    """The training code stops the trial early."""
+
+    kind: Literal["early_exit"]
+    reason: Literal["invalid_hp", "user_requested_stop", "errored"]
+
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+
+ReportItem = Annotated[
+    MetricsItem | CheckpointItem | ProgressItem | EarlyExitItem, Field(discriminator="kind")
+]
+_ITEM_MODELS: dict[str, type[ItemBase]] = {
+    "metrics": MetricsItem,
+    "checkpoint": CheckpointItem,
+    "progress": ProgressItem,
+    "early_exit": EarlyExitItem,
+}
+
+
+class ReportsBody(BaseModel):
+    """A batch of reports; each item's ``idempotency_key`` makes repeats no-ops."""
+
+    items: list[ReportItem] = Field(max_length=MAX_BATCH)
+
+
+class ReportsResponse(BaseModel):
+    """How many items were new, how many were repeats, and how many events were appended."""
+
+    accepted: int
+    duplicates: int
+    events: int
+
+
+class MetricsQuery(BaseModel):
+    """Which series to read: one group (all when omitted); archived rows only when asked."""
+
+    group: str | None = None
+    archived: bool = Field(False, description="include rows archived by a later run's rollback")
+
+
+class MetricsRow(BaseModel):
+    """One reported point."""
+
+    run_id: int
+    group: str
+    steps_completed: int
+    metrics: dict[str, Any]
+    archived: bool
+    reported_at: str
+
+
+class MetricsResponse(BaseModel):
+    """A trial's metric series, by steps then run."""
+
+    trial_id: str
+    metrics: list[MetricsRow]
+
+
+def _trial_id(request: web.Request) -> str:
+    trial_id = request.match_info["trial_id"]
+    experiment_of(trial_id)
+    check_trial(principal_of(request), trial_id)
+    return trial_id
+
+
+def _parse_items(data: Any) -> list[ItemBase]:
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise bad_request("items: must be a list of report items", "items")
+    raw_items: list[Any] = data["items"]
+    if len(raw_items) > MAX_BATCH:
+        raise bad_request(f"items: at most {MAX_BATCH} items per batch", "items")
+    items: list[ItemBase] = []
+    for i, raw in enumerate(raw_items):
+        kind = raw.get("kind") if isinstance(raw, dict) else None
+        model = _ITEM_MODELS.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise bad_request(
+                f"items[{i}].kind: must be one of {sorted(_ITEM_MODELS)}", f"items[{i}].kind"
+            )
+        item = parse(model, raw, prefix=f"items[{i}]")
+        if isinstance(item, CheckpointItem):
+            _check_checkpoint(item, i)
+        items.append(item)
+    return items
+
+
+def _check_checkpoint(item: CheckpointItem, i: int) -> None:
+    steps = item.metadata.get("steps_completed")
+    path = f"items[{i}].metadata.steps_completed"
+    if steps is None:
+        raise bad_request(f"{path}: required (checkpoint metadata must say steps_completed)", path)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_STEPS:
+        raise bad_request(f"{path}: must be a non-negative integer, got {steps!r}", path)
+    if item.steps_completed is not None and item.steps_completed != steps:
+        raise bad_request(
+            f"items[{i}].steps_completed: {item.steps_completed} differs from metadata's {steps}",
+            f"items[{i}].steps_completed",
+        )
+
+
+def _finite(value: Any) -> Any:
+    """JSON-safe copy: NaN and infinities become ``null`` (PostgreSQL's jsonb rejects them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numeric metrics, which are what events carry."""
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+            if math.isfinite(number):
+                out[key] = number
+    return out
+
+
+async def _latest_run(tx: Transaction, trial_id: str) -> int:
+    value = await tx.conn.fetchval(
+        """SELECT (payload->>'run_id')::int FROM events
+           WHERE stream_id = $1 AND type = 'SlotsAllocated'
+           ORDER BY stream_version DESC LIMIT 1""",
+        trial_stream(trial_id),
+    )
+    return int(value) if value is not None else 1
+
+
+def _event_for(item: ItemBase, trial_id: str, run_id: int) -> Event | None:
+    if isinstance(item, MetricsItem):
+        if item.group == "training":
+            return WorkloadCompleted(
+                trial_id=trial_id,
+                run_id=run_id,
+                steps_completed=item.steps_completed,
+                metrics=_scalars(item.metrics),
+            )
+        if item.group == "validation":
+            return ValidationReported(
+                trial_id=trial_id,
+                run_id=run_id,
+                steps_completed=item.steps_completed,
+                metrics=_scalars(item.metrics),
+            )
+        return None
+    if isinstance(item, CheckpointItem):
+        return CheckpointSaved(
+            trial_id=trial_id,
+            run_id=run_id,
+            uuid=item.uuid,
+            steps_completed=int(item.metadata["steps_completed"]),
+            resources=item.resources,
+            metadata=_finite(item.metadata),
+        )
+    if isinstance(item, EarlyExitItem):
+        return TrialEarlyExited(trial_id=trial_id, reason=item.reason)
+    return None
+
+
+async def ingest(
+    tx: Transaction, trial_id: str, items: list[ItemBase], actor: str
+) -> dict[str, int]:
+    """Applies a batch of report items in ``tx``: new keys only, multi-row statements, one append.
+
+    Returns:
+        Counts of accepted and duplicate items and of appended events.
+    """
+    unique: dict[str, ItemBase] = {}
+    for item in items:
+        unique.setdefault(item.idempotency_key, item)
+    fresh_keys = await claim_many(tx, f"api.trial-report.{trial_id}", list(unique))
+    fresh = [item for key, item in unique.items() if key in fresh_keys]
+    counts = {"accepted": len(fresh), "duplicates": len(items) - len(fresh), "events": 0}
+    if not fresh:
+        return counts
+    if await tx.stream_version(trial_stream(trial_id)) == 0:
+        raise not_found(f"no trial {trial_id}")
+    needs_run = any(getattr(i, "run_id", 0) is None for i in fresh)
+    default_run = await _latest_run(tx, trial_id) if needs_run else 1
+
+    def run_of(item: ItemBase) -> int:
+        run_id = getattr(item, "run_id", None)
+        return int(run_id) if run_id is not None else default_run
+
+    metrics: dict[tuple[int, str, int], MetricsItem] = {}
+    for item in fresh:
+        if isinstance(item, MetricsItem):
+            metrics[(run_of(item), item.group, item.steps_completed)] = item
+    if metrics:
+        keys = list(metrics)
+        await tx.conn.execute(
+            """INSERT INTO metrics (trial_id, run_id, "group", steps_completed, metrics)
+               SELECT $1, r, g, s, m::jsonb
+               FROM unnest($2::int[], $3::text[], $4::bigint[], $5::text[]) AS u(r, g, s, m)
+               ON CONFLICT (trial_id, run_id, "group", steps_completed) DO UPDATE
+               SET metrics = excluded.metrics, archived = false, reported_at = now()""",
+            trial_id,
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+            [k[2] for k in keys],
+            [json.dumps(_finite(metrics[k].metrics)) for k in keys],
+        )
+        # Determined's rollback: a run that reports at step s archives what earlier runs
+        # reported beyond s (they restarted from a checkpoint before those steps).
+        low: dict[int, int] = {}
+        for run_id, _, steps in keys:
+            low[run_id] = min(steps, low.get(run_id, steps))
+        await tx.conn.execute(
+            """UPDATE metrics m SET archived = true
+               FROM unnest($2::int[], $3::bigint[]) AS u(run_id, steps)
+               WHERE m.trial_id = $1 AND m.run_id < u.run_id AND m.steps_completed > u.steps
+                 AND NOT m.archived""",
+            trial_id,
+            list(low),
+            list(low.values()),
+        )
+    progress = [i for i in fresh if isinstance(i, ProgressItem)]
+    if progress:
+        await tx.conn.execute(
+            """INSERT INTO trial_progress (trial_id, progress) VALUES ($1, $2)
+               ON CONFLICT (trial_id) DO UPDATE
+               SET progress = excluded.progress, updated_at = now()""",
+            trial_id,
+            progress[-1].progress,
+        )
+    events: list[NewEvent] = []
+    for item in fresh:
+        event = _event_for(item, trial_id, run_of(item))
+        if event is not None:
+            events.append(new(event, actor=actor, causation_id=item.idempotency_key))
+    if events:
+        await tx.append(trial_stream(trial_id), events)
+    counts["events"] = len(events)
+    return counts
+
+
+@routes.post(
+    "/api/v1/trials/{trial_id}/reports",
+    allow=TRIAL_OR_AGENT,
+    body=ReportsBody,
+    response=ReportsResponse,
+)
+async def reports(request: web.Request) -> web.Response:
+    """Ingests a batch of reports in one transaction; repeated keys are no-ops."""
+    trial_id = _trial_id(request)
+    items = _parse_items(await read_json(request))
+    principal = principal_of(request)
+    actor = f"trial:{trial_id}" if principal.kind == "trial" else principal.name
+    async with store_of(request).transaction() as tx:
+        counts = await ingest(tx, trial_id, items, actor)
+    return web.json_response(counts)
+
+
+@routes.get(
+    "/api/v1/trials/{trial_id}/metrics",
+    allow=ANYONE,
+    query=MetricsQuery,
+    response=MetricsResponse,
+)
+async def metrics(request: web.Request) -> web.Response:
+    """A trial's reported metrics, optionally one group, by steps then run."""
+    trial_id = _trial_id(request)
+    query = parse(MetricsQuery, dict(request.query))
+    rows = await tables.fetch(
+        store_of(request),
+        """SELECT run_id, "group", steps_completed, metrics, archived, reported_at
+           FROM metrics
+           WHERE trial_id = $1 AND ($2::text IS NULL OR "group" = $2) AND ($3 OR NOT archived)
+           ORDER BY "group", steps_completed, run_id""",
+        trial_id,
+        query.group,
+        query.archived,
+    )
+    return web.json_response(
+        {
+            "trial_id": trial_id,
+            "metrics": [
+                {
+                    "run_id": r["run_id"],
+                    "group": r["group"],
+                    "steps_completed": r["steps_completed"],
+                    "metrics": r["metrics"],
+                    "archived": r["archived"],
+                    "reported_at": r["reported_at"].isoformat(),
+                }
+                for r in rows
+            ],
+        }
+    )

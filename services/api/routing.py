@@ -1,0 +1,128 @@
+"""Route declarations shared by the app, the auth middleware and the OpenAPI document.
+
+Each ``routes_*`` module owns a :class:`RouteTable`; a route names who may call it and the
+pydantic models of its body, query and response, so adding an endpoint adds its documentation
+and its access rule in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from events.bus import Bus
+from events.store import EventStore
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Access = Literal["public", "user", "admin", "agent", "trial"]
+
+PUBLIC: frozenset[Access] = frozenset({"public"})
+USERS: frozenset[Access] = frozenset({"user"})
+AGENTS: frozenset[Access] = frozenset({"agent", "admin"})
+TRIAL_OR_AGENT: frozenset[Access] = frozenset({"trial", "agent", "admin"})
+ANYONE: frozenset[Access] = frozenset({"user", "agent", "trial"})
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint.
+
+    Attributes:
+        method: HTTP method.
+        path: aiohttp path pattern, e.g. ``/api/v1/trials/{trial_id}/reports``.
+        handler: the coroutine serving it.
+        summary: one line for the OpenAPI document.
+        allow: who may call it: ``public`` (no token), ``user`` (any logged-in user), ``admin``
+            (admin users), ``agent`` (the agent token), ``trial`` (a trial-scoped token; the
+            handler checks that it is the right trial).
+        tag: OpenAPI tag (the routes module's subject).
+        body: JSON body model.
+        query: query-string model.
+        response: 200 response model.
+        multipart: whether the body may also be ``multipart/form-data``.
+        raw_response: media type of a non-JSON response (e.g. ``application/gzip``).
+    """
+
+    method: str
+    path: str
+    handler: Handler
+    summary: str
+    allow: frozenset[Access]
+    tag: str
+    body: type[BaseModel] | None = None
+    query: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    multipart: bool = False
+    raw_response: str | None = None
+
+
+@dataclass
+class RouteTable:
+    """The routes of one module, declared with :meth:`get` / :meth:`post` decorators."""
+
+    tag: str
+    routes: list[Route] = field(default_factory=list)
+
+    def add(self, method: str, path: str, **options: Any) -> Callable[[Handler], Handler]:
+        """Declares ``handler`` as serving ``method path`` with the given :class:`Route` options."""
+
+        def wrap(handler: Handler) -> Handler:
+            doc = (handler.__doc__ or "").strip().split("\n\n")[0]
+            summary = options.pop("summary", None) or " ".join(doc.split())
+            self.routes.append(
+                Route(
+                    method=method,
+                    path=path,
+                    handler=handler,
+                    summary=summary,
+                    tag=self.tag,
+                    **options,
+                )
+            )
+            return handler
+
+        return wrap
+
+    def get(self, path: str, **options: Any) -> Callable[[Handler], Handler]:
+        """Declares a GET route."""
+        return self.add("GET", path, **options)
+
+    def post(self, path: str, **options: Any) -> Callable[[Handler], Handler]:
+        """Declares a POST route."""
+        return self.add("POST", path, **options)
+
+
+@dataclass
+class ApiState:
+    """What handlers share: connections, the cluster secret and the route table.
+
+    Attributes:
+        store: the event store (and its pool, for the gateway's own tables).
+        bus: the NATS bus, or ``None`` when running without one.
+        secret: the cluster secret that signs trial tokens.
+        routes: every route by handler, for the auth middleware.
+        agent_token: the token agents present; loaded when the app starts.
+    """
+
+    store: EventStore
+    bus: Bus | None
+    secret: bytes
+    routes: dict[Handler, Route] = field(default_factory=dict)
+    agent_token: str = ""
+
+
+STATE = web.AppKey("cairn_api", ApiState)
+
+
+def state_of(request: web.Request) -> ApiState:
+    """The shared state of the app serving ``request``."""
+    return request.app[STATE]
+
+
+def store_of(request: web.Request) -> EventStore:
+    """The event store of the app serving ``request``."""
+    return request.app[STATE].store

@@ -1,0 +1,125 @@
+"""The gateway's own tables (migrations namespace ``api``): auth, code, telemetry kept out of the log.
+
+Nothing here is a fact of the platform: users and tokens are credentials, code blobs are content
+addressed, and heartbeats, per-step metrics, progress and logs are high-volume telemetry keyed
+idempotently (see ``docs/protocol.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from events import migrations
+from events.db import translate_errors
+from events.store import EventStore
+
+NAMESPACE = "api"
+
+MIGRATIONS: Sequence[tuple[str, str]] = (
+    (
+        "0001_auth",
+        """
+        CREATE TABLE api_users (
+            username        text PRIMARY KEY,
+            password_hash   text NOT NULL,
+            admin           boolean NOT NULL DEFAULT false,
+            created_at      timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE TABLE api_tokens (
+            token_hash  text PRIMARY KEY,
+            username    text NOT NULL REFERENCES api_users (username) ON DELETE CASCADE,
+            created_at  timestamptz NOT NULL DEFAULT now(),
+            expires_at  timestamptz
+        );
+        CREATE TABLE api_secrets (
+            name        text PRIMARY KEY,
+            value       text NOT NULL,
+            created_at  timestamptz NOT NULL DEFAULT now()
+        );
+        INSERT INTO api_secrets (name, value)
+        VALUES ('cluster', replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', ''));
+        """,
+    ),
+    (
+        "0002_code",
+        """
+        CREATE TABLE code_blobs (
+            code_ref    text PRIMARY KEY,
+            data        bytea NOT NULL,
+            size        bigint NOT NULL,
+            created_at  timestamptz NOT NULL DEFAULT now()
+        );
+        """,
+    ),
+    (
+        "0003_telemetry",
+        """
+        CREATE TABLE agent_heartbeats (
+            agent_id    text PRIMARY KEY,
+            beat_at     timestamptz NOT NULL DEFAULT now(),
+            running     jsonb NOT NULL DEFAULT '[]'
+        );
+        CREATE TABLE metrics (
+            trial_id         text NOT NULL,
+            run_id           integer NOT NULL,
+            "group"          text NOT NULL,
+            steps_completed  bigint NOT NULL,
+            metrics          jsonb NOT NULL,
+            archived         boolean NOT NULL DEFAULT false,
+            reported_at      timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (trial_id, run_id, "group", steps_completed)
+        );
+        CREATE INDEX metrics_series ON metrics (trial_id, "group", steps_completed);
+        CREATE TABLE trial_progress (
+            trial_id    text PRIMARY KEY,
+            progress    double precision NOT NULL,
+            updated_at  timestamptz NOT NULL DEFAULT now()
+        );
+        CREATE TABLE task_logs (
+            id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            allocation_id    text NOT NULL,
+            trial_id         text NOT NULL,
+            idempotency_key  text NOT NULL,
+            seq              integer NOT NULL,
+            ts               timestamptz NOT NULL,
+            rank             integer,
+            stream           text NOT NULL,
+            line             text NOT NULL,
+            UNIQUE (allocation_id, idempotency_key, seq)
+        );
+        CREATE INDEX task_logs_trial ON task_logs (trial_id, id);
+        """,
+    ),
+)
+
+
+async def migrate(store: EventStore) -> int:
+    """Applies the gateway's pending migrations; returns how many ran."""
+    async with store.pool.acquire() as conn:
+        with translate_errors():
+            return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+
+
+async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:
+    """Runs a query on the pool with driver errors translated."""
+    with translate_errors():
+        return list(await store.pool.fetch(sql, *args))
+
+
+async def fetchrow(store: EventStore, sql: str, *args: Any) -> Any:
+    """Runs a query on the pool and returns its first row (or ``None``)."""
+    with translate_errors():
+        return await store.pool.fetchrow(sql, *args)
+
+
+async def fetchval(store: EventStore, sql: str, *args: Any) -> Any:
+    """Runs a query on the pool and returns the first column of its first row."""
+    with translate_errors():
+        return await store.pool.fetchval(sql, *args)
+
+
+async def execute(store: EventStore, sql: str, *args: Any) -> None:
+    """Runs a statement on the pool."""
+    with translate_errors():
+        await store.pool.execute(sql, *args)

@@ -1,0 +1,446 @@
+"""Read side of the gateway: fold experiment, trial and agent streams to answer queries.
+
+The folds are pure (events in, state out). Loaders take the store (a plain read) or a
+:class:`~events.store.Transaction` (to decide and append in one transaction). They read only the
+event types their fold uses (a long trial's many ``WorkloadCompleted`` are never decoded), and
+the stream's head version in the same statement, so an append with ``expected_version`` equal to
+the view's version fails if anything at all was appended since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from events.db import Connection, translate_errors
+from events.envelope import Metadata, RecordedEvent
+from events.store import EventStore, Transaction
+from events.types import (
+    AgentLost,
+    AgentRegistered,
+    CheckpointSaved,
+    ExperimentStateChanged,
+    ExperimentSubmitted,
+    KillRequested,
+    PreemptionRequested,
+    SlotsAllocated,
+    TrialEarlyExited,
+    TrialExited,
+    TrialRequested,
+    TrialStarted,
+    TrialStateChanged,
+)
+from services.api.errors import not_found
+
+TERMINAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED"})
+_TRIAL_ID = re.compile(r"^(\d+)\.(\d+)$")
+_ALLOCATION_ID = re.compile(r"^(\d+\.\d+)\.(\d+)$")
+
+
+Reader = EventStore | Transaction
+
+EXPERIMENT_FACTS = ("ExperimentSubmitted", "ExperimentStateChanged", "TrialRequested")
+TRIAL_FACTS = (
+    "SlotsAllocated",
+    "TrialStarted",
+    "TrialExited",
+    "PreemptionRequested",
+    "KillRequested",
+    "CheckpointSaved",
+    "TrialStateChanged",
+    "TrialEarlyExited",
+)
+AGENT_FACTS = ("AgentRegistered", "AgentLost")
+
+
+@contextlib.asynccontextmanager
+async def _connection(reader: Reader) -> AsyncIterator[Connection]:
+    if isinstance(reader, Transaction):
+        yield reader.conn
+        return
+    with translate_errors():
+        async with reader.pool.acquire() as conn:
+            yield conn
+
+
+async def read_facts(
+    reader: Reader,
+    stream_id: str,
+    types: Sequence[str],
+    *,
+    after_version: int = 0,
+    trial_id: str | None = None,
+) -> tuple[list[RecordedEvent], int]:
+    """Reads one stream's events of ``types`` after ``after_version``, and its head version.
+
+    Args:
+        reader: the store or a transaction.
+        stream_id: the stream.
+        types: event types wanted.
+        after_version: read only events above this version.
+        trial_id: when set, ``TrialRequested`` events of other trials are skipped.
+
+    Returns:
+        The events in version order and the stream's current version (0: no such stream).
+    """
+    async with _connection(reader) as conn:
+        with translate_errors():
+            rows = await conn.fetch(
+                """SELECT h.head, e.position, e.stream_id, e.stream_version, e.event_id, e.type,
+                          e.schema_version, e.payload, e.metadata, e.recorded_at
+                   FROM (SELECT coalesce(max(stream_version), 0) AS head
+                         FROM events WHERE stream_id = $1) AS h
+                   LEFT JOIN events e
+                     ON e.stream_id = $1 AND e.stream_version > $2 AND e.type = ANY($3::text[])
+                    AND ($4::text IS NULL OR e.type <> 'TrialRequested'
+                         OR e.payload->>'trial_id' = $4)
+                   ORDER BY e.stream_version""",
+                stream_id,
+                after_version,
+                list(types),
+                trial_id,
+            )
+    head = int(rows[0]["head"]) if rows else 0
+    events = [
+        RecordedEvent(
+            position=r["position"],
+            stream_id=r["stream_id"],
+            stream_version=r["stream_version"],
+            event_id=r["event_id"],
+            type=r["type"],
+            schema_version=r["schema_version"],
+            payload=r["payload"],
+            metadata=Metadata.model_validate(r["metadata"]),
+            recorded_at=r["recorded_at"],
+        )
+        for r in rows
+        if r["position"] is not None
+    ]
+    return events, head
+
+
+# --- ids ------------------------------------------------------------------------------------
+
+
+def experiment_of(trial_id: str) -> int:
+    """The experiment id of a trial id (``7.3`` -> 7); an invalid id is a 404."""
+    match = _TRIAL_ID.match(trial_id)
+    if match is None:
+        raise not_found(f"no trial {trial_id!r} (trial ids look like 7.3)")
+    return int(match.group(1))
+
+
+def trial_of(allocation_id: str) -> str:
+    """The trial id of an allocation id (``7.3.2`` -> ``7.3``); an invalid id is a 404."""
+    match = _ALLOCATION_ID.match(allocation_id)
+    if match is None:
+        raise not_found(f"no allocation {allocation_id!r} (allocation ids look like 7.3.2)")
+    return match.group(1)
+
+
+def trial_stream(trial_id: str) -> str:
+    """The stream id of a trial."""
+    return f"trial-{trial_id}"
+
+
+def experiment_stream(experiment_id: int) -> str:
+    """The stream id of an experiment."""
+    return f"experiment-{experiment_id}"
+
+
+def agent_stream(agent_id: str) -> str:
+    """The stream id of an agent."""
+    return f"agent-{agent_id}"
+
+
+# --- experiment -----------------------------------------------------------------------------
+
+
+@dataclass
+class ExperimentView:
+    """An experiment as far as the gateway cares: config, owner, state, requested trials."""
+
+    experiment_id: int
+    version: int = 0
+    submitted: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
+    code_ref: str | None = None
+    owner: str = ""
+    state: str = "ACTIVE"
+    trials: dict[str, TrialRequested] = field(default_factory=dict)
+
+    @property
+    def exists(self) -> bool:
+        """Whether the experiment was submitted."""
+        return self.submitted
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON form served by ``GET /api/v1/experiments/{id}``."""
+        return {
+            "id": self.experiment_id,
+            "state": self.state,
+            "owner": self.owner,
+            "code_ref": self.code_ref,
+            "config": self.config,
+            "trials": [
+                {"trial_id": t.trial_id, "hparams": t.hparams, "trial_seed": t.trial_seed}
+                for t in self.trials.values()
+            ],
+        }
+
+
+def fold_experiment(experiment_id: int, events: Iterable[RecordedEvent]) -> ExperimentView:
+    """Folds an experiment stream."""
+    view = ExperimentView(experiment_id)
+    for recorded in events:
+        view.version = max(view.version, recorded.stream_version)
+        event = recorded.decode()
+        if isinstance(event, ExperimentSubmitted):
+            view.submitted = True
+            view.config = event.config
+            view.code_ref = event.code_ref
+            view.owner = event.owner
+            view.state = "ACTIVE" if event.activate else "PAUSED"
+        elif isinstance(event, ExperimentStateChanged):
+            view.state = event.state
+        elif isinstance(event, TrialRequested):
+            view.trials[event.trial_id] = event
+    return view
+
+
+async def load_experiment(
+    reader: Reader, experiment_id: int, *, trial_id: str | None = None, with_trials: bool = True
+) -> ExperimentView:
+    """Loads an experiment; a missing one is a 404.
+
+    Args:
+        reader: the store or a transaction.
+        experiment_id: the experiment.
+        trial_id: keep only this trial's ``TrialRequested``.
+        with_trials: ``False`` skips every ``TrialRequested`` (state and config only).
+    """
+    types = EXPERIMENT_FACTS if with_trials else EXPERIMENT_FACTS[:2]
+    events, head = await read_facts(
+        reader, experiment_stream(experiment_id), types, trial_id=trial_id
+    )
+    view = fold_experiment(experiment_id, events)
+    view.version = head
+    if not view.exists:
+        raise not_found(f"no experiment {experiment_id}")
+    return view
+
+
+# --- trial ----------------------------------------------------------------------------------
+
+
+@dataclass
+class AllocationView:
+    """One run of a trial on its slots."""
+
+    allocation_id: str
+    run_id: int
+    placements: dict[str, list[str]]
+    started: bool = False
+    exited: bool = False
+    preempt: bool = False
+    kill: bool = False
+
+
+@dataclass
+class TrialView:
+    """A trial's stream folded: its allocations, latest checkpoint and state."""
+
+    trial_id: str
+    version: int = 0
+    allocations: dict[str, AllocationView] = field(default_factory=dict)
+    latest_allocation: str | None = None
+    latest_checkpoint: CheckpointSaved | None = None
+    state: str = "ACTIVE"
+    early_exited: bool = False
+
+    def is_current(self, allocation_id: str) -> bool:
+        """Whether ``allocation_id`` is the trial's latest allocation and has not exited."""
+        alloc = self.allocations.get(allocation_id)
+        return alloc is not None and allocation_id == self.latest_allocation and not alloc.exited
+
+    def allocation(self, allocation_id: str) -> AllocationView:
+        """The allocation, or a 404 when the scheduler never made it."""
+        alloc = self.allocations.get(allocation_id)
+        if alloc is None:
+            raise not_found(f"no allocation {allocation_id}")
+        return alloc
+
+    @property
+    def current_run_id(self) -> int | None:
+        """The run id of the latest allocation, if any."""
+        if self.latest_allocation is None:
+            return None
+        return self.allocations[self.latest_allocation].run_id
+
+
+def fold_trial(trial_id: str, events: Iterable[RecordedEvent]) -> TrialView:
+    """Folds a trial stream."""
+    view = TrialView(trial_id)
+    for recorded in events:
+        apply_trial(view, recorded)
+    return view
+
+
+def apply_trial(view: TrialView, recorded: RecordedEvent) -> None:
+    """Applies one trial event to ``view`` in place (for incremental polling)."""
+    view.version = max(view.version, recorded.stream_version)
+    event = recorded.decode()
+    if isinstance(event, SlotsAllocated):
+        view.allocations[event.allocation_id] = AllocationView(
+            event.allocation_id, event.run_id, dict(event.placements)
+        )
+        view.latest_allocation = event.allocation_id
+        return
+    alloc_id = getattr(event, "allocation_id", None)
+    alloc = view.allocations.get(alloc_id) if isinstance(alloc_id, str) else None
+    if isinstance(event, TrialStarted) and alloc is not None:
+        alloc.started = True
+    elif isinstance(event, TrialExited) and alloc is not None:
+        alloc.exited = True
+    elif isinstance(event, PreemptionRequested) and alloc is not None:
+        alloc.preempt = True
+    elif isinstance(event, KillRequested) and alloc is not None:
+        alloc.kill = True
+    elif isinstance(event, CheckpointSaved):
+        view.latest_checkpoint = event
+    elif isinstance(event, TrialStateChanged):
+        view.state = event.state
+    elif isinstance(event, TrialEarlyExited):
+        view.early_exited = True
+
+
+async def load_trial(reader: Reader, trial_id: str) -> TrialView:
+    """Loads a trial; one with no events yet is a 404."""
+    experiment_of(trial_id)
+    events, head = await read_facts(reader, trial_stream(trial_id), TRIAL_FACTS)
+    view = fold_trial(trial_id, events)
+    view.version = head
+    if view.version == 0:
+        raise not_found(f"no trial {trial_id}")
+    return view
+
+
+async def refresh_trial(reader: Reader, view: TrialView) -> None:
+    """Applies what was appended to the trial since ``view`` was loaded."""
+    events, head = await read_facts(
+        reader, trial_stream(view.trial_id), TRIAL_FACTS, after_version=view.version
+    )
+    for recorded in events:
+        apply_trial(view, recorded)
+    view.version = max(view.version, head)
+
+
+Outcome = Literal["completed", "failed", "killed", "preempted", "lost"]
+
+
+def exit_outcome(alloc: AllocationView, exit_code: int) -> Outcome:
+    """How a run ended (protocol.md): killed > preempted > completed (exit 0) > failed."""
+    if alloc.kill:
+        return "killed"
+    if alloc.preempt:
+        return "preempted"
+    return "completed" if exit_code == 0 else "failed"
+
+
+# --- agent ----------------------------------------------------------------------------------
+
+
+@dataclass
+class AgentView:
+    """An agent's stream folded: its latest registration and whether it was lost since."""
+
+    agent_id: str
+    version: int = 0
+    registration: AgentRegistered | None = None
+    lost: bool = False
+
+    @property
+    def registered(self) -> bool:
+        """Whether the agent is registered and not lost since."""
+        return self.registration is not None and not self.lost
+
+
+def fold_agent(agent_id: str, events: Iterable[RecordedEvent]) -> AgentView:
+    """Folds an agent stream."""
+    view = AgentView(agent_id)
+    for recorded in events:
+        view.version = max(view.version, recorded.stream_version)
+        event = recorded.decode()
+        if isinstance(event, AgentRegistered):
+            view.registration = event
+            view.lost = False
+        elif isinstance(event, AgentLost):
+            view.lost = True
+    return view
+
+
+async def load_agent(reader: Reader, agent_id: str) -> AgentView:
+    """Loads an agent (an unknown agent folds to an unregistered view)."""
+    events, head = await read_facts(reader, agent_stream(agent_id), AGENT_FACTS)
+    view = fold_agent(agent_id, events)
+    view.version = head
+    return view
+
+
+# --- allocation spec ------------------------------------------------------------------------
+
+
+def environment_variables(config: dict[str, Any], device: str) -> dict[str, str]:
+    """``environment.environment_variables`` as a dict, picking ``device``'s list from a map."""
+    env = (config.get("environment") or {}).get("environment_variables") or []
+    if isinstance(env, dict):
+        env = env.get(device) or []
+    out: dict[str, str] = {}
+    for item in env:
+        key, _, value = str(item).partition("=")
+        out[key] = value
+    return out
+
+
+def build_spec(
+    experiment: ExperimentView,
+    trial: TrialView,
+    allocation_id: str,
+    *,
+    agent_id: str | None,
+    device: str,
+    token: str,
+) -> dict[str, Any]:
+    """What an agent needs to launch one run (``GET /allocations/{id}/spec``)."""
+    alloc = trial.allocation(allocation_id)
+    requested = experiment.trials.get(trial.trial_id)
+    if requested is None:
+        raise not_found(f"trial {trial.trial_id} was never requested")
+    if agent_id is not None and agent_id in alloc.placements:
+        slot_ids = list(alloc.placements[agent_id])
+    else:
+        slot_ids = [s for slots in alloc.placements.values() for s in slots]
+    checkpoint = trial.latest_checkpoint
+    config = experiment.config
+    return {
+        "active": trial.is_current(allocation_id),
+        "allocation_id": allocation_id,
+        "trial_id": trial.trial_id,
+        "experiment_id": experiment.experiment_id,
+        "run_id": alloc.run_id,
+        "entrypoint": config.get("entrypoint"),
+        "code_ref": experiment.code_ref,
+        "hparams": requested.hparams,
+        "trial_seed": requested.trial_seed,
+        "latest_checkpoint": checkpoint.uuid if checkpoint else None,
+        "steps_completed": checkpoint.steps_completed if checkpoint else 0,
+        "token": token,
+        "checkpoint_storage": config.get("checkpoint_storage"),
+        "environment_variables": environment_variables(config, device),
+        "slot_ids": slot_ids,
+        "placements": alloc.placements,
+        "config": config,
+    }

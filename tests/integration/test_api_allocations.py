@@ -1,0 +1,201 @@
+"""Agents and allocations through the API gateway: registration, heartbeats, spec, started and
+exited reports, logs, and the preemption long poll."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from events.store import EventStore
+from events.types import AgentLost, CheckpointSaved, KillRequested, PreemptionRequested
+from tests.integration.test_api_support import (
+    Api,
+    allocate,
+    running_api,
+    submit_experiment,
+    types_of,
+)
+
+SLOTS = {"resource_pool": "default", "hostname": "h1", "slots": [{"slot_id": "0", "device": "cpu"}]}
+
+
+@pytest.fixture
+async def api(store: EventStore) -> AsyncIterator[Api]:
+    async with running_api(store) as client:
+        yield client
+
+
+async def test_register_is_idempotent_until_lost(api: Api, store: EventStore) -> None:
+    """Re-registering the same slots appends nothing; after AgentLost or a slot change it appends."""
+    path = "/api/v1/agents/gpu01/register"
+    assert (await api.ok("POST", path, token=api.agent, json=SLOTS))["changed"] is True
+    assert (await api.ok("POST", path, token=api.agent, json=SLOTS))["changed"] is False
+    assert await types_of(store, "agent-gpu01") == ["AgentRegistered"]
+    await store.append("agent-gpu01", [AgentLost(agent_id="gpu01")])
+    hb = await api.ok("POST", "/api/v1/agents/gpu01/heartbeat", token=api.agent, json={})
+    assert hb == {"registered": False}
+    assert (await api.ok("POST", path, token=api.agent, json=SLOTS))["changed"] is True
+    more = {**SLOTS, "slots": [*SLOTS["slots"], {"slot_id": "1", "device": "cpu"}]}
+    assert (await api.ok("POST", path, token=api.agent, json=more))["changed"] is True
+    assert await types_of(store, "agent-gpu01") == [
+        "AgentRegistered",
+        "AgentLost",
+        "AgentRegistered",
+        "AgentRegistered",
+    ]
+    status, body = await api.call(
+        "POST", path, token=api.agent, json={"slots": [{"device": "tpu"}]}
+    )
+    assert status == 400 and body["error"]["path"].startswith("slots[0]")
+
+
+async def test_heartbeat_upserts_a_row(api: Api, store: EventStore) -> None:
+    """A heartbeat writes agent_heartbeats (not the log) and the latest running list wins."""
+    await api.ok("POST", "/api/v1/agents/gpu01/register", token=api.agent, json=SLOTS)
+    head = await store.head()
+    for running in (["1.1.1"], ["1.1.1", "2.1.1"]):
+        body = await api.ok(
+            "POST", "/api/v1/agents/gpu01/heartbeat", token=api.agent, json={"running": running}
+        )
+        assert body == {"registered": True}
+    row = await store.pool.fetchrow("SELECT * FROM agent_heartbeats WHERE agent_id = 'gpu01'")
+    assert row["running"] == ["1.1.1", "2.1.1"]
+    assert await store.head() == head
+
+
+async def test_spec_folds_trial_experiment_and_checkpoint(api: Api, store: EventStore) -> None:
+    """The spec carries hparams, seed, config parts, latest checkpoint and a working trial token;
+    it turns inactive once a newer allocation exists."""
+    await submit_experiment(store)
+    alloc = await allocate(store, "1.1", slots=("0", "1"))
+    await store.append(
+        "trial-1.1",
+        [CheckpointSaved(trial_id="1.1", run_id=1, uuid="ck-1", steps_completed=50)],
+    )
+    spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec?agent_id=gpu01", token=api.agent)
+    assert spec["active"] is True
+    assert (spec["trial_id"], spec["experiment_id"], spec["run_id"]) == ("1.1", 1, 1)
+    assert spec["hparams"] == {"lr": 0.1} and spec["trial_seed"] == 42
+    assert spec["entrypoint"] == "python train.py"
+    assert spec["checkpoint_storage"]["host_path"] == "/tmp/ckpts"
+    assert spec["environment_variables"] == {"FOO": "bar"}
+    assert (spec["latest_checkpoint"], spec["steps_completed"]) == ("ck-1", 50)
+    assert spec["slot_ids"] == ["0", "1"]
+    assert (await api.ok("GET", "/api/v1/me", token=spec["token"]))["trial_id"] == "1.1"
+    await allocate(store, "1.1", run_id=2, request=False)
+    spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec", token=api.agent)
+    assert spec["active"] is False
+    status, _ = await api.call("GET", "/api/v1/allocations/1.1.9/spec", token=api.agent)
+    assert status == 404
+
+
+async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) -> None:
+    """Repeating started/exited (same or new key) appends TrialStarted, TrialExited and
+    SlotsReleased once each."""
+    await submit_experiment(store)
+    alloc = await allocate(store, "1.1")
+    base = f"/api/v1/allocations/{alloc}"
+    for key in ("s1", "s1", "s2"):
+        await api.ok(
+            "POST",
+            f"{base}/started",
+            token=api.agent,
+            json={"agent_id": "gpu01", "idempotency_key": key},
+        )
+    await asyncio.gather(
+        *(
+            api.ok(
+                "POST",
+                f"{base}/exited",
+                token=api.agent,
+                json={"agent_id": "gpu01", "exit_code": 0, "idempotency_key": "e1"},
+            )
+            for _ in range(3)
+        )
+    )
+    events = await store.read_stream("trial-1.1")
+    assert [e.type for e in events] == [
+        "SlotsAllocated",
+        "TrialStarted",
+        "TrialExited",
+        "SlotsReleased",
+    ]
+    assert events[2].payload["outcome"] == "completed"
+    assert events[3].payload["placements"] == {"gpu01": ["0"]}
+    status, _ = await api.call(
+        "POST", f"{base}/started", token=api.trial_token("1.1"), json={"agent_id": "gpu01"}
+    )
+    assert status == 403
+
+
+@pytest.mark.parametrize(
+    ("signal", "exit_code", "outcome"),
+    [(None, 1, "failed"), ("preempt", 0, "preempted"), ("kill", 137, "killed")],
+)
+async def test_exit_outcome_follows_signals(
+    api: Api, store: EventStore, signal: str | None, exit_code: int, outcome: str
+) -> None:
+    """TrialExited's outcome is killed after KillRequested, preempted after PreemptionRequested,
+    else failed for a non-zero exit."""
+    await submit_experiment(store)
+    alloc = await allocate(store, "1.1")
+    if signal == "preempt":
+        await store.append(
+            "trial-1.1", [PreemptionRequested(trial_id="1.1", allocation_id=alloc, reason="pause")]
+        )
+    elif signal == "kill":
+        await store.append(
+            "trial-1.1", [KillRequested(trial_id="1.1", allocation_id=alloc, reason="kill")]
+        )
+    body = await api.ok(
+        "POST",
+        f"/api/v1/allocations/{alloc}/exited",
+        token=api.agent,
+        json={"agent_id": "gpu01", "exit_code": exit_code, "idempotency_key": "x"},
+    )
+    assert body["outcome"] == outcome
+
+
+async def test_preemption_long_poll_wakes_on_request(api: Api, store: EventStore) -> None:
+    """The long poll answers false at its timeout, and true soon after PreemptionRequested."""
+    await submit_experiment(store)
+    alloc = await allocate(store, "1.1")
+    path = f"/api/v1/allocations/{alloc}/signals/preemption"
+    token = api.trial_token("1.1")
+    assert await api.ok("GET", f"{path}?timeout_seconds=0.3", token=token) == {"preempt": False}
+
+    async def request_later() -> None:
+        await asyncio.sleep(0.5)
+        await store.append(
+            "trial-1.1", [PreemptionRequested(trial_id="1.1", allocation_id=alloc, reason="pause")]
+        )
+
+    started = time.monotonic()
+    body, _ = await asyncio.gather(
+        api.ok("GET", f"{path}?timeout_seconds=10", token=token), request_later()
+    )
+    assert body == {"preempt": True}
+    assert 0.4 < time.monotonic() - started < 3
+    status, _ = await api.call("GET", f"{path}?timeout_seconds=-1", token=token)
+    assert status == 400
+
+
+async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None:
+    """A log batch lands in task_logs; the same idempotency key again inserts nothing."""
+    await submit_experiment(store)
+    alloc = await allocate(store, "1.1")
+    batch = {
+        "idempotency_key": "log-1",
+        "lines": [
+            {"ts": 1700000000.5, "rank": 0, "stream": "stdout", "line": "hello"},
+            {"line": "world", "stream": "stderr"},
+        ],
+    }
+    path = f"/api/v1/allocations/{alloc}/logs"
+    assert await api.ok("POST", path, token=api.trial_token("1.1"), json=batch) == {"inserted": 2}
+    assert await api.ok("POST", path, token=api.agent, json=batch) == {"inserted": 0}
+    lines = await store.pool.fetch("SELECT line FROM task_logs ORDER BY seq")
+    assert [r["line"] for r in lines] == ["hello", "world"]

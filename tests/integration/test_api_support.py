@@ -1,0 +1,150 @@
+"""Shared harness for the API gateway tests (no tests here): a real server on a free port, an
+HTTP client over real sockets, and helpers that append the scheduler's facts directly."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from events.store import EventStore
+from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
+from services.api.app import create_app
+from services.api.auth import agent_token, cluster_secret, sign_trial_token
+
+CONFIG = """
+name: mnist
+entrypoint: python train.py
+searcher: {name: single, metric: loss, max_length: {batches: 100}}
+hyperparameters: {lr: 0.1}
+environment: {environment_variables: [FOO=bar]}
+checkpoint_storage: {type: shared_fs, host_path: /tmp/ckpts}
+"""
+
+
+class Api:
+    """An HTTP client bound to one running gateway, with the agent token and secret at hand."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, url: str, store: EventStore, secret: bytes
+    ) -> None:
+        self.session = session
+        self.url = url
+        self.store = store
+        self.secret = secret
+        self.agent = ""
+        self.admin = ""
+
+    def trial_token(self, trial_id: str) -> str:
+        """A trial-scoped token, minted the way the gateway mints them."""
+        return sign_trial_token(self.secret, trial_id)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        token: str | None = None,
+        json: Any = None,
+        **kwargs: Any,
+    ) -> tuple[int, Any]:
+        """Sends a request; returns the status and the decoded JSON (or raw bytes)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self.session.request(
+            method, self.url + path, json=json, headers=headers, **kwargs
+        ) as resp:
+            if resp.content_type == "application/json":
+                return resp.status, await resp.json()
+            return resp.status, await resp.read()
+
+    async def ok(self, method: str, path: str, token: str | None = None, json: Any = None) -> Any:
+        """Sends a request that must answer 200; returns its JSON."""
+        status, body = await self.call(method, path, token, json)
+        assert status == 200, (status, body)
+        return body
+
+    async def login(self, username: str = "admin", password: str = "admin") -> str:
+        """Logs in and returns the bearer token."""
+        body = await self.ok(
+            "POST", "/api/v1/auth/login", json={"username": username, "password": password}
+        )
+        return str(body["token"])
+
+
+@contextlib.asynccontextmanager
+async def running_api(store: EventStore) -> AsyncIterator[Api]:
+    """Starts the gateway on 127.0.0.1:<free port> and yields a client logged in as admin."""
+    secret = await cluster_secret(store)
+    app = create_app(store, None, secret=secret)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        async with aiohttp.ClientSession() as session:
+            api = Api(session, f"http://{host}:{port}", store, secret)
+            api.agent = await agent_token(store)
+            api.admin = await api.login()
+            yield api
+    finally:
+        await runner.cleanup()
+
+
+async def submit_experiment(
+    store: EventStore, experiment_id: int = 1, owner: str = "admin"
+) -> None:
+    """Appends an ExperimentSubmitted with a small valid config, as the gateway would."""
+    from events.config import parse_config
+
+    config = parse_config(CONFIG, default_seed=7).model_dump(mode="json")
+    await store.append(
+        f"experiment-{experiment_id}",
+        [ExperimentSubmitted(experiment_id=experiment_id, config=config, owner=owner)],
+    )
+
+
+async def allocate(
+    store: EventStore,
+    trial_id: str = "1.1",
+    run_id: int = 1,
+    agent: str = "gpu01",
+    slots: tuple[str, ...] = ("0",),
+    request: bool = True,
+) -> str:
+    """Appends what the searcher and scheduler would (TrialRequested, SlotsAllocated); returns
+    the allocation id."""
+    experiment_id = int(trial_id.split(".")[0])
+    if request:
+        await store.append(
+            f"experiment-{experiment_id}",
+            [
+                TrialRequested(
+                    experiment_id=experiment_id,
+                    trial_id=trial_id,
+                    request_id=f"r-{trial_id}",
+                    hparams={"lr": 0.1},
+                    trial_seed=42,
+                )
+            ],
+        )
+    allocation_id = f"{trial_id}.{run_id}"
+    await store.append(
+        f"trial-{trial_id}",
+        [
+            SlotsAllocated(
+                trial_id=trial_id,
+                allocation_id=allocation_id,
+                placements={agent: list(slots)},
+                run_id=run_id,
+            )
+        ],
+    )
+    return allocation_id
+
+
+async def types_of(store: EventStore, stream_id: str) -> list[str]:
+    """The event types of one stream, in order."""
+    return [e.type for e in await store.read_stream(stream_id)]
