@@ -75,7 +75,11 @@ def upcast(event_type: str, schema_version: int, payload: Payload) -> Payload:
 def decode(event_type: str, schema_version: int, payload: Payload) -> Event:
     """Upcasts and validates a stored payload into the current model of its type."""
     model = model_for(event_type)
-    data = upcast(event_type, schema_version, payload)
+    data = (
+        payload
+        if schema_version == model.schema_version
+        else upcast(event_type, schema_version, payload)
+    )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
