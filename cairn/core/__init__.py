@@ -1,0 +1,42 @@
+"""The Core API: what training code imports to run on cairn (modelled on ``det.core``).
+
+Porting a Determined Core API script means replacing ``determined.core`` with ``cairn.core``::
+
+    import cairn.core
+
+    with cairn.core.init() as ctx:
+        hparams = ctx.info.trial.hparams
+        for step in range(start, total):
+            ...
+            ctx.train.report_training_metrics(steps_completed=step + 1, metrics={"loss": loss})
+            if ctx.preempt.should_preempt():
+                with ctx.checkpoint.store_path({"steps_completed": step + 1}) as (path, uuid):
+                    ...
+                return
+
+This package imports only the standard library (never torch), so it loads fast.
+"""
+
+from __future__ import annotations
+
+from cairn.core._checkpoint import CheckpointContext
+from cairn.core._context import Context, InvalidHP, init
+from cairn.core._distributed import DistributedContext
+from cairn.core._info import ClusterInfo, TrialInfo, get_cluster_info
+from cairn.core._preempt import PreemptContext, PreemptMode
+from cairn.core._train import EarlyExitReason, TrainContext
+
+__all__ = [
+    "CheckpointContext",
+    "ClusterInfo",
+    "Context",
+    "DistributedContext",
+    "EarlyExitReason",
+    "InvalidHP",
+    "PreemptContext",
+    "PreemptMode",
+    "TrainContext",
+    "TrialInfo",
+    "get_cluster_info",
+    "init",
+]

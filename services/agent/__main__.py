@@ -1,0 +1,110 @@
+"""``python -m services.agent``: one agent per machine (see :mod:`services.agent.agent`).
+
+The agent has no database: it talks to the API gateway over HTTP and receives commands from NATS.
+It writes ``CAIRN_READY_FILE`` (when set) once registered and subscribed, and shuts down cleanly
+on SIGTERM/SIGINT: it stops taking commands, stops its runs and reports their exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import structlog
+
+from events import logging as cairn_logging
+from services.agent.agent import Agent, AgentConfig
+from services.agent.runtime import safe_name
+
+
+def parser() -> argparse.ArgumentParser:
+    """The agent's flags (environment variables in parentheses)."""
+    p = argparse.ArgumentParser(prog="python -m services.agent", description=__doc__)
+    env = os.environ.get
+    work_dir = env("CAIRN_AGENT_WORK_DIR")
+    p.add_argument(
+        "--api-url", default=env("CAIRN_API_URL"), help="API gateway URL (CAIRN_API_URL)"
+    )
+    p.add_argument("--nats", default=env("CAIRN_NATS"), help="NATS URL (CAIRN_NATS)")
+    p.add_argument(
+        "--agent-id",
+        default=env("CAIRN_AGENT_ID") or socket.gethostname(),
+        help="agent id (CAIRN_AGENT_ID; default: hostname)",
+    )
+    p.add_argument(
+        "--artificial-slots", type=int, default=None, help="offer N CPU slots instead of GPUs"
+    )
+    p.add_argument("--resource-pool", default="default", help="resource pool to join")
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path(work_dir) if work_dir else None,
+        help="run directories and code cache (default: ~/.cairn/agent/<id>)",
+    )
+    p.add_argument(
+        "--agent-token",
+        default=env("CAIRN_AGENT_TOKEN", ""),
+        help="agent bearer token (CAIRN_AGENT_TOKEN)",
+    )
+    p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
+    p.add_argument(
+        "--preempt-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a preempted run gets to exit before SIGTERM",
+    )
+    p.add_argument(
+        "--kill-grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL"
+    )
+    p.add_argument("--log-level", default=env("CAIRN_LOG_LEVEL", "INFO"))
+    p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parses flags and runs the agent until SIGTERM/SIGINT; returns the exit status."""
+    args = parser().parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack
+    cairn_logging.configure("agent", level=args.log_level)
+    log = structlog.get_logger("agent")
+    if not args.api_url or not args.nats:
+        log.error("need --api-url and --nats (or CAIRN_API_URL / CAIRN_NATS)")
+        return 2
+    if args.artificial_slots is not None and args.artificial_slots < 1:
+        log.error("--artificial-slots must be at least 1")
+        return 2
+    work_dir = args.work_dir or Path.home() / ".cairn" / "agent" / safe_name(args.agent_id)
+    config = AgentConfig(
+        agent_id=args.agent_id,
+        api_url=args.api_url,
+        nats_url=args.nats,
+        token=args.agent_token,
+        resource_pool=args.resource_pool,
+        work_dir=work_dir.absolute(),
+        artificial_slots=args.artificial_slots,
+        heartbeat=args.heartbeat,
+        preempt_timeout=args.preempt_timeout,
+        kill_grace=args.kill_grace,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(config))
+    return 0
+
+
+async def _serve(config: AgentConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await Agent(config).run(stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

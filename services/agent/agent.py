@@ -1,0 +1,446 @@
+"""The agent: registers its slots, heartbeats, and executes commands from its NATS queue.
+
+Commands arrive on ``cairn.cmd.agent.<id>`` (stream ``CAIRN_COMMANDS``) through the durable pull
+consumer ``agent-<id>``. Each command id is executed at most once (ids already executed are
+remembered in ``<work_dir>/executed-commands``, so a restarted agent does not repeat them); a
+message is acked once its effect has started (process launched, signal sent). An allocation is
+started at most once however many ``start`` commands name it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import tarfile
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+import structlog
+
+from events.bus import COMMANDS_STREAM, Bus
+from events.commands import agent_subject
+from events.errors import BusUnavailableError
+from services.agent.client import ApiClient, ApiError
+from services.agent.runtime import (
+    CodeCache,
+    LogShipper,
+    RunSpec,
+    TrialProcesses,
+    prepare_work_dir,
+    safe_name,
+    trial_environment,
+)
+from services.agent.signals import preempt, terminate
+from services.agent.slots import Slot, discover_slots
+
+log = structlog.get_logger("agent")
+
+KILLED_BEFORE_START = 137  # reported when a kill arrives before the process was launched
+
+
+@dataclass
+class AgentConfig:
+    """The agent's settings (see ``python -m services.agent --help``)."""
+
+    agent_id: str
+    api_url: str
+    nats_url: str
+    token: str = ""
+    resource_pool: str = "default"
+    work_dir: Path = field(default_factory=lambda: Path.cwd() / ".cairn-agent")
+    artificial_slots: int | None = None
+    heartbeat: float = 2.0
+    preempt_timeout: float = 30.0
+    kill_grace: float = 5.0
+    hostname: str = field(default_factory=socket.gethostname)
+
+
+@dataclass
+class Allocation:
+    """One run on this agent and how far it got."""
+
+    allocation_id: str
+    state: str = "starting"  # starting | running | exited | skipped
+    procs: TrialProcesses | None = None
+    preempt_requested: bool = False
+    kill_requested: bool = False
+    retry: bool = False
+    launched: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    signals: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        """True until the run has exited (or was skipped)."""
+        return self.state in ("starting", "running")
+
+
+class CommandLog:
+    """The ids of commands already executed, kept in a file that survives agent restarts."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._ids: set[str] = set()
+        if path.exists():
+            self._ids = {line.strip() for line in path.read_text().splitlines() if line.strip()}
+
+    def __contains__(self, command_id: object) -> bool:
+        return command_id in self._ids
+
+    def add(self, command_id: str) -> None:
+        """Remembers ``command_id`` (appended and flushed at once)."""
+        if command_id in self._ids:
+            return
+        self._ids.add(command_id)
+        with self._path.open("a") as fh:
+            fh.write(command_id + "\n")
+
+
+class Agent:
+    """One agent process.
+
+    Args:
+        config: the settings.
+        slots: the slots to offer (discovered when omitted).
+    """
+
+    def __init__(self, config: AgentConfig, slots: list[Slot] | None = None) -> None:
+        self.config = config
+        self.id = config.agent_id
+        self.slots = (
+            slots if slots is not None else discover_slots(config.agent_id, config.artificial_slots)
+        )
+        self.gpu_slots = {s.slot_id: s.slot_id for s in self.slots if s.device == "cuda"}
+        self.boot = uuid.uuid4().hex[:12]
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.client = ApiClient(config.api_url, config.token)
+        self.code = CodeCache(self.client, config.work_dir / "code")
+        self.executed = CommandLog(config.work_dir / "executed-commands")
+        self.allocations: dict[str, Allocation] = {}
+        self._inflight: set[str] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._registrations = 0
+        self._heartbeats = 0
+        self._bus: Bus | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connects, registers, serves commands until ``stop`` is set, then shuts down cleanly."""
+        log.info("agent starting", agent_id=self.id, slots=[s.to_json() for s in self.slots])
+        try:
+            bus = await self._connect_bus(stop)
+            if bus is None:
+                return
+            self._bus = bus
+            durable = f"agent-{safe_name(self.id).replace('.', '_')}"
+            sub = await bus.pull(durable, [agent_subject(self.id)], stream=COMMANDS_STREAM)
+            if not await self._until_stopped(self.register(), stop):
+                return
+            self._ready()
+            beats = asyncio.create_task(self._heartbeat_loop(stop), name="heartbeat")
+            await self._consume(sub, stop)
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+        finally:
+            await self._shutdown()
+
+    async def _until_stopped(self, coro: Any, stop: asyncio.Event) -> bool:
+        task = asyncio.ensure_future(coro)
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return False
+        task.result()
+        return True
+
+    async def _connect_bus(self, stop: asyncio.Event) -> Bus | None:
+        attempt = 0
+        while not stop.is_set():
+            try:
+                return await Bus.connect(self.config.nats_url, name=f"cairn-agent-{self.id}")
+            except BusUnavailableError as exc:
+                attempt += 1
+                if attempt in (1, 10) or attempt % 60 == 0:
+                    log.warning("NATS unavailable; retrying", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), min(0.2 * attempt, 2.0))
+        return None
+
+    def _ready(self) -> None:
+        path = os.environ.get("CAIRN_READY_FILE")
+        if path:
+            Path(path).write_text(str(os.getpid()))
+        log.info("ready", pid=os.getpid(), agent_id=self.id)
+
+    async def register(self) -> None:
+        """``POST /agents/{id}/register`` with this agent's slots (retried until it lands)."""
+        self._registrations += 1
+        await self.client.register(
+            self.id,
+            self.config.resource_pool,
+            [s.to_json() for s in self.slots],
+            self.config.hostname,
+            f"register:{self.id}:{self.boot}:{self._registrations}",
+        )
+        log.info("registered", agent_id=self.id, slots=len(self.slots))
+
+    def running(self) -> list[str]:
+        """Ids of the allocations this agent is starting or running."""
+        return sorted(a.allocation_id for a in self.allocations.values() if a.active)
+
+    async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._heartbeats += 1
+            try:
+                answer = await self.client.heartbeat(
+                    self.id, self.running(), f"heartbeat:{self.id}:{self.boot}:{self._heartbeats}"
+                )
+                if isinstance(answer, dict) and answer.get("registered") is False:
+                    log.warning("the API no longer knows this agent; registering again")
+                    await self.register()
+            except ApiError as exc:
+                log.warning("heartbeat failed", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.heartbeat)
+
+    async def _consume(self, sub: Any, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch=16, timeout=1.0)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            except Exception as exc:  # connection trouble: nats-py reconnects by itself
+                log.warning("command fetch failed", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                continue
+            for msg in msgs:
+                self._spawn(self.handle(msg))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _shutdown(self) -> None:
+        """Stops every run (SIGTERM, SIGKILL after the grace), reports their exits, disconnects."""
+        active = [a for a in self.allocations.values() if a.active]
+        if active:
+            log.info("shutting down: stopping runs", allocations=[a.allocation_id for a in active])
+        for alloc in active:
+            self._kill(alloc)
+        lifecycles = [a.task for a in active if a.task is not None]
+        if lifecycles:
+            _, late = await asyncio.wait(lifecycles, timeout=self.config.kill_grace + 20.0)
+            for task in late:
+                task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._bus is not None:
+            await self._bus.close()
+        await self.client.close()
+        log.info("agent stopped", agent_id=self.id)
+
+    # --- commands -------------------------------------------------------------------------
+
+    async def handle(self, msg: Any) -> None:
+        """Executes one command message (idempotently) and acks it once its effect started."""
+        try:
+            cmd = json.loads(msg.data)
+            command_id = str(cmd["command_id"])
+            kind = str(cmd["kind"])
+            allocation_id = str(cmd["allocation_id"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("malformed command dropped", error=str(exc), data=msg.data[:200])
+            await msg.term()
+            return
+        if command_id in self.executed:
+            log.info("command already executed", command_id=command_id)
+            await msg.ack()
+            return
+        if command_id in self._inflight:
+            await msg.in_progress()
+            return
+        self._inflight.add(command_id)
+        log.info("command", command_id=command_id, kind=kind, allocation_id=allocation_id)
+        try:
+            if kind == "start":
+                done = await self._start(allocation_id, msg)
+            elif kind == "preempt":
+                done = self._preempt(allocation_id)
+            elif kind == "kill":
+                done = self._kill_command(allocation_id)
+            else:
+                log.error("unknown command kind", kind=kind, command_id=command_id)
+                done = True
+            if done:
+                self.executed.add(command_id)
+                await msg.ack()
+            else:
+                await msg.nak(delay=2.0)
+        except Exception:
+            log.exception("command failed", command_id=command_id)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=2.0)
+        finally:
+            self._inflight.discard(command_id)
+
+    async def _start(self, allocation_id: str, msg: Any) -> bool:
+        if allocation_id in self.allocations:
+            log.info("allocation already known; start is a no-op", allocation_id=allocation_id)
+            return True
+        alloc = Allocation(allocation_id)
+        self.allocations[allocation_id] = alloc
+        alloc.task = asyncio.create_task(self._lifecycle(alloc), name=f"run-{allocation_id}")
+        while not alloc.launched.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(alloc.launched.wait(), 10.0)
+            if not alloc.launched.is_set():
+                await msg.in_progress()  # a slow download must not trigger a redelivery
+        if alloc.retry:
+            del self.allocations[allocation_id]
+            return False
+        return True
+
+    def _preempt(self, allocation_id: str) -> bool:
+        alloc = self.allocations.get(allocation_id)
+        if alloc is None or not alloc.active:
+            log.info("preempt for an allocation not running here", allocation_id=allocation_id)
+            return True
+        alloc.preempt_requested = True
+        if alloc.procs is not None and not alloc.kill_requested:
+            alloc.signals.append(
+                self._spawn(
+                    preempt(
+                        alloc.procs,
+                        self.config.preempt_timeout,
+                        self.config.kill_grace,
+                        label=allocation_id,
+                    )
+                )
+            )
+        return True
+
+    def _kill_command(self, allocation_id: str) -> bool:
+        alloc = self.allocations.get(allocation_id)
+        if alloc is None or not alloc.active:
+            log.info("kill for an allocation not running here", allocation_id=allocation_id)
+            return True
+        self._kill(alloc)
+        return True
+
+    def _kill(self, alloc: Allocation) -> None:
+        if alloc.kill_requested:
+            return
+        alloc.kill_requested = True
+        if alloc.procs is not None:
+            alloc.signals.append(
+                self._spawn(
+                    terminate(alloc.procs, self.config.kill_grace, label=alloc.allocation_id)
+                )
+            )
+
+    # --- one run --------------------------------------------------------------------------
+
+    async def _lifecycle(self, alloc: Allocation) -> None:
+        aid = alloc.allocation_id
+        try:
+            await self._run_allocation(alloc)
+        except asyncio.CancelledError:
+            if alloc.procs is not None:
+                alloc.procs.send_signal(signal.SIGKILL)
+            raise
+        except Exception:
+            log.exception("run failed inside the agent", allocation_id=aid)
+        finally:
+            if alloc.active:
+                alloc.state = "exited"
+            alloc.launched.set()
+            alloc.finished.set()
+
+    async def _run_allocation(self, alloc: Allocation) -> None:
+        aid = alloc.allocation_id
+        try:
+            raw = await self.client.spec(aid, self.id)
+        except ApiError as exc:
+            if exc.status == 0 or exc.status >= 500 or exc.status in (408, 429):
+                log.warning("spec unavailable; the command will be retried", allocation_id=aid)
+                alloc.retry = True
+            else:
+                log.error("spec refused; not starting", allocation_id=aid, error=str(exc))
+                alloc.state = "skipped"
+            return
+        if not raw.get("active", False):
+            log.info("allocation no longer active; not starting", allocation_id=aid)
+            alloc.state = "skipped"
+            return
+        work: Path | None = None
+        try:
+            if alloc.kill_requested:
+                await self._report_exit(
+                    aid, KILLED_BEFORE_START, "killed before the process started"
+                )
+                return
+            try:
+                run = RunSpec.from_api(raw, self.id, self.config.work_dir / "checkpoints")
+                work = prepare_work_dir(self.config.work_dir, aid)
+                if run.code_ref:
+                    await self.code.unpack(run.code_ref, work)
+                run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                envs = trial_environment(
+                    run, agent_id=self.id, api_url=self.config.api_url, gpu_slots=self.gpu_slots
+                )
+                shipper = LogShipper(self.client, aid, f"{self.id}:{self.boot}")
+                procs = TrialProcesses(aid, shipper, self.config.kill_grace)
+                await procs.launch(run.argv, work, envs)
+            except (ValueError, KeyError, TypeError, ApiError, OSError, tarfile.TarError) as exc:
+                log.error("cannot start the run", allocation_id=aid, error=str(exc))
+                status = 127 if isinstance(exc, FileNotFoundError) else 1
+                await self._report_exit(aid, status, f"agent could not start the run: {exc}")
+                return
+            shipper.start()
+            alloc.procs = procs
+            alloc.state = "running"
+            log.info("run launched", allocation_id=aid, pids=procs.pids, argv=run.argv)
+            alloc.launched.set()
+            if alloc.kill_requested:
+                alloc.kill_requested = False
+                self._kill(alloc)
+            elif alloc.preempt_requested:
+                self._preempt(aid)
+            started = asyncio.create_task(
+                self.client.started(aid, self.id, f"started:{aid}:{self.id}")
+            )
+            status = await procs.wait()
+            log.info("run exited", allocation_id=aid, exit_code=status)
+            await started
+            await shipper.close()
+            message = "killed by the agent" if alloc.kill_requested else ""
+            await self._report_exit(aid, status, message)
+        finally:
+            alloc.state = "exited"
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+
+    async def _report_exit(self, allocation_id: str, exit_code: int, message: str) -> None:
+        await self.client.exited(
+            allocation_id, self.id, exit_code, message, f"exited:{allocation_id}:{self.id}"
+        )
+        log.info("exit reported", allocation_id=allocation_id, exit_code=exit_code)

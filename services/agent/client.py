@@ -1,0 +1,218 @@
+"""The agent's HTTP client for the API gateway (``/api/v1``, see ``docs/protocol.md``).
+
+Every call retries connection errors, timeouts, 5xx, 408 and 429 with capped exponential
+backoff and jitter; other 4xx answers raise :class:`ApiError` at once. POST bodies carry an
+``idempotency_key`` chosen by the caller and reused across retries, so a request that reached
+the server before its answer was lost is a no-op the second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import structlog
+
+log = structlog.get_logger("agent")
+
+RETRYABLE_STATUS = frozenset({408, 425, 429})
+
+
+class ApiError(Exception):
+    """The API answered with a status that retrying will not fix (or retries ran out)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message[:300]}")
+        self.status = status
+        self.message = message
+
+
+def _seg(value: str) -> str:
+    return quote(str(value), safe="")
+
+
+def backoff(attempt: int, *, base: float = 0.2, cap: float = 5.0) -> float:
+    """The delay before retry number ``attempt`` (0-based): exponential, capped, jittered."""
+    delay: float = min(cap, base * 2**attempt)
+    return delay * (0.5 + random.random() / 2)
+
+
+class ApiClient:
+    """Calls the API gateway with the agent token.
+
+    Args:
+        api_url: the gateway's base URL (``http://host:port``; ``/api/v1`` is appended).
+        token: the agent token (``Authorization: Bearer``), or empty for none.
+        timeout: per-request timeout in seconds.
+    """
+
+    def __init__(self, api_url: str, token: str, *, timeout: float = 30.0) -> None:
+        base = api_url.rstrip("/")
+        self.base = base if base.endswith("/api/v1") else base + "/api/v1"
+        self.token = token
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            headers = {"Accept": "application/json"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            self._session = aiohttp.ClientSession(
+                headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Closes the connection pool."""
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        params: dict[str, str] | None = None,
+        retry_for: float | None = 60.0,
+    ) -> Any:
+        """Sends one request, retrying transient failures for up to ``retry_for`` seconds.
+
+        Args:
+            method: HTTP method.
+            path: path under ``/api/v1``.
+            body: JSON body.
+            params: query parameters.
+            retry_for: how long to keep retrying (``None``: forever).
+
+        Returns:
+            The decoded JSON answer (``None`` for an empty body).
+
+        Raises:
+            ApiError: a non-retryable status, or retries ran out.
+        """
+        deadline = None if retry_for is None else time.monotonic() + retry_for
+        attempt = 0
+        while True:
+            try:
+                async with self._http().request(
+                    method, self.base + path, json=body, params=params
+                ) as resp:
+                    text = await resp.text()
+                    if resp.status < 300:
+                        return await resp.json(content_type=None) if text.strip() else None
+                    error = ApiError(resp.status, text)
+                    if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
+                        raise error
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                error = ApiError(0, f"{type(exc).__name__}: {exc}")
+            delay = backoff(attempt)
+            attempt += 1
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise error
+            if attempt in (1, 5) or attempt % 20 == 0:
+                log.warning(
+                    "api call failed; retrying", path=path, error=str(error), attempt=attempt
+                )
+            await asyncio.sleep(delay)
+
+    async def register(
+        self,
+        agent_id: str,
+        resource_pool: str,
+        slots: list[dict[str, Any]],
+        hostname: str,
+        key: str,
+    ) -> Any:
+        """``POST /agents/{id}/register``."""
+        body = {
+            "resource_pool": resource_pool,
+            "slots": slots,
+            "hostname": hostname,
+            "idempotency_key": key,
+        }
+        return await self.request(
+            "POST", f"/agents/{_seg(agent_id)}/register", body=body, retry_for=None
+        )
+
+    async def heartbeat(self, agent_id: str, running: list[str], key: str) -> Any:
+        """``POST /agents/{id}/heartbeat``; a single attempt window of a few seconds."""
+        body = {"running": running, "idempotency_key": key}
+        return await self.request(
+            "POST", f"/agents/{_seg(agent_id)}/heartbeat", body=body, retry_for=5.0
+        )
+
+    async def spec(self, allocation_id: str, agent_id: str) -> dict[str, Any]:
+        """``GET /allocations/{id}/spec?agent_id=...``."""
+        answer = await self.request(
+            "GET", f"/allocations/{_seg(allocation_id)}/spec", params={"agent_id": agent_id}
+        )
+        if not isinstance(answer, dict):
+            raise ApiError(200, f"spec is not an object: {answer!r}")
+        return answer
+
+    async def download_code(self, code_ref: str, dest: Path, *, retry_for: float = 120.0) -> None:
+        """``GET /code/{ref}`` streamed into ``dest`` (written atomically)."""
+        deadline = time.monotonic() + retry_for
+        attempt = 0
+        part = dest.with_name(dest.name + ".part")
+        while True:
+            try:
+                async with self._http().get(
+                    f"{self.base}/code/{_seg(code_ref)}",
+                    timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout),
+                ) as resp:
+                    if resp.status >= 300:
+                        text = await resp.text()
+                        error = ApiError(resp.status, text)
+                        if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
+                            raise error
+                    else:
+                        with part.open("wb") as fh:
+                            async for chunk in resp.content.iter_chunked(1 << 16):
+                                fh.write(chunk)
+                        part.replace(dest)
+                        return
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                error = ApiError(0, f"{type(exc).__name__}: {exc}")
+            delay = backoff(attempt)
+            attempt += 1
+            if time.monotonic() + delay > deadline:
+                raise error
+            await asyncio.sleep(delay)
+
+    async def started(self, allocation_id: str, agent_id: str, key: str) -> Any:
+        """``POST /allocations/{id}/started`` (retried until it lands)."""
+        body = {"agent_id": agent_id, "idempotency_key": key}
+        return await self.request(
+            "POST", f"/allocations/{_seg(allocation_id)}/started", body=body, retry_for=None
+        )
+
+    async def exited(
+        self, allocation_id: str, agent_id: str, exit_code: int, message: str, key: str
+    ) -> Any:
+        """``POST /allocations/{id}/exited`` (retried until it lands)."""
+        body = {
+            "agent_id": agent_id,
+            "exit_code": exit_code,
+            "message": message,
+            "idempotency_key": key,
+        }
+        return await self.request(
+            "POST", f"/allocations/{_seg(allocation_id)}/exited", body=body, retry_for=None
+        )
+
+    async def logs(
+        self, allocation_id: str, lines: list[dict[str, Any]], key: str, *, retry_for: float
+    ) -> Any:
+        """``POST /allocations/{id}/logs``."""
+        body = {"lines": lines, "idempotency_key": key}
+        return await self.request(
+            "POST", f"/allocations/{_seg(allocation_id)}/logs", body=body, retry_for=retry_for
+        )

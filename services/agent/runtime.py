@@ -1,0 +1,527 @@
+"""The process runtime: code download, work directories, trial processes and their logs.
+
+A run gets ``<work_dir>/allocations/<allocation_id>/`` with the experiment's code unpacked in
+it (tarballs are cached by ``code_ref`` under ``<work_dir>/code/``). Its entrypoint runs there
+with the ``CAIRN_*`` environment of ``docs/protocol.md``: one process, or one per slot
+(``RANK``/``LOCAL_RANK``/``WORLD_SIZE``; rank 0 is the chief) when the run has several slots on
+this agent. Each process leads its own process group. Output is captured line by line and
+shipped to ``POST /allocations/{id}/logs`` in batches (at most 500 lines or 1 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import tarfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from services.agent.client import ApiClient, ApiError
+from services.agent.signals import exit_status, terminate
+
+log = structlog.get_logger("agent")
+
+LOG_BATCH_LINES = 500
+LOG_BATCH_SECONDS = 1.0
+LOG_BUFFER_LINES = 20_000
+STREAM_LIMIT = 1 << 20
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def repo_root() -> Path:
+    """The directory holding the ``cairn`` package (put on the trials' ``PYTHONPATH``)."""
+    spec = importlib.util.find_spec("cairn")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+    return Path(__file__).resolve().parents[2]
+
+
+def safe_name(value: str) -> str:
+    """``value`` usable as one path component."""
+    return _SAFE.sub("_", value) or "_"
+
+
+def entrypoint_argv(entrypoint: str | list[str] | None) -> list[str]:
+    """The argv of an entrypoint: a string is shell-split, a list is taken as is.
+
+    Raises:
+        ValueError: no entrypoint.
+    """
+    if entrypoint is None:
+        raise ValueError("the experiment has no entrypoint")
+    argv = shlex.split(entrypoint) if isinstance(entrypoint, str) else [str(a) for a in entrypoint]
+    if not argv:
+        raise ValueError("the entrypoint is empty")
+    return argv
+
+
+def checkpoint_root(storage: Any, default: Path) -> Path:
+    """The checkpoint root of a ``checkpoint_storage`` config (shared_fs or directory)."""
+    if isinstance(storage, str) and storage:
+        return Path(storage)
+    if isinstance(storage, Mapping):
+        if storage.get("type") == "shared_fs" and storage.get("host_path"):
+            host = Path(str(storage["host_path"]))
+            sub = storage.get("storage_path")
+            return host / str(sub) if sub else host
+        if storage.get("type") == "directory" and storage.get("container_path"):
+            return Path(str(storage["container_path"]))
+    return default
+
+
+def env_pairs(value: Any) -> dict[str, str]:
+    """Environment variables given as a mapping or a list of ``KEY=VALUE``."""
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    out: dict[str, str] = {}
+    if isinstance(value, list):
+        for item in value:
+            key, sep, val = str(item).partition("=")
+            if sep and key:
+                out[key] = val
+    return out
+
+
+@dataclass
+class RunSpec:
+    """One run as the agent launches it (built from ``GET /allocations/{id}/spec``)."""
+
+    allocation_id: str
+    trial_id: str
+    experiment_id: int
+    run_id: int
+    argv: list[str]
+    code_ref: str | None
+    hparams: dict[str, Any]
+    trial_seed: int
+    latest_checkpoint: str | None
+    steps_completed: int
+    token: str
+    checkpoint_dir: Path
+    environment: dict[str, str]
+    slot_ids: list[str]
+    rank_offset: int
+    world_size: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, spec: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
+        """Parses a spec answer.
+
+        Raises:
+            ValueError: the spec cannot be launched (no entrypoint, malformed fields).
+        """
+        slot_ids = [str(s) for s in spec.get("slot_ids") or []]
+        placements = spec.get("placements") or {}
+        rank_offset, world = 0, max(len(slot_ids), 1)
+        if isinstance(placements, Mapping) and agent_id in placements:
+            slot_ids = [str(s) for s in placements[agent_id]] or slot_ids
+            agents = sorted(placements)
+            rank_offset = sum(len(placements[a]) for a in agents[: agents.index(agent_id)])
+            world = max(sum(len(v) for v in placements.values()), 1)
+        return cls(
+            allocation_id=str(spec["allocation_id"]),
+            trial_id=str(spec["trial_id"]),
+            experiment_id=int(spec.get("experiment_id") or 0),
+            run_id=int(spec.get("run_id") or 1),
+            argv=entrypoint_argv(spec.get("entrypoint")),
+            code_ref=spec.get("code_ref") or None,
+            hparams=dict(spec.get("hparams") or {}),
+            trial_seed=int(spec.get("trial_seed") or 0),
+            latest_checkpoint=spec.get("latest_checkpoint") or None,
+            steps_completed=int(spec.get("steps_completed") or 0),
+            token=str(spec.get("token") or ""),
+            checkpoint_dir=checkpoint_root(spec.get("checkpoint_storage"), default_storage),
+            environment=env_pairs(spec.get("environment_variables")),
+            slot_ids=slot_ids,
+            rank_offset=rank_offset,
+            world_size=world,
+            config=dict(spec.get("config") or {}),
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def trial_environment(
+    run: RunSpec,
+    *,
+    agent_id: str,
+    api_url: str,
+    gpu_slots: Mapping[str, str],
+    base: Mapping[str, str] | None = None,
+) -> list[dict[str, str]]:
+    """The environment of each process of ``run`` (one per local rank).
+
+    Args:
+        run: the run.
+        agent_id: this agent.
+        api_url: the API URL the trial reports to (``CAIRN_MASTER``).
+        gpu_slots: slot id -> CUDA device id for this agent's GPUs.
+        base: the environment to start from (the agent's own, minus its ``CAIRN_*`` secrets).
+    """
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if not k.startswith("CAIRN_") and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    }
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(run.environment)
+    python_path = [str(repo_root())]
+    if env.get("PYTHONPATH"):
+        python_path.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(python_path)
+    if gpu_slots:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slots[s] for s in run.slot_ids if s in gpu_slots)
+    env.update(
+        {
+            "CAIRN_MASTER": api_url.rstrip("/"),
+            "CAIRN_TOKEN": run.token,
+            "CAIRN_EXPERIMENT_ID": str(run.experiment_id),
+            "CAIRN_TRIAL_ID": run.trial_id,
+            "CAIRN_RUN_ID": str(run.run_id),
+            "CAIRN_ALLOCATION_ID": run.allocation_id,
+            "CAIRN_AGENT_ID": agent_id,
+            "CAIRN_SLOT_IDS": json.dumps(run.slot_ids),
+            "CAIRN_HPARAMS": json.dumps(run.hparams),
+            "CAIRN_TRIAL_SEED": str(run.trial_seed),
+            "CAIRN_LATEST_CHECKPOINT": run.latest_checkpoint or "",
+            "CAIRN_STEPS_COMPLETED": str(run.steps_completed),
+            "CAIRN_CHECKPOINT_DIR": str(run.checkpoint_dir),
+            "CAIRN_EXPERIMENT_CONFIG": json.dumps(run.config),
+        }
+    )
+    local = max(len(run.slot_ids), 1)
+    if local == 1 and run.world_size == 1:
+        return [env]
+    port = str(_free_port())
+    envs = []
+    for local_rank in range(local):
+        one = dict(env)
+        one.update(
+            {
+                "RANK": str(run.rank_offset + local_rank),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(run.world_size),
+                "LOCAL_WORLD_SIZE": str(local),
+                "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+                "MASTER_PORT": env.get("MASTER_PORT", port),
+            }
+        )
+        envs.append(one)
+    return envs
+
+
+class CodeCache:
+    """Experiment code tarballs, downloaded once per ``code_ref`` and unpacked per run.
+
+    Args:
+        client: the API client.
+        root: the cache directory.
+    """
+
+    def __init__(self, client: ApiClient, root: Path) -> None:
+        self._client = client
+        self._root = root
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def unpack(self, code_ref: str, dest: Path) -> None:
+        """Unpacks ``code_ref`` into ``dest`` (downloading it first if it is not cached).
+
+        Raises:
+            ApiError: the code could not be downloaded.
+            tarfile.TarError: the tarball is corrupt.
+        """
+        self._root.mkdir(parents=True, exist_ok=True)
+        tarball = self._root / f"{safe_name(code_ref)}.tar.gz"
+        lock = self._locks.setdefault(code_ref, asyncio.Lock())
+        async with lock:
+            if not tarball.exists():
+                log.info("downloading code", code_ref=code_ref)
+                await self._client.download_code(code_ref, tarball)
+        try:
+            await asyncio.to_thread(_extract, tarball, dest)
+        except (tarfile.TarError, EOFError, OSError):
+            tarball.unlink(missing_ok=True)  # a corrupt cache entry is fetched again next time
+            raise
+
+
+def _extract(tarball: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tarball, "r:*") as tar:
+        tar.extractall(dest, filter="data")
+
+
+class LogShipper:
+    """Buffers a run's output lines and posts them in batches.
+
+    A batch is cut when 500 lines wait or the oldest waiting line is 1 s old; a failed post is
+    retried with the same idempotency key. The buffer is bounded: beyond it the oldest lines are
+    dropped and a marker line says how many.
+
+    Args:
+        client: the API client.
+        allocation_id: the run whose lines these are.
+        key_prefix: prefix of the batches' idempotency keys (unique per agent process).
+    """
+
+    def __init__(
+        self,
+        client: ApiClient,
+        allocation_id: str,
+        key_prefix: str,
+        *,
+        max_lines: int = LOG_BATCH_LINES,
+        max_wait: float = LOG_BATCH_SECONDS,
+        max_buffer: int = LOG_BUFFER_LINES,
+    ) -> None:
+        self._client = client
+        self._allocation_id = allocation_id
+        self._key_prefix = key_prefix
+        self._max_lines = max_lines
+        self._max_wait = max_wait
+        self._max_buffer = max_buffer
+        self._buffer: collections.deque[tuple[float, dict[str, Any]]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._dropped = 0
+        self._seq = 0
+        self.shipped = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Starts the shipping task."""
+        self._task = asyncio.create_task(self._run(), name=f"logs-{self._allocation_id}")
+
+    def add(self, rank: int | None, stream: str, line: str) -> None:
+        """Buffers one line (never blocks)."""
+        entry = {
+            "ts": datetime.now(UTC).isoformat(),
+            "rank": rank,
+            "stream": stream,
+            "line": line,
+        }
+        self._buffer.append((time.monotonic(), entry))
+        if len(self._buffer) > self._max_buffer:
+            self._buffer.popleft()
+            self._dropped += 1
+        if len(self._buffer) >= self._max_lines:
+            self._wake.set()
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Ships what is buffered (bounded by ``timeout``) and stops."""
+        self._closing = True
+        self._wake.set()
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            log.warning(
+                "log lines not shipped", allocation_id=self._allocation_id, lines=len(self._buffer)
+            )
+
+    async def _run(self) -> None:
+        while True:
+            if not self._buffer:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            age = time.monotonic() - self._buffer[0][0]
+            if len(self._buffer) < self._max_lines and not self._closing and age < self._max_wait:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self._max_wait - age)
+                continue
+            batch = [
+                self._buffer.popleft()[1] for _ in range(min(len(self._buffer), self._max_lines))
+            ]
+            if self._dropped:
+                batch.insert(
+                    0,
+                    {
+                        "ts": batch[0]["ts"],
+                        "rank": None,
+                        "stream": "stderr",
+                        "line": f"[cairn-agent] {self._dropped} log line(s) dropped",
+                    },
+                )
+                self._dropped = 0
+            self._seq += 1
+            await self._ship(batch, f"{self._key_prefix}:{self._seq}")
+
+    async def _ship(self, batch: list[dict[str, Any]], key: str) -> None:
+        while True:
+            try:
+                await self._client.logs(self._allocation_id, batch, key, retry_for=10.0)
+                self.shipped += len(batch)
+                return
+            except ApiError as exc:
+                if 400 <= exc.status < 500 and exc.status not in (408, 425, 429):
+                    log.error(
+                        "log batch rejected", allocation_id=self._allocation_id, error=str(exc)
+                    )
+                    return
+                log.warning(
+                    "log shipping failing", allocation_id=self._allocation_id, error=str(exc)
+                )
+            await asyncio.sleep(1.0)
+
+
+class TrialProcesses:
+    """The processes of one run on this agent (one per local rank), with output capture.
+
+    Args:
+        allocation_id: the run.
+        shipper: where output lines go.
+        kill_grace: seconds between SIGTERM and SIGKILL when one rank fails and the others are
+            stopped.
+    """
+
+    def __init__(self, allocation_id: str, shipper: LogShipper, kill_grace: float) -> None:
+        self.allocation_id = allocation_id
+        self.shipper = shipper
+        self.kill_grace = kill_grace
+        self.procs: list[asyncio.subprocess.Process] = []
+        self._pumps: list[asyncio.Task[None]] = []
+        self._exited = asyncio.Event()
+        self._helpers: set[asyncio.Task[None]] = set()
+        self.exit_code: int | None = None
+
+    @property
+    def done(self) -> bool:
+        """True once every process has exited."""
+        return self._exited.is_set()
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids (each the leader of its own process group)."""
+        return [p.pid for p in self.procs]
+
+    async def launch(self, argv: list[str], cwd: Path, envs: list[dict[str, str]]) -> None:
+        """Starts one process per environment in ``envs``.
+
+        Raises:
+            OSError: a process could not be started (the ones already started are killed).
+        """
+        multi = len(envs) > 1
+        try:
+            for rank, env in enumerate(envs):
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=str(cwd),
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    start_new_session=True,
+                    limit=STREAM_LIMIT,
+                )
+                self.procs.append(proc)
+                label = int(env.get("RANK", rank)) if multi else 0
+                assert proc.stdout is not None and proc.stderr is not None
+                self._pumps.append(asyncio.create_task(self._pump(proc.stdout, label, "stdout")))
+                self._pumps.append(asyncio.create_task(self._pump(proc.stderr, label, "stderr")))
+        except OSError:
+            self.send_signal(signal.SIGKILL)
+            for proc in self.procs:
+                await proc.wait()
+            for pump in self._pumps:
+                pump.cancel()
+            raise
+
+    async def _pump(self, stream: asyncio.StreamReader, rank: int, name: str) -> None:
+        while True:
+            try:
+                chunk = await stream.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                if exc.partial:
+                    self.shipper.add(rank, name, exc.partial.decode(errors="replace"))
+                return
+            except asyncio.LimitOverrunError as exc:
+                chunk = await stream.readexactly(exc.consumed)
+            self.shipper.add(rank, name, chunk.decode(errors="replace").rstrip("\r\n"))
+
+    def send_signal(self, sig: int) -> None:
+        """Sends ``sig`` to the process group of every process still running."""
+        for proc in self.procs:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+
+    async def wait_for_exit(self, timeout: float | None) -> bool:
+        """Waits up to ``timeout`` seconds for every process to exit."""
+        try:
+            await asyncio.wait_for(self._exited.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def wait(self) -> int:
+        """Waits for every process; stops the others when one rank fails.
+
+        Returns:
+            The run's exit status: the first non-zero status (``128 + N`` for signal N), else 0.
+        """
+        waits = {asyncio.create_task(p.wait()): p for p in self.procs}
+        first_failure: int | None = None
+        pending = set(waits)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                status = exit_status(task.result())
+                if status != 0 and first_failure is None:
+                    first_failure = status
+                    if pending:
+                        log.warning(
+                            "a rank failed; stopping the others",
+                            allocation_id=self.allocation_id,
+                            status=status,
+                        )
+                        helper = asyncio.create_task(terminate(self, self.kill_grace))
+                        self._helpers.add(helper)
+                        helper.add_done_callback(self._helpers.discard)
+        # Stragglers in the process groups (orphaned children) would keep the pipes open.
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.exit_code = first_failure or 0
+        self._exited.set()
+        _, late = await asyncio.wait(self._pumps, timeout=5.0)
+        for pump in late:
+            pump.cancel()
+        return self.exit_code
+
+
+def prepare_work_dir(root: Path, allocation_id: str) -> Path:
+    """A fresh, empty ``<root>/allocations/<allocation_id>/``."""
+    path = root / "allocations" / safe_name(allocation_id)
+    if path.exists():
+        shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
