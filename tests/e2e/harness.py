@@ -114,14 +114,18 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(
-            f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.workdir.glob("*.log"))
+            f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+            for p in sorted(self.workdir.glob("*.log"))
         )
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        async with aiohttp.ClientSession() as http, http.request(
-            method, f"{self.api_url}/api/v1{path}", json=body, headers=headers
-        ) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(
+                method, f"{self.api_url}/api/v1{path}", json=body, headers=headers
+            ) as resp,
+        ):
             data = await resp.json()
             if resp.status >= 400:
                 raise AssertionError(f"{method} {path} -> {resp.status}: {data}")
@@ -130,7 +134,9 @@ class Cluster:
     async def login(self) -> None:
         for _ in range(100):
             try:
-                data = await self.request("POST", "/auth/login", {"username": "admin", "password": "admin"})
+                data = await self.request(
+                    "POST", "/auth/login", {"username": "admin", "password": "admin"}
+                )
                 self.token = data["token"]
                 return
             except (aiohttp.ClientError, AssertionError):
@@ -139,7 +145,9 @@ class Cluster:
 
     async def submit(self, config: dict[str, Any], code_dir: Path) -> int:
         data = await self.request(
-            "POST", "/experiments", {"config": config, "code": code_tarball(code_dir), "activate": True}
+            "POST",
+            "/experiments",
+            {"config": config, "code": code_tarball(code_dir), "activate": True},
         )
         return int(data["id"])
 

@@ -45,34 +45,54 @@ async def trial_events(store: EventStore, trial_id: str) -> list[Any]:
     return await store.read_stream(f"trial-{trial_id}")
 
 
-async def test_trial_runs_reports_and_completes(cluster: Cluster, store: EventStore, tmp_path: Path) -> None:
+async def test_trial_runs_reports_and_completes(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
     """A submitted experiment's trial is scheduled, runs as a process, reports metrics and checkpoints, completes."""
     exp = await cluster.submit(scripted(tmp_path / "ckpt", steps=40, sleep=0.01), SCRIPTED)
     await wait_for(cluster, lambda: _is(store, exp, "COMPLETED"))
     types = [e.type for e in await trial_events(store, f"{exp}.1")]
-    for expected in ("SlotsAllocated", "TrialStarted", "WorkloadCompleted", "ValidationReported", "CheckpointSaved", "TrialExited"):
+    for expected in (
+        "SlotsAllocated",
+        "TrialStarted",
+        "WorkloadCompleted",
+        "ValidationReported",
+        "CheckpointSaved",
+        "TrialExited",
+    ):
         assert expected in types
     exited = [e for e in await trial_events(store, f"{exp}.1") if e.type == "TrialExited"]
     assert exited[-1].payload["outcome"] == "completed"
 
 
-async def test_crash_restarts_from_checkpoint(cluster: Cluster, store: EventStore, tmp_path: Path) -> None:
+async def test_crash_restarts_from_checkpoint(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
     """A run that exits non-zero restarts with a new run id from its latest checkpoint, not from zero."""
     config = scripted(tmp_path / "ckpt", steps=60, sleep=0.01, checkpoint_every=20, fail_at_step=45)
     exp = await cluster.submit(config, SCRIPTED)
     await wait_for(cluster, lambda: _is(store, exp, "COMPLETED"))
     events = await trial_events(store, f"{exp}.1")
     exits = [e.payload for e in events if e.type == "TrialExited"]
-    assert [(x["run_id"], x["outcome"], x["exit_code"]) for x in exits] == [(1, "failed", 3), (2, "completed", 0)]
+    assert [(x["run_id"], x["outcome"], x["exit_code"]) for x in exits] == [
+        (1, "failed", 3),
+        (2, "completed", 0),
+    ]
     restarted = [e.payload for e in events if e.type == "TrialRestarted"]
     assert restarted and restarted[0]["latest_checkpoint"]
-    second_run = [e.payload["steps_completed"] for e in events if e.type == "WorkloadCompleted" and e.payload["run_id"] == 2]
+    second_run = [
+        e.payload["steps_completed"]
+        for e in events
+        if e.type == "WorkloadCompleted" and e.payload["run_id"] == 2
+    ]
     assert second_run and min(second_run) > 40, "the resumed run continued from steps_completed=40"
     started = [e.payload for e in events if e.type == "TrialStarted"]
     assert started[1]["restored_checkpoint"] == restarted[0]["latest_checkpoint"]
 
 
-async def test_max_restarts_exhausted_errors_the_trial(cluster: Cluster, store: EventStore, tmp_path: Path) -> None:
+async def test_max_restarts_exhausted_errors_the_trial(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
     """A trial that always fails is ERROR after max_restarts, and so is its single-trial experiment."""
     config = scripted(tmp_path / "ckpt", steps=10, sleep=0.0, exit_code=5)
     config["max_restarts"] = 1
@@ -82,7 +102,9 @@ async def test_max_restarts_exhausted_errors_the_trial(cluster: Cluster, store: 
     assert [x["outcome"] for x in exits] == ["failed", "failed"]
 
 
-async def test_pause_and_activate_resume_from_checkpoint(cluster: Cluster, store: EventStore, tmp_path: Path) -> None:
+async def test_pause_and_activate_resume_from_checkpoint(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
     """Pausing preempts the running trial (it checkpoints and exits 0); activating resumes it from that checkpoint."""
     config = scripted(tmp_path / "ckpt", steps=300, sleep=0.02, checkpoint_every=1000)
     exp = await cluster.submit(config, SCRIPTED)
@@ -122,7 +144,9 @@ async def test_kill_cancels_experiment(cluster: Cluster, store: EventStore, tmp_
     assert exits[-1]["outcome"] == "killed"
 
 
-async def test_higher_priority_experiment_preempts(cluster: Cluster, store: EventStore, tmp_path: Path) -> None:
+async def test_higher_priority_experiment_preempts(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
     """With both slots busy at priority 50, a priority-1 experiment preempts one trial and runs."""
     low = scripted(tmp_path / "ckpt", steps=10_000, sleep=0.05)
     low["searcher"] = {"name": "grid", "metric": "validation_loss", "max_concurrent_trials": 2}
@@ -143,7 +167,9 @@ async def test_higher_priority_experiment_preempts(cluster: Cluster, store: Even
     await cluster.action(low_id, "kill")
 
 
-async def test_agent_killed_mid_trial_reschedules_elsewhere(cluster: Cluster, store: EventStore, tmp_path: Path) -> None:
+async def test_agent_killed_mid_trial_reschedules_elsewhere(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
     """SIGKILL the agent during a trial: the trial is lost, restarted on another agent from its checkpoint, and completes."""
     config = scripted(tmp_path / "ckpt", steps=120, sleep=0.03, checkpoint_every=20)
     exp = await cluster.submit(config, SCRIPTED)
@@ -157,7 +183,10 @@ async def test_agent_killed_mid_trial_reschedules_elsewhere(cluster: Cluster, st
     cluster.start_agent("agent-b", 1)
     await wait_for(cluster, lambda: _is(store, exp, "COMPLETED"), timeout=90)
     events = await trial_events(store, trial)
-    assert [e.payload["outcome"] for e in events if e.type == "TrialExited"] == ["lost", "completed"]
+    assert [e.payload["outcome"] for e in events if e.type == "TrialExited"] == [
+        "lost",
+        "completed",
+    ]
     allocations = [list(e.payload["placements"]) for e in events if e.type == "SlotsAllocated"]
     assert allocations == [["agent-a"], ["agent-b"]]
     assert [e.type for e in await store.read_stream("agent-agent-a")][-1] == "AgentLost"
