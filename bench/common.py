@@ -84,11 +84,11 @@ def per_second(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else float("inf")
 
 
-def fmt_rate(value: float | None) -> str:
+def fmt_rate(value: float | None, decimals: int = 0) -> str:
     """A rate with thousands separators (``12,345``); ``-`` when absent."""
     if value is None:
         return "-"
-    return f"{value:,.0f}"
+    return f"{value:,.{decimals}f}"
 
 
 def fmt_ratio(value: float | None) -> str:
@@ -160,13 +160,20 @@ def measures_table(measures: Sequence[Measure], *, prefix: Sequence[str] | None 
     rows = [
         [
             f"{prefix[i]}: {m.name}" if prefix else m.name,
-            fmt_rate(m.cairn),
-            f"{fmt_rate(m.baseline)} ({m.baseline_label})" if m.baseline_label else "-",
+            fmt_rate(m.cairn, _decimals(m)),
+            f"{fmt_rate(m.baseline, _decimals(m))} ({m.baseline_label})"
+            if m.baseline_label
+            else "-",
             fmt_ratio(m.ratio),
         ]
         for i, m in enumerate(measures)
     ]
     print_table([f"measure ({_unit(measures)})", "cairn", "baseline", "ratio"], rows)
+
+
+def _decimals(measure: Measure) -> int:
+    """Decimals shown for a measure: 0, unless a subclass sets the class attribute ``decimals``."""
+    return int(getattr(measure, "decimals", 0))
 
 
 def _unit(measures: Sequence[Measure]) -> str:
