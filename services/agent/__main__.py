@@ -46,7 +46,15 @@ def parser() -> argparse.ArgumentParser:
         "--work-dir",
         type=Path,
         default=Path(work_dir) if work_dir else None,
-        help="run directories and code cache (default: ~/.cairn/agent/<id>)",
+        help="run directories and code cache (CAIRN_AGENT_WORK_DIR; default: "
+        "$CAIRN_HOME/agents/<id> or ~/.cairn/agents/<id>)",
+    )
+    p.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        default=Path(env("CAIRN_CHECKPOINT_ROOT", "")) if env("CAIRN_CHECKPOINT_ROOT") else None,
+        help="checkpoint storage for experiments without checkpoint_storage "
+        "(CAIRN_CHECKPOINT_ROOT; default: $CAIRN_HOME/checkpoints or <work-dir>/checkpoints)",
     )
     p.add_argument(
         "--agent-token",
@@ -80,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.artificial_slots is not None and args.artificial_slots < 1:
         log.error("--artificial-slots must be at least 1")
         return 2
-    work_dir = args.work_dir or Path.home() / ".cairn" / "agent" / safe_name(args.agent_id)
+    home = Path(os.environ.get("CAIRN_HOME") or Path.home() / ".cairn")
+    work_dir = args.work_dir or home / "agents" / safe_name(args.agent_id)
+    checkpoint_root = args.checkpoint_root
+    if checkpoint_root is None and os.environ.get("CAIRN_HOME"):
+        checkpoint_root = home / "checkpoints"
     config = AgentConfig(
         agent_id=args.agent_id,
         api_url=args.api_url,
@@ -88,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         token=args.agent_token,
         resource_pool=args.resource_pool,
         work_dir=work_dir.absolute(),
+        checkpoint_root=checkpoint_root.absolute() if checkpoint_root else None,
         artificial_slots=args.artificial_slots,
         heartbeat=args.heartbeat,
         preempt_timeout=args.preempt_timeout,

@@ -57,6 +57,7 @@ class AgentConfig:
     token: str = ""
     resource_pool: str = "default"
     work_dir: Path = field(default_factory=lambda: Path.cwd() / ".cairn-agent")
+    checkpoint_root: Path | None = None
     artificial_slots: int | None = None
     heartbeat: float = 2.0
     preempt_timeout: float = 30.0
@@ -73,6 +74,8 @@ class Allocation:
     procs: TrialProcesses | None = None
     preempt_requested: bool = False
     kill_requested: bool = False
+    stop_reason: str = ""
+    preempt_timeout: float | None = None
     retry: bool = False
     launched: asyncio.Event = field(default_factory=asyncio.Event)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -132,6 +135,7 @@ class Agent:
         self._registrations = 0
         self._heartbeats = 0
         self._bus: Bus | None = None
+        self._sub: Any = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -145,6 +149,7 @@ class Agent:
             self._bus = bus
             durable = f"agent-{safe_name(self.id).replace('.', '_')}"
             sub = await bus.pull(durable, [agent_subject(self.id)], stream=COMMANDS_STREAM)
+            self._sub = sub
             if not await self._until_stopped(self.register(), stop):
                 return
             self._ready()
@@ -220,18 +225,32 @@ class Agent:
                 await asyncio.wait_for(stop.wait(), self.config.heartbeat)
 
     async def _consume(self, sub: Any, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                msgs = await sub.fetch(batch=16, timeout=1.0)
-            except (nats.errors.TimeoutError, TimeoutError):
-                continue
-            except Exception as exc:  # connection trouble: nats-py reconnects by itself
-                log.warning("command fetch failed", error=str(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
-                continue
-            for msg in msgs:
-                self._spawn(self.handle(msg))
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                fetch = asyncio.ensure_future(sub.fetch(batch=16, timeout=5.0))
+                await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():  # stopping: unacked messages are redelivered later
+                    fetch.cancel()
+                    with contextlib.suppress(BaseException):
+                        await fetch
+                    return
+                await self._dispatch(fetch, stop)
+        finally:
+            stopped.cancel()
+
+    async def _dispatch(self, fetch: asyncio.Future[Any], stop: asyncio.Event) -> None:
+        try:
+            msgs = fetch.result()
+        except (nats.errors.TimeoutError, TimeoutError):
+            return
+        except Exception as exc:  # connection trouble: nats-py reconnects by itself
+            log.warning("command fetch failed", error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            return
+        for msg in msgs:
+            self._spawn(self.handle(msg))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
@@ -245,7 +264,7 @@ class Agent:
         if active:
             log.info("shutting down: stopping runs", allocations=[a.allocation_id for a in active])
         for alloc in active:
-            self._kill(alloc)
+            self._kill(alloc, "stopped by the agent's shutdown")
         lifecycles = [a.task for a in active if a.task is not None]
         if lifecycles:
             _, late = await asyncio.wait(lifecycles, timeout=self.config.kill_grace + 20.0)
@@ -253,6 +272,9 @@ class Agent:
                 task.cancel()
         for task in list(self._tasks):
             task.cancel()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()  # the durable consumer stays for the next start
         if self._bus is not None:
             await self._bus.close()
         await self.client.close()
@@ -325,12 +347,15 @@ class Agent:
             log.info("preempt for an allocation not running here", allocation_id=allocation_id)
             return True
         alloc.preempt_requested = True
+        if not alloc.stop_reason:
+            alloc.stop_reason = "preempted"
         if alloc.procs is not None and not alloc.kill_requested:
+            timeout = alloc.preempt_timeout
             alloc.signals.append(
                 self._spawn(
                     preempt(
                         alloc.procs,
-                        self.config.preempt_timeout,
+                        self.config.preempt_timeout if timeout is None else timeout,
                         self.config.kill_grace,
                         label=allocation_id,
                     )
@@ -343,13 +368,14 @@ class Agent:
         if alloc is None or not alloc.active:
             log.info("kill for an allocation not running here", allocation_id=allocation_id)
             return True
-        self._kill(alloc)
+        self._kill(alloc, "killed on request")
         return True
 
-    def _kill(self, alloc: Allocation) -> None:
+    def _kill(self, alloc: Allocation, reason: str) -> None:
         if alloc.kill_requested:
             return
         alloc.kill_requested = True
+        alloc.stop_reason = reason
         if alloc.procs is not None:
             alloc.signals.append(
                 self._spawn(
@@ -394,12 +420,13 @@ class Agent:
         work: Path | None = None
         try:
             if alloc.kill_requested:
-                await self._report_exit(
-                    aid, KILLED_BEFORE_START, "killed before the process started"
-                )
+                message = f"{alloc.stop_reason} before the process started"
+                await self._report_exit(aid, KILLED_BEFORE_START, message)
                 return
             try:
-                run = RunSpec.from_api(raw, self.id, self.config.work_dir / "checkpoints")
+                default_root = self.config.checkpoint_root or self.config.work_dir / "checkpoints"
+                run = RunSpec.from_api(raw, self.id, default_root)
+                alloc.preempt_timeout = run.preemption_timeout
                 work = prepare_work_dir(self.config.work_dir, aid)
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
@@ -422,7 +449,7 @@ class Agent:
             alloc.launched.set()
             if alloc.kill_requested:
                 alloc.kill_requested = False
-                self._kill(alloc)
+                self._kill(alloc, alloc.stop_reason)
             elif alloc.preempt_requested:
                 self._preempt(aid)
             started = asyncio.create_task(
@@ -430,14 +457,16 @@ class Agent:
             )
             status = await procs.wait()
             log.info("run exited", allocation_id=aid, exit_code=status)
-            await started
+            try:
+                await started  # the API must see TrialStarted before TrialExited
+            except ApiError as exc:
+                log.error("started report refused", allocation_id=aid, error=str(exc))
             await shipper.close()
-            message = "killed by the agent" if alloc.kill_requested else ""
-            await self._report_exit(aid, status, message)
+            await self._report_exit(aid, status, alloc.stop_reason)
         finally:
             alloc.state = "exited"
             if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
+                await asyncio.to_thread(shutil.rmtree, work, True)
 
     async def _report_exit(self, allocation_id: str, exit_code: int, message: str) -> None:
         await self.client.exited(

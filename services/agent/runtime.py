@@ -119,6 +119,7 @@ class RunSpec:
     rank_offset: int
     world_size: int
     config: dict[str, Any] = field(default_factory=dict)
+    preemption_timeout: float | None = None
 
     @classmethod
     def from_api(cls, spec: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -135,6 +136,7 @@ class RunSpec:
             agents = sorted(placements)
             rank_offset = sum(len(placements[a]) for a in agents[: agents.index(agent_id)])
             world = max(sum(len(v) for v in placements.values()), 1)
+        config = dict(spec.get("config") or {})
         return cls(
             allocation_id=str(spec["allocation_id"]),
             trial_id=str(spec["trial_id"]),
@@ -152,7 +154,12 @@ class RunSpec:
             slot_ids=slot_ids,
             rank_offset=rank_offset,
             world_size=world,
-            config=dict(spec.get("config") or {}),
+            config=config,
+            preemption_timeout=(
+                float(config["preemption_timeout"])
+                if config.get("preemption_timeout") is not None
+                else None
+            ),
         )
 
 
@@ -325,8 +332,8 @@ class LogShipper:
         if len(self._buffer) > self._max_buffer:
             self._buffer.popleft()
             self._dropped += 1
-        if len(self._buffer) >= self._max_lines:
-            self._wake.set()
+        if len(self._buffer) == 1 or len(self._buffer) >= self._max_lines:
+            self._wake.set()  # the first line starts the batch timer; a full batch goes at once
 
     async def close(self, timeout: float = 10.0) -> None:
         """Ships what is buffered (bounded by ``timeout``) and stops."""

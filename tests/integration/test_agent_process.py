@@ -35,7 +35,7 @@ from tests.helpers import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
 
-SLEEPER = b'''
+SLEEPER = b"""
 import os, signal, subprocess, sys, time
 if "--ignore-term" in sys.argv:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -44,16 +44,16 @@ with open(os.environ["PID_FILE"], "w") as fh:
     fh.write(str(child.pid))
 print("sleeping", flush=True)
 time.sleep(600)
-'''
+"""
 
-RANKS = b'''
+RANKS = b"""
 import os
 import cairn.core
 with cairn.core.init() as ctx:
     rank = ctx.distributed.get_rank()
     print(f"rank {rank} of {ctx.distributed.get_size()}", flush=True)
     ctx.train.report_validation_metrics(1, {"validation_loss": 1.0, "rank": rank})
-'''
+"""
 
 
 def tarball(files: dict[str, bytes]) -> bytes:
@@ -70,6 +70,7 @@ def tarball(files: dict[str, bytes]) -> bytes:
 CODE = tarball(
     {
         "train.py": (SCRIPTED / "train.py").read_bytes(),
+        "digits.py": (ROOT / "examples" / "digits" / "train.py").read_bytes(),
         "sleeper.py": SLEEPER,
         "ranks.py": RANKS,
     }
@@ -88,15 +89,16 @@ class AgentProc:
         """The agent's own (structlog JSON) output so far."""
         return self.log_path.read_text(errors="replace")
 
-    def stop(self) -> int:
-        """SIGTERMs the agent and returns its exit status."""
-        if self.proc.poll() is None:
+    async def stop(self, timeout: float = 30.0, *, signal_it: bool = True) -> int:
+        """SIGTERMs the agent and waits (without blocking the loop serving the API) for its exit."""
+        if signal_it and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(30)
-        except subprocess.TimeoutExpired:
+            await wait_until(lambda: self.proc.poll() is not None, timeout=timeout)
+        except AssertionError:
             self.proc.kill()
-            return self.proc.wait(10)
+            self.proc.wait(10)
+        return self.proc.returncode
 
 
 @dataclass
@@ -139,6 +141,7 @@ class Cluster:
         *,
         entrypoint: str = "python3 train.py",
         slots: int = 1,
+        slot_ids: list[str] | None = None,
     ) -> tuple[str, str]:
         """Submits an experiment, requests its trial and places it; returns (trial, allocation)."""
         hp = hparams or {}
@@ -157,7 +160,7 @@ class Cluster:
             ],
         )
         allocation_id = f"{trial_id}.1"
-        slot_ids = [s.slot_id for s in cpu_slots(agent_id, slots)]
+        slot_ids = slot_ids or [s.slot_id for s in cpu_slots(agent_id, slots)]
         await self.store.append(
             f"trial-{trial_id}",
             [
@@ -171,7 +174,13 @@ class Cluster:
         return trial_id, allocation_id
 
     async def command(
-        self, agent_id: str, kind: str, allocation_id: str, *, command_id: str = "", msg_id: str = ""
+        self,
+        agent_id: str,
+        kind: str,
+        allocation_id: str,
+        *,
+        command_id: str = "",
+        msg_id: str = "",
     ) -> None:
         """Publishes a command on the agent's subject, as the relay would."""
         cid = command_id or f"{kind}:{allocation_id}:{agent_id}"
@@ -204,7 +213,9 @@ class Cluster:
         )
         return [dict(r) for r in rows]
 
-    async def start_agent(self, agent_id: str = "a1", *extra: str, slots: int = 1) -> AgentProc:
+    async def start_agent(
+        self, agent_id: str = "a1", *extra: str, slots: int | None = 1, path: str = ""
+    ) -> AgentProc:
         """Starts an agent and waits until it is registered and subscribed."""
         ready = self.tmp / f"{agent_id}.ready"
         log_path = self.tmp / f"{agent_id}.log"
@@ -214,14 +225,19 @@ class Cluster:
             CAIRN_AGENT_TOKEN=self.agent_token,
             CAIRN_READY_FILE=str(ready),
         )
+        if path:
+            env["PATH"] = f"{path}{os.pathsep}{env['PATH']}"
+        flags = ["--artificial-slots", str(slots)] if slots is not None else []
         argv = [
             sys.executable, "-m", "services.agent",
             "--api-url", self.url, "--nats", self.nats_url, "--agent-id", agent_id,
-            "--artificial-slots", str(slots), "--work-dir", str(self.tmp / f"work-{agent_id}"),
+            *flags, "--work-dir", str(self.tmp / f"work-{agent_id}"),
             "--heartbeat", "0.3", "--kill-grace", "1", *extra,
         ]  # fmt: skip
-        with log_path.open("wb") as out:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        with log_path.open("wb") as out:  # Popen returns at once; the agent outlives this call
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
         agent = AgentProc(agent_id, proc, log_path)
         self.agents.append(agent)
         await wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=30)
@@ -235,6 +251,7 @@ async def cluster(
 ) -> AsyncIterator[Cluster]:
     """The real gateway on a fresh database, plus the bus and a scratch dir."""
     app = create_app(store, None, secret=await cluster_secret(store))
+
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -253,7 +270,7 @@ async def cluster(
             yield c
         finally:
             for agent in c.agents:
-                agent.stop()
+                await agent.stop()
             await runner.cleanup()
 
 
@@ -269,7 +286,9 @@ async def test_registers_offering_stable_cpu_slots_and_heartbeats(cluster: Clust
     """The agent registers its artificial CPU slots (ids derived from its id) and heartbeats."""
     await cluster.start_agent("reg", slots=2)
     registered = [
-        e.payload for e in await cluster.store.read_stream("agent-reg") if e.type == "AgentRegistered"
+        e.payload
+        for e in await cluster.store.read_stream("agent-reg")
+        if e.type == "AgentRegistered"
     ]
     assert len(registered) == 1
     assert [s["slot_id"] for s in registered[0]["slots"]] == [
@@ -321,8 +340,7 @@ async def test_start_runs_scripted_trial_and_duplicate_start_is_a_no_op(cluster:
     await cluster.command("a1", "start", alloc, msg_id="redelivered")
     await cluster.command("a1", "start", alloc, command_id=f"start:{alloc}:a1:again")
     await wait_until(
-        lambda: "command already executed" in agent.log()
-        and "start is a no-op" in agent.log(),
+        lambda: "command already executed" in agent.log() and "start is a no-op" in agent.log(),
         timeout=10,
     )
     assert len(await cluster.of_type(trial, "TrialStarted")) == 1
@@ -457,23 +475,57 @@ async def test_sigterm_stops_the_agent_after_stopping_and_reporting_its_runs(
     agent.proc.send_signal(signal.SIGTERM)
     exited = await cluster.exited(trial)
     assert exited["exit_code"] == 128 + signal.SIGTERM
-    assert agent.proc.wait(20) == 0, agent.log()
+    assert await agent.stop(signal_it=False) == 0, agent.log()
 
 
-async def test_zz_debug(cluster: Cluster) -> None:
-    """debug"""
-    import asyncio
-    ag = await cluster.start_agent("p1")
-    hp = {"steps": 100000, "report_every": 5, "checkpoint_every": 0, "sleep": 0.01}
-    ep = "python3 -c 'import faulthandler,signal,runpy,sys; faulthandler.register(signal.SIGUSR1); sys.argv=[\"train.py\"]; runpy.run_path(\"train.py\", run_name=\"__main__\")'"
-    trial, alloc = await cluster.allocate("p1", hp, entrypoint=ep)
-    t0 = time.time()
-    await cluster.command("p1", "start", alloc)
-    await asyncio.sleep(3)
-    p = await asyncio.create_subprocess_exec("pgrep", "-P", str(ag.proc.pid), stdout=asyncio.subprocess.PIPE)
-    out, _ = await p.communicate()
-    for pid in out.split():
-        os.kill(int(pid), signal.SIGUSR1)
-    await asyncio.sleep(10)
-    for r in await cluster.store.pool.fetch("SELECT ts, stream, line FROM task_logs ORDER BY ts, seq LIMIT 60"):
-        print("L", (r["ts"].timestamp() - t0), r["stream"], r["line"])
+FAKE_NVIDIA_SMI = """#!/bin/sh
+echo "0, GPU-11111111-aaaa, NVIDIA H100 80GB HBM3"
+echo "1, GPU-22222222-bbbb, NVIDIA H100 80GB HBM3"
+"""
+
+
+async def test_gpus_found_by_nvidia_smi_become_cuda_slots(cluster: Cluster) -> None:
+    """Without --artificial-slots the agent offers the GPUs nvidia-smi lists (a stand-in script
+    here) and a run sees only its own GPUs in CUDA_VISIBLE_DEVICES."""
+    bin_dir = cluster.tmp / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    await cluster.start_agent("g1", slots=None, path=str(bin_dir))
+    registered = [
+        e.payload
+        for e in await cluster.store.read_stream("agent-g1")
+        if e.type == "AgentRegistered"
+    ]
+    assert registered[0]["slots"] == [
+        {"slot_id": "GPU-11111111-aaaa", "device": "cuda", "name": "NVIDIA H100 80GB HBM3"},
+        {"slot_id": "GPU-22222222-bbbb", "device": "cuda", "name": "NVIDIA H100 80GB HBM3"},
+    ]
+    entrypoint = "python3 -c \"import os; print('visible=' + os.environ['CUDA_VISIBLE_DEVICES'])\""
+    trial, alloc = await cluster.allocate(
+        "g1", entrypoint=entrypoint, slot_ids=["GPU-22222222-bbbb"]
+    )
+    await cluster.command("g1", "start", alloc)
+    assert (await cluster.exited(trial))["exit_code"] == 0
+
+    async def logged() -> bool:
+        return any(r["line"] == "visible=GPU-22222222-bbbb" for r in await cluster.logs(alloc))
+
+    await wait_until(logged, timeout=10)
+
+
+async def test_digits_example_trains_under_the_agent(cluster: Cluster) -> None:
+    """The PyTorch digits example runs under the agent (``python3`` resolves to an interpreter
+    with torch), reports validation metrics including ``batches``, and checkpoints model.pt."""
+    await cluster.start_agent("d1")
+    hp = {"lr": 0.003, "hidden": 64, "dropout": 0.1, "batch_size": 32, "max_batches": 200}
+    trial, alloc = await cluster.allocate("d1", hp, entrypoint="python3 digits.py")
+    await cluster.command("d1", "start", alloc)
+    exited = await cluster.exited(trial, timeout=60)
+    assert exited["exit_code"] == 0, [r["line"] for r in await cluster.logs(alloc)]
+    validations = await cluster.of_type(trial, "ValidationReported")
+    assert [v["metrics"]["batches"] for v in validations] == [100.0, 200.0]
+    assert validations[-1]["metrics"]["validation_accuracy"] > 0.8
+    checkpoints = await cluster.of_type(trial, "CheckpointSaved")
+    assert [c["steps_completed"] for c in checkpoints] == [100, 200]
+    assert "model.pt" in checkpoints[-1]["resources"]
