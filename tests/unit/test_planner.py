@@ -72,7 +72,11 @@ def experiment(log: Log, exp: int, trials: int, **resources: Any) -> None:
         log.add(
             f"experiment-{exp}",
             TrialRequested(
-                experiment_id=exp, trial_id=f"{exp}.{n}", request_id=f"r{n}", hparams={}, trial_seed=n
+                experiment_id=exp,
+                trial_id=f"{exp}.{n}",
+                request_id=f"r{n}",
+                hparams={},
+                trial_seed=n,
             ),
         )
 
@@ -123,7 +127,9 @@ def test_failed_run_restarts_from_latest_checkpoint_then_errors() -> None:
     assert made[1].run_id == 2  # type: ignore[attr-defined]
     exit_run(log, "1.1", 2, "failed")
     made = log.settle()
-    assert [(e.event_type, getattr(e, "state", None)) for e in made] == [("TrialStateChanged", "ERROR")]
+    assert [(e.event_type, getattr(e, "state", None)) for e in made] == [
+        ("TrialStateChanged", "ERROR")
+    ]
 
 
 def test_pause_preempts_and_activate_requeues() -> None:
