@@ -12,6 +12,7 @@ import structlog
 from aiohttp import BodyPartReader, web
 from pydantic import BaseModel, Field
 
+from events import lifecycle
 from events.config import ConfigError, parse_config
 from events.envelope import new
 from events.store import Transaction
@@ -198,6 +199,10 @@ def _action_handler(action: str) -> Any:
                 return {"id": experiment_id, "state": view.state, "changed": False}
             if view.state in TERMINAL_STATES or view.state not in sources:
                 raise conflict(f"cannot {action} an experiment in state {view.state}")
+            try:
+                lifecycle.check_experiment(view.state, target)
+            except lifecycle.IllegalTransitionError as exc:
+                raise conflict(f"cannot {action}: {exc}") from None
             event = ExperimentStateChanged(
                 experiment_id=experiment_id, state=target, reason=body.reason, actor=principal.name
             )

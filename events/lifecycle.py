@@ -1,0 +1,125 @@
+"""Experiment and trial state machines (Determined's state names and transition rules).
+
+``check_*`` refuse an illegal transition with :class:`IllegalTransitionError`; the folds apply
+``ExperimentStateChanged`` / ``TrialStateChanged`` events through the same rules and skip (never
+apply) one that is illegal, so a bad write can never corrupt a folded state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from events.envelope import RecordedEvent
+from events.errors import EventsError
+
+ACTIVE, PAUSED = "ACTIVE", "PAUSED"
+STOPPING_COMPLETED, STOPPING_CANCELED = "STOPPING_COMPLETED", "STOPPING_CANCELED"
+STOPPING_KILLED, STOPPING_ERROR = "STOPPING_KILLED", "STOPPING_ERROR"
+COMPLETED, CANCELED, ERROR = "COMPLETED", "CANCELED", "ERROR"
+DELETING, DELETED, DELETE_FAILED = "DELETING", "DELETED", "DELETE_FAILED"
+
+STOPPING = frozenset({STOPPING_COMPLETED, STOPPING_CANCELED, STOPPING_KILLED, STOPPING_ERROR})
+TERMINAL = frozenset({COMPLETED, CANCELED, ERROR})
+STATES = frozenset({ACTIVE, PAUSED, DELETING, DELETED, DELETE_FAILED}) | STOPPING | TERMINAL
+# A stopping state ends in this terminal state.
+STOPPED = {
+    STOPPING_COMPLETED: COMPLETED,
+    STOPPING_CANCELED: CANCELED,
+    STOPPING_KILLED: CANCELED,
+    STOPPING_ERROR: ERROR,
+}
+# Stopping states only degrade: COMPLETED < CANCELED < KILLED < ERROR.
+SEVERITY = {STOPPING_COMPLETED: 0, STOPPING_CANCELED: 1, STOPPING_KILLED: 2, STOPPING_ERROR: 3}
+
+EXPERIMENT_TRANSITIONS: dict[str, frozenset[str]] = {
+    ACTIVE: frozenset({PAUSED, ERROR}) | STOPPING,
+    PAUSED: frozenset({ACTIVE, ERROR}) | STOPPING,
+    STOPPING_CANCELED: frozenset({CANCELED, STOPPING_KILLED, STOPPING_ERROR, ERROR}),
+    STOPPING_KILLED: frozenset({CANCELED, STOPPING_ERROR, ERROR}),
+    STOPPING_COMPLETED: frozenset({COMPLETED, STOPPING_ERROR, ERROR}),
+    STOPPING_ERROR: frozenset({ACTIVE, ERROR}),
+    COMPLETED: frozenset({DELETING}),
+    CANCELED: frozenset({DELETING}),
+    ERROR: frozenset({DELETING}),
+    DELETING: frozenset({DELETED, DELETE_FAILED}),
+    DELETE_FAILED: frozenset({DELETING}),
+    DELETED: frozenset(),
+}
+
+
+class IllegalTransitionError(EventsError):
+    """A state change the state machine does not allow."""
+
+    def __init__(self, kind: str, current: str, target: str) -> None:
+        super().__init__(f"{kind} cannot go from {current} to {target}")
+        self.current = current
+        self.target = target
+
+
+def check_experiment(current: str, target: str) -> None:
+    """Raises :class:`IllegalTransitionError` unless an experiment may go ``current -> target``."""
+    if target not in STATES or target not in EXPERIMENT_TRANSITIONS.get(current, frozenset()):
+        raise IllegalTransitionError("experiment", current, target)
+
+
+def check_trial(current: str, target: str) -> None:
+    """Raises :class:`IllegalTransitionError` unless a trial may go ``current -> target``.
+
+    Trials follow the experiment's rules, except that ACTIVE may end directly (COMPLETED,
+    CANCELED, ERROR), a terminal trial may be made ACTIVE again (continued), and a stopping
+    trial only moves to a *more* severe stopping state.
+    """
+    if target not in STATES:
+        raise IllegalTransitionError("trial", current, target)
+    if current in STOPPING and target in STOPPING:
+        if SEVERITY[target] <= SEVERITY[current]:
+            raise IllegalTransitionError("trial", current, target)
+        return
+    allowed = set(EXPERIMENT_TRANSITIONS.get(current, frozenset()))
+    if current in (ACTIVE, PAUSED):
+        allowed |= TERMINAL
+    if current in TERMINAL:
+        allowed.add(ACTIVE)
+    if target not in allowed:
+        raise IllegalTransitionError("trial", current, target)
+
+
+@dataclass
+class Lifecycle:
+    """A folded state plus the transitions that were refused (kept for audit, never applied)."""
+
+    state: str
+    refused: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def fold_experiment(events: Iterable[RecordedEvent]) -> Lifecycle:
+    """The state of one experiment's stream."""
+    life = Lifecycle(state=ACTIVE)
+    for event in events:
+        if event.type == "ExperimentSubmitted":
+            life.state = ACTIVE if event.payload.get("activate", True) else PAUSED
+        elif event.type == "ExperimentStateChanged":
+            _step(life, event, check_experiment)
+    return life
+
+
+def fold_trial(events: Iterable[RecordedEvent]) -> Lifecycle:
+    """The state of one trial's stream (``TrialStateChanged`` with reason ``requeue`` keeps it ACTIVE)."""
+    life = Lifecycle(state=ACTIVE)
+    for event in events:
+        if event.type == "TrialStateChanged":
+            if event.payload["state"] == life.state:
+                continue
+            _step(life, event, check_trial)
+    return life
+
+
+def _step(life: Lifecycle, event: RecordedEvent, check: object) -> None:
+    target = str(event.payload["state"])
+    try:
+        check(life.state, target)  # type: ignore[operator]
+    except IllegalTransitionError:
+        life.refused.append((event.position, life.state, target))
+        return
+    life.state = target
