@@ -32,7 +32,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,8 @@ import aiohttp
 import yaml
 
 from bench.common import BenchContext, Measure, Report, per_second, progress
-from cairn.local.servers import ServerProcess, free_port, start_nats, wait_for_port
+from cairn.local.processes import ProcessCluster
+from cairn.local.servers import ServerProcess, start_nats
 from events.envelope import RecordedEvent
 from events.store import EventStore
 
@@ -89,95 +90,25 @@ def _stop_process(proc: subprocess.Popen[Any], deadline: float) -> None:
 
 
 @dataclass
-class _Cluster:
+class _Cluster(ProcessCluster):
     """The services as processes on one database and one nats-server; an HTTP client for the API."""
 
-    db_url: str
-    nats_url: str
-    workdir: Path
-    api_port: int = field(default_factory=free_port)
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    agent_token: str = AGENT_TOKEN
     token: str = ""
     http: aiohttp.ClientSession | None = None
 
-    @property
-    def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
-
-    def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            PYTHONPATH=str(ROOT),
-            CAIRN_DB=self.db_url,
-            CAIRN_NATS=self.nats_url,
-            CAIRN_API_URL=self.api_url,
-            CAIRN_AGENT_TOKEN=AGENT_TOKEN,
-            CAIRN_FAULTS="",
-        )
-        return env
-
-    def _start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
-        with open(self.workdir / f"{name}.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                cwd=self.workdir,
-                env=self._env(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.procs[name] = proc
-        return proc
-
-    async def start(self) -> None:
+    async def launch(self) -> None:
         """Starts every service and the agent; logs in once the API answers."""
-        self._start("relay", "services.relay")
-        self._start("searcher", "services.searcher")
-        self._start("scheduler", "services.scheduler")
-        api = self._start("api", "services.api", "--port", str(self.api_port))
-        await asyncio.to_thread(wait_for_port, self.api_port, 60, api)
-        self._start(
-            "agent",
-            "services.agent",
-            "--agent-id", "a",
-            "--artificial-slots", str(SLOTS),
-            "--work-dir", str(self.workdir / "agent-a"),
-            "--heartbeat", "0.5",
-            "--api-url", self.api_url,
-            "--nats", self.nats_url,
-        )  # fmt: skip
+        await asyncio.to_thread(self.start_services)
+        self.start_agent("a", SLOTS, "--heartbeat", "0.5")
         self.http = aiohttp.ClientSession()
         await self._login()
-
-    def stop(self) -> None:
-        """SIGTERM to every service, then SIGKILL to the process groups of those still running."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for proc in self.procs.values():
-            _stop_process(proc, deadline)
 
     async def close(self) -> None:
         """Closes the HTTP session and stops the processes."""
         if self.http is not None:
             await self.http.close()
         await asyncio.to_thread(self.stop)
-
-    def check_alive(self) -> None:
-        """Raises if a service exited (with the tail of its log)."""
-        for name, proc in self.procs.items():
-            if proc.poll() is not None:
-                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
-
-    def logs(self) -> str:
-        """The tails of the services' logs."""
-        return "\n".join(
-            f"== {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-            for p in sorted(self.workdir.glob("*.log"))
-        )
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         assert self.http is not None
@@ -477,7 +408,7 @@ async def run(ctx: BenchContext) -> Report:
         cluster = _Cluster(dsn, nats.url, work)
         progress("trials: starting relay, searcher, scheduler, api and a 2-slot agent")
         t0 = time.perf_counter()
-        await cluster.start()
+        await cluster.launch()
         await _wait_for_agent(store, cluster)
         progress(f"  cluster up in {time.perf_counter() - t0:.1f}s")
 

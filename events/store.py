@@ -40,7 +40,8 @@ def lease_stream(lease: str) -> str:
     return f"lease-{lease}"
 
 
-def _row_to_event(row: Any) -> RecordedEvent:
+def row_to_event(row: Any) -> RecordedEvent:
+    """A ``RecordedEvent`` from a row of the ``events`` table (columns as in ``SELECT *``)."""
     # Rows come from our own table, written through ``append``: constructing without
     # re-validation is safe and halves the cost of a replay.
     meta = row["metadata"]
@@ -218,7 +219,7 @@ async def _read_all(
             type_list,
             limit,
         )
-    return [_row_to_event(r) for r in rows]
+    return [row_to_event(r) for r in rows]
 
 
 async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> list[RecordedEvent]:
@@ -229,7 +230,7 @@ async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> 
             stream_id,
             after_version,
         )
-    return [_row_to_event(r) for r in rows]
+    return [row_to_event(r) for r in rows]
 
 
 class EventStore:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from events.db import Connection, translate_errors
-from events.envelope import Metadata, RecordedEvent
-from events.store import EventStore, Transaction
+from events.envelope import RecordedEvent
+from events.store import EventStore, Transaction, row_to_event
 from events.types import (
     AgentLost,
     AgentRegistered,
@@ -104,21 +104,7 @@ async def read_facts(
                 trial_id,
             )
     head = int(rows[0]["head"]) if rows else 0
-    events = [
-        RecordedEvent(
-            position=r["position"],
-            stream_id=r["stream_id"],
-            stream_version=r["stream_version"],
-            event_id=r["event_id"],
-            type=r["type"],
-            schema_version=r["schema_version"],
-            payload=r["payload"],
-            metadata=Metadata.model_validate(r["metadata"]),
-            recorded_at=r["recorded_at"],
-        )
-        for r in rows
-        if r["position"] is not None
-    ]
+    events = [row_to_event(r) for r in rows if r["position"] is not None]
     return events, head
 
 

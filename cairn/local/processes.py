@@ -1,0 +1,118 @@
+"""Every cairn service as a child process on a given database and nats-server.
+
+Used by end-to-end tests and benchmarks, which need to own (and SIGKILL) each process; ``cairn
+up`` has its own supervisor with restarts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cairn.local.servers import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ProcessCluster:
+    """Relay, searcher, scheduler, API and agents as processes; logs in ``workdir/<name>.log``."""
+
+    db_url: str
+    nats_url: str
+    workdir: Path
+    agent_token: str = "local-agent-token"
+    api_port: int = field(default_factory=free_port)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        """The API gateway's base URL."""
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment every service gets."""
+        env = dict(os.environ)
+        env.update(
+            PYTHONPATH=str(ROOT),
+            CAIRN_DB=self.db_url,
+            CAIRN_NATS=self.nats_url,
+            CAIRN_API_URL=self.api_url,
+            CAIRN_AGENT_TOKEN=self.agent_token,
+            CAIRN_FAULTS="",
+        )
+        return env
+
+    def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
+        """Starts ``python -m module args`` in its own session, logging to ``<name>.log``."""
+        with open(self.workdir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", module, *args],
+                cwd=self.workdir,
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def start_services(self, *scheduler_args: str, timeout: float = 60.0) -> None:
+        """Starts relay, searcher, scheduler and API; returns once the API listens."""
+        self.start("relay", "services.relay")
+        self.start("searcher", "services.searcher")
+        self.start("scheduler", "services.scheduler", *scheduler_args)
+        api = self.start("api", "services.api", "--port", str(self.api_port))
+        wait_for_port(self.api_port, timeout, api)
+
+    def start_agent(self, agent_id: str, slots: int, *args: str) -> subprocess.Popen[bytes]:
+        """Starts an agent with ``slots`` artificial CPU slots (and any extra flags)."""
+        return self.start(
+            agent_id,
+            "services.agent",
+            "--agent-id", agent_id,
+            "--artificial-slots", str(slots),
+            "--work-dir", str(self.workdir / agent_id),
+            *args,
+        )  # fmt: skip
+
+    def kill(self, name: str) -> None:
+        """SIGKILLs a process and everything it started."""
+        proc = self.procs[name]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM to every process, then SIGKILL to the groups of those still running."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+    def check_alive(self) -> None:
+        """Raises if a process exited, with the tail of its log."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.workdir / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+
+    def logs(self, tail: int = 3000) -> str:
+        """The tails of every process's log."""
+        return "\n".join(
+            f"== {p.name}\n{p.read_text(errors='replace')[-tail:]}"
+            for p in sorted(self.workdir.glob("*.log"))
+        )
