@@ -1,7 +1,9 @@
 """Event payload models, one module per stream category. Importing this package registers them."""
 
-from events.types.agent import AgentLost, AgentRegistered
+from events.types.agent import AgentLost, AgentRegistered, SlotsDisabled, SlotsEnabled
 from events.types.experiment import (
+    CheckpointsDeleted,
+    ExperimentArchived,
     ExperimentStateChanged,
     ExperimentSubmitted,
     TrialRequested,
@@ -11,11 +13,13 @@ from events.types.system import LeaderElected
 from events.types.trial import (
     CheckpointSaved,
     KillRequested,
+    MetricsReported,
     PreemptionRequested,
     SlotsAllocated,
     SlotsReleased,
     TrialEarlyExited,
     TrialExited,
+    TrialKillRequested,
     TrialRestarted,
     TrialStarted,
     TrialStateChanged,
@@ -27,15 +31,21 @@ __all__ = [
     "AgentLost",
     "AgentRegistered",
     "CheckpointSaved",
+    "CheckpointsDeleted",
+    "ExperimentArchived",
     "ExperimentStateChanged",
     "ExperimentSubmitted",
     "KillRequested",
     "LeaderElected",
+    "MetricsReported",
     "PreemptionRequested",
     "SlotsAllocated",
+    "SlotsDisabled",
+    "SlotsEnabled",
     "SlotsReleased",
     "TrialEarlyExited",
     "TrialExited",
+    "TrialKillRequested",
     "TrialRequested",
     "TrialRestarted",
     "TrialStarted",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from events.envelope import Event
 from events.registry import register
@@ -40,3 +40,30 @@ class AgentLost(Event):
 
     agent_id: str
     reason: str = "heartbeat timeout"
+
+
+@register
+class SlotsDisabled(Event):
+    """A user took slots out of scheduling (``slot_ids`` empty: every slot of the agent).
+
+    Runs on those slots are preempted (they checkpoint and are requeued elsewhere) unless
+    ``drain`` is set, in which case they run to their end and only new work is kept away.
+    """
+
+    event_type = "SlotsDisabled"
+
+    agent_id: str
+    slot_ids: list[str] = Field(default_factory=list)
+    drain: bool = False
+    actor: str = ""
+
+
+@register
+class SlotsEnabled(Event):
+    """A user put slots back into scheduling (``slot_ids`` empty: every slot of the agent)."""
+
+    event_type = "SlotsEnabled"
+
+    agent_id: str
+    slot_ids: list[str] = Field(default_factory=list)
+    actor: str = ""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from events.envelope import Event
 from events.registry import register
@@ -56,3 +58,29 @@ class ExperimentStateChanged(Event):
     state: str
     reason: str = ""
     actor: str = ""
+
+
+@register
+class ExperimentArchived(Event):
+    """A user archived (hid from default listings) or unarchived a terminal experiment."""
+
+    event_type = "ExperimentArchived"
+
+    experiment_id: int
+    archived: bool
+    actor: str = ""
+
+
+@register
+class CheckpointsDeleted(Event):
+    """The tracker deleted these checkpoints' files (garbage collection or experiment deletion).
+
+    ``missing`` lists those whose directory was already gone, which is not an error.
+    """
+
+    event_type = "CheckpointsDeleted"
+
+    experiment_id: int
+    uuids: list[str]
+    missing: list[str] = Field(default_factory=list)
+    reason: Literal["gc", "experiment deleted"] = "gc"

@@ -165,3 +165,26 @@ class TrialEarlyExited(Event):
 
     trial_id: str
     reason: Literal["invalid_hp", "user_requested_stop", "errored"]
+
+
+@register
+class TrialKillRequested(Event):
+    """A user asked to kill one trial; it ends CANCELED whatever its experiment does."""
+
+    event_type = "TrialKillRequested"
+
+    trial_id: str
+    actor: str = ""
+
+
+@register
+class MetricsReported(Event):
+    """Metrics of a group other than ``training`` and ``validation`` (e.g. ``inference``)."""
+
+    event_type = "MetricsReported"
+
+    trial_id: str
+    run_id: int
+    group: str
+    steps_completed: int
+    metrics: dict[str, float]
