@@ -77,7 +77,7 @@ def plan(state: ClusterState, settings: Settings) -> list[Decision]:
         elif run is not None and _orphaned(state, run):
             decisions.extend(_lost(trial, run, "agent restarted"))
         elif run is not None:
-            decisions.extend(_signals(trial, run, exp))
+            decisions.extend(_signals(state, trial, run, exp))
         else:
             settled = _unallocated(trial, exp)
             if settled is not None:
@@ -99,6 +99,8 @@ def _after_exit(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
     outcome = run.exited
     if outcome == "completed" or trial.early_exit is not None:
         return [_state(trial, "COMPLETED", "exited")]
+    if trial.kill_requested:
+        return [_state(trial, "CANCELED", "killed by user")]
     if trial.stop_requested:
         return [_state(trial, "COMPLETED", "stopped by searcher")]
     if exp.state in STOPPING or run.killing:
@@ -148,13 +150,13 @@ def _lost(trial: Trial, run: Run, message: str) -> list[Decision]:
     ]
 
 
-def _signals(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
+def _signals(state: ClusterState, trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
     agents = sorted(run.placements)
-    if exp.state == "STOPPING_KILLED" and not run.killing:
+    if (exp.state == "STOPPING_KILLED" or trial.kill_requested) and not run.killing:
         kill = KillRequested(
             trial_id=trial.trial_id,
             allocation_id=run.allocation_id,
-            reason="kill",
+            reason="killed by user" if trial.kill_requested else "kill",
             agent_ids=agents,
         )
         return [(trial_stream(trial.trial_id), kill)]
@@ -163,6 +165,10 @@ def _signals(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
     reason = None
     if trial.stop_requested:
         reason = "searcher stop"
+    elif any(
+        a in state.agents and state.agents[a].evicting(slots) for a, slots in run.placements.items()
+    ):
+        reason = "slots disabled"
     elif exp.state == "PAUSED" or exp.state in STOPPING:
         reason = exp.state.lower()
     if reason is None:
@@ -174,6 +180,8 @@ def _signals(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
 
 
 def _unallocated(trial: Trial, exp: Experiment) -> Decision | None:
+    if trial.kill_requested:
+        return _state(trial, "CANCELED", "killed by user before running")
     if trial.stop_requested:
         return _state(trial, "COMPLETED", "stopped by searcher before running")
     if exp.state in STOPPING:
@@ -189,7 +197,7 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
         Agent(
             id=a.agent_id,
             resource_pool=a.pool or settings.default_pool,
-            slots=tuple(Slot(s, device_type="cpu") for s in a.slots),
+            slots=tuple(Slot(s, device_type="cpu") for s in a.usable_slots()),
         )
         for a in sorted(state.agents.values(), key=lambda a: a.agent_id)
         if not a.lost

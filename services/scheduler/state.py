@@ -35,6 +35,9 @@ TYPES = frozenset(
         "TrialStateChanged",
         "AgentRegistered",
         "AgentLost",
+        "TrialKillRequested",
+        "SlotsDisabled",
+        "SlotsEnabled",
     }
 )
 
@@ -66,6 +69,7 @@ class Trial:
     restarts: int = 0
     latest_checkpoint: str | None = None
     stop_requested: bool = False
+    kill_requested: bool = False
     early_exit: str | None = None
     requeue: bool = False
 
@@ -104,6 +108,16 @@ class AgentInfo:
     slots: list[str]
     lost: bool = False
     registered_position: int = 0
+    disabled: dict[str, bool] = field(default_factory=dict)
+    """Disabled slot ids -> drain (let running work finish); survives re-registration."""
+
+    def usable_slots(self) -> list[str]:
+        """The slots new work may be placed on."""
+        return [s for s in self.slots if s not in self.disabled]
+
+    def evicting(self, slot_ids: list[str]) -> bool:
+        """Whether any of ``slot_ids`` is disabled without drain (its runs are to be preempted)."""
+        return any(self.disabled.get(s) is False for s in slot_ids)
 
 
 @dataclass
@@ -239,12 +253,41 @@ def _trial_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
 
 
 def _agent_registered(s: ClusterState, p: dict[str, Any], pos: int) -> None:
+    before = s.agents.get(p["agent_id"])
     s.agents[p["agent_id"]] = AgentInfo(
         agent_id=p["agent_id"],
         pool=str(p.get("resource_pool") or ""),
         slots=[slot["slot_id"] for slot in p.get("slots", [])],
         registered_position=pos,
+        disabled=dict(before.disabled) if before is not None else {},
     )
+
+
+def _agent_of(s: ClusterState, agent_id: str) -> AgentInfo:
+    agent = s.agents.get(agent_id)
+    if agent is None:  # disabled before it ever registered: remember for when it does
+        agent = s.agents[agent_id] = AgentInfo(agent_id=agent_id, pool="", slots=[], lost=True)
+    return agent
+
+
+def _slots_disabled(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    agent = _agent_of(s, p["agent_id"])
+    for slot_id in p.get("slot_ids") or agent.slots:
+        agent.disabled[slot_id] = bool(p.get("drain", False))
+
+
+def _slots_enabled(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    agent = _agent_of(s, p["agent_id"])
+    if not p.get("slot_ids"):
+        agent.disabled.clear()
+    for slot_id in p.get("slot_ids") or ():
+        agent.disabled.pop(slot_id, None)
+
+
+def _kill_requested(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    trial = s.trials.get(p["trial_id"])
+    if trial is not None:
+        trial.kill_requested = True
 
 
 def _agent_lost(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
@@ -269,4 +312,7 @@ _HANDLERS = {
     "TrialStateChanged": _trial_state,
     "AgentRegistered": _agent_registered,
     "AgentLost": _agent_lost,
+    "SlotsDisabled": _slots_disabled,
+    "SlotsEnabled": _slots_enabled,
+    "TrialKillRequested": _kill_requested,
 }

@@ -13,7 +13,10 @@ from events.types import (
     CheckpointSaved,
     ExperimentStateChanged,
     ExperimentSubmitted,
+    SlotsDisabled,
+    SlotsEnabled,
     TrialExited,
+    TrialKillRequested,
     TrialRequested,
     TrialStopRequested,
 )
@@ -221,3 +224,61 @@ def test_replaying_the_log_decides_nothing_new() -> None:
     for event in log.events:
         fresh.apply(event)
     assert plan(fresh, Settings()) == []
+
+
+def test_user_kill_of_one_trial_kills_its_run_and_cancels_only_it() -> None:
+    """TrialKillRequested kills that trial's run and ends it CANCELED; its sibling keeps running."""
+    log = Log()
+    agent(log, "a", 2)
+    experiment(log, 1, 2)
+    log.settle()
+    log.add("trial-1.1", TrialKillRequested(trial_id="1.1", actor="alice"))
+    made = log.settle()
+    assert types(made) == ["KillRequested"]
+    assert made[0].allocation_id == "1.1.1"  # type: ignore[attr-defined]
+    exit_run(log, "1.1", 1, "killed")
+    made = log.settle()
+    assert [(e.event_type, getattr(e, "state", None)) for e in made] == [
+        ("TrialStateChanged", "CANCELED")
+    ]
+    assert log.state.trials["1.2"].live and log.state.trials["1.2"].running
+
+
+def test_user_kill_of_a_waiting_trial_cancels_it_without_running() -> None:
+    """A trial killed before it got slots is CANCELED and never allocated."""
+    log = Log()
+    agent(log, "a", 1)
+    experiment(log, 1, 2)
+    log.settle()
+    log.add("trial-1.2", TrialKillRequested(trial_id="1.2"))
+    made = log.settle()
+    assert [(e.event_type, getattr(e, "state", None)) for e in made] == [
+        ("TrialStateChanged", "CANCELED")
+    ]
+
+
+def test_disabled_slots_get_no_work_and_their_runs_are_preempted_unless_draining() -> None:
+    """Disabling a slot preempts its run (requeued elsewhere); drain lets it finish; enable restores."""
+    log = Log()
+    agent(log, "a", 1)
+    agent(log, "b", 1)
+    experiment(log, 1, 1)
+    made = log.settle()
+    assert made[0].placements == {"a": ["0"]}  # type: ignore[attr-defined]
+    log.add("agent-a", SlotsDisabled(agent_id="a"))
+    made = log.settle()
+    assert types(made) == ["PreemptionRequested"]
+    exit_run(log, "1.1", 1, "preempted")
+    made = log.settle()
+    assert types(made) == ["TrialStateChanged", "SlotsAllocated"]
+    assert made[1].placements == {"b": ["0"]}  # type: ignore[attr-defined]
+    log.add("agent-b", SlotsDisabled(agent_id="b", slot_ids=["0"], drain=True))
+    assert log.settle() == []
+    exit_run(log, "1.1", 2, "completed")
+    experiment(log, 2, 1)
+    made = log.settle()
+    assert "SlotsAllocated" not in types(made)
+    log.add("agent-b", SlotsEnabled(agent_id="b"))
+    made = log.settle()
+    assert types(made) == ["SlotsAllocated"]
+    assert made[0].placements == {"b": ["0"]}  # type: ignore[attr-defined]
