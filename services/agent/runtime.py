@@ -32,6 +32,7 @@ from typing import Any
 
 import structlog
 
+from events.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient, ApiError
 from services.agent.signals import exit_status, terminate
 
@@ -69,20 +70,6 @@ def entrypoint_argv(entrypoint: str | list[str] | None) -> list[str]:
     if not argv:
         raise ValueError("the entrypoint is empty")
     return argv
-
-
-def checkpoint_root(storage: Any, default: Path) -> Path:
-    """The checkpoint root of a ``checkpoint_storage`` config (shared_fs or directory)."""
-    if isinstance(storage, str) and storage:
-        return Path(storage)
-    if isinstance(storage, Mapping):
-        if storage.get("type") == "shared_fs" and storage.get("host_path"):
-            host = Path(str(storage["host_path"]))
-            sub = storage.get("storage_path")
-            return host / str(sub) if sub else host
-        if storage.get("type") == "directory" and storage.get("container_path"):
-            return Path(str(storage["container_path"]))
-    return default
 
 
 def env_pairs(value: Any) -> dict[str, str]:

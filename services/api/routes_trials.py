@@ -3,7 +3,6 @@ the metric series."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated, Any, Literal
 
@@ -13,7 +12,13 @@ from pydantic import BaseModel, Field, field_validator
 
 from events.envelope import Event, NewEvent, new
 from events.store import Transaction
-from events.types import CheckpointSaved, TrialEarlyExited, ValidationReported, WorkloadCompleted
+from events.types import (
+    CheckpointSaved,
+    MetricsReported,
+    TrialEarlyExited,
+    ValidationReported,
+    WorkloadCompleted,
+)
 from services.api import tables
 from services.api.auth import check_trial, principal_of
 from services.api.errors import bad_request, not_found, parse, read_json
@@ -37,7 +42,8 @@ class ItemBase(BaseModel):
 
 class MetricsItem(ItemBase):
     """Metrics of one group at ``steps_completed`` (training -> WorkloadCompleted, validation ->
-    ValidationReported; every group is stored in table ``metrics``)."""
+    ValidationReported, any other group -> MetricsReported; the tracker projects them into
+    ``tr_metrics``)."""
 
     kind: Literal["metrics"]
     group: str = Field(min_length=1, max_length=200)
@@ -102,10 +108,18 @@ class ReportsResponse(BaseModel):
 
 
 class MetricsQuery(BaseModel):
-    """Which series to read: one group (all when omitted); archived rows only when asked."""
+    """Which series to read: one group (all when omitted); archived rows only when asked; at
+    most ``max_points`` points per group and run."""
 
     group: str | None = None
     archived: bool = Field(False, description="include rows archived by a later run's rollback")
+    max_points: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="downsample each (group, run) series longer than this to this many evenly "
+        "spaced points, first and last kept (1: the last point only)",
+    )
 
 
 class MetricsRow(BaseModel):
@@ -216,7 +230,13 @@ def _event_for(item: ItemBase, trial_id: str, run_id: int) -> Event | None:
                 steps_completed=item.steps_completed,
                 metrics=_scalars(item.metrics),
             )
-        return None
+        return MetricsReported(
+            trial_id=trial_id,
+            run_id=run_id,
+            group=item.group,
+            steps_completed=item.steps_completed,
+            metrics=_scalars(item.metrics),
+        )
     if isinstance(item, CheckpointItem):
         return CheckpointSaved(
             trial_id=trial_id,
@@ -234,7 +254,8 @@ def _event_for(item: ItemBase, trial_id: str, run_id: int) -> Event | None:
 async def ingest(
     tx: Transaction, trial_id: str, items: list[ItemBase], actor: str
 ) -> dict[str, int]:
-    """Applies a batch of report items in ``tx``: new keys only, multi-row statements, one append.
+    """Applies a batch of report items in ``tx``: new keys only, one append (metrics become events,
+    which the tracker projects), progress into table ``trial_progress``.
 
     Returns:
         Counts of accepted and duplicate items and of appended events.
@@ -256,38 +277,6 @@ async def ingest(
         run_id = getattr(item, "run_id", None)
         return int(run_id) if run_id is not None else default_run
 
-    metrics: dict[tuple[int, str, int], MetricsItem] = {}
-    for item in fresh:
-        if isinstance(item, MetricsItem):
-            metrics[(run_of(item), item.group, item.steps_completed)] = item
-    if metrics:
-        keys = list(metrics)
-        await tx.conn.execute(
-            """INSERT INTO metrics (trial_id, run_id, "group", steps_completed, metrics)
-               SELECT $1, r, g, s, m::jsonb
-               FROM unnest($2::int[], $3::text[], $4::bigint[], $5::text[]) AS u(r, g, s, m)
-               ON CONFLICT (trial_id, run_id, "group", steps_completed) DO UPDATE
-               SET metrics = excluded.metrics, archived = false, reported_at = now()""",
-            trial_id,
-            [k[0] for k in keys],
-            [k[1] for k in keys],
-            [k[2] for k in keys],
-            [json.dumps(_finite(metrics[k].metrics)) for k in keys],
-        )
-        # Determined's rollback: a run that reports at step s archives what earlier runs
-        # reported beyond s (they restarted from a checkpoint before those steps).
-        low: dict[int, int] = {}
-        for run_id, _, steps in keys:
-            low[run_id] = min(steps, low.get(run_id, steps))
-        await tx.conn.execute(
-            """UPDATE metrics m SET archived = true
-               FROM unnest($2::int[], $3::bigint[]) AS u(run_id, steps)
-               WHERE m.trial_id = $1 AND m.run_id < u.run_id AND m.steps_completed > u.steps
-                 AND NOT m.archived""",
-            trial_id,
-            list(low),
-            list(low.values()),
-        )
     progress = [i for i in fresh if isinstance(i, ProgressItem)]
     if progress:
         await tx.conn.execute(
@@ -332,18 +321,31 @@ async def reports(request: web.Request) -> web.Response:
     response=MetricsResponse,
 )
 async def metrics(request: web.Request) -> web.Response:
-    """A trial's reported metrics, optionally one group, by steps then run."""
+    """A trial's reported metrics (the tracker's ``tr_metrics``), optionally one group and
+    downsampled, by steps then run."""
     trial_id = _trial_id(request)
     query = parse(MetricsQuery, dict(request.query))
+    # Row i (0-based, by steps) of a series of n > m points is kept iff some k in 0..m-1 has
+    # floor(k * (n - 1) / (m - 1)) = i: m evenly spaced points, the first and the last included.
     rows = await tables.fetch(
         store_of(request),
-        """SELECT run_id, "group", steps_completed, metrics, archived, reported_at
-           FROM metrics
-           WHERE trial_id = $1 AND ($2::text IS NULL OR "group" = $2) AND ($3 OR NOT archived)
+        """WITH s AS (
+               SELECT run_id, "group", steps_completed, metrics, archived, reported_at,
+                      row_number() OVER w - 1 AS i,
+                      count(*) OVER (PARTITION BY "group", run_id) AS n
+               FROM tr_metrics
+               WHERE trial_id = $1 AND ($2::text IS NULL OR "group" = $2)
+                 AND ($3 OR NOT archived)
+               WINDOW w AS (PARTITION BY "group", run_id ORDER BY steps_completed))
+           SELECT run_id, "group", steps_completed, metrics, archived, reported_at FROM s
+           WHERE $4::bigint IS NULL OR n <= $4
+              OR ($4 = 1 AND i = n - 1)
+              OR ($4 > 1 AND ((i * ($4 - 1) + n - 2) / (n - 1)) * (n - 1) < (i + 1) * ($4 - 1))
            ORDER BY "group", steps_completed, run_id""",
         trial_id,
         query.group,
         query.archived,
+        query.max_points,
     )
     return web.json_response(
         {

@@ -1,8 +1,8 @@
 """The gateway's own tables (migrations namespace ``api``): auth, code, telemetry kept out of the log.
 
 Nothing here is a fact of the platform: users and tokens are credentials, code blobs are content
-addressed, and heartbeats, per-step metrics, progress and logs are high-volume telemetry keyed
-idempotently (see ``docs/protocol.md``).
+addressed, and heartbeats, progress and logs are high-volume telemetry keyed idempotently (see
+``docs/protocol.md``). Metrics are facts in the log, projected by the tracker.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 from events import migrations
 from events.db import translate_errors
 from events.store import EventStore
+from services.tracker import schema as tracker_schema
 
 NAMESPACE = "api"
 
@@ -91,14 +92,22 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         CREATE INDEX task_logs_trial ON task_logs (trial_id, id);
         """,
     ),
+    (
+        "0004_metrics_to_tracker",
+        # Metrics are facts in the log now; the tracker projects them into tr_metrics.
+        "DROP TABLE IF EXISTS metrics;",
+    ),
 )
 
 
 async def migrate(store: EventStore) -> int:
-    """Applies the gateway's pending migrations; returns how many ran."""
+    """Applies the gateway's pending migrations, and the tracker's (the gateway reads its
+    ``tr_*`` projections); returns how many of the gateway's ran."""
     async with store.pool.acquire() as conn:
         with translate_errors():
-            return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+            ran = await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+        await tracker_schema.migrate_conn(conn)
+    return ran
 
 
 async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:

@@ -1,19 +1,60 @@
-"""``python -m services.tracker``: a placeholder tracker; its issue has not landed yet.
+"""``python -m services.tracker``: the projections (``tr_*`` tables) and the checkpoint GC.
 
-It connects to the log and the bus, announces readiness and idles until SIGTERM/SIGINT, so that
-``cairn up`` can run the whole cluster today. The real tracker replaces this file.
+Flags besides the common ones (``--db``/``CAIRN_DB``, ``--nats``/``CAIRN_NATS``):
+``--checkpoint-root`` (``CAIRN_CHECKPOINT_ROOT``; default ``$CAIRN_HOME/checkpoints`` or
+``~/.cairn/checkpoints``), the root of experiments without ``checkpoint_storage``, and
+``--rebuild``, which rebuilds the projections from the log and exits.
 """
 
 from __future__ import annotations
 
-from services.runtime import ServiceContext, main
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import structlog
+
+from events.config.storage import default_checkpoint_root
+from services.runtime import ServiceContext, base_parser, main, run_until_stopped
+from services.tracker import schema
+from services.tracker.projections import rebuild
+from services.tracker.service import run_consumers
+
+log = structlog.get_logger("tracker")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The tracker's flags (environment variables in parentheses)."""
+    p = base_parser("tracker")
+    env_root = os.environ.get("CAIRN_CHECKPOINT_ROOT")
+    p.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        default=Path(env_root) if env_root else None,
+        help="checkpoint storage of experiments without checkpoint_storage "
+        "(CAIRN_CHECKPOINT_ROOT; default: $CAIRN_HOME/checkpoints or ~/.cairn/checkpoints)",
+    )
+    p.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="truncate the projections, replay the log into them, and exit",
+    )
+    return p
 
 
 async def run(ctx: ServiceContext) -> None:
-    """Announces readiness, then idles until stopped."""
+    """Migrates, then projects and collects checkpoints until stopped (or rebuilds and exits)."""
+    await schema.migrate(ctx.store)
+    if ctx.args.rebuild:
+        applied = await rebuild(ctx.store)
+        log.info("rebuild done", events=applied)
+        return
+    root = default_checkpoint_root(ctx.args.checkpoint_root)
     ctx.ready()
-    await ctx.stop.wait()
+    log.info("tracking", checkpoint_root=str(root))
+    await run_until_stopped(ctx, run_consumers(ctx.store, ctx.bus, ctx.stop, checkpoint_root=root))
 
 
 if __name__ == "__main__":
-    main("tracker", run)
+    main("tracker", run, parser=parser(), needs_bus="--rebuild" not in sys.argv[1:])

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from events.store import EventStore
+from services.tracker.service import catch_up
 from tests.integration.test_api_support import (
     Api,
     allocate,
@@ -45,7 +46,7 @@ async def report(api: Api, trial_id: str, *items: dict[str, Any]) -> Any:
 
 
 async def test_metrics_batch_is_idempotent(api: Api, store: EventStore) -> None:
-    """A batch becomes events and metric rows once; the same keys again change nothing."""
+    """A batch becomes events once (every group, numbers only) and a projected series; repeats change nothing."""
     await submit_experiment(store)
     await allocate(store, "1.1")
     batch = [
@@ -55,7 +56,7 @@ async def test_metrics_batch_is_idempotent(api: Api, store: EventStore) -> None:
         metrics("m4", "custom", 20, x=1),
         {"kind": "progress", "idempotency_key": "p1", "progress": 0.2},
     ]
-    assert await report(api, "1.1", *batch) == {"accepted": 5, "duplicates": 0, "events": 3}
+    assert await report(api, "1.1", *batch) == {"accepted": 5, "duplicates": 0, "events": 4}
     assert await report(api, "1.1", *batch) == {"accepted": 0, "duplicates": 5, "events": 0}
     events = await store.read_stream("trial-1.1")
     assert [e.type for e in events] == [
@@ -63,12 +64,15 @@ async def test_metrics_batch_is_idempotent(api: Api, store: EventStore) -> None:
         "WorkloadCompleted",
         "WorkloadCompleted",
         "ValidationReported",
+        "MetricsReported",
     ]
     assert events[3].payload["metrics"] == {"accuracy": 0.9}
+    assert (events[4].payload["group"], events[4].payload["metrics"]) == ("custom", {"x": 1.0})
+    await catch_up(store)
     series = await api.ok("GET", "/api/v1/trials/1.1/metrics", token=api.admin)
     assert len(series["metrics"]) == 4
     validation = await api.ok("GET", "/api/v1/trials/1.1/metrics?group=validation", token=api.admin)
-    assert validation["metrics"][0]["metrics"] == {"accuracy": 0.9, "note": "text", "bad": None}
+    assert validation["metrics"][0]["metrics"] == {"accuracy": 0.9}
     progress = await store.pool.fetchval(
         "SELECT progress FROM trial_progress WHERE trial_id = '1.1'"
     )
@@ -139,8 +143,9 @@ async def test_new_run_archives_later_steps_of_earlier_runs(api: Api, store: Eve
     )
     await allocate(store, "1.1", run_id=2, request=False)
     await report(api, "1.1", metrics("b20", "training", 20, run_id=2))
+    await catch_up(store)
     rows = await store.pool.fetch(
-        'SELECT run_id, "group", steps_completed, archived FROM metrics ORDER BY 2, 3, 1'
+        'SELECT run_id, "group", steps_completed, archived FROM tr_metrics ORDER BY 2, 3, 1'
     )
     archived = {(r["run_id"], r["group"], r["steps_completed"]) for r in rows if r["archived"]}
     assert archived == {(1, "training", 30), (1, "validation", 30)}
@@ -154,6 +159,37 @@ async def test_new_run_archives_later_steps_of_earlier_runs(api: Api, store: Eve
         "GET", "/api/v1/trials/1.1/metrics?group=training&archived=true", token=api.admin
     )
     assert len(everything["metrics"]) == 4
+
+
+async def test_max_points_downsamples_each_series_keeping_ends(api: Api, store: EventStore) -> None:
+    """max_points keeps that many evenly spaced points per (group, run), first and last included."""
+    await submit_experiment(store)
+    await allocate(store, "1.1")
+    await report(
+        api,
+        "1.1",
+        *(metrics(f"t{s}", "training", s) for s in range(1, 11)),
+        *(metrics(f"v{s}", "validation", s) for s in (5, 10)),
+    )
+    await catch_up(store)
+
+    async def steps(query: str) -> dict[str, list[int]]:
+        body = await api.ok("GET", f"/api/v1/trials/1.1/metrics?{query}", token=api.admin)
+        out: dict[str, list[int]] = {}
+        for m in body["metrics"]:
+            out.setdefault(m["group"], []).append(m["steps_completed"])
+        return out
+
+    assert await steps("max_points=4") == {"training": [1, 4, 7, 10], "validation": [5, 10]}
+    assert await steps("max_points=3&group=training") == {"training": [1, 5, 10]}
+    assert await steps("max_points=2&group=training") == {"training": [1, 10]}
+    assert await steps("max_points=1&group=training") == {"training": [10]}
+    assert len((await steps("max_points=100000"))["training"]) == 10
+    for bad in ("0", "100001", "x"):
+        status, body = await api.call(
+            "GET", f"/api/v1/trials/1.1/metrics?max_points={bad}", token=api.admin
+        )
+        assert status == 400, body
 
 
 async def test_early_exit_and_default_run_id(api: Api, store: EventStore) -> None:

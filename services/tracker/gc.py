@@ -1,0 +1,394 @@
+"""Checkpoint garbage collection (consumer ``tracker-gc``).
+
+When an experiment ends (COMPLETED, CANCELED, ERROR) the GC keeps the checkpoints its
+``checkpoint_storage`` policy asks for and deletes the others' directories; when it is being
+deleted (DELETING) it deletes them all and records the experiment DELETED (or DELETE_FAILED).
+It reads the experiment's checkpoints and validations from the log itself, never from the
+projections (which may lag), and records what it removed as ``CheckpointsDeleted`` in the same
+transaction that moves its checkpoint.
+
+The selection is Determined's (``reference/determined.md`` §1.5,
+``ExperimentCheckpointsToGCRaw``): :func:`select_for_deletion`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import structlog
+
+from events.bus import EVENTS_PREFIX
+from events.config.storage import checkpoint_root
+from events.consumer import Consumer
+from events.db import translate_errors
+from events.envelope import Event, RecordedEvent, new
+from events.errors import EventsError
+from events.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
+from events.store import Transaction
+from events.types import CheckpointsDeleted, ExperimentStateChanged
+from services.tracker.projections import metric_value
+
+log = structlog.get_logger("tracker")
+
+NAME = "tracker-gc"
+ACTOR = "tracker"
+
+
+@dataclass(frozen=True)
+class GCPolicy:
+    """How many checkpoints to keep: the union of the experiment's best, each trial's best and
+    each trial's latest."""
+
+    save_experiment_best: int = 0
+    save_trial_best: int = 1
+    save_trial_latest: int = 1
+
+    @classmethod
+    def from_storage(cls, storage: Any) -> GCPolicy:
+        """The policy of a ``checkpoint_storage`` config (defaults 0/1/1 where unset)."""
+        data = storage if isinstance(storage, Mapping) else {}
+
+        def count(key: str, default: int) -> int:
+            value = data.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+            return default
+
+        return cls(
+            save_experiment_best=count("save_experiment_best", cls.save_experiment_best),
+            save_trial_best=count("save_trial_best", cls.save_trial_best),
+            save_trial_latest=count("save_trial_latest", cls.save_trial_latest),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One reported checkpoint as the GC sees it.
+
+    Attributes:
+        uuid: the checkpoint's id (its directory is ``<root>/<uuid>``).
+        trial_id: the trial that saved it.
+        steps_completed: the trial's steps when it was saved.
+        searcher_metric: the searcher metric of the trial's validation at the same
+            ``steps_completed`` (``None``: no such validation, or it lacks the metric).
+    """
+
+    uuid: str
+    trial_id: str
+    steps_completed: int
+    searcher_metric: float | None = None
+
+
+def select_for_deletion(
+    checkpoints: Iterable[CheckpointInfo],
+    policy: GCPolicy,
+    *,
+    smaller_is_better: bool,
+    warm_starts: frozenset[str] = frozenset(),
+) -> set[str]:
+    """The uuids to delete under ``policy`` (Determined's rule).
+
+    Checkpoints are ranked SQL-``rank()``-style (ties share a rank) by the signed searcher
+    metric experiment-wide (``experiment_rank``) and within their trial (``trial_rank``), and by
+    ``steps_completed`` descending within their trial (``trial_order_rank``). One is deleted iff
+    ``((experiment_rank > save_experiment_best AND trial_rank > save_trial_best) OR it has no
+    validation metric) AND trial_order_rank > save_trial_latest``, and it is not a warm start.
+
+    Args:
+        checkpoints: the experiment's live checkpoints (a repeated uuid counts once).
+        policy: how many to keep.
+        smaller_is_better: the searcher metric's direction.
+        warm_starts: uuids some trial started from; never deleted.
+
+    Returns:
+        The uuids to delete.
+    """
+    unique: dict[str, CheckpointInfo] = {}
+    for ckpt in checkpoints:
+        unique.setdefault(ckpt.uuid, ckpt)
+    sign = 1.0 if smaller_is_better else -1.0
+    signed = {
+        c.uuid: sign * c.searcher_metric for c in unique.values() if c.searcher_metric is not None
+    }
+    experiment_values = sorted(signed.values())
+    trial_values: dict[str, list[float]] = {}
+    trial_steps: dict[str, list[int]] = {}
+    for c in unique.values():
+        if c.uuid in signed:
+            trial_values.setdefault(c.trial_id, []).append(signed[c.uuid])
+        trial_steps.setdefault(c.trial_id, []).append(-c.steps_completed)
+    for values in trial_values.values():
+        values.sort()
+    for steps in trial_steps.values():
+        steps.sort()
+
+    def rank(sorted_values: list[float], value: float) -> int:
+        # SQL rank(): one more than the number of rows strictly ahead.
+        return 1 + bisect.bisect_left(sorted_values, value)
+
+    def order_rank(sorted_steps: list[int], steps: int) -> int:
+        return 1 + bisect.bisect_left(sorted_steps, -steps)
+
+    doomed: set[str] = set()
+    for c in unique.values():
+        if c.uuid in warm_starts:
+            continue
+        if order_rank(trial_steps[c.trial_id], c.steps_completed) <= policy.save_trial_latest:
+            continue
+        value = signed.get(c.uuid)
+        if value is None:
+            doomed.add(c.uuid)
+            continue
+        experiment_rank = rank(experiment_values, value)
+        trial_rank = rank(trial_values[c.trial_id], value)
+        if experiment_rank > policy.save_experiment_best and trial_rank > policy.save_trial_best:
+            doomed.add(c.uuid)
+    return doomed
+
+
+@dataclass
+class ExperimentCheckpoints:
+    """What the log says about one experiment's checkpoints."""
+
+    experiment_id: int
+    version: int
+    config: dict[str, Any] = field(default_factory=dict)
+    state: str = ""
+    checkpoints: dict[str, CheckpointInfo] = field(default_factory=dict)
+    deleted: set[str] = field(default_factory=set)
+
+    @property
+    def live(self) -> list[CheckpointInfo]:
+        """The checkpoints not deleted yet, in report order."""
+        return [c for uuid, c in self.checkpoints.items() if uuid not in self.deleted]
+
+    @property
+    def searcher(self) -> dict[str, Any]:
+        """The searcher section of the config."""
+        value = self.config.get("searcher")
+        return dict(value) if isinstance(value, Mapping) else {}
+
+
+async def read_experiment(
+    tx: Transaction, experiment_id: int, upto_version: int | None = None
+) -> ExperimentCheckpoints:
+    """Reads an experiment's config, checkpoints (with their validations' searcher metric) and
+    already-deleted uuids from the log, in ``tx``.
+
+    Args:
+        tx: the transaction to read in.
+        experiment_id: the experiment.
+        upto_version: fold the experiment's state only up to this stream version.
+    """
+    stream = f"experiment-{experiment_id}"
+    version = await tx.stream_version(stream)
+    events = await tx.read_stream(stream)
+    facts = ExperimentCheckpoints(experiment_id=experiment_id, version=version)
+    facts.state = fold_experiment(
+        e for e in events if upto_version is None or e.stream_version <= upto_version
+    ).state
+    trial_streams: list[str] = []
+    for e in events:
+        if e.type == "ExperimentSubmitted" and isinstance(e.payload.get("config"), Mapping):
+            facts.config = dict(e.payload["config"])
+        elif e.type == "TrialRequested":
+            trial_streams.append(f"trial-{e.payload['trial_id']}")
+        elif e.type == "CheckpointsDeleted":
+            facts.deleted.update(str(u) for u in e.payload.get("uuids", []))
+    rows = await tx.conn.fetch(
+        """SELECT type, payload FROM events
+           WHERE stream_id = ANY($1::text[]) AND type = ANY($2::text[])
+           ORDER BY position""",
+        trial_streams,
+        ["CheckpointSaved", "ValidationReported"],
+    )
+    metric = str(facts.searcher.get("metric") or "")
+    saved: list[tuple[str, str, int]] = []
+    validations: dict[tuple[str, int], float | None] = {}
+    for row in rows:
+        p = row["payload"]
+        trial_id, steps = str(p["trial_id"]), int(p["steps_completed"])
+        if row["type"] == "CheckpointSaved":
+            saved.append((str(p["uuid"]), trial_id, steps))
+        else:  # the latest validation at these steps wins
+            validations[(trial_id, steps)] = metric_value(p.get("metrics") or {}, metric)
+    for uuid, trial_id, steps in saved:
+        if uuid not in facts.checkpoints:
+            facts.checkpoints[uuid] = CheckpointInfo(
+                uuid, trial_id, steps, validations.get((trial_id, steps))
+            )
+    return facts
+
+
+async def warm_starts(tx: Transaction, facts: ExperimentCheckpoints) -> frozenset[str]:
+    """The experiment's checkpoints that some trial was started from (a trial resuming from its
+    own checkpoint is not a warm start) or that a submitted experiment names as its
+    ``searcher.source_checkpoint_uuid``."""
+    uuids = list(facts.checkpoints)
+    if not uuids:
+        return frozenset()
+    rows = await tx.conn.fetch(
+        """SELECT payload->>'restored_checkpoint' AS uuid, payload->>'trial_id' AS trial_id
+           FROM events
+           WHERE type = 'TrialStarted' AND payload->>'restored_checkpoint' = ANY($1::text[])
+           UNION
+           SELECT payload->'config'->'searcher'->>'source_checkpoint_uuid', NULL
+           FROM events
+           WHERE type = 'ExperimentSubmitted'
+             AND payload->'config'->'searcher'->>'source_checkpoint_uuid' = ANY($1::text[])""",
+        uuids,
+    )
+    used = set()
+    for row in rows:
+        owner = facts.checkpoints[row["uuid"]].trial_id
+        if row["trial_id"] is None or row["trial_id"] != owner:
+            used.add(str(row["uuid"]))
+    return frozenset(used)
+
+
+@dataclass
+class Removal:
+    """The outcome of removing checkpoint directories."""
+
+    removed: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def deleted(self) -> list[str]:
+        """Every uuid now gone from storage (removed now or already missing), sorted."""
+        return sorted(self.removed + self.missing)
+
+
+def _safe_component(uuid: str) -> bool:
+    return bool(uuid) and uuid not in (".", "..") and "/" not in uuid and "\\" not in uuid
+
+
+def remove_directories(root: Path, uuids: Iterable[str]) -> Removal:
+    """Removes ``<root>/<uuid>`` for each uuid; an absent one (or a uuid that is not a plain
+    path component, which cannot name a directory under ``root``) is ``missing``, any other
+    error is ``failed``."""
+    result = Removal()
+    for uuid in sorted(set(uuids)):
+        if not _safe_component(uuid):
+            result.missing.append(uuid)
+            continue
+        path = root / uuid
+        try:
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except FileNotFoundError:
+            result.missing.append(uuid)
+        except OSError as exc:
+            result.failed[uuid] = f"{path}: {exc.strerror or exc}"
+        else:
+            result.removed.append(uuid)
+    return result
+
+
+class GCConsumer(Consumer):
+    """Deletes checkpoints when experiments end or are deleted (consumer ``tracker-gc``).
+
+    Args:
+        default_root: the checkpoint root of experiments without ``checkpoint_storage``.
+    """
+
+    name = NAME
+    subjects = (f"{EVENTS_PREFIX}.experiment.>",)
+    types = frozenset({"ExperimentStateChanged"})
+
+    def __init__(self, default_root: Path) -> None:
+        self.default_root = default_root
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Collects the experiment's checkpoints when ``event`` ends it or asks to delete it.
+
+        Raises:
+            ConcurrencyError: the experiment's stream moved meanwhile (the page is retried).
+            EventsError: the database refused a statement.
+        """
+        state = str(event.payload.get("state", ""))
+        if state not in TERMINAL and state != DELETING:
+            return
+        experiment_id = int(event.payload["experiment_id"])
+        try:
+            with translate_errors():
+                facts = await read_experiment(tx, experiment_id, event.stream_version)
+                if facts.state != state:
+                    return  # a transition the fold refused: nothing happened
+                if state == DELETING:
+                    await self._delete_all(tx, facts)
+                else:
+                    await self._collect(tx, facts)
+        except asyncpg.PostgresError as exc:
+            raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
+
+    def root_of(self, facts: ExperimentCheckpoints) -> Path:
+        """Where the experiment's checkpoint directories are."""
+        return checkpoint_root(facts.config.get("checkpoint_storage"), self.default_root)
+
+    async def _collect(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
+        policy = GCPolicy.from_storage(facts.config.get("checkpoint_storage"))
+        doomed = select_for_deletion(
+            facts.live,
+            policy,
+            smaller_is_better=bool(facts.searcher.get("smaller_is_better", True)),
+            warm_starts=await warm_starts(tx, facts),
+        )
+        if not doomed:
+            return
+        removal = await asyncio.to_thread(remove_directories, self.root_of(facts), doomed)
+        for uuid, error in removal.failed.items():
+            log.error("checkpoint not deleted", uuid=uuid, error=error)
+        if removal.deleted:
+            await self._append(tx, facts, [self._deleted(facts, removal, "gc")])
+
+    async def _delete_all(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
+        live = [c.uuid for c in facts.live]
+        removal = await asyncio.to_thread(remove_directories, self.root_of(facts), live)
+        events: list[Event] = []
+        if removal.deleted:
+            events.append(self._deleted(facts, removal, "experiment deleted"))
+        if removal.failed:
+            uuid, error = sorted(removal.failed.items())[0]
+            log.error("experiment deletion failed", experiment=facts.experiment_id, error=error)
+            final, reason = DELETE_FAILED, f"could not delete checkpoint {uuid}: {error}"
+        else:
+            final, reason = DELETED, "checkpoints deleted"
+        events.append(
+            ExperimentStateChanged(
+                experiment_id=facts.experiment_id, state=final, reason=reason, actor=ACTOR
+            )
+        )
+        await self._append(tx, facts, events)
+
+    @staticmethod
+    def _deleted(facts: ExperimentCheckpoints, removal: Removal, reason: str) -> Event:
+        return CheckpointsDeleted(
+            experiment_id=facts.experiment_id,
+            uuids=removal.deleted,
+            missing=sorted(removal.missing),
+            reason="gc" if reason == "gc" else "experiment deleted",
+        )
+
+    @staticmethod
+    async def _append(tx: Transaction, facts: ExperimentCheckpoints, events: list[Event]) -> None:
+        await tx.append(
+            f"experiment-{facts.experiment_id}",
+            [new(e, actor=ACTOR) for e in events],
+            expected_version=facts.version,
+        )
+        log.info(
+            "checkpoints collected",
+            experiment=facts.experiment_id,
+            types=[e.event_type for e in events],
+        )

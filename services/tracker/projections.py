@@ -1,0 +1,579 @@
+"""The tracker's projections: the ``tr_*`` tables of ``docs/tracking.md``, folded from the log.
+
+Consumer ``tracker-projections`` applies each event inside the transaction that moves its
+checkpoint, so every table is consistent with every other at each commit. Every timestamp is the
+event's ``recorded_at`` (never ``now()``) and every rule depends only on the events in log order,
+so :func:`rebuild` (truncate, replay from position 0) gives tables equal to the live ones.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import structlog
+
+from events.consumer import Consumer
+from events.db import Connection, translate_errors
+from events.envelope import Event, RecordedEvent
+from events.errors import EventsError
+from events.lifecycle import (
+    DELETED,
+    TERMINAL,
+    IllegalTransitionError,
+    check_experiment,
+    check_trial,
+)
+from events.store import EventStore, Transaction
+from events.types import (
+    AgentLost,
+    AgentRegistered,
+    CheckpointSaved,
+    CheckpointsDeleted,
+    ExperimentArchived,
+    ExperimentStateChanged,
+    ExperimentSubmitted,
+    MetricsReported,
+    SlotsAllocated,
+    SlotsDisabled,
+    SlotsEnabled,
+    SlotsReleased,
+    TrialExited,
+    TrialRequested,
+    TrialRestarted,
+    TrialStarted,
+    TrialStateChanged,
+    ValidationReported,
+    WorkloadCompleted,
+)
+from services.tracker import schema
+
+log = structlog.get_logger("tracker")
+
+NAME = "tracker-projections"
+TYPES = frozenset(
+    {
+        "ExperimentSubmitted",
+        "ExperimentStateChanged",
+        "ExperimentArchived",
+        "TrialRequested",
+        "TrialStateChanged",
+        "TrialRestarted",
+        "SlotsAllocated",
+        "TrialStarted",
+        "TrialExited",
+        "SlotsReleased",
+        "WorkloadCompleted",
+        "ValidationReported",
+        "MetricsReported",
+        "CheckpointSaved",
+        "CheckpointsDeleted",
+        "AgentRegistered",
+        "AgentLost",
+        "SlotsDisabled",
+        "SlotsEnabled",
+    }
+)
+"""The event types the projections read; others only move the checkpoint."""
+
+
+class ProjectionsConsumer(Consumer):
+    """Applies log events to the ``tr_*`` tables (consumer ``tracker-projections``)."""
+
+    name = NAME
+    types = TYPES
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Applies one event to the projections inside the consumer's transaction.
+
+        Raises:
+            EventsError: the database refused a statement (the page is retried).
+        """
+        try:
+            payload = event.decode()
+        except Exception as exc:  # a payload the current models reject: skip, never wedge
+            log.warning("event not projected", position=event.position, error=str(exc))
+            return
+        try:
+            with translate_errors():
+                await apply(tx.conn, payload, event.recorded_at, event.position)
+        except asyncpg.PostgresError as exc:
+            raise EventsError(
+                f"projecting {event.type} at position {event.position} failed: {exc}"
+            ) from exc
+
+
+async def apply(conn: Connection, event: Event, at: datetime, position: int) -> None:
+    """Applies one decoded event, recorded at ``at`` at log ``position``, to the projections."""
+    if isinstance(event, ExperimentSubmitted):
+        await _experiment_submitted(conn, event, at, position)
+    elif isinstance(event, ExperimentStateChanged):
+        await _experiment_state(conn, event, at)
+    elif isinstance(event, ExperimentArchived):
+        await conn.execute(
+            "UPDATE tr_experiments SET archived = $2 WHERE experiment_id = $1",
+            event.experiment_id,
+            event.archived,
+        )
+    elif isinstance(event, TrialRequested):
+        await _trial_requested(conn, event, at)
+    elif isinstance(event, TrialStateChanged):
+        await _trial_state(conn, event, at)
+    elif isinstance(event, TrialRestarted):
+        await conn.execute(
+            "UPDATE tr_trials SET restarts = $2 WHERE trial_id = $1",
+            event.trial_id,
+            event.restarts,
+        )
+    elif isinstance(event, SlotsAllocated):
+        await _slots_allocated(conn, event, at)
+    elif isinstance(event, TrialStarted):
+        await _trial_started(conn, event, at)
+    elif isinstance(event, TrialExited):
+        await conn.execute(
+            """UPDATE tr_allocations SET state = 'TERMINATED', outcome = $2, exit_code = $3,
+                   ended_at = coalesce(ended_at, $4)
+               WHERE allocation_id = $1""",
+            event.allocation_id,
+            event.outcome,
+            event.exit_code,
+            at,
+        )
+    elif isinstance(event, SlotsReleased):
+        await conn.execute(
+            """UPDATE tr_allocations SET state = 'TERMINATED', ended_at = coalesce(ended_at, $2)
+               WHERE allocation_id = $1""",
+            event.allocation_id,
+            at,
+        )
+        await conn.execute(
+            "UPDATE tr_slots SET allocation_id = NULL WHERE allocation_id = $1",
+            event.allocation_id,
+        )
+    elif isinstance(event, WorkloadCompleted | ValidationReported | MetricsReported):
+        await _metrics(conn, event, at)
+    elif isinstance(event, CheckpointSaved):
+        await _checkpoint_saved(conn, event, at)
+    elif isinstance(event, CheckpointsDeleted):
+        await conn.execute(
+            """UPDATE tr_checkpoints SET state = 'DELETED', deleted_at = $2
+               WHERE uuid = ANY($1::text[]) AND state <> 'DELETED'""",
+            list(event.uuids),
+            at,
+        )
+    elif isinstance(event, AgentRegistered):
+        await _agent_registered(conn, event, at)
+    elif isinstance(event, AgentLost):
+        await conn.execute(
+            "UPDATE tr_agents SET state = 'lost', lost_at = $2 WHERE agent_id = $1",
+            event.agent_id,
+            at,
+        )
+    elif isinstance(event, SlotsDisabled | SlotsEnabled):
+        enabled = isinstance(event, SlotsEnabled)
+        drain = isinstance(event, SlotsDisabled) and event.drain
+        await conn.execute(
+            """UPDATE tr_slots SET enabled = $3, draining = $4
+               WHERE agent_id = $1 AND (cardinality($2::text[]) = 0 OR slot_id = ANY($2::text[]))""",
+            event.agent_id,
+            list(event.slot_ids),
+            enabled,
+            drain,
+        )
+
+
+def experiment_of_trial(trial_id: str) -> int | None:
+    """The experiment id in a trial id ``<experiment>.<n>`` (``None`` if malformed)."""
+    head, _, _ = trial_id.partition(".")
+    try:
+        return int(head)
+    except ValueError:
+        return None
+
+
+def metric_value(metrics: Mapping[str, Any], name: str | None) -> float | None:
+    """The finite numeric value of metric ``name`` in ``metrics`` (``None`` if absent)."""
+    if not name:
+        return None
+    value = metrics.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+async def _experiment_submitted(
+    conn: Connection, e: ExperimentSubmitted, at: datetime, position: int
+) -> None:
+    config = e.config
+    searcher = _mapping(config.get("searcher"))
+    resources = _mapping(config.get("resources"))
+    labels = config.get("labels")
+    max_trials = searcher.get("max_trials")
+    await conn.execute(
+        """INSERT INTO tr_experiments (experiment_id, name, description, labels, owner, state,
+               archived, searcher_name, searcher_metric, smaller_is_better, max_trials, config,
+               code_ref, resource_pool, num_trials, submitted_at, position)
+           VALUES ($1, $2, $3, $4, $5, $6, false, $7, $8, $9, $10, $11, $12, $13, 0, $14, $15)
+           ON CONFLICT (experiment_id) DO NOTHING""",
+        e.experiment_id,
+        str(config.get("name") or ""),
+        str(config.get("description") or ""),
+        list(labels) if isinstance(labels, list | tuple) else [],
+        e.owner,
+        "ACTIVE" if e.activate else "PAUSED",
+        str(searcher.get("name") or ""),
+        str(searcher.get("metric") or ""),
+        bool(searcher.get("smaller_is_better", True)),
+        max_trials if isinstance(max_trials, int) and not isinstance(max_trials, bool) else None,
+        config,
+        e.code_ref,
+        str(resources.get("resource_pool") or "default"),
+        at,
+        position,
+    )
+
+
+async def _experiment_state(conn: Connection, e: ExperimentStateChanged, at: datetime) -> None:
+    current = await conn.fetchval(
+        "SELECT state FROM tr_experiments WHERE experiment_id = $1", e.experiment_id
+    )
+    if current is None:
+        return
+    try:
+        check_experiment(str(current), e.state)
+    except IllegalTransitionError:
+        return  # the folds refuse it too: never applied
+    if e.state == DELETED:
+        await delete_experiment(conn, e.experiment_id)
+        return
+    await conn.execute(
+        """UPDATE tr_experiments
+           SET state = $2, ended_at = CASE WHEN $2 = ANY($3::text[]) THEN $4 ELSE ended_at END
+           WHERE experiment_id = $1""",
+        e.experiment_id,
+        e.state,
+        sorted(TERMINAL),
+        at,
+    )
+
+
+async def delete_experiment(conn: Connection, experiment_id: int) -> None:
+    """Removes every row of an experiment from every ``tr_*`` table."""
+    await conn.execute(
+        """UPDATE tr_slots SET allocation_id = NULL
+           WHERE allocation_id IN
+               (SELECT allocation_id FROM tr_allocations WHERE experiment_id = $1)""",
+        experiment_id,
+    )
+    for table in reversed(schema.TABLES):
+        if table in ("tr_agents", "tr_slots"):
+            continue
+        await conn.execute(f"DELETE FROM {table} WHERE experiment_id = $1", experiment_id)
+
+
+async def _trial_requested(conn: Connection, e: TrialRequested, at: datetime) -> None:
+    _, _, tail = e.trial_id.rpartition(".")
+    seq = int(tail) if tail.isdigit() else 0
+    await conn.execute(
+        """WITH ins AS (
+               INSERT INTO tr_trials (trial_id, experiment_id, seq, state, hparams, trial_seed,
+                                      requested_at)
+               VALUES ($1, $2, $3, 'ACTIVE', $4, $5, $6)
+               ON CONFLICT (trial_id) DO NOTHING
+               RETURNING experiment_id)
+           UPDATE tr_experiments x SET num_trials = x.num_trials + 1
+           FROM ins WHERE x.experiment_id = ins.experiment_id""",
+        e.trial_id,
+        e.experiment_id,
+        seq,
+        e.hparams,
+        e.trial_seed,
+        at,
+    )
+
+
+async def _trial_state(conn: Connection, e: TrialStateChanged, at: datetime) -> None:
+    current = await conn.fetchval("SELECT state FROM tr_trials WHERE trial_id = $1", e.trial_id)
+    if current is None or current == e.state:
+        return
+    try:
+        check_trial(str(current), e.state)
+    except IllegalTransitionError:
+        return
+    await conn.execute(
+        "UPDATE tr_trials SET state = $2, ended_at = $3 WHERE trial_id = $1",
+        e.trial_id,
+        e.state,
+        at if e.state in TERMINAL else None,
+    )
+
+
+async def _slots_allocated(conn: Connection, e: SlotsAllocated, at: datetime) -> None:
+    experiment_id = experiment_of_trial(e.trial_id)
+    if experiment_id is None:
+        return
+    await conn.execute(
+        """INSERT INTO tr_allocations (allocation_id, trial_id, experiment_id, run_id, placements,
+                                      state, allocated_at)
+           VALUES ($1, $2, $3, $4, $5, 'ASSIGNED', $6)
+           ON CONFLICT (allocation_id) DO NOTHING""",
+        e.allocation_id,
+        e.trial_id,
+        experiment_id,
+        e.run_id,
+        {agent: list(slots) for agent, slots in e.placements.items()},
+        at,
+    )
+    await conn.execute(
+        "UPDATE tr_trials SET run_id = greatest(run_id, $2) WHERE trial_id = $1",
+        e.trial_id,
+        e.run_id,
+    )
+    pairs = [(agent, slot) for agent, slots in e.placements.items() for slot in slots]
+    if pairs:
+        await conn.execute(
+            """UPDATE tr_slots s SET allocation_id = $1
+               FROM unnest($2::text[], $3::text[]) AS u(agent_id, slot_id)
+               WHERE s.agent_id = u.agent_id AND s.slot_id = u.slot_id""",
+            e.allocation_id,
+            [a for a, _ in pairs],
+            [s for _, s in pairs],
+        )
+
+
+async def _trial_started(conn: Connection, e: TrialStarted, at: datetime) -> None:
+    await conn.execute(
+        """UPDATE tr_allocations
+           SET state = CASE WHEN state = 'TERMINATED' THEN state ELSE 'RUNNING' END,
+               started_at = coalesce(started_at, $2), agent_id = coalesce(agent_id, $3)
+           WHERE allocation_id = $1""",
+        e.allocation_id,
+        at,
+        e.agent_id,
+    )
+    await conn.execute(
+        """UPDATE tr_trials SET started_at = coalesce(started_at, $2),
+               run_id = greatest(run_id, $3)
+           WHERE trial_id = $1""",
+        e.trial_id,
+        at,
+        e.run_id,
+    )
+
+
+def _group_of(e: WorkloadCompleted | ValidationReported | MetricsReported) -> str:
+    if isinstance(e, WorkloadCompleted):
+        return "training"
+    if isinstance(e, ValidationReported):
+        return "validation"
+    return e.group
+
+
+def validation_doc(run_id: int, steps_completed: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON kept as a trial's ``latest_validation`` and a checkpoint's ``validation``."""
+    return {"run_id": run_id, "steps_completed": steps_completed, "metrics": dict(metrics)}
+
+
+async def _metrics(
+    conn: Connection,
+    e: WorkloadCompleted | ValidationReported | MetricsReported,
+    at: datetime,
+) -> None:
+    experiment_id = experiment_of_trial(e.trial_id)
+    if experiment_id is None:
+        return
+    # One statement: upsert the point (a repeat un-archives it), apply Determined's rollback
+    # (a run reporting at step s archives earlier runs' rows beyond s, every group), and move
+    # the trial's steps_completed (back to s when this report rolled something back).
+    await conn.execute(
+        """WITH ins AS (
+               INSERT INTO tr_metrics (trial_id, experiment_id, run_id, "group", steps_completed,
+                                       metrics, archived, reported_at)
+               VALUES ($1, $2, $3, $4, $5, $6, false, $7)
+               ON CONFLICT (trial_id, run_id, "group", steps_completed) DO UPDATE
+               SET metrics = excluded.metrics, archived = false,
+                   reported_at = excluded.reported_at
+               RETURNING 1),
+           arch AS (
+               UPDATE tr_metrics SET archived = true
+               WHERE trial_id = $1 AND run_id < $3 AND steps_completed > $5 AND NOT archived
+               RETURNING 1)
+           UPDATE tr_trials
+           SET steps_completed = CASE WHEN EXISTS (SELECT 1 FROM arch) THEN $5
+                                      ELSE greatest(steps_completed, $5) END
+           WHERE trial_id = $1 AND EXISTS (SELECT 1 FROM ins)""",
+        e.trial_id,
+        experiment_id,
+        e.run_id,
+        _group_of(e),
+        e.steps_completed,
+        dict(e.metrics),
+        at,
+    )
+    if not isinstance(e, ValidationReported):
+        return
+    row = await conn.fetchrow(
+        "SELECT searcher_metric, smaller_is_better FROM tr_experiments WHERE experiment_id = $1",
+        experiment_id,
+    )
+    name = str(row["searcher_metric"]) if row is not None else ""
+    smaller = bool(row["smaller_is_better"]) if row is not None else True
+    value = metric_value(e.metrics, name)
+    doc = validation_doc(e.run_id, e.steps_completed, e.metrics)
+    await conn.execute(
+        """UPDATE tr_trials SET latest_validation = $2,
+               best_metric = CASE WHEN $3::float8 IS NULL THEN best_metric
+                                  WHEN best_metric IS NULL THEN $3::float8
+                                  WHEN $4 THEN least(best_metric, $3::float8)
+                                  ELSE greatest(best_metric, $3::float8) END
+           WHERE trial_id = $1""",
+        e.trial_id,
+        doc,
+        value,
+        smaller,
+    )
+    await conn.execute(
+        """UPDATE tr_checkpoints SET validation = $3, searcher_metric = $4
+           WHERE trial_id = $1 AND steps_completed = $2""",
+        e.trial_id,
+        e.steps_completed,
+        doc,
+        value,
+    )
+    if value is not None:
+        await conn.execute(
+            """UPDATE tr_experiments SET best_metric = $3, best_trial_id = $2
+               WHERE experiment_id = $1
+                 AND (best_metric IS NULL OR ($4 AND $3 < best_metric)
+                      OR (NOT $4 AND $3 > best_metric))""",
+            experiment_id,
+            e.trial_id,
+            value,
+            smaller,
+        )
+
+
+async def _checkpoint_saved(conn: Connection, e: CheckpointSaved, at: datetime) -> None:
+    experiment_id = experiment_of_trial(e.trial_id)
+    if experiment_id is None:
+        return
+    validation = await conn.fetchrow(
+        """SELECT run_id, steps_completed, metrics FROM tr_metrics
+           WHERE trial_id = $1 AND "group" = 'validation' AND steps_completed = $2
+           ORDER BY run_id DESC LIMIT 1""",
+        e.trial_id,
+        e.steps_completed,
+    )
+    doc: dict[str, Any] | None = None
+    value: float | None = None
+    if validation is not None:
+        doc = validation_doc(
+            int(validation["run_id"]), int(validation["steps_completed"]), validation["metrics"]
+        )
+        name = await conn.fetchval(
+            "SELECT searcher_metric FROM tr_experiments WHERE experiment_id = $1", experiment_id
+        )
+        value = metric_value(validation["metrics"], str(name) if name else None)
+    await conn.execute(
+        """INSERT INTO tr_checkpoints (uuid, trial_id, experiment_id, run_id, steps_completed,
+                                      resources, metadata, state, reported_at, validation,
+                                      searcher_metric)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, 'COMPLETED', $8, $9, $10)
+           ON CONFLICT (uuid) DO NOTHING""",
+        e.uuid,
+        e.trial_id,
+        experiment_id,
+        e.run_id,
+        e.steps_completed,
+        dict(e.resources),
+        dict(e.metadata),
+        at,
+        doc,
+        value,
+    )
+    await conn.execute(
+        "UPDATE tr_trials SET latest_checkpoint = $2 WHERE trial_id = $1", e.trial_id, e.uuid
+    )
+
+
+async def _agent_registered(conn: Connection, e: AgentRegistered, at: datetime) -> None:
+    await conn.execute(
+        """INSERT INTO tr_agents (agent_id, resource_pool, hostname, state, registered_at)
+           VALUES ($1, $2, $3, 'active', $4)
+           ON CONFLICT (agent_id) DO UPDATE
+           SET resource_pool = excluded.resource_pool, hostname = excluded.hostname,
+               state = 'active', registered_at = excluded.registered_at, lost_at = NULL""",
+        e.agent_id,
+        e.resource_pool,
+        e.hostname,
+        at,
+    )
+    slots = {slot.slot_id: slot for slot in e.slots}
+    # The agent's slot set is replaced; slots it still has keep their enabled/draining flags
+    # (a disable outlives a re-registration, as in the scheduler) and their allocation.
+    await conn.execute(
+        "DELETE FROM tr_slots WHERE agent_id = $1 AND NOT (slot_id = ANY($2::text[]))",
+        e.agent_id,
+        list(slots),
+    )
+    if slots:
+        await conn.execute(
+            """INSERT INTO tr_slots (agent_id, slot_id, device, name, enabled, draining)
+               SELECT $1, u.slot_id, u.device, u.name, true, false
+               FROM unnest($2::text[], $3::text[], $4::text[]) AS u(slot_id, device, name)
+               ON CONFLICT (agent_id, slot_id) DO UPDATE
+               SET device = excluded.device, name = excluded.name""",
+            e.agent_id,
+            list(slots),
+            [s.device for s in slots.values()],
+            [s.name for s in slots.values()],
+        )
+
+
+async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
+    """Truncates the projections, resets their checkpoint and replays the log to its head.
+
+    Everything happens in one transaction holding the consumer's checkpoint lock, so a live
+    tracker waits and readers never see half-built tables.
+
+    Args:
+        store: the event store.
+        batch: events read per page.
+
+    Returns:
+        How many events were applied.
+    """
+    await schema.migrate(store)
+    consumer = ProjectionsConsumer()
+    applied = 0
+    async with store.transaction() as tx:
+        await tx.lock_checkpoint(NAME)
+        with translate_errors():
+            await tx.conn.execute(f"TRUNCATE {', '.join(schema.TABLES)}")
+            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+        position = 0
+        while position < head:
+            events = await tx.read_all(position, upto=head, limit=batch, types=TYPES)
+            for event in events:
+                await consumer.handle(tx, event)
+            applied += len(events)
+            if len(events) < batch:
+                break
+            position = events[-1].position
+        with translate_errors():
+            await tx.conn.execute(
+                """INSERT INTO checkpoints (name, position) VALUES ($1, $2)
+                   ON CONFLICT (name) DO UPDATE SET position = $2, updated_at = now()""",
+                NAME,
+                head,
+            )
+    log.info("projections rebuilt", events=applied, head=head)
+    return applied

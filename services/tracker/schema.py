@@ -1,0 +1,170 @@
+"""The tracker's projection tables (migrations namespace ``tracker``), as in ``docs/tracking.md``.
+
+Every ``tr_*`` table is derived from the log by consumer ``tracker-projections``; none holds a
+fact of its own, so they can be truncated and rebuilt at any time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from events import migrations
+from events.db import Connection, translate_errors
+from events.store import EventStore
+
+NAMESPACE = "tracker"
+
+TABLES: tuple[str, ...] = (
+    "tr_experiments",
+    "tr_trials",
+    "tr_agents",
+    "tr_slots",
+    "tr_allocations",
+    "tr_checkpoints",
+    "tr_metrics",
+)
+"""Every projection table, in a stable order."""
+
+PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
+    "tr_experiments": ("experiment_id",),
+    "tr_trials": ("trial_id",),
+    "tr_agents": ("agent_id",),
+    "tr_slots": ("agent_id", "slot_id"),
+    "tr_allocations": ("allocation_id",),
+    "tr_checkpoints": ("uuid",),
+    "tr_metrics": ("trial_id", "run_id", '"group"', "steps_completed"),
+}
+"""Each table's primary key columns (quoted where needed), for ordered snapshots."""
+
+MIGRATIONS: Sequence[tuple[str, str]] = (
+    (
+        "0001_projections",
+        """
+        CREATE TABLE tr_experiments (
+            experiment_id      bigint PRIMARY KEY,
+            name               text NOT NULL DEFAULT '',
+            description        text NOT NULL DEFAULT '',
+            labels             jsonb NOT NULL DEFAULT '[]',
+            owner              text NOT NULL DEFAULT '',
+            state              text NOT NULL,
+            archived           boolean NOT NULL DEFAULT false,
+            searcher_name      text NOT NULL DEFAULT '',
+            searcher_metric    text NOT NULL DEFAULT '',
+            smaller_is_better  boolean NOT NULL DEFAULT true,
+            max_trials         integer,
+            config             jsonb NOT NULL DEFAULT '{}',
+            code_ref           text,
+            resource_pool      text NOT NULL DEFAULT '',
+            num_trials         integer NOT NULL DEFAULT 0,
+            submitted_at       timestamptz NOT NULL,
+            ended_at           timestamptz,
+            best_trial_id      text,
+            best_metric        double precision,
+            position           bigint NOT NULL
+        );
+        CREATE INDEX tr_experiments_state ON tr_experiments (state);
+        CREATE INDEX tr_experiments_owner ON tr_experiments (owner);
+
+        CREATE TABLE tr_trials (
+            trial_id           text PRIMARY KEY,
+            experiment_id      bigint NOT NULL,
+            seq                integer NOT NULL,
+            state              text NOT NULL,
+            hparams            jsonb NOT NULL DEFAULT '{}',
+            trial_seed         bigint NOT NULL DEFAULT 0,
+            run_id             integer NOT NULL DEFAULT 0,
+            restarts           integer NOT NULL DEFAULT 0,
+            steps_completed    bigint NOT NULL DEFAULT 0,
+            latest_checkpoint  text,
+            best_metric        double precision,
+            latest_validation  jsonb,
+            requested_at       timestamptz NOT NULL,
+            started_at         timestamptz,
+            ended_at           timestamptz
+        );
+        CREATE INDEX tr_trials_experiment ON tr_trials (experiment_id);
+
+        CREATE TABLE tr_agents (
+            agent_id       text PRIMARY KEY,
+            resource_pool  text NOT NULL DEFAULT '',
+            hostname       text NOT NULL DEFAULT '',
+            state          text NOT NULL,
+            registered_at  timestamptz NOT NULL,
+            lost_at        timestamptz
+        );
+
+        CREATE TABLE tr_slots (
+            agent_id       text NOT NULL,
+            slot_id        text NOT NULL,
+            device         text NOT NULL DEFAULT 'cpu',
+            name           text NOT NULL DEFAULT '',
+            enabled        boolean NOT NULL DEFAULT true,
+            draining       boolean NOT NULL DEFAULT false,
+            allocation_id  text,
+            PRIMARY KEY (agent_id, slot_id)
+        );
+        CREATE INDEX tr_slots_allocation ON tr_slots (allocation_id)
+            WHERE allocation_id IS NOT NULL;
+
+        CREATE TABLE tr_allocations (
+            allocation_id  text PRIMARY KEY,
+            trial_id       text NOT NULL,
+            experiment_id  bigint NOT NULL,
+            run_id         integer NOT NULL,
+            placements     jsonb NOT NULL DEFAULT '{}',
+            state          text NOT NULL,
+            outcome        text,
+            exit_code      integer,
+            agent_id       text,
+            allocated_at   timestamptz NOT NULL,
+            started_at     timestamptz,
+            ended_at       timestamptz
+        );
+        CREATE INDEX tr_allocations_trial ON tr_allocations (trial_id);
+        CREATE INDEX tr_allocations_experiment ON tr_allocations (experiment_id);
+
+        CREATE TABLE tr_checkpoints (
+            uuid             text PRIMARY KEY,
+            trial_id         text NOT NULL,
+            experiment_id    bigint NOT NULL,
+            run_id           integer NOT NULL,
+            steps_completed  bigint NOT NULL,
+            resources        jsonb NOT NULL DEFAULT '{}',
+            metadata         jsonb NOT NULL DEFAULT '{}',
+            state            text NOT NULL,
+            reported_at      timestamptz NOT NULL,
+            deleted_at       timestamptz,
+            validation       jsonb,
+            searcher_metric  double precision
+        );
+        CREATE INDEX tr_checkpoints_experiment ON tr_checkpoints (experiment_id);
+        CREATE INDEX tr_checkpoints_trial ON tr_checkpoints (trial_id, steps_completed);
+
+        CREATE TABLE tr_metrics (
+            trial_id         text NOT NULL,
+            experiment_id    bigint NOT NULL,
+            run_id           integer NOT NULL,
+            "group"          text NOT NULL,
+            steps_completed  bigint NOT NULL,
+            metrics          jsonb NOT NULL,
+            archived         boolean NOT NULL DEFAULT false,
+            reported_at      timestamptz NOT NULL,
+            PRIMARY KEY (trial_id, run_id, "group", steps_completed)
+        );
+        CREATE INDEX tr_metrics_series ON tr_metrics (trial_id, "group", steps_completed);
+        CREATE INDEX tr_metrics_experiment ON tr_metrics (experiment_id);
+        """,
+    ),
+)
+
+
+async def migrate_conn(conn: Connection) -> int:
+    """Applies the tracker's pending migrations on ``conn``; returns how many ran."""
+    with translate_errors():
+        return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+
+
+async def migrate(store: EventStore) -> int:
+    """Applies the tracker's pending migrations; returns how many ran."""
+    async with store.pool.acquire() as conn:
+        return await migrate_conn(conn)

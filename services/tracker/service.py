@@ -1,0 +1,67 @@
+"""The tracker service: the projections consumer and the checkpoint GC consumer together.
+
+:func:`catch_up` runs both once to the head of the log (what tests and tools call to make the
+projections current); :func:`run_consumers` runs them until stopped, woken by the bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from events.bus import Bus
+from events.config.storage import default_checkpoint_root
+from events.consumer import ConsumerRunner
+from events.store import EventStore
+from services.tracker import schema
+from services.tracker.gc import GCConsumer
+from services.tracker.projections import ProjectionsConsumer
+
+MAX_ROUNDS = 10
+
+
+async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) -> None:
+    """Brings the projections and the checkpoint GC to the head of the log, once.
+
+    The projections run first, then the GC; when the GC appended something (``CheckpointsDeleted``,
+    ``DELETED``) the projections run again, so they include it on return.
+
+    Args:
+        store: the event store.
+        checkpoint_root: the default checkpoint root (else ``$CAIRN_CHECKPOINT_ROOT``,
+            ``$CAIRN_HOME/checkpoints`` or ``~/.cairn/checkpoints``).
+    """
+    await schema.migrate(store)
+    projections = ConsumerRunner(store, None, ProjectionsConsumer())
+    gc = ConsumerRunner(store, None, GCConsumer(default_checkpoint_root(checkpoint_root)))
+    for _ in range(MAX_ROUNDS):
+        projected = await projections.catch_up()
+        await gc.catch_up()
+        if await store.head() <= projected:
+            return
+    await projections.catch_up()
+
+
+async def run_consumers(
+    store: EventStore,
+    bus: Bus | None,
+    stop: asyncio.Event,
+    *,
+    checkpoint_root: Path | None = None,
+    catch_up_every: float = 2.0,
+) -> None:
+    """Runs both consumers until ``stop`` is set.
+
+    Args:
+        store: the event store (the tracker schema must be migrated).
+        bus: wakes the consumers on new events (``None``: the catch-up timer only).
+        stop: set to stop.
+        checkpoint_root: the default checkpoint root (see :func:`catch_up`).
+        catch_up_every: seconds between catch-ups that heal lost wake-ups.
+    """
+    root = default_checkpoint_root(checkpoint_root)
+    runners = [
+        ConsumerRunner(store, bus, ProjectionsConsumer(), catch_up_every=catch_up_every),
+        ConsumerRunner(store, bus, GCConsumer(root), catch_up_every=catch_up_every),
+    ]
+    await asyncio.gather(*(runner.run(stop) for runner in runners))
