@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from aiohttp import web
 
 from events.bus import Bus
+from events.config.storage import default_checkpoint_root
 from events.store import EventStore
 from services.api import (
     openapi,
     routes_agents,
     routes_allocations,
     routes_auth,
+    routes_checkpoints,
+    routes_events,
     routes_experiments,
+    routes_trial_control,
     routes_trials,
+    routes_users,
     tables,
 )
 from services.api.auth import agent_token, auth_middleware, ensure_admin
@@ -28,6 +35,10 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_agents.routes,
     routes_allocations.routes,
     routes_trials.routes,
+    routes_trial_control.routes,
+    routes_checkpoints.routes,
+    routes_users.routes,
+    routes_events.routes,
     openapi.routes,
 )
 
@@ -37,7 +48,9 @@ def all_routes() -> list[Route]:
     return [route for table in ROUTE_TABLES for route in table.routes]
 
 
-def create_app(store: EventStore, bus: Bus | None, *, secret: bytes) -> web.Application:
+def create_app(
+    store: EventStore, bus: Bus | None, *, secret: bytes, checkpoint_root: Path | None = None
+) -> web.Application:
     """Builds the gateway application.
 
     On startup it applies the ``api`` migrations, creates the initial admin user and loads the
@@ -47,6 +60,9 @@ def create_app(store: EventStore, bus: Bus | None, *, secret: bytes) -> web.Appl
         store: the event store (its pool also serves the gateway's own tables).
         bus: the NATS bus, or ``None``; nothing served today requires it.
         secret: the cluster secret signing trial tokens (:func:`services.api.auth.cluster_secret`).
+        checkpoint_root: the default checkpoint root for experiments without
+            ``checkpoint_storage`` (checkpoint downloads); ``None``: ``CAIRN_CHECKPOINT_ROOT``,
+            else ``$CAIRN_HOME/checkpoints``, else ``~/.cairn/checkpoints``.
 
     Returns:
         The application, ready for an ``AppRunner``.
@@ -56,6 +72,7 @@ def create_app(store: EventStore, bus: Bus | None, *, secret: bytes) -> web.Appl
     )
     state = ApiState(store=store, bus=bus, secret=secret)
     app[STATE] = state
+    app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
     for route in all_routes():
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route

@@ -194,6 +194,22 @@ async def create_user(store: EventStore, username: str, password: str, *, admin:
     return row is not None
 
 
+async def list_users(store: EventStore) -> list[dict[str, Any]]:
+    """Every user account by name: ``username``, ``admin``, ``created_at`` (ISO 8601)."""
+    with translate_errors():
+        rows = await store.pool.fetch(
+            "SELECT username, admin, created_at FROM api_users ORDER BY username"
+        )
+    return [
+        {
+            "username": str(r["username"]),
+            "admin": bool(r["admin"]),
+            "created_at": r["created_at"].isoformat(),
+        }
+        for r in rows
+    ]
+
+
 async def login(store: EventStore, username: str, password: str) -> tuple[str, bool] | None:
     """Checks a password and issues a new user token.
 

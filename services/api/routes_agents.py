@@ -1,22 +1,26 @@
-"""Agents: registration (a fact on ``agent-<id>``) and heartbeats (table ``agent_heartbeats``)."""
+"""Agents: registration (a fact on ``agent-<id>``), heartbeats (table ``agent_heartbeats``), and
+for users the agent and slot listings (projections) and admins' enable/disable."""
 
 from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.envelope import new
+from events.envelope import Event, new
 from events.store import Transaction
-from events.types import AgentRegistered
+from events.types import AgentRegistered, SlotsDisabled, SlotsEnabled
 from events.types.agent import Slot
+from services.api import projections_read as pr
 from services.api import tables
+from services.api.auth import principal_of
 from services.api.errors import not_found, parse, read_json
 from services.api.inbox import in_transaction
-from services.api.routing import AGENTS, RouteTable, store_of
+from services.api.routing import AGENTS, USERS, Access, RouteTable, store_of
 from services.api.views import agent_stream, load_agent
 
 log = structlog.get_logger("api")
@@ -52,6 +56,46 @@ class HeartbeatResponse(BaseModel):
     """``registered: false`` tells the agent it was declared lost and must register again."""
 
     registered: bool
+
+
+ADMINS: frozenset[Access] = frozenset({"admin"})
+
+
+class AgentsResponse(BaseModel):
+    """Every agent with its slots."""
+
+    agents: list[pr.Agent]
+
+
+class SlotsResponse(BaseModel):
+    """Every slot of every agent."""
+
+    slots: list[pr.Slot]
+
+
+class DisableBody(BaseModel):
+    """``drain``: let the runs there finish instead of preempting them."""
+
+    drain: bool = False
+
+
+class EnableBody(BaseModel):
+    """No fields."""
+
+
+class AgentEnabledResponse(BaseModel):
+    """Whether the agent's slots are enabled now."""
+
+    agent_id: str
+    enabled: bool
+
+
+class SlotEnabledResponse(BaseModel):
+    """Whether the slot is enabled now."""
+
+    agent_id: str
+    slot_id: str
+    enabled: bool
 
 
 def _agent_id(request: web.Request) -> str:
@@ -113,3 +157,122 @@ async def heartbeat(request: web.Request) -> web.Response:
     await tables.execute(store, _UPSERT_BEAT, agent_id, json.dumps(body.running))
     view = await load_agent(store, agent_id)
     return web.json_response({"registered": view.registered})
+
+
+# --- users: listings and enable/disable -----------------------------------------------------
+
+
+@routes.get("/api/v1/agents", allow=USERS, response=AgentsResponse)
+async def list_agents(request: web.Request) -> web.Response:
+    """Every agent from the projection, with its slots and last heartbeat."""
+    return web.json_response({"agents": await pr.list_agents(store_of(request))})
+
+
+@routes.get("/api/v1/agents/{agent_id}", allow=USERS, response=pr.Agent)
+async def get_agent(request: web.Request) -> web.Response:
+    """One agent from the projection, with its slots and last heartbeat."""
+    agent_id = _agent_id(request)
+    agents = await pr.list_agents(store_of(request), agent_id)
+    if not agents:
+        raise not_found(f"no agent {agent_id}")
+    return web.json_response(agents[0])
+
+
+@routes.get("/api/v1/slots", allow=USERS, response=SlotsResponse)
+async def list_slots(request: web.Request) -> web.Response:
+    """Every slot of every agent, from the projection."""
+    return web.json_response({"slots": await pr.list_slots(store_of(request))})
+
+
+async def _toggle(request: web.Request, slot_id: str | None, enable: bool) -> dict[str, Any]:
+    """Appends SlotsEnabled/SlotsDisabled for one slot (or, ``slot_id=None``, the whole agent)."""
+    agent_id = _agent_id(request)
+    actor = principal_of(request).name
+    raw = await read_json(request)
+    drain = False
+    if enable:
+        parse(EnableBody, raw)
+    else:
+        drain = parse(DisableBody, raw).drain
+    slot_ids = [slot_id] if slot_id is not None else []
+
+    async def decide(tx: Transaction) -> None:
+        view = await load_agent(tx, agent_id)
+        if view.registration is None:
+            raise not_found(f"no agent {agent_id}")
+        if slot_id is not None and slot_id not in view.slot_ids:
+            raise not_found(f"agent {agent_id} has no slot {slot_id!r}")
+        event: Event = (
+            SlotsEnabled(agent_id=agent_id, slot_ids=slot_ids, actor=actor)
+            if enable
+            else SlotsDisabled(agent_id=agent_id, slot_ids=slot_ids, drain=drain, actor=actor)
+        )
+        await tx.append(
+            agent_stream(agent_id), [new(event, actor=actor)], expected_version=view.version
+        )
+
+    await in_transaction(store_of(request), decide)
+    log.info(
+        "slots enabled" if enable else "slots disabled",
+        agent_id=agent_id,
+        slot_ids=slot_ids,
+        drain=drain,
+        actor=actor,
+    )
+    result: dict[str, Any] = {"agent_id": agent_id, "enabled": enable}
+    if slot_id is not None:
+        result["slot_id"] = slot_id
+    return result
+
+
+@routes.post(
+    "/api/v1/agents/{agent_id}/enable",
+    allow=ADMINS,
+    body=EnableBody,
+    response=AgentEnabledResponse,
+)
+async def enable_agent(request: web.Request) -> web.Response:
+    """Appends SlotsEnabled for every slot of the agent (admin)."""
+    return web.json_response(await _toggle(request, None, True))
+
+
+@routes.post(
+    "/api/v1/agents/{agent_id}/disable",
+    allow=ADMINS,
+    body=DisableBody,
+    response=AgentEnabledResponse,
+)
+async def disable_agent(request: web.Request) -> web.Response:
+    """Appends SlotsDisabled for every slot of the agent; its runs are preempted and requeued
+    unless ``drain`` (admin)."""
+    return web.json_response(await _toggle(request, None, False))
+
+
+def _slot_id(request: web.Request) -> str:
+    slot_id = request.match_info["slot_id"]
+    if "\x00" in slot_id or len(slot_id) > 200:
+        raise not_found(f"no slot {slot_id!r}")
+    return slot_id
+
+
+@routes.post(
+    "/api/v1/agents/{agent_id}/slots/{slot_id}/enable",
+    allow=ADMINS,
+    body=EnableBody,
+    response=SlotEnabledResponse,
+)
+async def enable_slot(request: web.Request) -> web.Response:
+    """Appends SlotsEnabled for one slot (admin)."""
+    return web.json_response(await _toggle(request, _slot_id(request), True))
+
+
+@routes.post(
+    "/api/v1/agents/{agent_id}/slots/{slot_id}/disable",
+    allow=ADMINS,
+    body=DisableBody,
+    response=SlotEnabledResponse,
+)
+async def disable_slot(request: web.Request) -> web.Response:
+    """Appends SlotsDisabled for one slot; a run on it is preempted and requeued unless
+    ``drain`` (admin)."""
+    return web.json_response(await _toggle(request, _slot_id(request), False))

@@ -1,4 +1,5 @@
-"""Experiments: create (config + code), read, and the user actions pause/activate/cancel/kill."""
+"""Experiments: create (config + code), list and read, the user actions pause/activate/cancel/kill,
+archive/unarchive and delete, and an experiment's trials and checkpoints."""
 
 from __future__ import annotations
 
@@ -6,24 +7,34 @@ import base64
 import binascii
 import hashlib
 import re
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from aiohttp import BodyPartReader, web
-from pydantic import BaseModel, Field
+from aiohttp.http_exceptions import HttpProcessingError
+from pydantic import BaseModel, Field, field_validator
 
 from events import lifecycle
 from events.config import ConfigError, parse_config
 from events.envelope import new
 from events.store import Transaction
-from events.types import ExperimentStateChanged, ExperimentSubmitted
+from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
+from services.api import projections_read as pr
 from services.api import tables
-from services.api.auth import Principal, principal_of
+from services.api.auth import principal_of
 from services.api.errors import ApiError, bad_request, conflict, forbidden, not_found, parse
 from services.api.errors import read_json as read_json_body
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
-from services.api.views import TERMINAL_STATES, experiment_stream, load_experiment
+from services.api.views import (
+    MAX_ID,
+    TERMINAL_STATES,
+    ExperimentView,
+    check_owner,
+    experiment_stream,
+    iso,
+    load_experiment,
+)
 
 log = structlog.get_logger("api")
 routes = RouteTable("experiments")
@@ -64,16 +75,98 @@ class ActionResponse(BaseModel):
     changed: bool
 
 
+class ExperimentsQuery(pr.PageQuery):
+    """Filters and order of the experiment list (non-admins only ever see their own)."""
+
+    state: str | None = Field(None, description="comma-separated states, e.g. ACTIVE,PAUSED")
+    owner: str | None = Field(None, max_length=200)
+    archived: Literal["false", "true", "all"] = "false"
+    name: str | None = Field(None, max_length=500, description="substring of the name")
+    order_by: Literal["id", "-id"] = "-id"
+
+    _states = field_validator("state")(pr.check_states)
+
+
+class ExperimentsResponse(BaseModel):
+    """A page of experiments."""
+
+    experiments: list[pr.ExperimentSummary]
+    pagination: pr.Pagination
+
+
+class ExperimentDetail(pr.ExperimentSummary):
+    """The live fold of the experiment's stream plus its projection and its trials."""
+
+    code_ref: str | None
+    config: dict[str, Any]
+    description: str | None
+    labels: list[Any]
+    trials: list[pr.TrialSummary]
+
+
+class EmptyBody(BaseModel):
+    """No fields."""
+
+
+class ArchiveResponse(BaseModel):
+    """Whether the experiment is archived now, and whether this call changed it."""
+
+    id: int
+    archived: bool
+    changed: bool
+
+
+class DeleteResponse(BaseModel):
+    """The experiment is being deleted (the tracker removes its checkpoints, then marks it
+    DELETED)."""
+
+    id: int
+    state: str
+    changed: bool
+
+
+class TrialsQuery(pr.PageQuery):
+    """Filter and order of an experiment's trials."""
+
+    state: str | None = Field(None, description="comma-separated states")
+    order_by: Literal["id", "best"] = "id"
+
+    _states = field_validator("state")(pr.check_states)
+
+
+class TrialsResponse(BaseModel):
+    """A page of an experiment's trials."""
+
+    trials: list[pr.TrialSummary]
+    pagination: pr.Pagination
+
+
+class CheckpointsQuery(pr.PageQuery):
+    """Which of an experiment's checkpoints, in which order (best metric or most steps first)."""
+
+    state: Literal["COMPLETED", "DELETED", "all"] = "COMPLETED"
+    sort_by: Literal["metric", "steps"] = "metric"
+
+
+class CheckpointsResponse(BaseModel):
+    """A page of an experiment's checkpoints."""
+
+    checkpoints: list[pr.Checkpoint]
+    pagination: pr.Pagination
+
+
 def _id(request: web.Request) -> int:
     raw = request.match_info["experiment_id"]
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_ID:
         raise not_found(f"no experiment {raw!r}")
     return int(raw)
 
 
-def _may_manage(principal: Principal, owner: str) -> None:
-    if not (principal.is_admin or (principal.kind == "user" and principal.name == owner)):
-        raise forbidden("only the experiment's owner or an admin may do this")
+async def _visible(request: web.Request, *, with_trials: bool = False) -> ExperimentView:
+    """The experiment of the path, folded live; 404 unknown, 403 another user's."""
+    view = await load_experiment(store_of(request), _id(request), with_trials=with_trials)
+    check_owner(principal_of(request), view.owner)
+    return view
 
 
 def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +211,7 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
                 code = bytes(await part.read(decode=True))
             elif part.name in ("config", "activate"):
                 fields[part.name] = await part.text()
-    except (ValueError, AssertionError, LookupError) as exc:
+    except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
         raise bad_request(f"malformed multipart body: {exc}") from None
     if isinstance(fields.get("activate"), str):
         fields["activate"] = fields["activate"].strip().lower() not in ("false", "0", "no", "")
@@ -168,11 +261,204 @@ async def create_experiment(request: web.Request) -> web.Response:
     return web.json_response({"id": experiment_id, "code_ref": code_ref})
 
 
-@routes.get("/api/v1/experiments/{experiment_id}", allow=USERS)
+@routes.get(
+    "/api/v1/experiments", allow=USERS, query=ExperimentsQuery, response=ExperimentsResponse
+)
+async def list_experiments(request: web.Request) -> web.Response:
+    """Experiments from the projection, filtered and paginated (users see their own only)."""
+    principal = principal_of(request)
+    query = parse(ExperimentsQuery, dict(request.query))
+    owner = query.owner
+    if not principal.is_admin:
+        if owner is not None and owner != principal.name:
+            raise forbidden("only admins may list other users' experiments")
+        owner = principal.name
+    rows, total = await pr.list_experiments(
+        store_of(request),
+        states=pr.states_of(query.state),
+        owner=owner,
+        archived=None if query.archived == "all" else query.archived == "true",
+        name=query.name,
+        descending=query.order_by == "-id",
+        limit=query.limit,
+        offset=query.offset,
+    )
+    return web.json_response({"experiments": rows, "pagination": pr.pagination(query, total)})
+
+
+def _fallback_trial(view: ExperimentView, trial_id: str) -> dict[str, Any]:
+    """A requested trial the projection has not caught up with yet."""
+    requested = view.trials[trial_id]
+    return {
+        "trial_id": trial_id,
+        "experiment_id": view.experiment_id,
+        "seq": int(trial_id.rsplit(".", 1)[1]),
+        "state": lifecycle.ACTIVE,
+        "hparams": requested.hparams,
+        "trial_seed": requested.trial_seed,
+        "run_id": 0,
+        "restarts": 0,
+        "steps_completed": 0,
+        "latest_checkpoint": None,
+        "best_metric": None,
+        "latest_validation": None,
+        "requested_at": iso(view.requested_at.get(trial_id)),
+        "started_at": None,
+        "ended_at": None,
+    }
+
+
+@routes.get("/api/v1/experiments/{experiment_id}", allow=USERS, response=ExperimentDetail)
 async def get_experiment(request: web.Request) -> web.Response:
-    """The experiment folded from its stream: state, owner, config, requested trials."""
-    view = await load_experiment(store_of(request), _id(request))
-    return web.json_response(view.describe())
+    """The experiment folded from its stream (state, owner, config) with its projection's
+    figures and its trials."""
+    view = await _visible(request, with_trials=True)
+    store = store_of(request)
+    body = view.describe()
+    row = await pr.experiment_row(store, view.experiment_id) or {}
+    searcher = view.searcher
+    resources = view.config.get("resources")
+    body.update(
+        {
+            "searcher_name": row.get("searcher_name", searcher.get("name")),
+            "max_trials": row.get("max_trials", searcher.get("max_trials")),
+            "best_trial_id": row.get("best_trial_id"),
+            "best_metric": row.get("best_metric"),
+            "resource_pool": row.get(
+                "resource_pool",
+                resources.get("resource_pool") if isinstance(resources, dict) else None,
+            ),
+            "progress": row.get("progress"),
+        }
+    )
+    projected, _ = await pr.list_trials(store, view.experiment_id)
+    by_id = {t["trial_id"]: t for t in projected}
+    body["trials"] = [by_id.get(tid) or _fallback_trial(view, tid) for tid in view.trials]
+    return web.json_response(body)
+
+
+def _archive_handler(archived: bool) -> Any:
+    verb = "archive" if archived else "unarchive"
+
+    async def handler(request: web.Request) -> web.Response:
+        principal = principal_of(request)
+        experiment_id = _id(request)
+        parse(EmptyBody, await read_json_body(request))
+
+        async def decide(tx: Transaction) -> dict[str, Any]:
+            view = await load_experiment(tx, experiment_id, with_trials=False)
+            check_owner(principal, view.owner)
+            if view.state not in lifecycle.TERMINAL:
+                raise conflict(f"cannot {verb} an experiment in state {view.state}")
+            if view.archived == archived:
+                return {"id": experiment_id, "archived": archived, "changed": False}
+            event = ExperimentArchived(
+                experiment_id=experiment_id, archived=archived, actor=principal.name
+            )
+            await tx.append(
+                experiment_stream(experiment_id),
+                [new(event, actor=principal.name)],
+                expected_version=view.version,
+            )
+            return {"id": experiment_id, "archived": archived, "changed": True}
+
+        result = await in_transaction(store_of(request), decide)
+        if result["changed"]:
+            log.info(f"experiment {verb}d", experiment_id=experiment_id)
+        return web.json_response(result)
+
+    handler.__name__ = f"{verb}_experiment"
+    handler.__doc__ = f"Appends ExperimentArchived (owner or admin; 409 unless terminal): {verb}."
+    return handler
+
+
+for _archived in (True, False):
+    routes.post(
+        f"/api/v1/experiments/{{experiment_id}}/{'archive' if _archived else 'unarchive'}",
+        allow=USERS,
+        body=EmptyBody,
+        response=ArchiveResponse,
+    )(_archive_handler(_archived))
+
+
+@routes.add("DELETE", "/api/v1/experiments/{experiment_id}", allow=USERS, response=DeleteResponse)
+async def delete_experiment(request: web.Request) -> web.Response:
+    """Moves a terminal (or DELETE_FAILED) experiment to DELETING; the tracker deletes its
+    checkpoints and marks it DELETED (owner or admin; 409 otherwise)."""
+    principal = principal_of(request)
+    experiment_id = _id(request)
+
+    async def decide(tx: Transaction) -> dict[str, Any]:
+        view = await load_experiment(tx, experiment_id, with_trials=False)
+        check_owner(principal, view.owner)
+        if view.state == lifecycle.DELETING:
+            return {"id": experiment_id, "state": view.state, "changed": False}
+        try:
+            lifecycle.check_experiment(view.state, lifecycle.DELETING)
+        except lifecycle.IllegalTransitionError:
+            raise conflict(f"cannot delete an experiment in state {view.state}") from None
+        event = ExperimentStateChanged(
+            experiment_id=experiment_id,
+            state=lifecycle.DELETING,
+            reason="deleted by user",
+            actor=principal.name,
+        )
+        await tx.append(
+            experiment_stream(experiment_id),
+            [new(event, actor=principal.name)],
+            expected_version=view.version,
+        )
+        return {"id": experiment_id, "state": lifecycle.DELETING, "changed": True}
+
+    result = await in_transaction(store_of(request), decide)
+    if result["changed"]:
+        log.info("experiment deleting", experiment_id=experiment_id, actor=principal.name)
+    return web.json_response(result)
+
+
+@routes.get(
+    "/api/v1/experiments/{experiment_id}/trials",
+    allow=USERS,
+    query=TrialsQuery,
+    response=TrialsResponse,
+)
+async def list_experiment_trials(request: web.Request) -> web.Response:
+    """An experiment's trials from the projection, by id or best metric first."""
+    query = parse(TrialsQuery, dict(request.query))
+    view = await _visible(request)
+    rows, total = await pr.list_trials(
+        store_of(request),
+        view.experiment_id,
+        states=pr.states_of(query.state),
+        best_first=query.order_by == "best",
+        smaller_is_better=view.smaller_is_better,
+        limit=query.limit,
+        offset=query.offset,
+    )
+    return web.json_response({"trials": rows, "pagination": pr.pagination(query, total)})
+
+
+@routes.get(
+    "/api/v1/experiments/{experiment_id}/checkpoints",
+    allow=USERS,
+    query=CheckpointsQuery,
+    response=CheckpointsResponse,
+)
+async def list_experiment_checkpoints(request: web.Request) -> web.Response:
+    """An experiment's checkpoints from the projection, best searcher metric (or most steps)
+    first."""
+    query = parse(CheckpointsQuery, dict(request.query))
+    view = await _visible(request)
+    rows, total = await pr.list_checkpoints(
+        store_of(request),
+        experiment_id=view.experiment_id,
+        state=query.state,
+        by_metric=query.sort_by == "metric",
+        smaller_is_better=view.smaller_is_better,
+        limit=query.limit,
+        offset=query.offset,
+    )
+    return web.json_response({"checkpoints": rows, "pagination": pr.pagination(query, total)})
 
 
 # action -> (target state, states it may be taken from); see reference/determined.md §5.1.
@@ -194,7 +480,7 @@ def _action_handler(action: str) -> Any:
 
         async def decide(tx: Transaction) -> dict[str, Any]:
             view = await load_experiment(tx, experiment_id, with_trials=False)
-            _may_manage(principal, view.owner)
+            check_owner(principal, view.owner)
             if view.state == target:
                 return {"id": experiment_id, "state": view.state, "changed": False}
             if view.state in TERMINAL_STATES or view.state not in sources:

@@ -13,8 +13,10 @@ import contextlib
 import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
+from events import lifecycle
 from events.db import Connection, translate_errors
 from events.envelope import RecordedEvent
 from events.store import EventStore, Transaction, row_to_event
@@ -22,27 +24,39 @@ from events.types import (
     AgentLost,
     AgentRegistered,
     CheckpointSaved,
+    ExperimentArchived,
     ExperimentStateChanged,
     ExperimentSubmitted,
     KillRequested,
     PreemptionRequested,
     SlotsAllocated,
+    SlotsDisabled,
+    SlotsEnabled,
     TrialEarlyExited,
     TrialExited,
+    TrialKillRequested,
     TrialRequested,
     TrialStarted,
     TrialStateChanged,
 )
-from services.api.errors import not_found
+from services.api.auth import Principal
+from services.api.errors import forbidden, not_found
 
 TERMINAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED"})
-_TRIAL_ID = re.compile(r"^(\d+)\.(\d+)$")
-_ALLOCATION_ID = re.compile(r"^(\d+\.\d+)\.(\d+)$")
+MAX_ID = 2**63 - 1
+"""Largest id a ``bigint`` column holds; larger ids in a path are simply unknown (404)."""
+_TRIAL_ID = re.compile(r"^(\d+)\.(\d+)$", re.ASCII)
+_ALLOCATION_ID = re.compile(r"^(\d+\.\d+)\.(\d+)$", re.ASCII)
 
 
 Reader = EventStore | Transaction
 
-EXPERIMENT_FACTS = ("ExperimentSubmitted", "ExperimentStateChanged", "TrialRequested")
+EXPERIMENT_FACTS = (
+    "ExperimentSubmitted",
+    "ExperimentStateChanged",
+    "ExperimentArchived",
+    "TrialRequested",
+)
 TRIAL_FACTS = (
     "SlotsAllocated",
     "TrialStarted",
@@ -53,7 +67,8 @@ TRIAL_FACTS = (
     "TrialStateChanged",
     "TrialEarlyExited",
 )
-AGENT_FACTS = ("AgentRegistered", "AgentLost")
+AGENT_FACTS = ("AgentRegistered", "AgentLost", "SlotsDisabled", "SlotsEnabled")
+TRIAL_CONTROL_FACTS = ("TrialStateChanged", "TrialKillRequested")
 
 
 @contextlib.asynccontextmanager
@@ -108,13 +123,20 @@ async def read_facts(
     return events, head
 
 
+def check_owner(principal: Principal, owner: str) -> None:
+    """Raises 403 unless ``principal`` is an admin or the user ``owner`` (visibility and control
+    of an experiment and of its trials and checkpoints)."""
+    if not (principal.is_admin or (principal.kind == "user" and principal.name == owner)):
+        raise forbidden("only the experiment's owner or an admin may do this")
+
+
 # --- ids ------------------------------------------------------------------------------------
 
 
 def experiment_of(trial_id: str) -> int:
     """The experiment id of a trial id (``7.3`` -> 7); an invalid id is a 404."""
     match = _TRIAL_ID.match(trial_id)
-    if match is None:
+    if match is None or int(match.group(1)) > MAX_ID or len(trial_id) > 60:
         raise not_found(f"no trial {trial_id!r} (trial ids look like 7.3)")
     return int(match.group(1))
 
@@ -156,26 +178,56 @@ class ExperimentView:
     code_ref: str | None = None
     owner: str = ""
     state: str = "ACTIVE"
+    archived: bool = False
+    submitted_at: datetime | None = None
+    ended_at: datetime | None = None
     trials: dict[str, TrialRequested] = field(default_factory=dict)
+    requested_at: dict[str, datetime] = field(default_factory=dict)
 
     @property
     def exists(self) -> bool:
         """Whether the experiment was submitted."""
         return self.submitted
 
+    @property
+    def searcher(self) -> dict[str, Any]:
+        """The config's ``searcher`` section (empty when absent)."""
+        searcher = self.config.get("searcher")
+        return searcher if isinstance(searcher, dict) else {}
+
+    @property
+    def smaller_is_better(self) -> bool:
+        """Whether a smaller searcher metric is better (the searcher's default: yes)."""
+        return bool(self.searcher.get("smaller_is_better", True))
+
     def describe(self) -> dict[str, Any]:
-        """The JSON form served by ``GET /api/v1/experiments/{id}``."""
+        """The live-fold part of ``GET /api/v1/experiments/{id}`` (the route adds projections)."""
+        labels = self.config.get("labels")
         return {
             "id": self.experiment_id,
             "state": self.state,
             "owner": self.owner,
             "code_ref": self.code_ref,
             "config": self.config,
+            "name": self.config.get("name"),
+            "description": self.config.get("description"),
+            "labels": labels if isinstance(labels, list) else [],
+            "archived": self.archived,
+            "num_trials": len(self.trials),
+            "searcher_metric": self.searcher.get("metric"),
+            "smaller_is_better": self.smaller_is_better,
+            "submitted_at": iso(self.submitted_at),
+            "ended_at": iso(self.ended_at),
             "trials": [
                 {"trial_id": t.trial_id, "hparams": t.hparams, "trial_seed": t.trial_seed}
                 for t in self.trials.values()
             ],
         }
+
+
+def iso(value: datetime | None) -> str | None:
+    """An ISO 8601 timestamp, or ``None``."""
+    return value.isoformat() if value is not None else None
 
 
 def fold_experiment(experiment_id: int, events: Iterable[RecordedEvent]) -> ExperimentView:
@@ -190,10 +242,16 @@ def fold_experiment(experiment_id: int, events: Iterable[RecordedEvent]) -> Expe
             view.code_ref = event.code_ref
             view.owner = event.owner
             view.state = "ACTIVE" if event.activate else "PAUSED"
+            view.submitted_at = recorded.recorded_at
         elif isinstance(event, ExperimentStateChanged):
             view.state = event.state
+            if event.state in lifecycle.TERMINAL:
+                view.ended_at = recorded.recorded_at
+        elif isinstance(event, ExperimentArchived):
+            view.archived = event.archived
         elif isinstance(event, TrialRequested):
             view.trials[event.trial_id] = event
+            view.requested_at[event.trial_id] = recorded.recorded_at
     return view
 
 
@@ -208,7 +266,7 @@ async def load_experiment(
         trial_id: keep only this trial's ``TrialRequested``.
         with_trials: ``False`` skips every ``TrialRequested`` (state and config only).
     """
-    types = EXPERIMENT_FACTS if with_trials else EXPERIMENT_FACTS[:2]
+    types = EXPERIMENT_FACTS if with_trials else EXPERIMENT_FACTS[:-1]
     events, head = await read_facts(
         reader, experiment_stream(experiment_id), types, trial_id=trial_id
     )
@@ -324,6 +382,35 @@ async def refresh_trial(reader: Reader, view: TrialView) -> None:
     view.version = max(view.version, head)
 
 
+@dataclass
+class TrialControlView:
+    """A trial's lifecycle state and whether a user's kill is pending, for ``kill`` and logs."""
+
+    trial_id: str
+    version: int = 0
+    state: str = lifecycle.ACTIVE
+    kill_pending: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the trial has ended (COMPLETED, CANCELED or ERROR)."""
+        return self.state in lifecycle.TERMINAL
+
+
+async def load_trial_control(reader: Reader, trial_id: str) -> TrialControlView:
+    """Folds a trial's state changes and kill requests (a trial with no stream yet is ACTIVE)."""
+    events, head = await read_facts(reader, trial_stream(trial_id), TRIAL_CONTROL_FACTS)
+    view = TrialControlView(trial_id, version=head)
+    view.state = lifecycle.fold_trial(events).state
+    for recorded in events:
+        event = recorded.decode()
+        if isinstance(event, TrialKillRequested):
+            view.kill_pending = True
+        elif isinstance(event, TrialStateChanged) and event.state in lifecycle.TERMINAL:
+            view.kill_pending = False
+    return view
+
+
 Outcome = Literal["completed", "failed", "killed", "preempted", "lost"]
 
 
@@ -341,17 +428,24 @@ def exit_outcome(alloc: AllocationView, exit_code: int) -> Outcome:
 
 @dataclass
 class AgentView:
-    """An agent's stream folded: its latest registration and whether it was lost since."""
+    """An agent's stream folded: its latest registration, whether it was lost since, and which
+    of its slots users disabled."""
 
     agent_id: str
     version: int = 0
     registration: AgentRegistered | None = None
     lost: bool = False
+    disabled: set[str] = field(default_factory=set)
 
     @property
     def registered(self) -> bool:
         """Whether the agent is registered and not lost since."""
         return self.registration is not None and not self.lost
+
+    @property
+    def slot_ids(self) -> list[str]:
+        """The slot ids of the latest registration."""
+        return [s.slot_id for s in self.registration.slots] if self.registration else []
 
 
 def fold_agent(agent_id: str, events: Iterable[RecordedEvent]) -> AgentView:
@@ -365,6 +459,10 @@ def fold_agent(agent_id: str, events: Iterable[RecordedEvent]) -> AgentView:
             view.lost = False
         elif isinstance(event, AgentLost):
             view.lost = True
+        elif isinstance(event, SlotsDisabled):
+            view.disabled |= set(event.slot_ids or view.slot_ids)
+        elif isinstance(event, SlotsEnabled):
+            view.disabled -= set(event.slot_ids or view.slot_ids)
     return view
 
 

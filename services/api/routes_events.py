@@ -1,0 +1,148 @@
+"""The log as Server-Sent Events: ``GET /api/v1/events/stream``.
+
+Each event leaves as ``id: <position>``, ``event: <type>``, ``data: <RecordedEvent JSON>``; a
+client that reconnects with ``Last-Event-ID`` (or ``after``) resumes after that position. The
+store is polled (positions are committed in order, so nothing below the cursor can appear
+later); a ``: keepalive`` comment goes out when nothing happened for a while.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, Field, field_validator
+
+from events.db import translate_errors
+from events.errors import StoreUnavailableError
+from events.registry import known_types
+from events.store import EventStore, row_to_event
+from services.api.auth import principal_of
+from services.api.errors import bad_request, forbidden, parse
+from services.api.routing import USERS, RouteTable, store_of
+from services.api.views import MAX_ID, check_owner, experiment_stream, load_experiment
+
+log = structlog.get_logger("api")
+routes = RouteTable("events")
+
+POLL_SECONDS = 0.5
+KEEPALIVE_SECONDS = 15.0
+BATCH = 500
+MAX_POSITION = 2**62
+
+
+class StreamQuery(BaseModel):
+    """Where to start, which event types, and which experiment (its experiment and trial
+    streams); a ``Last-Event-ID`` header wins over ``after``."""
+
+    after: int = Field(0, ge=0, le=MAX_POSITION, description="resume after this position")
+    types: str | None = Field(None, description="comma-separated event types")
+    experiment_id: int | None = Field(None, ge=1, le=MAX_ID)
+
+    @field_validator("types")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        names = [t.strip() for t in value.split(",") if t.strip()]
+        if not names:
+            raise ValueError("must name at least one event type")
+        unknown = sorted(set(names) - set(known_types()))
+        if unknown:
+            raise ValueError(f"unknown event type(s) {unknown}")
+        return ",".join(names)
+
+
+def _resume_after(request: web.Request, query: StreamQuery) -> int:
+    header = request.headers.get("Last-Event-ID")
+    if header is None or not header.strip():
+        return query.after
+    raw = header.strip()
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_POSITION:
+        raise bad_request("Last-Event-ID: must be an event position", "Last-Event-ID")
+    return int(raw)
+
+
+async def _page(
+    store: EventStore, after: int, types: list[str] | None, experiment_id: int | None
+) -> list[tuple[int, str, str]]:
+    """The next events after ``after``: ``(position, type, RecordedEvent JSON)``."""
+    stream = experiment_stream(experiment_id) if experiment_id is not None else None
+    with translate_errors():
+        rows = await store.pool.fetch(
+            """SELECT position, stream_id, stream_version, event_id, type, schema_version,
+                      payload, metadata, recorded_at
+               FROM events
+               WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
+                 AND ($3::text IS NULL OR stream_id = $3 OR stream_id LIKE $4)
+               ORDER BY position LIMIT $5""",
+            after,
+            types,
+            stream,
+            f"trial-{experiment_id}.%",
+            BATCH,
+        )
+    out = []
+    for row in rows:
+        event = row_to_event(row)
+        out.append((event.position, event.type, event.model_dump_json()))
+    return out
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+@routes.get(
+    "/api/v1/events/stream", allow=USERS, query=StreamQuery, raw_response="text/event-stream"
+)
+async def event_stream(request: web.Request) -> web.StreamResponse:
+    """Server-Sent Events of the log from a position on (admins: everything; users: one of
+    their experiments, named by ``experiment_id``)."""
+    query = parse(StreamQuery, dict(request.query))
+    after = _resume_after(request, query)
+    principal = principal_of(request)
+    store = store_of(request)
+    if query.experiment_id is not None:
+        view = await load_experiment(store, query.experiment_id, with_trials=False)
+        check_owner(principal, view.owner)
+    elif not principal.is_admin:
+        raise forbidden("users must name one of their experiments (experiment_id)")
+    types = query.types.split(",") if query.types else None
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    quiet_since = time.monotonic()
+    try:
+        await response.write(b": connected\n\n")
+        while not _gone(request):
+            page = await _page(store, after, types, query.experiment_id)
+            if page:
+                chunk = "".join(
+                    f"id: {position}\nevent: {kind}\ndata: {data}\n\n"
+                    for position, kind, data in page
+                )
+                await response.write(chunk.encode())
+                after = page[-1][0]
+                quiet_since = time.monotonic()
+                if len(page) == BATCH:
+                    continue
+            elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                await response.write(b": keepalive\n\n")
+                quiet_since = time.monotonic()
+            await asyncio.sleep(POLL_SECONDS)
+    except ConnectionResetError:
+        log.debug("event stream client left", after=after)
+    except StoreUnavailableError as exc:
+        log.warning("event stream stopped: store unavailable", error=str(exc))
+        if request.transport is not None:
+            request.transport.close()
+    return response

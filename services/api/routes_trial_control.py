@@ -1,0 +1,268 @@
+"""Trials for users: describe one, read (or follow) its logs, kill it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from events.envelope import new
+from events.errors import StoreUnavailableError
+from events.store import EventStore, Transaction
+from events.types import TrialKillRequested
+from services.api import projections_read as pr
+from services.api import tables
+from services.api.auth import principal_of
+from services.api.errors import conflict, not_found, parse, read_json
+from services.api.inbox import in_transaction
+from services.api.routing import USERS, RouteTable, store_of
+from services.api.views import (
+    TERMINAL_STATES,
+    ExperimentView,
+    check_owner,
+    experiment_of,
+    iso,
+    load_experiment,
+    load_trial_control,
+    trial_stream,
+)
+
+log = structlog.get_logger("api")
+routes = RouteTable("trials")
+
+MAX_LOG_LINES = 10_000
+FOLLOW_POLL_SECONDS = 0.5
+"""How often a followed log polls ``task_logs`` (and the trial's state) for more."""
+
+
+class TrialDetail(pr.TrialSummary):
+    """A trial with its allocations, its checkpoints and its last reported progress."""
+
+    allocations: list[pr.Allocation]
+    checkpoints: list[pr.Checkpoint]
+    progress: float | None
+
+
+class LogsQuery(BaseModel):
+    """Which log lines: after ``after_id``, at most ``limit`` (or the last ``tail``); with
+    ``follow`` the answer streams NDJSON until the trial has ended and its logs are drained."""
+
+    after_id: int = Field(0, ge=0, le=2**62)
+    limit: int = Field(1000, ge=1, le=MAX_LOG_LINES)
+    follow: bool = False
+    tail: int | None = Field(None, ge=1, le=MAX_LOG_LINES)
+
+
+class LogEntry(BaseModel):
+    """One stored line of a trial process's output."""
+
+    id: int
+    allocation_id: str
+    rank: int | None
+    stream: str
+    ts: str
+    line: str
+
+
+class LogsResponse(BaseModel):
+    """A page of log lines; ``done``: the trial has ended and there is nothing after these."""
+
+    logs: list[LogEntry]
+    next_after_id: int
+    done: bool
+
+
+class KillBody(BaseModel):
+    """No fields."""
+
+
+class KillResponse(BaseModel):
+    """The trial's state now, and whether a kill was newly requested."""
+
+    trial_id: str
+    state: str
+    changed: bool
+
+
+async def _visible_trial(request: web.Request) -> tuple[str, ExperimentView]:
+    """The trial id of the path and its experiment; 404 unknown, 403 another user's."""
+    trial_id = request.match_info["trial_id"]
+    experiment_id = experiment_of(trial_id)
+    view = await load_experiment(store_of(request), experiment_id, trial_id=trial_id)
+    check_owner(principal_of(request), view.owner)
+    if trial_id not in view.trials:
+        raise not_found(f"no trial {trial_id}")
+    return trial_id, view
+
+
+def _fallback(view: ExperimentView, trial_id: str, state: str) -> dict[str, Any]:
+    requested = view.trials[trial_id]
+    return {
+        "trial_id": trial_id,
+        "experiment_id": view.experiment_id,
+        "seq": int(trial_id.rsplit(".", 1)[1]),
+        "state": state,
+        "hparams": requested.hparams,
+        "trial_seed": requested.trial_seed,
+        "run_id": 0,
+        "restarts": 0,
+        "steps_completed": 0,
+        "latest_checkpoint": None,
+        "best_metric": None,
+        "latest_validation": None,
+        "requested_at": iso(view.requested_at.get(trial_id)),
+        "started_at": None,
+        "ended_at": None,
+    }
+
+
+@routes.get("/api/v1/trials/{trial_id}", allow=USERS, response=TrialDetail)
+async def get_trial(request: web.Request) -> web.Response:
+    """A trial from the projection with its allocations, checkpoints and progress."""
+    trial_id, view = await _visible_trial(request)
+    store = store_of(request)
+    body = await pr.trial_row(store, trial_id)
+    if body is None:
+        control = await load_trial_control(store, trial_id)
+        body = _fallback(view, trial_id, control.state)
+    body["allocations"] = await pr.allocations_of(store, trial_id)
+    body["checkpoints"], _ = await pr.list_checkpoints(store, trial_id=trial_id)
+    body["progress"] = await pr.trial_progress(store, trial_id)
+    return web.json_response(body)
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+
+def _log_entry(row: Any) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "allocation_id": row["allocation_id"],
+        "rank": row["rank"],
+        "stream": row["stream"],
+        "ts": row["ts"].isoformat(),
+        "line": row["line"],
+    }
+
+
+async def _read_logs(
+    store: EventStore, trial_id: str, after_id: int, limit: int, *, tail: bool = False
+) -> list[dict[str, Any]]:
+    """Lines after ``after_id`` in id order: the first ``limit``, or with ``tail`` the last."""
+    rows = await tables.fetch(
+        store,
+        f"""SELECT id, allocation_id, rank, stream, ts, line FROM task_logs
+            WHERE trial_id = $1 AND id > $2 ORDER BY id {"DESC" if tail else "ASC"} LIMIT $3""",
+        trial_id,
+        after_id,
+        limit,
+    )
+    entries = [_log_entry(r) for r in rows]
+    return entries[::-1] if tail else entries
+
+
+async def _trial_finished(store: EventStore, trial_id: str) -> bool:
+    """Whether the trial has ended (its own state, or its experiment's having ended)."""
+    control = await load_trial_control(store, trial_id)
+    if control.terminal:
+        return True
+    view = await load_experiment(store, experiment_of(trial_id), with_trials=False)
+    return view.state in TERMINAL_STATES
+
+
+@routes.get("/api/v1/trials/{trial_id}/logs", allow=USERS, query=LogsQuery, response=LogsResponse)
+async def trial_logs(request: web.Request) -> web.StreamResponse:
+    """A trial's log lines (table ``task_logs``); ``follow=true`` streams them as NDJSON until
+    the trial has ended and every line is sent."""
+    query = parse(LogsQuery, dict(request.query))
+    trial_id, _ = await _visible_trial(request)
+    store = store_of(request)
+    if query.follow:
+        return await _follow(request, store, trial_id, query)
+    finished = await _trial_finished(store, trial_id)
+    if query.tail is not None:
+        entries = await _read_logs(store, trial_id, query.after_id, query.tail, tail=True)
+    else:
+        entries = await _read_logs(store, trial_id, query.after_id, query.limit)
+    next_after_id = entries[-1]["id"] if entries else query.after_id
+    done = finished and not await _read_logs(store, trial_id, next_after_id, 1)
+    return web.json_response({"logs": entries, "next_after_id": next_after_id, "done": done})
+
+
+def _gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _follow(
+    request: web.Request, store: EventStore, trial_id: str, query: LogsQuery
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    cursor = query.after_id
+    first = True
+    try:
+        while not _gone(request):
+            finished = await _trial_finished(store, trial_id)
+            if first and query.tail is not None:
+                entries = await _read_logs(store, trial_id, cursor, query.tail, tail=True)
+            else:
+                entries = await _read_logs(store, trial_id, cursor, query.limit)
+            first = False
+            if entries:
+                cursor = entries[-1]["id"]
+                await response.write(
+                    "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries).encode()
+                )
+                continue
+            if finished:
+                await response.write_eof()
+                break
+            await asyncio.sleep(FOLLOW_POLL_SECONDS)
+    except ConnectionResetError:
+        log.debug("log follower left", trial_id=trial_id)
+    except StoreUnavailableError as exc:
+        log.warning("log follow stopped: store unavailable", trial_id=trial_id, error=str(exc))
+        if request.transport is not None:
+            request.transport.close()
+    return response
+
+
+# --- kill -----------------------------------------------------------------------------------
+
+
+@routes.post("/api/v1/trials/{trial_id}/kill", allow=USERS, body=KillBody, response=KillResponse)
+async def kill_trial(request: web.Request) -> web.Response:
+    """Appends TrialKillRequested; the scheduler kills the trial's run and ends it CANCELED
+    (owner or admin; 409 when the trial has ended)."""
+    principal = principal_of(request)
+    trial_id = request.match_info["trial_id"]
+    experiment_id = experiment_of(trial_id)
+    parse(KillBody, await read_json(request))
+
+    async def decide(tx: Transaction) -> dict[str, Any]:
+        view = await load_experiment(tx, experiment_id, trial_id=trial_id)
+        check_owner(principal, view.owner)
+        if trial_id not in view.trials:
+            raise not_found(f"no trial {trial_id}")
+        control = await load_trial_control(tx, trial_id)
+        if control.terminal or view.state in TERMINAL_STATES:
+            raise conflict(f"trial {trial_id} has ended ({control.state})")
+        if control.kill_pending:
+            return {"trial_id": trial_id, "state": control.state, "changed": False}
+        event = TrialKillRequested(trial_id=trial_id, actor=principal.name)
+        await tx.append(
+            trial_stream(trial_id),
+            [new(event, actor=principal.name)],
+            expected_version=control.version,
+        )
+        return {"trial_id": trial_id, "state": control.state, "changed": True}
+
+    result = await in_transaction(store_of(request), decide)
+    if result["changed"]:
+        log.info("trial kill requested", trial_id=trial_id, actor=principal.name)
+    return web.json_response(result)

@@ -1,0 +1,121 @@
+"""The log as Server-Sent Events over real HTTP: reading, resuming with Last-Event-ID, filters,
+and who may stream what."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from events.store import EventStore
+from events.types import ExperimentStateChanged
+from services.api.auth import create_user
+from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment
+
+
+@pytest.fixture
+async def api(store: EventStore) -> AsyncIterator[Api]:
+    async with running_api(store) as client:
+        yield client
+
+
+async def read_events(
+    api: Api,
+    token: str,
+    count: int,
+    *,
+    query: str = "",
+    last_event_id: int | None = None,
+    timeout: float = 10.0,
+) -> list[dict[str, Any]]:
+    """Opens the stream, collects ``count`` events (``id``, ``event``, ``data``), then leaves."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = str(last_event_id)
+    events: list[dict[str, Any]] = []
+
+    async def collect() -> None:
+        async with api.session.get(
+            f"{api.url}/api/v1/events/stream{query}", headers=headers
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            assert resp.content_type == "text/event-stream"
+            current: dict[str, Any] = {}
+            async for raw in resp.content:
+                line = raw.decode().rstrip("\n")
+                if not line:
+                    if "id" in current:
+                        events.append(current)
+                        if len(events) == count:
+                            return
+                    current = {}
+                elif not line.startswith(":"):
+                    field, _, value = line.partition(": ")
+                    current[field] = json.loads(value) if field == "data" else value
+
+    await asyncio.wait_for(collect(), timeout)
+    return events
+
+
+async def test_stream_reads_and_resumes_after_last_event_id(api: Api, store: EventStore) -> None:
+    """An admin reads events in position order; reconnecting with Last-Event-ID (which wins over
+    ``after``) yields only later ones, including events appended while connected."""
+    await submit_experiment(store, 1)
+    await allocate(store, "1.1")
+    first = await read_events(api, api.admin, 3)
+    assert [int(e["id"]) for e in first] == [1, 2, 3]
+    assert [e["event"] for e in first] == [
+        "ExperimentSubmitted",
+        "TrialRequested",
+        "SlotsAllocated",
+    ]
+    assert first[2]["data"]["stream_id"] == "trial-1.1" and first[2]["data"]["position"] == 3
+
+    async def append_later() -> None:
+        await asyncio.sleep(0.3)
+        await store.append(
+            "experiment-1", [ExperimentStateChanged(experiment_id=1, state="PAUSED")]
+        )
+
+    appender = asyncio.create_task(append_later())
+    resumed = await read_events(api, api.admin, 2, query="?after=0", last_event_id=2)
+    await appender
+    assert [int(e["id"]) for e in resumed] == [3, 4]
+    assert resumed[1]["data"]["payload"]["state"] == "PAUSED"
+    typed = await read_events(api, api.admin, 1, query="?types=ExperimentStateChanged")
+    assert [int(e["id"]) for e in typed] == [4]
+
+
+async def test_users_stream_only_their_own_experiment(api: Api, store: EventStore) -> None:
+    """A user streams one of their experiments (its experiment and trial streams only); another
+    user's experiment or no experiment is 403; bad input is 400."""
+    await submit_experiment(store, 1, owner="bob")
+    await submit_experiment(store, 2, owner="admin")
+    await allocate(store, "2.1")
+    await allocate(store, "1.1")
+    assert await create_user(store, "bob", "pw", admin=False)
+    bob = await api.login("bob", "pw")
+    own = await read_events(api, bob, 3, query="?experiment_id=1")
+    assert [(e["data"]["stream_id"], e["event"]) for e in own] == [
+        ("experiment-1", "ExperimentSubmitted"),
+        ("experiment-1", "TrialRequested"),
+        ("trial-1.1", "SlotsAllocated"),
+    ]
+    for query, expected in (
+        ("?experiment_id=2", 403),
+        ("", 403),
+        ("?experiment_id=99", 404),
+        ("?experiment_id=x", 400),
+        ("?types=NoSuchEvent&experiment_id=1", 400),
+        ("?after=-4&experiment_id=1", 400),
+    ):
+        status, body = await api.call("GET", f"/api/v1/events/stream{query}", token=bob)
+        assert status == expected and "error" in body, (query, body)
+    async with api.session.get(
+        f"{api.url}/api/v1/events/stream",
+        headers={"Authorization": f"Bearer {api.admin}", "Last-Event-ID": "abc"},
+    ) as resp:
+        assert resp.status == 400 and "error" in await resp.json()
