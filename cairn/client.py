@@ -1,4 +1,9 @@
-"""A small synchronous client for the cairn REST API, used by the CLI."""
+"""A small synchronous client for the cairn REST API (``/api/v1``), used by the CLI.
+
+Only the standard library is used (``urllib``). Errors map onto :mod:`cairn.errors`: an error
+answer raises :class:`ApiError` (its exit code follows the HTTP status), a master that does not
+answer raises :class:`~cairn.errors.UnreachableError`.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,43 @@ import io
 import json
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from http.client import HTTPException, HTTPResponse
 from pathlib import Path
 from typing import Any
 
-from cairn.errors import CairnError
+from cairn.errors import CairnError, UnreachableError, exit_code_for_status
 
 MAX_CODE_BYTES = 64 * 1024 * 1024
+PAGE_LIMIT = 1000
+
+Query = Mapping[str, str | int | float | bool | None]
 
 
 class ApiError(CairnError):
-    """The API answered with an error (its message, and the config path when there is one)."""
+    """The API answered with an error (its message, and the config path when there is one).
 
-    def __init__(self, status: int, message: str) -> None:
+    Attributes:
+        status: the HTTP status.
+        path: the dotted location of the offending input field, if the API named one.
+        errors: every ``(path, message)`` pair the API listed (config validation lists them all).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        path: str | None = None,
+        errors: list[tuple[str, str]] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.path = path
+        self.errors = errors or []
+        self.exit_code = exit_code_for_status(status)
 
 
 def code_tarball(directory: Path) -> bytes:
@@ -38,43 +65,200 @@ def code_tarball(directory: Path) -> bytes:
     return data
 
 
-class Client:
-    """Bearer-token JSON calls against ``<master>/api/v1``."""
+def _error_from(exc: urllib.error.HTTPError) -> ApiError:
+    try:
+        body = json.loads(exc.read())
+        err = body.get("error", {}) if isinstance(body, dict) else {}
+    except (ValueError, OSError):
+        err = {}
+    if not isinstance(err, dict):
+        err = {}
+    message = str(err.get("message") or exc.reason or f"HTTP {exc.code}")
+    path = err.get("path")
+    if path and str(path) not in message:
+        message = f"{path}: {message}"
+    errors = [
+        (str(e.get("path", "")), str(e.get("message", "")))
+        for e in err.get("errors") or []
+        if isinstance(e, dict)
+    ]
+    return ApiError(exc.code, message, path=str(path) if path else None, errors=errors)
 
-    def __init__(self, master: str, token: str | None = None, timeout: float = 30.0) -> None:
+
+class Client:
+    """Bearer-token JSON calls against ``<master>/api/v1``.
+
+    Attributes:
+        master: the master's base URL, without a trailing slash.
+        token: the bearer token sent with every call, if any.
+        timeout: seconds to wait for an answer (streams wait forever).
+        on_unauthorized: called with this client when a call is answered 401; if it returns
+            True (it has set a new token) the call is retried once.
+    """
+
+    def __init__(
+        self,
+        master: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        on_unauthorized: Callable[[Client], bool] | None = None,
+    ) -> None:
         self.master = master.rstrip("/")
         self.token = token
         self.timeout = timeout
+        self.on_unauthorized = on_unauthorized
 
-    def call(self, method: str, path: str, body: Any = None) -> Any:
-        """One request; raises :class:`ApiError` on a 4xx/5xx and CairnError when unreachable."""
+    # ------------------------------------------------------------------ transport
+
+    def _url(self, path: str, query: Query | None) -> str:
+        url = f"{self.master}/api/v1{path}"
+        if query:
+            pairs = {
+                k: (str(v).lower() if isinstance(v, bool) else str(v))
+                for k, v in query.items()
+                if v is not None
+            }
+            if pairs:
+                url += "?" + urllib.parse.urlencode(pairs)
+        return url
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Query | None = None,
+        *,
+        timeout: float | None = -1.0,
+        retry: bool = True,
+    ) -> HTTPResponse:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.master}/api/v1{path}", data=data, method=method)
+        request = urllib.request.Request(self._url(path, query), data=data, method=method)
         request.add_header("Content-Type", "application/json")
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
+        wait = self.timeout if timeout == -1.0 else timeout
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                raw = resp.read()
+            response: HTTPResponse = urllib.request.urlopen(request, timeout=wait)
         except urllib.error.HTTPError as exc:
+            error = _error_from(exc)
+            exc.close()
+            if (
+                error.status == 401
+                and retry
+                and self.on_unauthorized is not None
+                and self.on_unauthorized(self)
+            ):
+                return self._open(method, path, body, query, timeout=timeout, retry=False)
+            raise error from None
+        except (urllib.error.URLError, OSError, HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UnreachableError(
+                f"cannot reach the cairn API at {self.master}: {reason}"
+            ) from None
+        return response
+
+    def call(self, method: str, path: str, body: Any = None, query: Query | None = None) -> Any:
+        """One JSON request.
+
+        Args:
+            method: the HTTP method.
+            path: the path under ``/api/v1``, e.g. ``/experiments/3``.
+            body: a JSON-serialisable request body, or None for none.
+            query: query parameters (None values are left out, booleans sent as true/false).
+
+        Returns:
+            The decoded JSON answer (None for an empty one).
+
+        Raises:
+            ApiError: the API answered 4xx/5xx.
+            UnreachableError: the master did not answer.
+        """
+        with self._open(method, path, body, query) as resp:
             try:
-                err = json.loads(exc.read()).get("error", {})
-            except ValueError:
-                err = {}
-            message = err.get("message") or exc.reason
-            if err.get("path"):
-                message = f"{err['path']}: {message}"
-            raise ApiError(exc.code, str(message)) from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise CairnError(f"cannot reach the cairn API at {self.master}: {exc}") from None
+                raw = resp.read()
+            except (OSError, HTTPException) as exc:
+                raise UnreachableError(f"lost the connection to {self.master}: {exc}") from None
         return json.loads(raw) if raw else None
 
+    def get(self, path: str, **query: Any) -> Any:
+        """``GET path?query`` as JSON."""
+        return self.call("GET", path, query=query)
+
+    def post(self, path: str, body: Any = None) -> Any:
+        """``POST path`` with a JSON body (``{}`` when none is given)."""
+        return self.call("POST", path, {} if body is None else body)
+
+    def paginate(self, path: str, key: str, *, limit: int | None = None, **query: Any) -> Any:
+        """Reads a paginated list; every page unless ``limit`` is given.
+
+        Returns:
+            One document like the API's: ``{key: [...], "pagination": {...}}`` (for several
+            pages, the items of all of them and the first page's offset).
+        """
+        if limit is not None:
+            return self.get(path, limit=limit, **query)
+        offset = int(query.pop("offset", None) or 0)
+        items: list[Any] = []
+        total = 0
+        while True:
+            page = self.get(path, limit=PAGE_LIMIT, offset=offset + len(items), **query)
+            batch = page.get(key) or []
+            items.extend(batch)
+            total = int((page.get("pagination") or {}).get("total", len(items)))
+            if not batch or offset + len(items) >= total:
+                break
+        return {key: items, "pagination": {"offset": offset, "limit": len(items), "total": total}}
+
+    def stream_lines(self, path: str, **query: Any) -> Iterator[bytes]:
+        """Yields the lines of a streaming answer (NDJSON) as they arrive, without a timeout."""
+        with self._open("GET", path, query=query, timeout=None) as resp:
+            while True:
+                try:
+                    line = resp.readline()
+                except (OSError, HTTPException) as exc:
+                    raise UnreachableError(f"lost the connection to {self.master}: {exc}") from None
+                if not line:
+                    return
+                if line.strip():
+                    yield line
+
+    def download(self, path: str) -> bytes:
+        """The raw body of ``GET path`` (e.g. a tarball)."""
+        with self._open("GET", path, timeout=None) as resp:
+            try:
+                return bytes(resp.read())
+            except (OSError, HTTPException) as exc:
+                raise UnreachableError(f"lost the connection to {self.master}: {exc}") from None
+
+    # ------------------------------------------------------------------ auth and users
+
     def login(self, username: str, password: str) -> str:
-        """Logs in and keeps the token for later calls."""
-        self.token = str(
-            self.call("POST", "/auth/login", {"username": username, "password": password})["token"]
-        )
+        """Logs in and keeps the token for later calls; returns it."""
+        answer = self.call("POST", "/auth/login", {"username": username, "password": password})
+        self.token = str(answer["token"])
         return self.token
+
+    def logout(self) -> None:
+        """Revokes this client's token."""
+        self.post("/auth/logout")
+        self.token = None
+
+    def me(self) -> dict[str, Any]:
+        """Who the token belongs to: ``{"kind", "username", "admin"}``."""
+        return dict(self.get("/me"))
+
+    def list_users(self) -> dict[str, Any]:
+        """``{"users": [...]}`` (admin only)."""
+        return dict(self.get("/users"))
+
+    def create_user(self, username: str, password: str, *, admin: bool = False) -> dict[str, Any]:
+        """Creates a user (admin only; 409 if it exists)."""
+        return dict(
+            self.post("/users", {"username": username, "password": password, "admin": admin})
+        )
+
+    # ------------------------------------------------------------------ experiments
 
     def create_experiment(
         self, config: str | dict[str, Any], code_dir: Path, *, activate: bool = True
@@ -85,3 +269,88 @@ class Client:
             "POST", "/experiments", {"config": config, "code": code, "activate": activate}
         )
         return int(data["id"])
+
+    def list_experiments(self, *, limit: int | None = None, **query: Any) -> dict[str, Any]:
+        """``{"experiments": [...], "pagination"}`` filtered by ``state``, ``owner``, ..."""
+        return dict(self.paginate("/experiments", "experiments", limit=limit, **query))
+
+    def get_experiment(self, experiment_id: int) -> dict[str, Any]:
+        """One experiment with its trials."""
+        return dict(self.get(f"/experiments/{experiment_id}"))
+
+    def experiment_action(self, experiment_id: int, action: str) -> dict[str, Any]:
+        """``pause``, ``activate``, ``cancel``, ``kill``, ``archive`` or ``unarchive``."""
+        return dict(self.post(f"/experiments/{experiment_id}/{action}"))
+
+    def delete_experiment(self, experiment_id: int) -> dict[str, Any]:
+        """Starts deleting a terminal experiment (and its checkpoints)."""
+        return dict(self.call("DELETE", f"/experiments/{experiment_id}"))
+
+    def list_trials(self, experiment_id: int, **query: Any) -> dict[str, Any]:
+        """``{"trials": [...], "pagination"}`` of one experiment."""
+        return dict(self.paginate(f"/experiments/{experiment_id}/trials", "trials", **query))
+
+    def list_checkpoints(self, experiment_id: int, **query: Any) -> dict[str, Any]:
+        """``{"checkpoints": [...], "pagination"}`` of one experiment (best first by default)."""
+        return dict(
+            self.paginate(f"/experiments/{experiment_id}/checkpoints", "checkpoints", **query)
+        )
+
+    # ------------------------------------------------------------------ trials and checkpoints
+
+    def get_trial(self, trial_id: str) -> dict[str, Any]:
+        """One trial with its allocations, checkpoints and progress."""
+        return dict(self.get(f"/trials/{_quote(trial_id)}"))
+
+    def trial_logs(self, trial_id: str, **query: Any) -> dict[str, Any]:
+        """One page of a trial's logs: ``{"logs", "next_after_id", "done"}``."""
+        return dict(self.get(f"/trials/{_quote(trial_id)}/logs", **query))
+
+    def follow_trial_logs(self, trial_id: str, **query: Any) -> Iterator[dict[str, Any]]:
+        """A trial's logs as they are written, until it ends and they are drained."""
+        for line in self.stream_lines(f"/trials/{_quote(trial_id)}/logs", follow=True, **query):
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(item, dict):
+                yield item
+
+    def kill_trial(self, trial_id: str) -> dict[str, Any]:
+        """Asks the scheduler to kill a trial."""
+        return dict(self.post(f"/trials/{_quote(trial_id)}/kill"))
+
+    def get_checkpoint(self, uuid: str) -> dict[str, Any]:
+        """One checkpoint."""
+        return dict(self.get(f"/checkpoints/{_quote(uuid)}"))
+
+    def download_checkpoint(self, uuid: str) -> bytes:
+        """A checkpoint's directory as a tar.gz."""
+        return self.download(f"/checkpoints/{_quote(uuid)}/download")
+
+    # ------------------------------------------------------------------ agents and slots
+
+    def list_agents(self) -> dict[str, Any]:
+        """``{"agents": [...]}``, each with its slots."""
+        return dict(self.get("/agents"))
+
+    def set_agent_enabled(
+        self, agent_id: str, enabled: bool, *, drain: bool = False
+    ) -> dict[str, Any]:
+        """Enables or disables a whole agent (admin; ``drain`` lets running work finish)."""
+        if enabled:
+            return dict(self.post(f"/agents/{_quote(agent_id)}/enable"))
+        return dict(self.post(f"/agents/{_quote(agent_id)}/disable", {"drain": drain}))
+
+    def list_slots(self) -> dict[str, Any]:
+        """``{"slots": [...]}`` over all agents."""
+        return dict(self.get("/slots"))
+
+    def set_slot_enabled(self, agent_id: str, slot_id: str, enabled: bool) -> dict[str, Any]:
+        """Enables or disables one slot of an agent (admin)."""
+        action = "enable" if enabled else "disable"
+        return dict(self.post(f"/agents/{_quote(agent_id)}/slots/{_quote(slot_id)}/{action}"))
+
+
+def _quote(part: str) -> str:
+    return urllib.parse.quote(str(part), safe="")

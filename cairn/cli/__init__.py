@@ -2,6 +2,11 @@
 
 Every module in this package that defines ``register(subparsers)`` contributes its verbs; modules
 are discovered at start-up so that each verb group lives in a small file of its own.
+
+Global options: ``-m/--master URL`` (default ``$CAIRN_MASTER``, else the embedded cluster's API
+URL from ``$CAIRN_HOME/cluster.json``, else ``http://localhost:8080``) and ``--json``. Exit codes
+(``docs/tracking.md``, "CLI"): 0 success, 1 failure, 2 usage error, 3 authentication required,
+4 not found, 5 not allowed, 6 master unreachable.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-m",
         "--master",
-        default=os.environ.get("CAIRN_MASTER", "http://127.0.0.1:8080"),
-        help="API address (env CAIRN_MASTER; default %(default)s)",
+        default=None,
+        help="API address (default: env CAIRN_MASTER, else the embedded cluster's API from "
+        "$CAIRN_HOME/cluster.json, else http://localhost:8080)",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -37,18 +43,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report(exc: CairnError) -> None:
+    print(f"error: {exc}", file=sys.stderr)
+    errors: list[tuple[str, str]] = getattr(exc, "errors", None) or []
+    if len(errors) > 1:
+        for path, message in errors:
+            print(f"  {path}: {message}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the CLI and returns its exit code (0 ok, 1 failure, 2 usage error)."""
+    """Runs the CLI and returns its exit code (see the module docstring for their meaning)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:
-        parser.print_help()
+        sub_parser = getattr(args, "group_parser", None)
+        (sub_parser or parser).print_help()
         return 2
     try:
         code = handler(args)
     except CairnError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _report(exc)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

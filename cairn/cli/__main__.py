@@ -1,0 +1,7 @@
+"""``python -m cairn.cli`` runs the CLI."""
+
+import sys
+
+from cairn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,132 @@
+"""``cairn agent`` (alias ``a``) and ``cairn slot`` (alias ``s``): list, enable, disable."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cairn.cli import auth_store
+from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.client import Client
+
+
+def register(sub: Any) -> None:
+    """Adds the ``agent`` and ``slot`` verb groups."""
+    group = sub.add_parser("agent", aliases=["a"], help="list, enable and disable agents")
+    group.set_defaults(group_parser=group)
+    verbs = group.add_subparsers(metavar="VERB")
+    ls = verbs.add_parser("list", aliases=["ls"], help="list agents and their slots")
+    add_json_flag(ls)
+    ls.set_defaults(handler=cmd_agent_list)
+    enable = verbs.add_parser("enable", help="let an agent take work again (admin)")
+    enable.add_argument("agent_id")
+    add_json_flag(enable)
+    enable.set_defaults(handler=cmd_agent_enable, enabled=True)
+    disable = verbs.add_parser("disable", help="stop scheduling on an agent (admin)")
+    disable.add_argument("agent_id")
+    disable.add_argument(
+        "--drain", action="store_true", help="let running work finish instead of preempting it"
+    )
+    add_json_flag(disable)
+    disable.set_defaults(handler=cmd_agent_enable, enabled=False)
+
+    slots = sub.add_parser("slot", aliases=["s"], help="list, enable and disable slots")
+    slots.set_defaults(group_parser=slots)
+    slot_verbs = slots.add_subparsers(metavar="VERB")
+    sls = slot_verbs.add_parser("list", aliases=["ls"], help="list every agent's slots")
+    add_json_flag(sls)
+    sls.set_defaults(handler=cmd_slot_list)
+    for action, help_text in (
+        ("enable", "let a slot take work again (admin)"),
+        ("disable", "stop scheduling on a slot (admin)"),
+    ):
+        p = slot_verbs.add_parser(action, help=help_text)
+        p.add_argument("agent_id")
+        p.add_argument("slot_id", help="the slot's id or name (see `cairn slot list`)")
+        add_json_flag(p)
+        p.set_defaults(handler=cmd_slot_enable, enabled=action == "enable")
+
+
+def cmd_agent_list(args: argparse.Namespace) -> int:
+    """Lists the agents with their slot counts."""
+    data = auth_store.connect(args).list_agents()
+    if wants_json(args):
+        print_json(data)
+        return 0
+    rows = []
+    for agent in data["agents"]:
+        slots = agent.get("slots") or []
+        busy = sum(1 for s in slots if s.get("allocation_id"))
+        enabled = sum(1 for s in slots if s.get("enabled"))
+        rows.append(
+            [
+                agent.get("agent_id"),
+                agent.get("resource_pool"),
+                agent.get("hostname"),
+                agent.get("state"),
+                agent.get("enabled"),
+                f"{busy}/{enabled}/{len(slots)}",
+                when(agent.get("last_heartbeat")),
+            ]
+        )
+    table(["AGENT", "POOL", "HOST", "STATE", "ENABLED", "SLOTS(busy/on/all)", "HEARTBEAT"], rows)
+    return 0
+
+
+def cmd_agent_enable(args: argparse.Namespace) -> int:
+    """Enables or disables an agent."""
+    result = auth_store.connect(args).set_agent_enabled(
+        args.agent_id, args.enabled, drain=getattr(args, "drain", False)
+    )
+    if wants_json(args):
+        print_json(result)
+    else:
+        state = "enabled" if result.get("enabled", args.enabled) else "disabled"
+        print(f"agent {args.agent_id} {state}")
+    return 0
+
+
+def cmd_slot_list(args: argparse.Namespace) -> int:
+    """Lists every agent's slots."""
+    data = auth_store.connect(args).list_slots()
+    if wants_json(args):
+        print_json(data)
+        return 0
+    table(
+        ["AGENT", "SLOT", "DEVICE", "NAME", "ENABLED", "DRAINING", "ALLOCATION"],
+        [
+            [
+                s.get("agent_id"),
+                s.get("slot_id"),
+                s.get("device"),
+                s.get("name"),
+                s.get("enabled"),
+                s.get("draining"),
+                s.get("allocation_id"),
+            ]
+            for s in data["slots"]
+        ],
+    )
+    return 0
+
+
+def _slot_id(client: Client, agent_id: str, given: str) -> str:
+    """The slot's id; a slot's name (``cpu-0``) is accepted too. Unknown ones pass through."""
+    slots = [s for s in client.list_slots()["slots"] if s.get("agent_id") == agent_id]
+    if any(s.get("slot_id") == given for s in slots):
+        return given
+    named = [s for s in slots if s.get("name") == given]
+    return str(named[0]["slot_id"]) if len(named) == 1 else given
+
+
+def cmd_slot_enable(args: argparse.Namespace) -> int:
+    """Enables or disables one slot."""
+    client = auth_store.connect(args)
+    slot_id = _slot_id(client, args.agent_id, args.slot_id)
+    result = client.set_slot_enabled(args.agent_id, slot_id, args.enabled)
+    if wants_json(args):
+        print_json(result)
+    else:
+        state = "enabled" if result.get("enabled", args.enabled) else "disabled"
+        print(f"slot {slot_id} of agent {args.agent_id} {state}")
+    return 0

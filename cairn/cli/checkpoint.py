@@ -1,0 +1,81 @@
+"""``cairn checkpoint`` (alias ``c``): describe and download checkpoints."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from cairn.cli import auth_store
+from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
+from cairn.errors import CairnError
+
+
+def register(sub: Any) -> None:
+    """Adds the ``checkpoint`` verb group."""
+    group = sub.add_parser("checkpoint", aliases=["c"], help="inspect and download checkpoints")
+    group.set_defaults(group_parser=group)
+    verbs = group.add_subparsers(metavar="VERB")
+
+    describe = verbs.add_parser("describe", help="show a checkpoint")
+    describe.add_argument("uuid")
+    add_json_flag(describe)
+    describe.set_defaults(handler=cmd_describe)
+
+    download = verbs.add_parser("download", help="download and unpack a checkpoint")
+    download.add_argument("uuid")
+    download.add_argument(
+        "-o", "--output-dir", type=Path, help="where to unpack it (default ./checkpoints/<uuid>)"
+    )
+    add_json_flag(download)
+    download.set_defaults(handler=cmd_download)
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """Shows one checkpoint."""
+    ckpt = auth_store.connect(args).get_checkpoint(args.uuid)
+    if wants_json(args):
+        print_json(ckpt)
+        return 0
+    fields(
+        [
+            ("uuid", ckpt.get("uuid")),
+            ("experiment", ckpt.get("experiment_id")),
+            ("trial", ckpt.get("trial_id")),
+            ("run", ckpt.get("run_id")),
+            ("steps", ckpt.get("steps_completed")),
+            ("state", ckpt.get("state")),
+            ("searcher metric", ckpt.get("searcher_metric")),
+            ("validation", ckpt.get("validation")),
+            ("metadata", ckpt.get("metadata")),
+            ("resources", ckpt.get("resources")),
+            ("reported", when(ckpt.get("reported_at"))),
+        ]
+    )
+    return 0
+
+
+def extract(data: bytes, target: Path) -> list[str]:
+    """Unpacks a tar.gz into ``target`` (nothing may land outside it); returns the files."""
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+            members = tar.getmembers()
+            tar.extractall(target, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise CairnError(f"cannot unpack the checkpoint into {target}: {exc}") from None
+    return sorted(m.name for m in members if m.isfile())
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    """Downloads a checkpoint and unpacks it."""
+    target: Path = args.output_dir or Path("checkpoints") / args.uuid
+    data = auth_store.connect(args).download_checkpoint(args.uuid)
+    files = extract(data, target)
+    if wants_json(args):
+        print_json({"uuid": args.uuid, "path": str(target.resolve()), "files": files})
+    else:
+        print(f"checkpoint {args.uuid} downloaded to {target} ({len(files)} files)")
+    return 0

@@ -1,0 +1,132 @@
+"""How the CLI prints: aligned tables, ``--json`` documents, key/value blocks and progress.
+
+Human output goes to stdout; a progress bar is drawn on stderr when stderr is a terminal, and
+becomes one plain line per change otherwise (so logs and CI output stay readable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+MISSING = "-"
+
+
+def add_json_flag(parser: argparse.ArgumentParser) -> None:
+    """Lets ``--json`` also follow the verb (``cairn experiment list --json``)."""
+    parser.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON"
+    )
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    """Whether machine output was asked for (``--json`` before or after the verb)."""
+    return bool(getattr(args, "json", False))
+
+
+def print_json(data: Any) -> None:
+    """Prints one JSON document."""
+    print(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def cell(value: Any) -> str:
+    """A value as shown in a table cell: ``-`` for nothing, short floats, compact JSON."""
+    if value is None or value == "":
+        return MISSING
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value).replace("\n", " ")
+
+
+def when(value: Any) -> str:
+    """An ISO 8601 timestamp shortened to ``YYYY-MM-DD HH:MM:SS`` (local time)."""
+    if not value:
+        return MISSING
+    try:
+        stamp = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return str(value)
+    if stamp.tzinfo is not None:
+        stamp = stamp.astimezone()
+    return stamp.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[Any]], *, out: TextIO | None = None
+) -> None:
+    """Prints rows under a header, columns aligned; empty cells show ``-``."""
+    stream = out or sys.stdout
+    body = [[cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in body:
+        for i, text in enumerate(row):
+            widths[i] = max(widths[i], len(text))
+    for row in [list(headers), *body]:
+        line = "  ".join(text.ljust(widths[i]) for i, text in enumerate(row))
+        print(line.rstrip(), file=stream)
+
+
+def fields(pairs: Iterable[tuple[str, Any]], *, out: TextIO | None = None) -> None:
+    """Prints ``key: value`` lines with the values aligned."""
+    items = [(k, cell(v)) for k, v in pairs]
+    width = max((len(k) for k, _ in items), default=0) + 1
+    for key, value in items:
+        print(f"{(key + ':').ljust(width)} {value}", file=out or sys.stdout)
+
+
+class Progress:
+    """A progress bar on stderr (redrawn in place on a terminal, one line per change otherwise).
+
+    Attributes:
+        label: what is counted, e.g. ``trials``.
+    """
+
+    WIDTH = 30
+
+    def __init__(self, label: str, *, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last: str | None = None
+        self._drawn = False
+
+    def update(self, done: int, total: int, note: str = "", fraction: float | None = None) -> None:
+        """Shows ``done`` of ``total`` with a note (state, best metric).
+
+        Args:
+            done: items finished.
+            total: items expected (0 when unknown).
+            note: text after the counts.
+            fraction: how full the bar is (0..1), when finer than ``done / total``.
+        """
+        total = max(total, done, 0)
+        counts = f"{done}/{total} {self.label}" if total else f"{done} {self.label}"
+        text = f"{counts}  {note}".rstrip()
+        if self.tty:
+            share = done / total if total else 0.0
+            if fraction is not None and math.isfinite(fraction):
+                share = max(share, min(fraction, 1.0))
+            filled = int(self.WIDTH * share)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            self.stream.write(f"\r\x1b[2K[{bar}] {text}")
+            self.stream.flush()
+            self._drawn = True
+        elif text != self._last:
+            print(text, file=self.stream, flush=True)
+        self._last = text
+
+    def close(self) -> None:
+        """Ends the bar's line (on a terminal)."""
+        if self.tty and self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False

@@ -1,0 +1,147 @@
+"""``cairn user``: login, logout, whoami, create, list (alias ``u``)."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from typing import Any
+
+from cairn.cli import auth_store
+from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.client import ApiError, Client
+from cairn.errors import AuthRequiredError, UsageError
+
+
+def register(sub: Any) -> None:
+    """Adds the ``user`` verb group."""
+    group = sub.add_parser("user", aliases=["u"], help="log in and manage users")
+    group.set_defaults(group_parser=group)
+    verbs = group.add_subparsers(metavar="VERB")
+
+    login = verbs.add_parser("login", help="log in and store the token for this master")
+    login.add_argument("username", nargs="?", help="default: env CAIRN_USER, else asked")
+    login.add_argument("--password", help="default: env CAIRN_PASSWORD, else asked")
+    add_json_flag(login)
+    login.set_defaults(handler=cmd_login)
+
+    logout = verbs.add_parser("logout", help="revoke and forget the stored token")
+    add_json_flag(logout)
+    logout.set_defaults(handler=cmd_logout)
+
+    whoami = verbs.add_parser("whoami", help="show who the stored token belongs to")
+    add_json_flag(whoami)
+    whoami.set_defaults(handler=cmd_whoami)
+
+    create = verbs.add_parser("create", help="create a user (admin)")
+    create.add_argument("username")
+    create.add_argument("--admin", action="store_true", help="make the user an administrator")
+    create.add_argument("--password", help="default: asked (twice) on a terminal")
+    add_json_flag(create)
+    create.set_defaults(handler=cmd_create)
+
+    ls = verbs.add_parser("list", aliases=["ls"], help="list users (admin)")
+    add_json_flag(ls)
+    ls.set_defaults(handler=cmd_list)
+
+
+def _ask(prompt: str) -> str:
+    if not sys.stdin.isatty():
+        raise UsageError(f"{prompt.rstrip(': ')} is required (no terminal to ask on)")
+    return input(prompt)
+
+
+def _password(given: str | None, *, confirm: bool = False) -> str:
+    if given is not None:
+        return given
+    if not sys.stdin.isatty():
+        raise UsageError("a password is required: pass --password or set CAIRN_PASSWORD")
+    password = getpass.getpass("Password: ")
+    if confirm and getpass.getpass("Password (again): ") != password:
+        raise UsageError("the passwords differ")
+    return password
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    """Logs in with a username and password and stores the token for the master."""
+    master = auth_store.resolve_master(args.master)
+    username = args.username or os.environ.get("CAIRN_USER") or _ask("Username: ")
+    password = _password(args.password or os.environ.get("CAIRN_PASSWORD"))
+    client = Client(master)
+    try:
+        token = client.login(username, password)
+    except ApiError as exc:
+        if exc.status in (400, 401):
+            raise AuthRequiredError(f"login to {master} failed: {exc}") from None
+        raise
+    auth_store.store(master, token, username)
+    if wants_json(args):
+        print_json({"master": master, "username": username})
+    else:
+        print(f"logged in to {master} as {username}")
+    return 0
+
+
+def cmd_logout(args: argparse.Namespace) -> int:
+    """Revokes the stored token on the master (if it answers) and forgets it."""
+    master = auth_store.resolve_master(args.master)
+    entry = auth_store.stored(master)
+    if entry is None:
+        if wants_json(args):
+            print_json({"master": master, "logged_out": False})
+        else:
+            print(f"not logged in to {master}")
+        return 0
+    try:
+        Client(master, token=str(entry["token"])).logout()
+    except ApiError as exc:
+        if exc.status != 401:  # an already-revoked token is as good as logged out
+            raise
+    finally:
+        auth_store.forget(master)
+    if wants_json(args):
+        print_json({"master": master, "logged_out": True, "username": entry.get("username")})
+    else:
+        print(f"logged out of {master} ({entry.get('username')})")
+    return 0
+
+
+def cmd_whoami(args: argparse.Namespace) -> int:
+    """Shows the user the token belongs to."""
+    client = auth_store.connect(args)
+    me = client.me()
+    if wants_json(args):
+        print_json(me)
+        return 0
+    if me.get("kind") != "user":
+        print(f"authenticated as {me.get('kind')} on {client.master}")
+        return 0
+    role = " (admin)" if me.get("admin") else ""
+    print(f"logged in to {client.master} as {me.get('username')}{role}")
+    return 0
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    """Creates a user."""
+    password = _password(args.password, confirm=True)
+    created = auth_store.connect(args).create_user(args.username, password, admin=args.admin)
+    if wants_json(args):
+        print_json(created)
+    else:
+        role = "admin " if created.get("admin") else ""
+        print(f"created {role}user {created.get('username', args.username)}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Lists the users."""
+    data = auth_store.connect(args).list_users()
+    if wants_json(args):
+        print_json(data)
+        return 0
+    table(
+        ["USERNAME", "ADMIN", "CREATED"],
+        [[u.get("username"), u.get("admin"), when(u.get("created_at"))] for u in data["users"]],
+    )
+    return 0

@@ -1,0 +1,303 @@
+"""The ``cairn`` CLI end to end: every verb runs as a real subprocess against one embedded cluster.
+
+The cluster (``cairn up --slots 2``) is started once for the module on a temporary
+``CAIRN_HOME``; experiments use the scripted example with a few short steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTED = ROOT / "examples" / "scripted"
+CONFIG = SCRIPTED / "config.yaml"
+FAST = [
+    "--config", "hyperparameters.steps=20",
+    "--config", "hyperparameters.report_every=5",
+    "--config", "hyperparameters.checkpoint_every=10",
+    "--config", "hyperparameters.sleep=0.01",
+]  # fmt: skip
+
+
+@dataclass
+class Env:
+    """The module's cluster: its data directory and API URL."""
+
+    home: Path
+    api_url: str
+
+
+def run_cli(
+    *args: str, home: Path, extra: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``python -m cairn.cli ARGS`` with ``CAIRN_HOME=home`` and captures its output."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CAIRN_HOME", "CAIRN_MASTER", "CAIRN_USER", "CAIRN_PASSWORD")
+    }
+    env.update({"PYTHONPATH": str(ROOT), "CAIRN_HOME": str(home), **(extra or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "cairn.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Env]:
+    """One embedded cluster with two CPU slots for the whole module.
+
+    Its home is a fresh directory under the system temp dir rather than pytest's, whose root
+    other pytest sessions reset to mode 0700 (the unprivileged PostgreSQL user must traverse it).
+    """
+    scratch = Path(tempfile.mkdtemp(prefix="cairn-cli-"))
+    home = scratch / "home"
+    started = run_cli(
+        "up", "--slots", "2", "--api-port", "0", "--stop-timeout", "3", home=home, timeout=150
+    )
+    try:
+        assert started.returncode == 0, f"cairn up failed:\n{started.stdout}\n{started.stderr}"
+        api_url = json.loads((home / "cluster.json").read_text())["api_url"]
+        yield Env(home, api_url)
+    finally:
+        stopped = run_cli("down", home=home, timeout=90)
+        shutil.rmtree(scratch, ignore_errors=True)
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def cli(env: Env, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Runs the CLI against the module's cluster."""
+    return run_cli(*args, home=env.home, **kwargs)
+
+
+def ok(env: Env, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Runs the CLI and requires exit 0."""
+    done = cli(env, *args, **kwargs)
+    assert done.returncode == 0, f"{args} -> {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def as_json(env: Env, *args: str) -> Any:
+    """Runs a read verb with ``--json`` and parses its one document."""
+    return json.loads(ok(env, "--json", *args).stdout)
+
+
+def created_id(stdout: str) -> int:
+    """The id in ``created experiment N``."""
+    for line in stdout.splitlines():
+        if line.startswith("created experiment"):
+            return int(line.split()[2].rstrip(";"))
+    raise AssertionError(f"no experiment id in {stdout!r}")
+
+
+def eventually(check: Any, timeout: float = 20.0) -> Any:
+    """Retries ``check`` (projections may lag the log) until it returns a truthy value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def finished(cluster: Env) -> dict[str, Any]:
+    """A scripted experiment created with ``-f`` (exit code, output) and its describe JSON."""
+    done = cli(cluster, "experiment", "create", str(CONFIG), str(SCRIPTED), *FAST, "-f")
+    exp_id = created_id(done.stdout)
+    exp = as_json(cluster, "experiment", "describe", str(exp_id))
+    return {"done": done, "id": exp_id, "exp": exp}
+
+
+def test_user_login_whoami_create_logout(cluster: Env) -> None:
+    """login stores a 0600 token; whoami, create, list work; logout falls back to local admin."""
+    assert cli(cluster, "user", "login", "admin", "--password", "wrong").returncode == 3
+    assert "logged in" in ok(cluster, "user", "login", "admin", "--password", "admin").stdout
+    auth = cluster.home / "auth.json"
+    assert stat.S_IMODE(auth.stat().st_mode) == 0o600
+    assert json.loads(auth.read_text())["masters"][cluster.api_url]["username"] == "admin"
+    assert "admin" in ok(cluster, "user", "whoami").stdout
+
+    ok(cluster, "u", "create", "alice", "--password", "pw-alice")
+    assert cli(cluster, "user", "create", "alice", "--password", "x").returncode == 5
+    users = as_json(cluster, "user", "list")["users"]
+    assert {"alice", "admin"} <= {u["username"] for u in users}
+
+    ok(cluster, "user", "login", "alice", extra={"CAIRN_PASSWORD": "pw-alice"})
+    assert as_json(cluster, "user", "whoami")["username"] == "alice"
+    assert cli(cluster, "user", "list").returncode == 5  # alice is no admin
+    assert "logged out" in ok(cluster, "user", "logout").stdout
+    # No token and the local cluster: the CLI logs in as its admin by itself.
+    assert as_json(cluster, "user", "whoami") == {
+        "kind": "user",
+        "username": "admin",
+        "admin": True,
+    }
+
+
+def test_no_token_for_a_remote_master_exits_3(cluster: Env, tmp_path: Path) -> None:
+    """A master that is not the local cluster, with no stored token, asks for a login (exit 3)."""
+    done = run_cli("-m", cluster.api_url, "experiment", "list", home=tmp_path)
+    assert done.returncode == 3, done.stderr
+    assert "cairn user login" in done.stderr
+
+
+def test_unreachable_master_exits_6(tmp_path: Path) -> None:
+    """A master nobody answers on exits 6."""
+    done = run_cli("-m", "http://127.0.0.1:9", "experiment", "list", home=tmp_path)
+    assert done.returncode == 6, done.stderr
+
+
+def test_unknown_experiment_exits_4(cluster: Env) -> None:
+    """describe/wait of an experiment that does not exist exit 4."""
+    assert cli(cluster, "experiment", "describe", "987654").returncode == 4
+    assert cli(cluster, "e", "wait", "987654").returncode == 4
+
+
+def test_bad_config_shows_the_path(cluster: Env) -> None:
+    """A config the server rejects prints the offending dotted path and exits nonzero."""
+    done = cli(
+        cluster, "experiment", "create", str(CONFIG), str(SCRIPTED),
+        "--config", "resources.slots_per_trial=lots",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    assert "resources.slots_per_trial" in done.stderr
+
+
+def test_create_follow_completes(finished: dict[str, Any]) -> None:
+    """``create -f`` shows progress, prints a summary and exits 0 once COMPLETED."""
+    done = finished["done"]
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "trials" in done.stderr  # plain progress lines (stderr is no terminal)
+    assert "COMPLETED" in done.stdout.splitlines()[-1]
+    assert finished["exp"]["state"] == "COMPLETED"
+    steps = finished["exp"]["config"]["hyperparameters"]["steps"]
+    assert steps in (20, {"type": "const", "val": 20})  # the --config override applied
+
+
+def test_reads_with_json(cluster: Env, finished: dict[str, Any]) -> None:
+    """list/describe/list-trials/list-checkpoints print parseable JSON holding the experiment."""
+    exp_id = finished["id"]
+    listed = eventually(
+        lambda: [e for e in as_json(cluster, "e", "list")["experiments"] if e["id"] == exp_id]
+    )
+    assert listed and listed[0]["state"] == "COMPLETED"
+    after = json.loads(ok(cluster, "experiment", "ls", "--json", "--limit", "1").stdout)
+    assert len(after["experiments"]) == 1 and "pagination" in after
+    assert str(exp_id) in ok(cluster, "experiment", "list").stdout
+
+    trials = as_json(cluster, "experiment", "list-trials", str(exp_id))["trials"]
+    assert [t["experiment_id"] for t in trials] == [exp_id]
+    assert trials[0]["state"] == "COMPLETED"
+    checkpoints = eventually(lambda: as_json(cluster, "e", "lc", str(exp_id))["checkpoints"])
+    assert checkpoints and all(c["experiment_id"] == exp_id for c in checkpoints)
+    best = as_json(cluster, "e", "list-checkpoints", str(exp_id), "--best", "1")["checkpoints"]
+    assert len(best) == 1
+    assert trials[0]["trial_id"] in ok(cluster, "experiment", "describe", str(exp_id)).stdout
+
+
+def test_trial_describe_and_logs(cluster: Env, finished: dict[str, Any]) -> None:
+    """trial describe shows the trial; logs (plain, --tail, -f) print its output; kill is 409."""
+    trial_id = finished["exp"]["trials"][0]["trial_id"]
+    trial = as_json(cluster, "trial", "describe", trial_id)
+    assert trial["trial_id"] == trial_id and trial["state"] == "COMPLETED"
+    assert trial["allocations"]
+    assert trial_id in ok(cluster, "t", "describe", trial_id).stdout
+
+    logs = eventually(lambda: "done at step 20" in ok(cluster, "trial", "logs", trial_id).stdout)
+    assert logs
+    tail = ok(cluster, "trial", "logs", trial_id, "--tail", "1").stdout.splitlines()
+    assert len(tail) == 1
+    followed = ok(cluster, "trial", "logs", trial_id, "-f", timeout=30).stdout
+    assert "done at step 20" in followed  # the stream ends: the trial is terminal
+    assert "done at step 20" in ok(cluster, "experiment", "logs", str(finished["id"])).stdout
+    assert cli(cluster, "trial", "kill", trial_id).returncode == 5  # it has ended
+
+
+def test_checkpoint_describe_and_download(
+    cluster: Env, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    """checkpoint describe shows it; download unpacks the checkpoint's files."""
+    checkpoints = eventually(
+        lambda: as_json(cluster, "e", "lc", str(finished["id"]))["checkpoints"]
+    )
+    uuid = checkpoints[0]["uuid"]
+    assert as_json(cluster, "checkpoint", "describe", uuid)["uuid"] == uuid
+    target = tmp_path / "ckpt"
+    ok(cluster, "c", "download", uuid, "-o", str(target))
+    state = json.loads((target / "state.json").read_text())
+    assert state["steps"] == checkpoints[0]["steps_completed"]
+    assert cli(cluster, "checkpoint", "describe", "no-such-uuid").returncode == 4
+
+
+def test_archive_and_unarchive(cluster: Env, finished: dict[str, Any]) -> None:
+    """An archived experiment leaves the default list, shows with --all, and comes back."""
+    exp_id = str(finished["id"])
+
+    def ids(*flags: str) -> set[int]:
+        return {e["id"] for e in as_json(cluster, "e", "list", *flags)["experiments"]}
+
+    ok(cluster, "experiment", "archive", exp_id)
+    assert eventually(lambda: finished["id"] not in ids())
+    assert finished["id"] in ids("--all")
+    ok(cluster, "experiment", "unarchive", exp_id)
+    assert eventually(lambda: finished["id"] in ids())
+
+
+def test_agents_and_slots(cluster: Env) -> None:
+    """agent list and slot list show the agent's two slots; slot disable/enable (by id or
+    name) flips one; agent disable/enable succeed."""
+    agents = eventually(lambda: as_json(cluster, "agent", "list")["agents"])
+    assert len(agents) == 1 and len(agents[0]["slots"]) == 2
+    agent_id = agents[0]["agent_id"]
+    assert agent_id in ok(cluster, "a", "ls").stdout
+    slots = as_json(cluster, "slot", "list")["slots"]
+    assert {s["agent_id"] for s in slots} == {agent_id} and len(slots) == 2
+    slot_id, slot_name = slots[0]["slot_id"], slots[0]["name"]
+
+    def enabled() -> bool:
+        found = [s for s in as_json(cluster, "s", "ls")["slots"] if s["slot_id"] == slot_id]
+        return bool(found[0]["enabled"])
+
+    ok(cluster, "slot", "disable", agent_id, slot_id)
+    assert eventually(lambda: not enabled())
+    ok(cluster, "slot", "enable", agent_id, slot_name)  # a slot's name works as well
+    assert eventually(enabled)
+    ok(cluster, "agent", "disable", agent_id, "--drain")
+    ok(cluster, "agent", "enable", agent_id)
+    assert cli(cluster, "slot", "disable", "no-such-agent", "0").returncode == 4
+
+
+def test_pause_activate_kill_wait_delete(cluster: Env) -> None:
+    """pause/activate move the state; after kill, wait exits 1; delete needs --yes."""
+    slow = ["--config", "hyperparameters.steps=1000", "--config", "hyperparameters.sleep=0.1"]
+    done = ok(cluster, "e", "create", str(CONFIG), str(SCRIPTED), *slow, "--paused")
+    exp_id = str(created_id(done.stdout))
+    assert as_json(cluster, "e", "describe", exp_id)["state"] == "PAUSED"
+    assert "ACTIVE" in ok(cluster, "experiment", "activate", exp_id).stdout
+    assert "PAUSED" in ok(cluster, "experiment", "pause", exp_id).stdout
+    assert cli(cluster, "experiment", "archive", exp_id).returncode == 5  # not terminal
+    ok(cluster, "experiment", "kill", exp_id)
+    waited = cli(cluster, "experiment", "wait", exp_id, "--polling-interval", "0.3", timeout=60)
+    assert waited.returncode == 1, waited.stdout + waited.stderr
+    assert "CANCELED" in waited.stdout
+    assert cli(cluster, "experiment", "delete", exp_id).returncode == 2  # no tty, no --yes
+    assert "DELETING" in ok(cluster, "experiment", "delete", exp_id, "--yes").stdout
