@@ -24,6 +24,7 @@ lint: install
 	$(VENV)/bin/mypy events services
 
 bench: install
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	$(PY) -m bench
 
 demo: install
