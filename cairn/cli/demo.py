@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--data-dir", type=Path, default=None, help="cluster data dir (default ./.cairn)"
     )
     p.add_argument("--slots", type=int, default=2, help="CPU slots of the local agent")
+    p.add_argument("--api-port", type=int, default=8080, help="API port (0: any free port)")
     p.add_argument("--config", type=Path, default=EXAMPLE / "adaptive.yaml")
     p.add_argument("--code", type=Path, default=EXAMPLE)
     p.add_argument("--stop", action="store_true", help="stop the cluster when the search is done")
@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
     """Starts the cluster, submits the search, follows it, and reports the best trial."""
     data_dir = (args.data_dir or cluster.default_data_dir()).resolve()
     print(f"==> starting the embedded cluster in {data_dir}")
-    code = _cli("up", "--data-dir", str(data_dir), "--slots", str(args.slots))
+    code = _cli(
+        "up", "--data-dir", str(data_dir), "--slots", str(args.slots),
+        "--api-port", str(args.api_port),
+    )  # fmt: skip
     if code != 0:
         return code
     state = read_state(data_dir)
@@ -56,10 +59,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"==> submitting {args.config} (code: {args.code})")
     exp_id = client.create_experiment(args.config.read_text(), args.code)
     print(f"==> experiment {exp_id} submitted; following it")
-    summary = asyncio.run(_follow(state.dsn, exp_id, args.timeout))
-    ok = _report(summary)
+    summary = _follow(client, exp_id, args.timeout)
+    ok = _report(client, summary)
     print()
-    print(f"API:        {state.api_url}/api/v1/health")
+    print(f"API:        {state.api_url}/api/v1/openapi.json (log in: POST /api/v1/auth/login)")
+    print(f"Events:     {state.api_url}/api/v1/events/stream?experiment_id={exp_id} (SSE)")
+    print(
+        f"Try:        cairn experiment describe {exp_id}; cairn experiment list-trials {exp_id}; "
+        f"cairn experiment list-checkpoints {exp_id}; cairn agent list"
+    )
     print(f"Data dir:   {data_dir} (logs in {data_dir / 'logs'})")
     if args.stop:
         _cli("down", "--data-dir", str(data_dir))
@@ -70,98 +78,70 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-async def _follow(dsn: str, exp_id: int, timeout: float) -> dict[str, Any]:
-    """Polls the log (the local cluster's database) and draws a progress bar until the end."""
-    from events.store import EventStore
-
-    store = await EventStore.connect(dsn, max_size=2)
-    try:
-        deadline = time.monotonic() + timeout
-        summary: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            summary = await _summarize(store, exp_id)
-            _draw(summary)
-            if summary["state"] in TERMINAL:
-                break
-            await asyncio.sleep(1.0)
-        else:
-            raise CairnError(f"experiment {exp_id} did not finish in {timeout:.0f}s")
-        print()
-        return summary
-    finally:
-        await store.close()
-
-
-async def _summarize(store: Any, exp_id: int) -> dict[str, Any]:
-    types = [
-        "ExperimentSubmitted",
-        "ExperimentStateChanged",
-        "TrialRequested",
-        "TrialStateChanged",
-        "ValidationReported",
-    ]
-    trials: dict[str, dict[str, Any]] = {}
-    state, max_trials = "ACTIVE", 0
-    prefix = f"{exp_id}."
-    async for event in store.iter_all(0, types=types):
-        p = event.payload
-        if event.type == "ExperimentSubmitted" and p["experiment_id"] == exp_id:
-            max_trials = int(p["config"]["searcher"].get("max_trials") or 1)
-        elif event.type == "ExperimentStateChanged" and p["experiment_id"] == exp_id:
-            state = p["state"]
-        elif event.type == "TrialRequested" and p["experiment_id"] == exp_id:
-            trials[p["trial_id"]] = {"hparams": p["hparams"], "state": "ACTIVE", "last": None}
-        elif p.get("trial_id", "").startswith(prefix) and p["trial_id"] in trials:
-            if event.type == "TrialStateChanged":
-                trials[p["trial_id"]]["state"] = p["state"]
-            elif event.type == "ValidationReported":
-                trials[p["trial_id"]]["last"] = p
-    return {"id": exp_id, "state": state, "max_trials": max_trials, "trials": trials}
+def _follow(client: Client, exp_id: int, timeout: float) -> dict[str, Any]:
+    """Polls the experiment through the API and draws a progress bar until it ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        summary = client.call("GET", f"/experiments/{exp_id}")
+        _draw(summary)
+        if summary["state"] in TERMINAL:
+            print()
+            return dict(summary)
+        time.sleep(1.0)
+    raise CairnError(f"experiment {exp_id} did not finish in {timeout:.0f}s")
 
 
 def _draw(summary: dict[str, Any]) -> None:
-    trials = summary["trials"]
-    done = sum(1 for t in trials.values() if t["state"] in TERMINAL)
-    total = max(summary["max_trials"], len(trials), 1)
-    best = _best(trials)
+    trials = summary.get("trials") or []
+    done = sum(1 for t in trials if t.get("state") in TERMINAL)
+    total = max(int(summary.get("max_trials") or 0), len(trials), 1)
+    best = summary.get("best_metric")
+    metric = summary.get("searcher_metric") or "metric"
+    shown = f" best {metric} {best:.4f}" if isinstance(best, int | float) else ""
     width = 30
     filled = int(width * done / total)
-    acc = (
-        f" best val acc {best[1]['last']['metrics'].get('validation_accuracy', 0):.3f}"
-        if best
-        else ""
+    line = (
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} trials closed, "
+        f"{len(trials) - done} live{shown}  {summary['state']:<20}"
     )
-    line = f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} trials closed, {len(trials) - done} live{acc}  {summary['state']:<20}"
     sys.stdout.write(line)
     sys.stdout.flush()
 
 
-def _best(trials: dict[str, dict[str, Any]]) -> tuple[str, dict[str, Any]] | None:
-    scored = [
-        (t, v) for t, v in trials.items() if v["last"] and "validation_loss" in v["last"]["metrics"]
-    ]
-    return (
-        min(scored, key=lambda tv: tv[1]["last"]["metrics"]["validation_loss"]) if scored else None
-    )
+def _best_validation(client: Client, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The best trial's validation row at its best searcher metric."""
+    trial_id = summary.get("best_trial_id")
+    metric = summary.get("searcher_metric") or "validation_loss"
+    if not trial_id:
+        return None
+    rows = client.call("GET", f"/trials/{trial_id}/metrics?group=validation")["metrics"]
+    scored = [r for r in rows if isinstance(r["metrics"].get(metric), int | float)]
+    if not scored:
+        return None
+    sign = 1.0 if summary.get("smaller_is_better", True) else -1.0
+    return dict(min(scored, key=lambda r: sign * float(r["metrics"][metric])))
 
 
-def _report(summary: dict[str, Any]) -> bool:
-    best = _best(summary["trials"])
-    print(f"experiment {summary['id']}: {summary['state']}, {len(summary['trials'])} trials")
-    if best is None:
+def _report(client: Client, summary: dict[str, Any]) -> bool:
+    trials = {t["trial_id"]: t for t in summary.get("trials") or []}
+    print(f"experiment {summary['id']}: {summary['state']}, {len(trials)} trials")
+    row = _best_validation(client, summary)
+    if row is None:
         print("no trial reported a validation metric")
         return False
-    trial_id, info = best
-    metrics = info["last"]["metrics"]
+    trial_id = summary["best_trial_id"]
+    metrics = row["metrics"]
     acc = float(metrics.get("validation_accuracy", 0.0))
     print(
-        f"best trial {trial_id}: validation_loss {metrics['validation_loss']:.4f}, validation_accuracy {acc:.4f} at {info['last']['steps_completed']} batches"
+        f"best trial {trial_id}: validation_loss {metrics.get('validation_loss', float('nan')):.4f}, "
+        f"validation_accuracy {acc:.4f} at {row['steps_completed']} batches"
     )
+    hparams = trials.get(trial_id, {}).get("hparams", {})
     print(
         "hyperparameters: "
         + ", ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in sorted(info["hparams"].items())
+            for k, v in sorted(hparams.items())
         )
     )
     verdict = "beats" if acc > BASELINE_ACCURACY else "does NOT beat"

@@ -41,7 +41,8 @@ class PageQuery(BaseModel):
 
 
 class ExperimentSummary(BaseModel):
-    """One experiment in a list (``progress``: mean of its trials' progress, or null)."""
+    """One experiment in a list (``progress``: 1 once COMPLETED, else the mean of its trials'
+    progress, or null; searcher-stopped trials never report 1, so the mean alone stops short)."""
 
     id: int
     name: str | None
@@ -205,8 +206,9 @@ _EXPERIMENT_COLUMNS = """
     e.experiment_id AS id, e.name, e.owner, e.state, e.archived, e.searcher_name,
     e.searcher_metric, e.smaller_is_better, e.num_trials, e.max_trials, e.best_trial_id,
     e.best_metric, e.resource_pool, e.submitted_at, e.ended_at,
-    (SELECT avg(p.progress) FROM trial_progress p JOIN tr_trials t USING (trial_id)
-     WHERE t.experiment_id = e.experiment_id) AS progress"""
+    CASE WHEN e.state = 'COMPLETED' THEN 1.0 ELSE
+      (SELECT avg(p.progress) FROM trial_progress p JOIN tr_trials t USING (trial_id)
+       WHERE t.experiment_id = e.experiment_id) END AS progress"""
 
 
 async def list_experiments(
