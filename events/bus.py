@@ -161,9 +161,13 @@ class Bus:
             raise BusUnavailableError(f"cannot subscribe {durable}: {exc}") from exc
 
     async def close(self) -> None:
-        """Drains and closes the connection."""
+        """Flushes what is buffered (acks) and closes the connection.
+
+        No drain: a pull subscription's pending fetch would hold a drain until its timeout, and
+        nothing else is in flight (JetStream publishes await their acks).
+        """
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.nc.drain(), 5)
+            await asyncio.wait_for(self.nc.flush(), 2)
         with contextlib.suppress(Exception):
             await self.nc.close()
 
