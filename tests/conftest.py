@@ -3,21 +3,19 @@ and one nats-server per test, both on free loopback ports."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from cairn.local.servers import ServerProcess, start_nats, start_postgres
 from events.bus import Bus
 from events.store import EventStore
+from tests.helpers import create_database
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -42,17 +40,7 @@ def pg_server(scratch: Path) -> Iterator[ServerProcess]:
 @pytest.fixture
 def db_url(pg_server: ServerProcess) -> str:
     """A DSN to a fresh, empty database of its own for one test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(pg_server.url)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    return pg_server.url.rsplit("/", 1)[0] + f"/{name}"
+    return create_database(pg_server)
 
 
 @pytest.fixture

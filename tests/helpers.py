@@ -6,9 +6,13 @@ import asyncio
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import asyncpg
+
+from cairn.local.servers import ServerProcess
 from events.consumer import Consumer
 from events.envelope import RecordedEvent
 from events.store import EventStore, Transaction
@@ -89,3 +93,18 @@ async def effect_counts(store: EventStore, consumer: str = "effects") -> dict[in
         consumer,
     )
     return {r["position"]: r["n"] for r in rows}
+
+
+def create_database(pg_server: ServerProcess, prefix: str = "t") -> str:
+    """Creates a fresh, empty database on ``pg_server`` (from sync code) and returns its DSN."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        conn = await asyncpg.connect(pg_server.url)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return pg_server.url.rsplit("/", 1)[0] + f"/{name}"

@@ -199,6 +199,28 @@ class Where:
         """Placeholders for ``count`` parameters appended after the conditions' ones."""
         return [f"${len(self.args) + i + 1}" for i in range(count)]
 
+    async def page(
+        self,
+        store: EventStore,
+        columns: str,
+        table: str,
+        order: str,
+        limit: int | None,
+        offset: int,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The rows of ``table`` matching these conditions, in ``order``, one page of them, and
+        how many match in all (``limit`` None: every row)."""
+        total = await count(store, f"SELECT count(*) FROM {table} {self.sql()}", *self.args)
+        lim, off = self.next(2)
+        rows = await fetch(
+            store,
+            f"SELECT {columns} FROM {table} {self.sql()} ORDER BY {order} LIMIT {lim} OFFSET {off}",
+            *self.args,
+            limit,
+            offset,
+        )
+        return [as_dict(r) for r in rows], total
+
 
 # --- experiments ----------------------------------------------------------------------------
 
@@ -243,18 +265,8 @@ async def list_experiments(
         where.add("e.archived = {}", archived)
     if name is not None:
         where.add("strpos(lower(coalesce(e.name, '')), lower({})) > 0", name)
-    total = await count(store, f"SELECT count(*) FROM tr_experiments e {where.sql()}", *where.args)
-    lim, off = where.next(2)
-    rows = await fetch(
-        store,
-        f"""SELECT {_EXPERIMENT_COLUMNS} FROM tr_experiments e {where.sql()}
-            ORDER BY e.experiment_id {"DESC" if descending else "ASC"}
-            LIMIT {lim} OFFSET {off}""",
-        *where.args,
-        limit,
-        offset,
-    )
-    return [as_dict(r) for r in rows], total
+    order = f"e.experiment_id {'DESC' if descending else 'ASC'}"
+    return await where.page(store, _EXPERIMENT_COLUMNS, "tr_experiments e", order, limit, offset)
 
 
 async def experiment_row(store: EventStore, experiment_id: int) -> dict[str, Any] | None:
@@ -289,19 +301,9 @@ async def list_trials(
     where.add("experiment_id = {}", experiment_id)
     if states is not None:
         where.add("state = ANY({}::text[])", list(states))
-    total = await count(store, f"SELECT count(*) FROM tr_trials {where.sql()}", *where.args)
     direction = "ASC" if smaller_is_better else "DESC"
     order = f"best_metric {direction} NULLS LAST, seq" if best_first else "seq"
-    lim, off = where.next(2)
-    rows = await fetch(
-        store,
-        f"""SELECT {_TRIAL_COLUMNS} FROM tr_trials {where.sql()}
-            ORDER BY {order} LIMIT {lim} OFFSET {off}""",
-        *where.args,
-        limit,
-        offset,
-    )
-    return [as_dict(r) for r in rows], total
+    return await where.page(store, _TRIAL_COLUMNS, "tr_trials", order, limit, offset)
 
 
 async def trial_row(store: EventStore, trial_id: str) -> dict[str, Any] | None:
@@ -361,20 +363,10 @@ async def list_checkpoints(
         where.add("trial_id = {}", trial_id)
     if state != "all":
         where.add("state = {}", state)
-    total = await count(store, f"SELECT count(*) FROM tr_checkpoints {where.sql()}", *where.args)
     direction = "ASC" if smaller_is_better else "DESC"
     steps = "steps_completed DESC, reported_at DESC, uuid"
     order = f"searcher_metric {direction} NULLS LAST, {steps}" if by_metric else steps
-    lim, off = where.next(2)
-    rows = await fetch(
-        store,
-        f"""SELECT {_CHECKPOINT_COLUMNS} FROM tr_checkpoints {where.sql()}
-            ORDER BY {order} LIMIT {lim} OFFSET {off}""",
-        *where.args,
-        limit,
-        offset,
-    )
-    return [as_dict(r) for r in rows], total
+    return await where.page(store, _CHECKPOINT_COLUMNS, "tr_checkpoints", order, limit, offset)
 
 
 async def checkpoint_row(store: EventStore, uuid: str) -> dict[str, Any] | None:

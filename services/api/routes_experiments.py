@@ -32,7 +32,6 @@ from services.api.views import (
     ExperimentView,
     check_owner,
     experiment_stream,
-    iso,
     load_experiment,
 )
 
@@ -286,28 +285,6 @@ async def list_experiments(request: web.Request) -> web.Response:
     return web.json_response({"experiments": rows, "pagination": pr.pagination(query, total)})
 
 
-def _fallback_trial(view: ExperimentView, trial_id: str) -> dict[str, Any]:
-    """A requested trial the projection has not caught up with yet."""
-    requested = view.trials[trial_id]
-    return {
-        "trial_id": trial_id,
-        "experiment_id": view.experiment_id,
-        "seq": int(trial_id.rsplit(".", 1)[1]),
-        "state": lifecycle.ACTIVE,
-        "hparams": requested.hparams,
-        "trial_seed": requested.trial_seed,
-        "run_id": 0,
-        "restarts": 0,
-        "steps_completed": 0,
-        "latest_checkpoint": None,
-        "best_metric": None,
-        "latest_validation": None,
-        "requested_at": iso(view.requested_at.get(trial_id)),
-        "started_at": None,
-        "ended_at": None,
-    }
-
-
 @routes.get("/api/v1/experiments/{experiment_id}", allow=USERS, response=ExperimentDetail)
 async def get_experiment(request: web.Request) -> web.Response:
     """The experiment folded from its stream (state, owner, config) with its projection's
@@ -333,7 +310,7 @@ async def get_experiment(request: web.Request) -> web.Response:
     )
     projected, _ = await pr.list_trials(store, view.experiment_id)
     by_id = {t["trial_id"]: t for t in projected}
-    body["trials"] = [by_id.get(tid) or _fallback_trial(view, tid) for tid in view.trials]
+    body["trials"] = [by_id.get(tid) or view.requested_trial(tid) for tid in view.trials]
     return web.json_response(body)
 
 

@@ -25,7 +25,6 @@ from services.api.views import (
     ExperimentView,
     check_owner,
     experiment_of,
-    iso,
     load_experiment,
     load_trial_control,
     trial_stream,
@@ -99,27 +98,6 @@ async def _visible_trial(request: web.Request) -> tuple[str, ExperimentView]:
     return trial_id, view
 
 
-def _fallback(view: ExperimentView, trial_id: str, state: str) -> dict[str, Any]:
-    requested = view.trials[trial_id]
-    return {
-        "trial_id": trial_id,
-        "experiment_id": view.experiment_id,
-        "seq": int(trial_id.rsplit(".", 1)[1]),
-        "state": state,
-        "hparams": requested.hparams,
-        "trial_seed": requested.trial_seed,
-        "run_id": 0,
-        "restarts": 0,
-        "steps_completed": 0,
-        "latest_checkpoint": None,
-        "best_metric": None,
-        "latest_validation": None,
-        "requested_at": iso(view.requested_at.get(trial_id)),
-        "started_at": None,
-        "ended_at": None,
-    }
-
-
 @routes.get("/api/v1/trials/{trial_id}", allow=USERS, response=TrialDetail)
 async def get_trial(request: web.Request) -> web.Response:
     """A trial from the projection with its allocations, checkpoints and progress."""
@@ -128,7 +106,7 @@ async def get_trial(request: web.Request) -> web.Response:
     body = await pr.trial_row(store, trial_id)
     if body is None:
         control = await load_trial_control(store, trial_id)
-        body = _fallback(view, trial_id, control.state)
+        body = view.requested_trial(trial_id, control.state)
     body["allocations"] = await pr.allocations_of(store, trial_id)
     body["checkpoints"], _ = await pr.list_checkpoints(store, trial_id=trial_id)
     body["progress"] = await pr.trial_progress(store, trial_id)

@@ -200,6 +200,27 @@ class ExperimentView:
         """Whether a smaller searcher metric is better (the searcher's default: yes)."""
         return bool(self.searcher.get("smaller_is_better", True))
 
+    def requested_trial(self, trial_id: str, state: str = lifecycle.ACTIVE) -> dict[str, Any]:
+        """A trial summary from its ``TrialRequested`` alone (before the projection has it)."""
+        requested = self.trials[trial_id]
+        return {
+            "trial_id": trial_id,
+            "experiment_id": self.experiment_id,
+            "seq": int(trial_id.rsplit(".", 1)[1]),
+            "state": state,
+            "hparams": requested.hparams,
+            "trial_seed": requested.trial_seed,
+            "run_id": 0,
+            "restarts": 0,
+            "steps_completed": 0,
+            "latest_checkpoint": None,
+            "best_metric": None,
+            "latest_validation": None,
+            "requested_at": iso(self.requested_at.get(trial_id)),
+            "started_at": None,
+            "ended_at": None,
+        }
+
     def describe(self) -> dict[str, Any]:
         """The live-fold part of ``GET /api/v1/experiments/{id}`` (the route adds projections)."""
         labels = self.config.get("labels")

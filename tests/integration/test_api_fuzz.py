@@ -21,13 +21,11 @@ import subprocess
 import sys
 import tarfile
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 import requests
 import schemathesis
@@ -39,6 +37,7 @@ from schemathesis.checks import not_a_server_error
 from cairn.local.servers import ServerProcess
 from events.store import EventStore
 from services.api.app import all_routes
+from tests.helpers import create_database
 from tests.integration.test_api_support import CONFIG, allocate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,20 +105,6 @@ def _code_tarball() -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _create_database(pg_server: ServerProcess) -> str:
-    name = f"fuzz_{uuid.uuid4().hex[:12]}"
-
-    async def create() -> None:
-        conn = await asyncpg.connect(pg_server.url)
-        try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    return pg_server.url.rsplit("/", 1)[0] + f"/{name}"
-
-
 def _wait_ready(proc: subprocess.Popen[bytes], ready: Path, log: Path) -> None:
     deadline = time.monotonic() + 30
     while not ready.exists():
@@ -163,7 +148,7 @@ def live_api(
 ) -> Iterator[LiveApi]:
     """``python -m services.api`` on a free port and a fresh database, seeded, logged in."""
     tmp: Path = tmp_path_factory.mktemp("fuzz")
-    dsn = _create_database(pg_server)
+    dsn = create_database(pg_server, "fuzz")
     port = _free_port()
     ready, log = tmp / "ready", tmp / "api.log"
     env = {

@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 from events.config import parse_config
 from events.store import EventStore
@@ -28,30 +26,14 @@ from events.types import (
     ValidationReported,
 )
 from services.api import projections_read as pr
-from services.api.app import create_app
-from services.api.auth import agent_token, cluster_secret, create_user
+from services.api.auth import create_user
 from services.tracker.service import catch_up
-from tests.integration.test_api_support import CONFIG, Api, allocate, types_of
+from tests.integration.test_api_support import CONFIG, Api, allocate, running_api, types_of
 
 
-@contextlib.asynccontextmanager
-async def serve(store: EventStore, checkpoint_root: Path) -> AsyncIterator[Api]:
+def serve(store: EventStore, checkpoint_root: Path) -> contextlib.AbstractAsyncContextManager[Api]:
     """The gateway on a free port with ``checkpoint_root`` as its default root, logged in."""
-    secret = await cluster_secret(store)
-    app = create_app(store, None, secret=secret, checkpoint_root=checkpoint_root)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        async with aiohttp.ClientSession() as session:
-            api = Api(session, f"http://{host}:{port}", store, secret)
-            api.agent = await agent_token(store)
-            api.admin = await api.login()
-            yield api
-    finally:
-        await runner.cleanup()
+    return running_api(store, checkpoint_root)
 
 
 @pytest.fixture

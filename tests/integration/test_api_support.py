@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -74,10 +75,11 @@ class Api:
 
 
 @contextlib.asynccontextmanager
-async def running_api(store: EventStore) -> AsyncIterator[Api]:
-    """Starts the gateway on 127.0.0.1:<free port> and yields a client logged in as admin."""
+async def running_api(store: EventStore, checkpoint_root: Path | None = None) -> AsyncIterator[Api]:
+    """Starts the gateway on 127.0.0.1:<free port> and yields a client logged in as admin
+    (``checkpoint_root``: its default checkpoint root)."""
     secret = await cluster_secret(store)
-    app = create_app(store, None, secret=secret)
+    app = create_app(store, None, secret=secret, checkpoint_root=checkpoint_root)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
