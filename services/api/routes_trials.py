@@ -56,7 +56,10 @@ class CheckpointItem(ItemBase):
     """A complete checkpoint; ``metadata.steps_completed`` is required."""
 
     kind: Literal["checkpoint"]
-    uuid: str = Field(min_length=1)
+    uuid: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+        description="a file-name-safe id (the checkpoint directory is <root>/<uuid>)",
+    )
     steps_completed: int | None = Field(None, ge=0, le=MAX_STEPS)
     resources: dict[str, int] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
