@@ -17,7 +17,7 @@ routes = RouteTable("meta")
 _PARAM = re.compile(r"{([^}:]+)(?::[^}]*)?}")
 _ERRORS = {
     "400": "invalid request (the error's path names the field)",
-    "401": "missing or invalid bearer token",
+    "401": "missing or invalid bearer token (on login: wrong username or password)",
     "403": "the token may not do this",
     "404": "not found",
     "409": "not allowed in the current state",
@@ -109,7 +109,7 @@ def _responses(route: Route, refs: Mapping[Any, Any], error_ref: Any) -> dict[st
         ok["content"] = {"application/json": {"schema": {"type": "object"}}}
     out: dict[str, Any] = {"200": ok}
     for status, text in _ERRORS.items():
-        if route.allow == PUBLIC and status in ("401", "403"):
+        if route.allow == PUBLIC and status == "403":
             continue
         out[status] = {"description": text, "content": {"application/json": {"schema": error_ref}}}
     return out
