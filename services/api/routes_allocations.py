@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -11,7 +12,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.envelope import new
+from events.envelope import Event, new
 from events.store import Transaction
 from events.types import SlotsReleased, TrialExited, TrialStarted
 from services.api import tables
@@ -20,7 +21,9 @@ from services.api.errors import bad_request, parse, read_json
 from services.api.inbox import claim, in_transaction, record
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, store_of
 from services.api.views import (
+    AllocationView,
     Outcome,
+    TrialView,
     build_spec,
     exit_outcome,
     experiment_of,
@@ -179,37 +182,23 @@ async def started(request: web.Request) -> web.Response:
     """Appends TrialStarted once per allocation (repeats return the first answer)."""
     allocation_id, trial_id = _allocation(request)
     body = parse(StartedBody, await read_json(request))
-    source = "api.allocation.started"
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
-        fresh, previous = await claim(tx, source, allocation_id)
-        if not fresh:
-            return {**(previous or {}), "duplicate": True}
-        trial = await load_trial(tx, trial_id)
-        alloc = trial.allocation(allocation_id)
-        if body.agent_id not in alloc.placements:
-            raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
-        appended: list[str] = []
-        if not alloc.started and not alloc.exited:
-            checkpoint = trial.latest_checkpoint
-            event = TrialStarted(
-                trial_id=trial_id,
-                allocation_id=allocation_id,
-                run_id=alloc.run_id,
-                agent_id=body.agent_id,
-                restored_checkpoint=checkpoint.uuid if checkpoint else None,
-            )
-            await tx.append(
-                trial_stream(trial_id),
-                [new(event, actor=f"agent:{body.agent_id}", causation_id=body.idempotency_key)],
-                expected_version=trial.version,
-            )
-            appended.append("TrialStarted")
-        result = {"allocation_id": allocation_id, "appended": appended, "duplicate": False}
-        await record(tx, source, allocation_id, result)
-        return result
+    def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
+        if alloc.started or alloc.exited:
+            return [], {}
+        checkpoint = trial.latest_checkpoint
+        event = TrialStarted(
+            trial_id=trial_id,
+            allocation_id=allocation_id,
+            run_id=alloc.run_id,
+            agent_id=body.agent_id,
+            restored_checkpoint=checkpoint.uuid if checkpoint else None,
+        )
+        return [event], {}
 
-    result = await in_transaction(store_of(request), decide)
+    result = await _report_once(
+        request, "api.allocation.started", allocation_id, trial_id, body, build
+    )
     if result["appended"] and not result["duplicate"]:
         log.info("trial started", allocation_id=allocation_id, agent_id=body.agent_id)
     return web.json_response(result)
@@ -226,7 +215,45 @@ async def exited(request: web.Request) -> web.Response:
     SlotsReleased, once per allocation."""
     allocation_id, trial_id = _allocation(request)
     body = parse(ExitedBody, await read_json(request))
-    source = "api.allocation.exited"
+
+    def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
+        if alloc.exited:
+            return [], {"outcome": None}
+        outcome: Outcome = exit_outcome(alloc, body.exit_code)
+        events: list[Event] = [
+            TrialExited(
+                trial_id=trial_id,
+                run_id=alloc.run_id,
+                allocation_id=allocation_id,
+                outcome=outcome,
+                exit_code=body.exit_code,
+                message=body.message,
+            ),
+            SlotsReleased(
+                trial_id=trial_id, allocation_id=allocation_id, placements=alloc.placements
+            ),
+        ]
+        return events, {"outcome": outcome}
+
+    result = await _report_once(
+        request, "api.allocation.exited", allocation_id, trial_id, body, build
+    )
+    if result["appended"] and not result["duplicate"]:
+        log.info("trial exited", allocation_id=allocation_id, outcome=result["outcome"])
+    return web.json_response(result)
+
+
+async def _report_once(
+    request: web.Request,
+    source: str,
+    allocation_id: str,
+    trial_id: str,
+    body: StartedBody | ExitedBody,
+    build: Callable[[TrialView, AllocationView], tuple[list[Event], dict[str, Any]]],
+) -> dict[str, Any]:
+    """An agent's report on an allocation, applied once: the first call claims the allocation
+    in the inbox, checks the agent holds slots in it, appends what ``build`` decides against the
+    trial's version and records the answer; repeats get the recorded answer back."""
 
     async def decide(tx: Transaction) -> dict[str, Any]:
         fresh, previous = await claim(tx, source, allocation_id)
@@ -236,45 +263,24 @@ async def exited(request: web.Request) -> web.Response:
         alloc = trial.allocation(allocation_id)
         if body.agent_id not in alloc.placements:
             raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
-        appended: list[str] = []
-        outcome: Outcome | None = None
-        if not alloc.exited:
-            outcome = exit_outcome(alloc, body.exit_code)
+        events, extra = build(trial, alloc)
+        if events:
             meta = {"actor": f"agent:{body.agent_id}", "causation_id": body.idempotency_key}
-            events = [
-                new(
-                    TrialExited(
-                        trial_id=trial_id,
-                        run_id=alloc.run_id,
-                        allocation_id=allocation_id,
-                        outcome=outcome,
-                        exit_code=body.exit_code,
-                        message=body.message,
-                    ),
-                    **meta,
-                ),
-                new(
-                    SlotsReleased(
-                        trial_id=trial_id, allocation_id=allocation_id, placements=alloc.placements
-                    ),
-                    **meta,
-                ),
-            ]
-            await tx.append(trial_stream(trial_id), events, expected_version=trial.version)
-            appended = ["TrialExited", "SlotsReleased"]
+            await tx.append(
+                trial_stream(trial_id),
+                [new(event, **meta) for event in events],
+                expected_version=trial.version,
+            )
         result = {
             "allocation_id": allocation_id,
-            "appended": appended,
+            "appended": [event.event_type for event in events],
             "duplicate": False,
-            "outcome": outcome,
+            **extra,
         }
         await record(tx, source, allocation_id, result)
         return result
 
-    result = await in_transaction(store_of(request), decide)
-    if result["appended"] and not result["duplicate"]:
-        log.info("trial exited", allocation_id=allocation_id, outcome=result["outcome"])
-    return web.json_response(result)
+    return await in_transaction(store_of(request), decide)
 
 
 @routes.post(
