@@ -35,6 +35,7 @@ COMMANDS_STREAM = "CAIRN_COMMANDS"
 COMMANDS_PREFIX = "cairn.cmd"
 POSITION_HEADER = "Cairn-Position"
 MSG_ID_HEADER = "Nats-Msg-Id"
+ACK_WAIT_SECONDS = 30.0
 
 
 def subject_for(stream_id: str) -> str:
@@ -137,14 +138,27 @@ class Bus:
             raise BusUnavailableError(f"command publish failed: {exc}") from exc
 
     async def pull(
-        self, durable: str, subjects: Sequence[str], *, stream: str = EVENTS_STREAM
+        self,
+        durable: str,
+        subjects: Sequence[str],
+        *,
+        stream: str = EVENTS_STREAM,
+        ack_wait: float = ACK_WAIT_SECONDS,
     ) -> JetStreamContext.PullSubscription:
-        """Binds (creating if needed) a durable pull consumer that delivers only new messages."""
+        """Binds (creating if needed) a durable pull consumer that delivers only new messages.
+
+        Args:
+            durable: the durable consumer's name.
+            subjects: the subjects it receives.
+            stream: the JetStream stream it reads.
+            ack_wait: seconds JetStream waits for an ack before redelivering a message; set
+                when the durable is created (binding to an existing one keeps its setting).
+        """
         config = ConsumerConfig(
             durable_name=durable,
             deliver_policy=DeliverPolicy.NEW,
             ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=30.0,
+            ack_wait=ack_wait,
             max_deliver=20,
             max_ack_pending=10_000,
             filter_subjects=list(subjects) if len(subjects) > 1 else None,

@@ -17,7 +17,7 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from events import faults
-from events.bus import EVENTS_PREFIX, Bus, position_of
+from events.bus import ACK_WAIT_SECONDS, EVENTS_PREFIX, Bus, position_of
 from events.envelope import RecordedEvent
 from events.errors import EventsError
 from events.store import EventStore, Fence, Transaction
@@ -69,6 +69,7 @@ class ConsumerRunner:
         batch: int = 500,
         catch_up_every: float = 2.0,
         fence: Fence | None = None,
+        ack_wait: float = ACK_WAIT_SECONDS,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -76,6 +77,7 @@ class ConsumerRunner:
         self.batch = batch
         self.catch_up_every = catch_up_every
         self.fence = fence
+        self.ack_wait = ack_wait
         self.applied = 0
         self._lock = asyncio.Lock()
 
@@ -151,7 +153,9 @@ class ConsumerRunner:
         while not stop.is_set():
             try:
                 if sub is None:
-                    sub = await self.bus.pull(self.consumer.name, self.consumer.subjects)
+                    sub = await self.bus.pull(
+                        self.consumer.name, self.consumer.subjects, ack_wait=self.ack_wait
+                    )
                 msgs = await sub.fetch(batch=256, timeout=1.0)
             except (NatsTimeoutError, TimeoutError):
                 continue

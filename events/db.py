@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, TypeAlias, cast
 
 import asyncpg
 
-from events.errors import ConcurrencyError, EventsError, StoreUnavailableError
+from events.errors import (
+    ConcurrencyError,
+    DuplicateEventError,
+    EventsError,
+    StoreUnavailableError,
+)
 
 Pool: TypeAlias = asyncpg.Pool
 Connection: TypeAlias = asyncpg.Connection
+
+EVENT_ID_CONSTRAINT = "events_event_id_key"
+_KEY_VALUE = re.compile(r"\(event_id\)=\(([^)]*)\)")
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -46,7 +55,16 @@ async def connect(dsn: str) -> Connection:
 
 @contextlib.contextmanager
 def translate_errors(stream_id: str | None = None) -> Iterator[None]:
-    """Turns asyncpg and socket errors into :mod:`events.errors` errors."""
+    """Turns asyncpg and socket errors into :mod:`events.errors` errors.
+
+    Args:
+        stream_id: the stream being appended to, named in the errors it explains.
+
+    Raises:
+        ConcurrencyError: two appends raced for the same stream version.
+        DuplicateEventError: an append reused an ``event_id`` already in the log.
+        StoreUnavailableError: the database is unreachable or busy (or another unique key).
+    """
     try:
         yield
     except EventsError:
@@ -54,6 +72,9 @@ def translate_errors(stream_id: str | None = None) -> Iterator[None]:
     except asyncpg.UniqueViolationError as exc:
         if exc.constraint_name == "events_pkey" and stream_id is not None:
             raise ConcurrencyError(stream_id, None, -1) from exc
+        if exc.constraint_name == EVENT_ID_CONSTRAINT:
+            found = _KEY_VALUE.search(getattr(exc, "detail", None) or "")
+            raise DuplicateEventError(stream_id, found.group(1) if found else None) from exc
         raise StoreUnavailableError(f"unique violation: {exc}") from exc
     except asyncpg.LockNotAvailableError as exc:
         raise StoreUnavailableError(f"event log busy: {exc}") from exc

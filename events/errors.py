@@ -27,6 +27,20 @@ class FencedError(EventsError):
         self.current = current
 
 
+class DuplicateEventError(EventsError):
+    """An append reused an ``event_id`` that the log already holds; the event is not stored twice.
+
+    Retrying the same append can never succeed: the event is already a fact (or its id collides).
+    """
+
+    def __init__(self, stream_id: str | None, event_id: str | None) -> None:
+        where = f"stream {stream_id}: " if stream_id else ""
+        what = f"event id {event_id}" if event_id else "an event id"
+        super().__init__(f"{where}{what} is already in the log")
+        self.stream_id = stream_id
+        self.event_id = event_id
+
+
 class UnknownEventError(EventsError):
     """A stored event's (type, schema_version) has no registered model or upcaster."""
 

@@ -113,6 +113,7 @@ class Transaction:
         Raises:
             ConcurrencyError: the stream is not at ``expected_version``.
             FencedError: ``fence`` is no longer current.
+            DuplicateEventError: an event's ``event_id`` is already in the log.
         """
         if not events:
             return []

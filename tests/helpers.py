@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -21,19 +23,49 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 async def wait_until(
-    predicate: Callable[[], object], timeout: float = 20.0, every: float = 0.05
-) -> None:
-    """Polls ``predicate`` (sync or async) until it is truthy; fails the test on timeout."""
+    predicate: Callable[[], object],
+    timeout: float = 20.0,
+    every: float = 0.05,
+    *,
+    detail: Callable[[], str] | None = None,
+) -> Any:
+    """Polls ``predicate`` (sync or async) until it is truthy and returns that value; fails the
+    test on timeout, with ``detail()`` (e.g. the services' logs) in the message."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
-        if asyncio.iscoroutine(value):
+        if inspect.isawaitable(value):
             value = await value
         if value:
-            return
+            return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(_timed_out(timeout, detail))
         await asyncio.sleep(every)
+
+
+def wait_until_sync(
+    predicate: Callable[[], object],
+    timeout: float = 20.0,
+    every: float = 0.05,
+    *,
+    detail: Callable[[], str] | None = None,
+) -> Any:
+    """:func:`wait_until` for synchronous tests: polls a plain function from this thread."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            raise TypeError("an async predicate needs wait_until, not wait_until_sync")
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(_timed_out(timeout, detail))
+        time.sleep(every)
+
+
+def _timed_out(timeout: float, detail: Callable[[], str] | None) -> str:
+    message = f"condition not met within {timeout}s"
+    return f"{message}\n{detail()}" if detail is not None else message
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 30.0) -> str:

@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from events.errors import ConcurrencyError, StoreUnavailableError
+from events.errors import ConcurrencyError, DuplicateEventError, StoreUnavailableError
 
 log = structlog.get_logger("api")
 M = TypeVar("M", bound=BaseModel)
@@ -182,6 +182,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except ConcurrencyError as exc:
         log.warning("write conflict", path=request.path, error=str(exc))
         return error_response(ApiError(409, "concurrent update, retry"))
+    except DuplicateEventError as exc:
+        return error_response(ApiError(409, f"duplicate event, not stored again: {exc}"))
     except Exception:
         log.exception("unhandled error", method=request.method, path=request.path)
         return error_response(ApiError(500, "internal server error"))

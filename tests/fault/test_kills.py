@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import nats
+from nats.js.errors import NotFoundError
 
 from cairn.local.servers import ServerProcess
-from events.bus import EVENTS_STREAM, Bus
+from events.bus import EVENTS_STREAM, Bus, position_of
 from events.consumer import ConsumerRunner
 from events.relay import CHECKPOINT as RELAY_CHECKPOINT
 from events.store import EventStore
@@ -101,37 +104,117 @@ async def test_consumer_killed_after_commit_before_ack_skips_redelivery(
     nats_server: ServerProcess,
     service_env: Callable[..., dict[str, str]],
 ) -> None:
-    """A consumer killed between its commit and its ack does not re-apply the redelivered messages."""
+    """Messages whose effects committed before a SIGKILL, unacked, are redelivered to the
+    restarted consumer, which acks them without applying anything twice."""
     await store.pool.execute(EFFECTS_DDL)
-    relay = spawn("services.relay", "--db", db_url, "--nats", nats_server.url, env=service_env())
+    # Only bus wake-ups apply events in the killed process (its timer catch-up runs once, on the
+    # empty log); a short ack wait makes JetStream redeliver its unacked messages within the test.
     consumer = spawn(
         "tests.fault.procs.effects_consumer",
         db_url,
         nats_server.url,
+        str(ACK_WAIT),
+        "3600",
         env=service_env("consumer.after_commit=120"),
     )
+    relay: subprocess.Popen[str] | None = None
+    bus: RecordingBus | None = None
+    stop = asyncio.Event()
+    consuming: asyncio.Task[None] | None = None
     try:
         await asyncio.to_thread(wait_for_line, consumer, "CONSUMER-READY")
-        await asyncio.sleep(0.5)  # let the durable consumer register before events flow
+        await wait_until(lambda: durable_exists(nats_server.url, "effects"))
+        await wait_until(lambda: store.pool.fetchval(CHECKPOINT_ROW, "effects"))
         await append_some(store, 1, 10)
+        relay = spawn(
+            "services.relay", "--db", db_url, "--nats", nats_server.url, env=service_env()
+        )
         await asyncio.to_thread(wait_for_line, consumer, "FAULT-POINT consumer.after_commit")
         consumer.send_signal(signal.SIGKILL)
         consumer.wait(10)
+        committed = await store.checkpoint("effects")
         applied = await effect_counts(store)
-        assert applied and set(applied.values()) == {1}
-        consumer = spawn(
-            "tests.fault.procs.effects_consumer", db_url, nats_server.url, env=service_env()
+        assert committed > 0 and set(applied.values()) == {1}
+        unacked = await ack_pending(nats_server.url, "effects")
+        assert unacked > 0, "the kill left delivered messages unacked"
+
+        bus = await RecordingBus.connect(nats_server.url)
+        runner = ConsumerRunner(
+            store, bus, EffectsConsumer(), catch_up_every=3600.0, ack_wait=ACK_WAIT
         )
+        consuming = asyncio.create_task(runner.run(stop))
         await append_some(store, 11, 5)
         head = await store.head()
         await wait_until(lambda: _at(store, "effects", head), timeout=40)
-        await asyncio.sleep(1.0)  # give redeliveries time to (not) apply
+        redelivered = await wait_until(lambda: bus.redelivered(upto=committed), timeout=40)
+        assert all(n >= 2 for _, n in redelivered)
+        await wait_until(lambda: _no_ack_pending(nats_server.url), timeout=40)
         counts = await effect_counts(store)
-        assert len(counts) == len(await store.read_all()) and set(counts.values()) == {1}
+        assert sorted(counts) == [e.position for e in await store.read_all()]
+        assert set(counts.values()) == {1}, f"applied twice: {counts}"
     finally:
+        stop.set()
+        if consuming is not None:
+            await consuming
+        if bus is not None:
+            await bus.close()
         for proc in (relay, consumer):
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(10)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(10)
+
+
+ACK_WAIT = 2.0
+CHECKPOINT_ROW = "SELECT true FROM checkpoints WHERE name = $1"
+
+
+class RecordingBus(Bus):
+    """A real bus connection that notes each fetched message's position and delivery count."""
+
+    def __init__(self, nc: Any, js: Any) -> None:
+        super().__init__(nc, js)
+        self.deliveries: list[tuple[int, int]] = []
+
+    async def pull(self, durable: str, subjects: Sequence[str], **kwargs: Any) -> Any:
+        sub = await super().pull(durable, subjects, **kwargs)
+        fetch = sub.fetch
+
+        async def recording_fetch(*args: Any, **kw: Any) -> Any:
+            msgs = await fetch(*args, **kw)
+            for msg in msgs:
+                self.deliveries.append((position_of(msg) or 0, msg.metadata.num_delivered))
+            return msgs
+
+        sub.fetch = recording_fetch  # type: ignore[method-assign]
+        return sub
+
+    def redelivered(self, upto: int) -> list[tuple[int, int]]:
+        """Deliveries (position, count) of messages at or below ``upto`` delivered again."""
+        return [(p, n) for p, n in self.deliveries if p <= upto and n >= 2]
+
+
+async def durable_exists(url: str, durable: str) -> bool:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().consumer_info(EVENTS_STREAM, durable)
+        return True
+    except NotFoundError:
+        return False
+    finally:
+        await nc.close()
+
+
+async def ack_pending(url: str, durable: str) -> int:
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().consumer_info(EVENTS_STREAM, durable)
+        return int(info.num_ack_pending or 0)
+    finally:
+        await nc.close()
+
+
+async def _no_ack_pending(url: str) -> bool:
+    return await ack_pending(url, "effects") == 0
 
 
 async def _at(store: EventStore, checkpoint: str, position: int) -> bool:

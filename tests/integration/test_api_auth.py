@@ -11,7 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from events.envelope import NewEvent
 from events.store import EventStore
+from events.types import ExperimentSubmitted
 from services.api.app import all_routes
 from services.api.errors import error_middleware
 from tests.helpers import spawn, wait_until
@@ -143,14 +145,10 @@ async def test_service_process_serves_with_env_credentials(
         assert proc.wait(timeout=10) == 0
 
 
-async def test_unexpected_exception_becomes_logged_json_500() -> None:
-    """A handler crash leaves the error middleware as a JSON 500 without internals."""
-
-    async def boom(request: web.Request) -> web.Response:
-        raise RuntimeError("secret internals")
-
+async def answer_through_middleware(handler: Any) -> tuple[int, Any]:
+    """Serves ``handler`` behind the error middleware alone; returns one GET's status and JSON."""
     app = web.Application(middlewares=[error_middleware])
-    app.router.add_get("/boom", boom)
+    app.router.add_get("/once", handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -159,13 +157,37 @@ async def test_unexpected_exception_becomes_logged_json_500() -> None:
     try:
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"http://{host}:{port}/boom") as resp,
+            session.get(f"http://{host}:{port}/once") as resp,
         ):
-            assert resp.status == 500
-            body = await resp.json()
+            return resp.status, await resp.json()
     finally:
         await runner.cleanup()
+
+
+async def test_unexpected_exception_becomes_logged_json_500() -> None:
+    """A handler crash leaves the error middleware as a JSON 500 without internals."""
+
+    async def boom(request: web.Request) -> web.Response:
+        raise RuntimeError("secret internals")
+
+    status, body = await answer_through_middleware(boom)
+    assert status == 500
     assert body == {"error": {"message": "internal server error"}}
+
+
+async def test_duplicate_event_is_a_409_not_a_503(store: EventStore) -> None:
+    """An append reusing a stored event id answers 409 naming the id, not 503 "retry later"."""
+    item = NewEvent(event=ExperimentSubmitted(experiment_id=1, config={}))
+    await store.append("experiment-1", [item])
+
+    async def append_again(request: web.Request) -> web.Response:
+        await store.append("experiment-1", [item])
+        return web.json_response({})
+
+    status, body = await answer_through_middleware(append_again)
+    assert status == 409, body
+    assert str(item.event_id) in body["error"]["message"]
+    assert len(await store.read_stream("experiment-1")) == 1
 
 
 async def test_garbage_input_never_causes_a_500(api: Api, store: EventStore) -> None:

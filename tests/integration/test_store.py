@@ -7,12 +7,17 @@ import asyncio
 import pytest
 
 from events.envelope import NewEvent, RecordedEvent
-from events.errors import ConcurrencyError, FencedError
+from events.errors import (
+    ConcurrencyError,
+    DuplicateEventError,
+    FencedError,
+)
 from events.folds import fold, load, save_snapshot
 from events.lease import LeaderLease
-from events.store import EventStore, Fence
+from events.store import EventStore, Fence, lease_stream
 from events.types import ExperimentSubmitted, TrialRequested
 from tests.fixtures.folds import CountingFold
+from tests.helpers import wait_until
 
 
 def submitted(i: int) -> ExperimentSubmitted:
@@ -77,7 +82,7 @@ async def test_racing_writers_never_interleave_and_tail_sees_each_once(db_url: s
             elif finished:
                 return
             else:
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the tailing reader's poll: part of the scenario
 
     tailer = asyncio.create_task(tail())
     blocks = await asyncio.gather(write(0), write(1))
@@ -136,13 +141,21 @@ async def test_stale_fence_is_rejected(store: EventStore) -> None:
     await second.release()
 
 
+# A session other than the lock's holder whose last statement tried (and so failed) to take it.
+REFUSED_TRIES = """SELECT count(*) > 0 FROM pg_stat_activity
+    WHERE datname = current_database() AND state = 'idle'
+      AND query LIKE 'SELECT pg_try_advisory_lock%'
+      AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)"""
+
+
 async def test_second_lease_holder_waits_until_first_releases(store: EventStore) -> None:
     """A second process asking for a held lease gets it only after the holder lets go."""
     first = await LeaderLease.acquire(store, "relay-x")
     assert first is not None
     waiter = asyncio.create_task(LeaderLease.acquire(store, "relay-x", poll=0.05))
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: store.pool.fetchval(REFUSED_TRIES))
     assert not waiter.done()
+    assert len(await store.read_stream(lease_stream("relay-x"))) == 1, "only the holder was elected"
     await first.release()
     second = await asyncio.wait_for(waiter, 10)
     assert second is not None and second.epoch == first.epoch + 1
@@ -150,9 +163,13 @@ async def test_second_lease_holder_waits_until_first_releases(store: EventStore)
 
 
 async def test_event_ids_are_unique(store: EventStore) -> None:
-    """Re-appending an event with an already-stored event id is refused, not duplicated."""
+    """Re-appending an already-stored event id raises DuplicateEventError naming the stream and
+    id (not a retryable StoreUnavailableError), in this stream or another; nothing is stored."""
     item = NewEvent(event=submitted(6))
     await store.append("experiment-6", [item])
-    with pytest.raises(Exception):  # noqa: B017  (a translated store error)
-        await store.append("experiment-6", [item])
+    for stream in ("experiment-6", "experiment-7"):
+        with pytest.raises(DuplicateEventError) as err:
+            await store.append(stream, [NewEvent(event=submitted(7)), item])
+        assert (err.value.stream_id, err.value.event_id) == (stream, str(item.event_id))
     assert len(await store.read_stream("experiment-6")) == 1
+    assert await store.read_stream("experiment-7") == []

@@ -1,4 +1,7 @@
-"""A consumer process for fault tests: applies every event once into the ``effects`` table."""
+"""A consumer process for fault tests: applies every event once into the ``effects`` table.
+
+``python -m tests.fault.procs.effects_consumer DSN NATS_URL [ACK_WAIT [CATCH_UP_EVERY]]``
+"""
 
 from __future__ import annotations
 
@@ -6,19 +9,21 @@ import asyncio
 import signal
 import sys
 
-from events.bus import Bus
+from events.bus import ACK_WAIT_SECONDS, Bus
 from events.consumer import ConsumerRunner
 from events.store import EventStore
 from tests.helpers import EFFECTS_DDL, EffectsConsumer
 
 
-async def main(dsn: str, nats_url: str) -> None:
+async def main(dsn: str, nats_url: str, ack_wait: float, catch_up_every: float) -> None:
     store = await EventStore.connect(dsn)
     await store.pool.execute(EFFECTS_DDL)
     bus = await Bus.connect(nats_url)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    runner = ConsumerRunner(store, bus, EffectsConsumer(), catch_up_every=30.0)
+    runner = ConsumerRunner(
+        store, bus, EffectsConsumer(), catch_up_every=catch_up_every, ack_wait=ack_wait
+    )
     print("CONSUMER-READY", file=sys.stderr, flush=True)
     await runner.run(stop)
     await bus.close()
@@ -26,4 +31,12 @@ async def main(dsn: str, nats_url: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    args = sys.argv[1:]
+    asyncio.run(
+        main(
+            args[0],
+            args[1],
+            float(args[2]) if len(args) > 2 else ACK_WAIT_SECONDS,
+            float(args[3]) if len(args) > 3 else 30.0,
+        )
+    )
