@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 import cairn.core
 from cairn.core._http import Session
 from cairn.core._reporter import HTTPReporter
+from tests.helpers import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted" / "train.py"
@@ -57,21 +57,27 @@ def run(args: list[str], cwd: Path, timeout: float = 30.0) -> subprocess.Complet
 
 class FakeMaster:
     """A minimal stand-in for the HTTP peer (the API gateway) of a trial: it accepts report
-    batches (optionally slowly, or failing first) and answers the preemption long poll."""
+    batches (optionally held until released, or failing first) and answers the preemption long
+    poll."""
 
-    def __init__(self, delay: float = 0.0, fail_first: int = 0) -> None:
+    def __init__(self, fail_first: int = 0) -> None:
         self.batches: list[list[dict[str, Any]]] = []
         self.preempt = False
-        self.delay = delay
         self.fail_first = fail_first
+        self.held = 0
         self.lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
         master = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                time.sleep(master.delay)
                 with master.lock:
+                    master.held += 1
+                master._open.wait(timeout=60)
+                with master.lock:
+                    master.held -= 1
                     if master.fail_first > 0:
                         master.fail_first -= 1
                         self._answer(503, {"error": "try again"})
@@ -97,21 +103,30 @@ class FakeMaster:
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def hold(self) -> None:
+        """Makes every POST wait, unanswered, until :meth:`release`."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """Answers the held POSTs and every later one at once."""
+        self._open.set()
+
     def items(self) -> list[dict[str, Any]]:
         """Every item received, in order."""
         with self.lock:
             return [item for batch in self.batches for item in batch]
 
     def close(self) -> None:
-        """Stops the server."""
+        """Answers any held POST, then stops the server."""
+        self.release()
         self.server.shutdown()
         self.server.server_close()
 
 
 @pytest.fixture
 def master() -> Iterator[FakeMaster]:
-    """A fake master that answers every report after 0.2 s."""
-    m = FakeMaster(delay=0.2)
+    """A fake master that answers every report."""
+    m = FakeMaster()
     yield m
     m.close()
 
@@ -181,15 +196,26 @@ def test_failed_store_path_leaves_no_checkpoint(tmp_path: Path) -> None:
 
 
 def test_reports_are_batched_in_the_background_and_flushed_on_close(master: FakeMaster) -> None:
-    """Reporting never waits on a slow API; close() delivers every item with keys <alloc>:<seq>."""
+    """Reporting never waits on the API: 1200 reports return while a POST hangs unanswered;
+    close() then delivers every item with keys <alloc>:<seq>."""
     reporter = HTTPReporter(Session(master.url, "tok"), "1.1", "1.1.1")
     train = cairn.core.TrainContext(
         reporter, cairn.core.DistributedContext(rank=0, size=1, local_rank=0), run_id=1
     )
-    started = time.monotonic()
-    for step in range(1, 1201):
-        train.report_training_metrics(step, {"loss": 1.0 / step})
-    assert time.monotonic() - started < 0.5  # 1200 reports, while each POST takes 0.2 s
+    master.hold()
+    train.report_training_metrics(1, {"loss": 1.0})
+    wait_until_sync(lambda: master.held > 0)
+
+    def report_the_rest() -> None:
+        for step in range(2, 1201):
+            train.report_training_metrics(step, {"loss": 1.0 / step})
+
+    reporting = threading.Thread(target=report_the_rest, daemon=True)
+    reporting.start()
+    reporting.join(timeout=30)
+    assert not reporting.is_alive(), "a report waited on the API"
+    assert master.held > 0 and master.items() == [], "every report returned before any delivery"
+    master.release()
     assert reporter.close(timeout=20)
     items = master.items()
     assert [i["idempotency_key"] for i in items] == [f"1.1.1:{n}" for n in range(1, 1201)]
@@ -249,10 +275,7 @@ def test_on_cluster_context_reports_chief_only_and_sees_preemption(
         assert path.parent == tmp_path / "shared"
         assert not ctx.preempt.should_preempt()
         master.preempt = True
-        deadline = time.monotonic() + 10
-        while not ctx.preempt.should_preempt() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert ctx.preempt.should_preempt()
+        wait_until_sync(ctx.preempt.should_preempt, timeout=10)
     kinds = [(i["kind"], i.get("group")) for i in master.items()]
     assert kinds == [("metrics", "validation"), ("checkpoint", None)]
     assert master.items()[0]["metrics"] == {"validation_loss": 0.1}  # NaN left out

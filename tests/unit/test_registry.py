@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from events.errors import UnknownEventError
 from events.registry import decode, known_types, upcast
@@ -63,5 +64,5 @@ def test_unknown_type_is_refused() -> None:
 def test_events_are_frozen() -> None:
     """Event payloads are immutable facts."""
     event = decode("TrialExited", 2, fixture("TrialExited", 2))
-    with pytest.raises(Exception):  # noqa: B017  (pydantic's frozen-instance error)
+    with pytest.raises(ValidationError, match="frozen_instance"):
         event.message = "changed"  # type: ignore[misc]
