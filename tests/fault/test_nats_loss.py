@@ -55,7 +55,13 @@ async def append_burst(store: EventStore, start: int, n: int, pause: float = 0.0
     for i in range(start, start + n):
         await store.append(f"experiment-{i}", [ExperimentSubmitted(experiment_id=i, config={})])
         if pause:
-            await asyncio.sleep(pause)
+            await asyncio.sleep(pause)  # paces the burst so a fault lands mid-stream: the scenario
+
+
+async def _reached(store: EventStore, checkpoint: str | None, position: int) -> bool:
+    """Whether ``checkpoint`` (``None``: the head of the log) is at ``position`` or beyond."""
+    at = await (store.head() if checkpoint is None else store.checkpoint(checkpoint))
+    return at >= position
 
 
 async def assert_exactly_once(store: EventStore) -> None:
@@ -69,16 +75,19 @@ async def test_nats_killed_mid_stream_loses_nothing(
     pipeline: Pipeline, nats_server: ServerProcess
 ) -> None:
     """SIGKILL nats-server during a burst and restart it: every event is applied exactly once."""
-    burst = asyncio.create_task(append_burst(pipeline.store, 1, 60, pause=0.01))
-    await asyncio.sleep(0.25)
+    store = pipeline.store
+    burst = asyncio.create_task(append_burst(store, 1, 60, pause=0.01))
+    await wait_until(lambda: _reached(store, RELAY_CHECKPOINT, 5))  # events flow through NATS
     nats_server.kill()
-    await asyncio.sleep(0.5)
+    assert not burst.done(), "NATS must die mid-burst"
+    down_at = await store.head()
+    await wait_until(lambda: _reached(store, None, down_at + 5))  # appends go on without NATS
     restarted = start_nats(nats_server.data_dir, port=nats_server.port)
     try:
         await burst
-        await append_burst(pipeline.store, 100, 10)
+        await append_burst(store, 100, 10)
         await wait_until(pipeline.settled, timeout=40)
-        await assert_exactly_once(pipeline.store)
+        await assert_exactly_once(store)
     finally:
         restarted.stop()
 

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from cairn.local.cluster import SERVICES
+from tests.helpers import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -125,14 +126,19 @@ def kill_and_confirm(local: Local, name: str, timeout: float = 60.0) -> int:
     started a new one."""
     before = local.processes()[name]
     os.kill(before["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while True:
-        now = local.processes()[name]
-        if now["restarts"] > before["restarts"] and now["pid"] != before["pid"]:
-            assert now["exit_code"] == -signal.SIGKILL, now
-            return int(before["pid"])
-        assert time.monotonic() < deadline, f"{name} was not restarted: {now}"
-        time.sleep(0.2)
+
+    def restarted() -> dict[str, Any] | None:
+        now: dict[str, Any] = local.processes()[name]
+        return now if now["restarts"] > before["restarts"] and now["pid"] != before["pid"] else None
+
+    now = wait_until_sync(
+        restarted,
+        timeout,
+        every=0.2,
+        detail=lambda: f"{name} was not restarted: {local.processes()[name]}",
+    )
+    assert now["exit_code"] == -signal.SIGKILL, now
+    return int(before["pid"])
 
 
 def test_asha_run_survives_every_service_killed_once(local: Local, tmp_path: Path) -> None:

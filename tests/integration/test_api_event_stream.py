@@ -13,6 +13,7 @@ import pytest
 from events.store import EventStore
 from events.types import ExperimentStateChanged
 from services.api.auth import create_user
+from tests.helpers import wait_until
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment
 
 
@@ -30,12 +31,14 @@ async def read_events(
     query: str = "",
     last_event_id: int | None = None,
     timeout: float = 10.0,
+    into: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Opens the stream, collects ``count`` events (``id``, ``event``, ``data``), then leaves."""
+    """Opens the stream, collects ``count`` events (``id``, ``event``, ``data``), then leaves;
+    ``into``: a list to collect them in, which the caller can watch fill."""
     headers = {"Authorization": f"Bearer {token}"}
     if last_event_id is not None:
         headers["Last-Event-ID"] = str(last_event_id)
-    events: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = [] if into is None else into
 
     async def collect() -> None:
         async with api.session.get(
@@ -74,15 +77,13 @@ async def test_stream_reads_and_resumes_after_last_event_id(api: Api, store: Eve
     ]
     assert first[2]["data"]["stream_id"] == "trial-1.1" and first[2]["data"]["position"] == 3
 
-    async def append_later() -> None:
-        await asyncio.sleep(0.3)
-        await store.append(
-            "experiment-1", [ExperimentStateChanged(experiment_id=1, state="PAUSED")]
-        )
-
-    appender = asyncio.create_task(append_later())
-    resumed = await read_events(api, api.admin, 2, query="?after=0", last_event_id=2)
-    await appender
+    received: list[dict[str, Any]] = []
+    reader = asyncio.create_task(
+        read_events(api, api.admin, 2, query="?after=0", last_event_id=2, into=received)
+    )
+    await wait_until(lambda: received)  # connected, and past the events already logged
+    await store.append("experiment-1", [ExperimentStateChanged(experiment_id=1, state="PAUSED")])
+    resumed = await reader
     assert [int(e["id"]) for e in resumed] == [3, 4]
     assert resumed[1]["data"]["payload"]["state"] == "PAUSED"
     typed = await read_events(api, api.admin, 1, query="?types=ExperimentStateChanged")

@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from schemathesis.specs.openapi.checks import status_code_conformance
 from cairn.local.servers import ServerProcess
 from events.store import EventStore
 from services.api.app import all_routes
-from tests.helpers import create_database
+from tests.helpers import create_database, wait_until_sync
 from tests.integration.test_api_support import CONFIG, allocate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,11 +106,12 @@ def _code_tarball() -> str:
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], ready: Path, log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the API did not start:\n{log.read_text()}")
-        time.sleep(0.05)
+    def started() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the API exited with {proc.returncode}:\n{log.read_text()}")
+        return ready.exists()
+
+    wait_until_sync(started, timeout=30, detail=log.read_text)
 
 
 def _seed(api: LiveApi, dsn: str) -> None:

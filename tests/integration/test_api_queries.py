@@ -28,6 +28,7 @@ from events.types import (
 from services.api import projections_read as pr
 from services.api.auth import create_user
 from services.tracker.service import catch_up
+from tests.helpers import wait_until
 from tests.integration.test_api_support import CONFIG, Api, allocate, running_api, types_of
 
 
@@ -354,10 +355,10 @@ async def test_logs_page_and_follow_until_the_trial_ends(api: Api, store: EventS
                 received.append(json.loads(raw))
 
     follower = asyncio.create_task(follow())
-    await asyncio.sleep(0.3)
+    await wait_until(lambda: len(received) == 1)  # following: "three" came before any new line
     await post_logs(api, allocation_id, "b2", "four")
-    await asyncio.sleep(0.7)
-    assert not follower.done()
+    await wait_until(lambda: len(received) == 2)
+    assert not follower.done(), "a follow stays open while the trial runs"
     await post_logs(api, allocation_id, "b3", "five")
     await end_trial(store, "1.1")
     await asyncio.wait_for(follower, timeout=10)
