@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ import aiohttp
 from cairn.client import code_tarball as client_tarball
 from cairn.local.processes import ProcessCluster
 from events.store import EventStore
+from tests.helpers import wait_until
 
 AGENT_TOKEN = "e2e-agent-token"
 
@@ -62,16 +61,17 @@ class Cluster(ProcessCluster):
             return data
 
     async def login(self) -> None:
-        for _ in range(100):
+        async def logged_in() -> bool:
             try:
                 data = await self.request(
                     "POST", "/auth/login", {"username": "admin", "password": "admin"}
                 )
-                self.token = data["token"]
-                return
             except (aiohttp.ClientError, AssertionError):
-                await asyncio.sleep(0.1)
-        raise AssertionError("could not log in")
+                return False  # the API is still starting
+            self.token = data["token"]
+            return True
+
+        await wait_until(logged_in, timeout=30, every=0.1, detail=self.logs)
 
     async def submit(self, config: dict[str, Any], code_dir: Path) -> int:
         data = await self.request(
@@ -100,10 +100,5 @@ async def experiment_state(store: EventStore, experiment_id: int) -> str | None:
 
 
 async def wait_for(cluster: Cluster, predicate: Any, timeout: float = 60.0) -> None:
-    """Polls an async predicate; on timeout fails with the services' logs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await predicate():
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"condition not met in {timeout}s\n{cluster.logs()}")
+    """:func:`~tests.helpers.wait_until` that fails with the services' logs."""
+    await wait_until(predicate, timeout, every=0.2, detail=cluster.logs)

@@ -13,13 +13,14 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -108,16 +109,6 @@ def created_id(stdout: str) -> int:
     raise AssertionError(f"no experiment id in {stdout!r}")
 
 
-def eventually(check: Any, timeout: float = 20.0) -> Any:
-    """Retries ``check`` (projections may lag the log) until it returns a truthy value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.3)
-
-
 @pytest.fixture(scope="module")
 def finished(cluster: Env) -> dict[str, Any]:
     """A scripted experiment created with ``-f`` (exit code, output) and its describe JSON."""
@@ -196,7 +187,7 @@ def test_create_follow_completes(finished: dict[str, Any]) -> None:
 def test_reads_with_json(cluster: Env, finished: dict[str, Any]) -> None:
     """list/describe/list-trials/list-checkpoints print parseable JSON holding the experiment."""
     exp_id = finished["id"]
-    listed = eventually(
+    listed = wait_until_sync(
         lambda: [e for e in as_json(cluster, "e", "list")["experiments"] if e["id"] == exp_id]
     )
     assert listed and listed[0]["state"] == "COMPLETED"
@@ -207,7 +198,7 @@ def test_reads_with_json(cluster: Env, finished: dict[str, Any]) -> None:
     trials = as_json(cluster, "experiment", "list-trials", str(exp_id))["trials"]
     assert [t["experiment_id"] for t in trials] == [exp_id]
     assert trials[0]["state"] == "COMPLETED"
-    checkpoints = eventually(lambda: as_json(cluster, "e", "lc", str(exp_id))["checkpoints"])
+    checkpoints = wait_until_sync(lambda: as_json(cluster, "e", "lc", str(exp_id))["checkpoints"])
     assert checkpoints and all(c["experiment_id"] == exp_id for c in checkpoints)
     best = as_json(cluster, "e", "list-checkpoints", str(exp_id), "--best", "1")["checkpoints"]
     assert len(best) == 1
@@ -222,8 +213,7 @@ def test_trial_describe_and_logs(cluster: Env, finished: dict[str, Any]) -> None
     assert trial["allocations"]
     assert trial_id in ok(cluster, "t", "describe", trial_id).stdout
 
-    logs = eventually(lambda: "done at step 20" in ok(cluster, "trial", "logs", trial_id).stdout)
-    assert logs
+    wait_until_sync(lambda: "done at step 20" in ok(cluster, "trial", "logs", trial_id).stdout)
     tail = ok(cluster, "trial", "logs", trial_id, "--tail", "1").stdout.splitlines()
     assert len(tail) == 1
     followed = ok(cluster, "trial", "logs", trial_id, "-f", timeout=30).stdout
@@ -236,7 +226,7 @@ def test_checkpoint_describe_and_download(
     cluster: Env, finished: dict[str, Any], tmp_path: Path
 ) -> None:
     """checkpoint describe shows it; download unpacks the checkpoint's files."""
-    checkpoints = eventually(
+    checkpoints = wait_until_sync(
         lambda: as_json(cluster, "e", "lc", str(finished["id"]))["checkpoints"]
     )
     uuid = checkpoints[0]["uuid"]
@@ -256,16 +246,16 @@ def test_archive_and_unarchive(cluster: Env, finished: dict[str, Any]) -> None:
         return {e["id"] for e in as_json(cluster, "e", "list", *flags)["experiments"]}
 
     ok(cluster, "experiment", "archive", exp_id)
-    assert eventually(lambda: finished["id"] not in ids())
+    wait_until_sync(lambda: finished["id"] not in ids())
     assert finished["id"] in ids("--all")
     ok(cluster, "experiment", "unarchive", exp_id)
-    assert eventually(lambda: finished["id"] in ids())
+    wait_until_sync(lambda: finished["id"] in ids())
 
 
 def test_agents_and_slots(cluster: Env) -> None:
     """agent list and slot list show the agent's two slots; slot disable/enable (by id or
     name) flips one; agent disable/enable succeed."""
-    agents = eventually(lambda: as_json(cluster, "agent", "list")["agents"])
+    agents = wait_until_sync(lambda: as_json(cluster, "agent", "list")["agents"])
     assert len(agents) == 1 and len(agents[0]["slots"]) == 2
     agent_id = agents[0]["agent_id"]
     assert agent_id in ok(cluster, "a", "ls").stdout
@@ -278,9 +268,9 @@ def test_agents_and_slots(cluster: Env) -> None:
         return bool(found[0]["enabled"])
 
     ok(cluster, "slot", "disable", agent_id, slot_id)
-    assert eventually(lambda: not enabled())
+    wait_until_sync(lambda: not enabled())
     ok(cluster, "slot", "enable", agent_id, slot_name)  # a slot's name works as well
-    assert eventually(enabled)
+    wait_until_sync(enabled)
     ok(cluster, "agent", "disable", agent_id, "--drain")
     ok(cluster, "agent", "enable", agent_id)
     assert cli(cluster, "slot", "disable", "no-such-agent", "0").returncode == 4

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from cairn.local.cluster import SERVICES
 from events.store import EventStore
 from events.types import ExperimentSubmitted
+from tests.helpers import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERYTHING = {"postgres", "nats", *SERVICES}
@@ -153,14 +153,16 @@ def test_killed_service_is_reported_and_restarted(cluster_dir: Path) -> None:
     _, report = status(cluster_dir)
     victim = processes(report)["relay"]
     os.kill(victim["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while True:
+
+    def restarted() -> dict[str, Any] | None:
         code, report = status(cluster_dir)
-        relay = processes(report)["relay"]
-        if relay["restarts"] >= victim["restarts"] + 1 and relay["state"] == "alive" and code == 0:
-            break
-        assert time.monotonic() < deadline, f"relay did not come back: {relay}"
-        time.sleep(0.2)
+        relay: dict[str, Any] = processes(report)["relay"]
+        back = relay["restarts"] >= victim["restarts"] + 1 and relay["state"] == "alive"
+        return relay if back and code == 0 else None
+
+    relay = wait_until_sync(
+        restarted, 30, every=0.2, detail=lambda: f"relay did not come back: {status(cluster_dir)}"
+    )
     assert relay["pid"] != victim["pid"]
     assert relay["exit_code"] == -signal.SIGKILL
     log = (cluster_dir / "logs" / "supervisor.log").read_text()
