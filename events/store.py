@@ -175,9 +175,20 @@ class Transaction:
         upto: int | None = None,
         limit: int = 1000,
         types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
     ) -> list[RecordedEvent]:
-        """Reads committed events with ``after < position <= upto`` in position order."""
-        return await _read_all(self.conn, after, upto, limit, types)
+        """Reads committed events with ``after < position <= upto`` in position order.
+
+        Args:
+            after: read positions above this one.
+            upto: read positions up to this one (``None``: the head).
+            limit: at most this many events.
+            types: event types to read (``None``: all).
+            envelopes: stream types (``trial``, ``agent``, ...) whose events of other types are
+                read too, as envelopes with an empty payload: enough for a reader to know each
+                of those streams' versions without paying for payloads it does not fold.
+        """
+        return await _read_all(self.conn, after, upto, limit, types, envelopes)
 
     async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
         """Reads one stream's events after ``after_version`` in version order."""
@@ -205,20 +216,42 @@ class Transaction:
 
 
 async def _read_all(
-    conn: Connection, after: int, upto: int | None, limit: int, types: Iterable[str] | None
+    conn: Connection,
+    after: int,
+    upto: int | None,
+    limit: int,
+    types: Iterable[str] | None,
+    envelopes: Iterable[str] = (),
 ) -> list[RecordedEvent]:
     type_list = sorted(set(types)) if types is not None else None
+    categories = sorted(set(envelopes))
     with translate_errors():
-        rows = await conn.fetch(
-            f"""SELECT {_COLUMNS} FROM events
-                WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
-                  AND ($3::text[] IS NULL OR type = ANY($3))
-                ORDER BY position LIMIT $4""",
-            after,
-            upto,
-            type_list,
-            limit,
-        )
+        if type_list is None or not categories:
+            rows = await conn.fetch(
+                f"""SELECT {_COLUMNS} FROM events
+                    WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                      AND ($3::text[] IS NULL OR type = ANY($3))
+                    ORDER BY position LIMIT $4""",
+                after,
+                upto,
+                type_list,
+                limit,
+            )
+        else:
+            rows = await conn.fetch(
+                """SELECT position, stream_id, stream_version, event_id, type, schema_version,
+                          CASE WHEN type = ANY($3) THEN payload ELSE '{}'::jsonb END AS payload,
+                          metadata, recorded_at
+                   FROM events
+                   WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                     AND (type = ANY($3) OR split_part(stream_id, '-', 1) = ANY($5))
+                   ORDER BY position LIMIT $4""",
+                after,
+                upto,
+                type_list,
+                limit,
+                categories,
+            )
     return [row_to_event(r) for r in rows]
 
 
@@ -282,19 +315,29 @@ class EventStore:
         upto: int | None = None,
         limit: int = 1000,
         types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
     ) -> list[RecordedEvent]:
-        """Reads committed events with ``after < position <= upto`` in position order."""
+        """Reads committed events in position order; see :meth:`Transaction.read_all`."""
         async with self.pool.acquire() as conn:
-            return await _read_all(conn, after, upto, limit, types)
+            return await _read_all(conn, after, upto, limit, types, envelopes)
 
     async def iter_all(
-        self, after: int = 0, *, batch: int = 5000, types: Iterable[str] | None = None
+        self,
+        after: int = 0,
+        *,
+        batch: int = 5000,
+        types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
     ) -> AsyncIterator[RecordedEvent]:
-        """Iterates every committed event after ``after`` in position order, in pages."""
+        """Iterates every committed event after ``after`` in position order, in pages (the
+        arguments as in :meth:`Transaction.read_all`)."""
         position = after
         type_list = list(types) if types is not None else None
+        categories = list(envelopes)
         while True:
-            page = await self.read_all(position, limit=batch, types=type_list)
+            page = await self.read_all(
+                position, limit=batch, types=type_list, envelopes=categories
+            )
             for event in page:
                 yield event
             if len(page) < batch:

@@ -2,7 +2,10 @@
 
 It runs leader-only. Its decisions are appended in the same transaction that moves its
 checkpoint, fenced by its lease epoch, so a crash never leaves a decision without its
-checkpoint (or the reverse) and a deposed leader cannot write.
+checkpoint (or the reverse) and a deposed leader cannot write. It plans only on a state folded
+up to the head of the log (which holds its own earlier decisions), and appends each stream's
+decisions with the version that state saw: a plan overtaken by another writer loses with
+``ConcurrencyError`` and the runner re-plans (see :mod:`events.consumer`).
 """
 
 from __future__ import annotations
@@ -10,10 +13,10 @@ from __future__ import annotations
 import structlog
 
 from events.consumer import Consumer
-from events.envelope import RecordedEvent
+from events.envelope import Event, RecordedEvent
 from events.store import EventStore, Transaction
 from services.scheduler.planner import Settings, plan, reap
-from services.scheduler.state import TYPES, ClusterState
+from services.scheduler.state import STREAMS, TYPES, ClusterState
 
 log = structlog.get_logger("scheduler")
 
@@ -23,6 +26,7 @@ class SchedulerConsumer(Consumer):
 
     name = "scheduler"
     types = TYPES
+    envelopes = STREAMS
     tick_always = True
 
     def __init__(self, store: EventStore, settings: Settings, agent_timeout: float = 15.0) -> None:
@@ -36,7 +40,7 @@ class SchedulerConsumer(Consumer):
         """Refolds the state from the start of the log up to this consumer's checkpoint."""
         state = ClusterState()
         checkpoint = await self.store.checkpoint(self.name)
-        async for event in self.store.iter_all(0, types=TYPES):
+        async for event in self.store.iter_all(0, types=TYPES, envelopes=STREAMS):
             if event.position > checkpoint:
                 break
             state.apply(event)
@@ -54,11 +58,12 @@ class SchedulerConsumer(Consumer):
         if beats is not None:
             now, last_beat = beats
             decisions += reap(self.state, last_beat, now, self.agent_timeout)
-        by_stream: dict[str, list[object]] = {}
+        by_stream: dict[str, list[Event]] = {}
         for stream_id, event in decisions:
             by_stream.setdefault(stream_id, []).append(event)
         for stream_id, events in by_stream.items():
-            await tx.append(stream_id, events)  # type: ignore[arg-type]
+            expected = self.state.version(stream_id)
+            await tx.append(stream_id, events, expected_version=expected)
         if decisions:
             self.decided += len(decisions)
             log.info(
