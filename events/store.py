@@ -335,9 +335,7 @@ class EventStore:
         type_list = list(types) if types is not None else None
         categories = list(envelopes)
         while True:
-            page = await self.read_all(
-                position, limit=batch, types=type_list, envelopes=categories
-            )
+            page = await self.read_all(position, limit=batch, types=type_list, envelopes=categories)
             for event in page:
                 yield event
             if len(page) < batch:
