@@ -6,6 +6,14 @@ closures) in position order; its operations are appended as events (``TrialReque
 searcher's checkpoint. On start the service replays the log up to its checkpoint with appends
 switched off: the methods reach exactly the state they had, including their RNGs, and nothing
 already decided is decided again.
+
+Unlike the scheduler, the searcher does not plan over a folded state: each operation is the
+method's answer to one input event, applied exactly once (its appends commit with the checkpoint
+that passes the event), and the method's own state records every operation it produced. No later
+decision can therefore miss an earlier one, whatever position a wake-up stops at. Its appends
+carry no expected version on purpose: a decision is right as of its input's position, and the
+experiment stream's version at that position is behind whenever a later event sits on the stream,
+so the check would fail on every retry.
 """
 
 from __future__ import annotations
