@@ -324,7 +324,9 @@ async def _check_checkpoint_owners(
     response=ReportsResponse,
 )
 async def reports(request: web.Request) -> web.Response:
-    """Ingests a batch of reports in one transaction; repeated keys are no-ops."""
+    """Ingests a batch of reports in one transaction; repeated keys are no-ops; 409 for a
+    trial or run that has ended, a run that is not the current one, or a checkpoint uuid that
+    belongs to another trial."""
     trial_id = _trial_id(request)
     items = _parse_items(await read_json(request))
     principal = principal_of(request)

@@ -68,8 +68,13 @@ async def saved_uuids(store: EventStore, trial_id: str) -> list[str]:
 async def download(api: Api, uuid: str, token: str) -> dict[str, bytes]:
     status, data = await api.call("GET", f"/api/v1/checkpoints/{uuid}/download", token=token)
     assert status == 200, (status, data)
+    files: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+        for member in tar.getmembers():
+            content = tar.extractfile(member)
+            if content is not None:
+                files[member.name] = content.read()
+    return files
 
 
 async def two_users_two_experiments(api: Api, store: EventStore) -> tuple[str, str]:
