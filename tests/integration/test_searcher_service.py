@@ -5,9 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from events.check import check_log
 from events.consumer import ConsumerRunner
 from events.store import EventStore
-from events.types import ExperimentSubmitted, TrialStateChanged, ValidationReported
+from events.types import (
+    ExperimentStateChanged,
+    ExperimentSubmitted,
+    TrialStateChanged,
+    ValidationReported,
+)
 from services.searcher.service import SearcherConsumer
 
 CONFIG: dict[str, Any] = {
@@ -163,3 +169,27 @@ async def test_wake_ups_below_its_own_decisions_decide_nothing_twice(store: Even
     assert stopped and len(stopped) == len(set(stopped))
     events = await store.read_all(limit=100_000, types=["TrialRequested"])
     assert len({e.payload["request_id"] for e in events}) == 12
+
+
+async def test_search_end_overtaken_by_a_user_kill_is_not_appended(store: EventStore) -> None:
+    """A kill recorded after the searcher's input but before its append wins: no STOPPING_COMPLETED."""
+    single = {**CONFIG, "searcher": {"name": "single", "metric": "validation_loss"}}
+    await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config=single)])
+    runner = ConsumerRunner(store, None, SearcherConsumer(store))
+    await runner.catch_up()
+    (requested,) = [e for e in await store.read_all() if e.type == "TrialRequested"]
+    trial_id = requested.payload["trial_id"]
+    # The input that ends the search, then the user's kill, both before the searcher runs.
+    await store.append(
+        f"trial-{trial_id}", [TrialStateChanged(trial_id=trial_id, state="COMPLETED")]
+    )
+    kill = ExperimentStateChanged(experiment_id=1, state="STOPPING_KILLED", actor="alice")
+    await store.append("experiment-1", [kill])
+    await runner.catch_up()
+    states = [
+        e.payload["state"]
+        for e in await store.read_stream("experiment-1")
+        if e.type == "ExperimentStateChanged"
+    ]
+    assert states == ["STOPPING_KILLED"]
+    assert await check_log(store) == []
