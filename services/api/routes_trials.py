@@ -23,6 +23,7 @@ from services.api import tables
 from services.api.auth import check_trial, principal_of
 from services.api.errors import bad_request, not_found, parse, read_json
 from services.api.inbox import claim_many
+from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
 from services.api.views import experiment_of, trial_stream
 
@@ -305,6 +306,7 @@ async def ingest(
     allow=TRIAL_OR_AGENT,
     body=ReportsBody,
     response=ReportsResponse,
+    max_body=BATCH_MAX_BODY,
 )
 async def reports(request: web.Request) -> web.Response:
     """Ingests a batch of reports in one transaction; repeated keys are no-ops."""
