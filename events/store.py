@@ -75,7 +75,14 @@ class Transaction:
         self.max_event_bytes = max_event_bytes
         self._locked = False
 
-    async def _lock(self) -> None:
+    async def lock_appends(self) -> None:
+        """Takes the append lock now rather than at the first append (held until commit).
+
+        Nothing can be appended by anyone else between this call and the commit, so a decision
+        read from the log after it (e.g. "this uuid is not recorded yet") still holds when this
+        transaction appends. Callers that also claim inbox keys take it first, before the claim,
+        so two transactions never wait on each other's locks.
+        """
         if not self._locked:
             await self.conn.execute(
                 "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
@@ -84,7 +91,7 @@ class Transaction:
 
     async def check_fence(self, fence: Fence) -> None:
         """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch."""
-        await self._lock()
+        await self.lock_appends()
         current = await self.conn.fetchval(
             "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1",
             lease_stream(fence.lease),
@@ -147,7 +154,7 @@ class Transaction:
                 raise EventTooLargeError(
                     stream_id, item.event.event_type, size, self.max_event_bytes, part, part_size
                 )
-        await self._lock()
+        await self.lock_appends()
         if fence is not None:
             await self.check_fence(fence)
         current = await self.stream_version(stream_id)

@@ -21,6 +21,7 @@ from events.store import Transaction
 from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
 from services.api import projections_read as pr
 from services.api import tables
+from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import ApiError, bad_request, conflict, forbidden, not_found, parse
 from services.api.errors import read_json as read_json_body
@@ -170,9 +171,7 @@ def _id(request: web.Request) -> int:
 
 async def _visible(request: web.Request, *, with_trials: bool = False) -> ExperimentView:
     """The experiment of the path, folded live; 404 unknown, 403 another user's."""
-    view = await load_experiment(store_of(request), _id(request), with_trials=with_trials)
-    check_owner(principal_of(request), view.owner)
-    return view
+    return await readable_experiment(request, _id(request), with_trials=with_trials)
 
 
 def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:

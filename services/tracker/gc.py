@@ -25,6 +25,7 @@ import asyncpg
 import structlog
 
 from events.bus import EVENTS_PREFIX
+from events.checkpoints import checkpoint_owners
 from events.config.storage import checkpoint_root
 from events.consumer import Consumer
 from events.db import translate_errors
@@ -185,6 +186,9 @@ async def read_experiment(
     """Reads an experiment's config, checkpoints (with their validations' searcher metric) and
     already-deleted uuids from the log, in ``tx``.
 
+    Only checkpoints the experiment owns are listed: a uuid one of its trials reported after
+    another trial had recorded it belongs to that other trial (:mod:`events.checkpoints`).
+
     Args:
         tx: the transaction to read in.
         experiment_id: the experiment.
@@ -222,7 +226,12 @@ async def read_experiment(
             saved.append((str(p["uuid"]), trial_id, steps))
         else:  # the latest validation at these steps wins
             validations[(trial_id, steps)] = metric_value(p.get("metrics") or {}, metric)
+    # Only checkpoints this experiment's trials recorded first are its own; a later report of
+    # the same uuid elsewhere (refused now, but older logs may hold one) never makes it ours.
+    owners = await checkpoint_owners(tx.conn, (uuid for uuid, _, _ in saved))
     for uuid, trial_id, steps in saved:
+        if owners.get(uuid) != trial_id:
+            continue
         if uuid not in facts.checkpoints:
             facts.checkpoints[uuid] = CheckpointInfo(
                 uuid, trial_id, steps, validations.get((trial_id, steps))
