@@ -19,6 +19,7 @@ from services.api import tables
 from services.api.auth import check_trial, principal_of, sign_trial_token
 from services.api.errors import bad_request, parse, read_json
 from services.api.inbox import claim, in_transaction, record
+from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, store_of
 from services.api.runs import load_run_state
 from services.api.views import (
@@ -289,6 +290,7 @@ async def _report_once(
     allow=TRIAL_OR_AGENT,
     body=LogsBody,
     response=LogsResponse,
+    max_body=BATCH_MAX_BODY,
 )
 async def logs(request: web.Request) -> web.Response:
     """Stores a batch of log lines in one statement (table ``task_logs``): for an allocation
