@@ -119,7 +119,7 @@ def test_up_status_down_up_keeps_the_log(tmp_path: Path) -> None:
         assert state["supervisor_pid"] == report["supervisor_pid"]
         assert all((data_dir / "logs" / f"{name}.log").exists() for name in SERVICES)
 
-        event_id = asyncio.run(append_marker(report["dsn"]))
+        event_id = asyncio.run(append_marker(state["dsn"]))
 
         stopped = down(data_dir)
         assert "cluster stopped" in stopped.stdout
@@ -131,7 +131,9 @@ def test_up_status_down_up_keeps_the_log(tmp_path: Path) -> None:
         up(data_dir)
         code, report = status(data_dir)
         assert code == 0, report
-        assert asyncio.run(read_marker(report["dsn"])) == [event_id]
+        dsn = json.loads((data_dir / "cluster.json").read_text())["dsn"]
+        assert dsn.split("@")[0] == state["dsn"].split("@")[0], "same password after down/up"
+        assert asyncio.run(read_marker(dsn)) == [event_id]
     finally:
         down(data_dir)
 
