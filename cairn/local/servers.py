@@ -28,6 +28,11 @@ from events.redact import redact_url
 
 PG_SUPERUSER = "postgres"
 NATS_USER = "cairn"
+LEGACY_PG_USER = "pgserver"
+"""The system user earlier versions ran PostgreSQL as when started by root."""
+ROOT_REFUSED = "PostgreSQL refuses to run as root"
+
+_namespace_prefix: list[str] = []
 
 PG_HBA = """\
 # Every connection must present the password (scram-sha-256); written by cairn.
@@ -132,6 +137,13 @@ def _secret(server_dir: Path) -> str:
         raise ServerStartError(str(exc)) from exc
 
 
+def _has_secret(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except FileNotFoundError:
+        return False
+
+
 def _namespace_ids() -> tuple[int, int]:
     """A non-root uid and gid that exist here (initdb looks its own user up by uid)."""
     import pwd
@@ -145,10 +157,6 @@ def _namespace_ids() -> tuple[int, int]:
         if entry.pw_uid != 0 and entry.pw_gid != 0:
             return entry.pw_uid, entry.pw_gid
     raise ServerStartError(f"{ROOT_REFUSED}: no non-root user exists to run it as")
-
-
-ROOT_REFUSED = "PostgreSQL refuses to run as root"
-_namespace_prefix: list[str] = []
 
 
 def _user_namespace() -> list[str]:
@@ -187,11 +195,19 @@ def _pg_command(program: str, *args: str) -> list[str]:
 
 
 def _take_back(data_dir: Path) -> None:
-    """Gives root the files an earlier version created as a separate system user.
+    """Gives root a data directory that an earlier version created as :data:`LEGACY_PG_USER`.
 
     Run as root, PostgreSQL runs as root seen from outside its user namespace, so it must own
     its data directory; only the data directory's own tree changes owner.
     """
+    import pwd
+
+    try:
+        legacy = pwd.getpwnam(LEGACY_PG_USER).pw_uid
+    except KeyError:
+        return
+    if data_dir.stat().st_uid != legacy:
+        return
     for root, dirs, files in os.walk(data_dir):
         for name in [*dirs, *files]:
             os.lchown(os.path.join(root, name), 0, 0)
@@ -247,13 +263,13 @@ def start_postgres(
     """
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0 and data_dir.stat().st_uid != 0:
+    if os.geteuid() == 0:
         _take_back(data_dir)
     data_dir.chmod(0o700)
     if not (data_dir / "PG_VERSION").exists():
         password = _secret(data_dir)
         _initdb(data_dir)
-    elif not secret_file(data_dir).exists():
+    elif not _has_secret(secret_file(data_dir)):
         password = secrets.token_urlsafe(32)
         _require_password(data_dir, password)
         write_private(secret_file(data_dir), password + "\n")
