@@ -33,6 +33,7 @@ from typing import Any
 import nats.errors
 import structlog
 
+from events import faults
 from events.bus import COMMANDS_STREAM, Bus
 from events.commands import agent_subject
 from events.errors import BusUnavailableError
@@ -506,6 +507,7 @@ class Agent:
         """Reports a run's exit, kept on disk until the API answers (see ``_announce``)."""
         report = ExitReport(allocation_id, exit_code, message, f"exited:{allocation_id}:{self.id}")
         await asyncio.to_thread(self.unreported.keep, report)
+        await faults.point("agent.before_exit_report")
         await self._send_exit(report)
 
     async def _send_exit(self, report: ExitReport) -> None:
