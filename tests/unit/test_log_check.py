@@ -1,0 +1,125 @@
+"""The log invariant checker finds each kind of broken invariant, and nothing in a clean log."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from events.check import check_events
+from events.envelope import Event, Metadata, RecordedEvent
+from events.registry import encode
+from events.types import (
+    ExperimentStateChanged,
+    ExperimentSubmitted,
+    SlotsAllocated,
+    SlotsReleased,
+    TrialExited,
+    TrialStarted,
+    TrialStateChanged,
+)
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Log:
+    """Builds a log in memory: positions and stream versions assigned as the store would."""
+
+    def __init__(self) -> None:
+        self.events: list[RecordedEvent] = []
+        self.versions: dict[str, int] = {}
+
+    def add(self, stream_id: str, event: Event, *, version: int | None = None) -> RecordedEvent:
+        """Appends ``event`` to ``stream_id`` (at ``version`` if given, to fake a gap)."""
+        if version is None:
+            version = self.versions.get(stream_id, 0) + 1
+        self.versions[stream_id] = version
+        recorded = RecordedEvent(
+            position=len(self.events) + 1,
+            stream_id=stream_id,
+            stream_version=version,
+            event_id=uuid.uuid4(),
+            type=event.event_type,
+            schema_version=event.schema_version,
+            payload=encode(event),
+            metadata=Metadata(),
+            recorded_at=NOW,
+        )
+        self.events.append(recorded)
+        return recorded
+
+
+def allocated(trial: str, allocation: str, slot: str = "s0") -> SlotsAllocated:
+    return SlotsAllocated(trial_id=trial, allocation_id=allocation, placements={"a1": [slot]})
+
+
+def exited(trial: str, allocation: str) -> TrialExited:
+    return TrialExited(trial_id=trial, run_id=1, allocation_id=allocation, outcome="completed")
+
+
+def clean_log() -> Log:
+    log = Log()
+    log.add("experiment-1", ExperimentSubmitted(experiment_id=1, config={}))
+    log.add("trial-1.1", allocated("1.1", "1.1.1"))
+    started = TrialStarted(trial_id="1.1", allocation_id="1.1.1", run_id=1, agent_id="a1")
+    log.add("trial-1.1", started)
+    log.add("trial-1.1", exited("1.1", "1.1.1"))
+    log.add("trial-1.1", TrialStateChanged(trial_id="1.1", state="COMPLETED"))
+    log.add("trial-1.2", allocated("1.2", "1.2.1"))  # the same slot, free again
+    log.add("trial-1.2", exited("1.2", "1.2.1"))
+    log.add("trial-1.2", TrialStateChanged(trial_id="1.2", state="ACTIVE", reason="requeue"))
+    log.add("trial-1.2", allocated("1.2", "1.2.2"))
+    log.add("trial-1.2", SlotsReleased(trial_id="1.2", allocation_id="1.2.2", placements={}))
+    log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="STOPPING_COMPLETED"))
+    log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="COMPLETED"))
+    return log
+
+
+def kinds(log: Log) -> list[str]:
+    return [f.kind for f in check_events(log.events)]
+
+
+def test_clean_log_has_no_findings() -> None:
+    """A log of normal runs (reuse of a freed slot, a requeue) passes every invariant."""
+    assert kinds(clean_log()) == []
+
+
+def test_allocation_appended_twice_is_found() -> None:
+    """The same allocation decided twice shows as allocated-twice, a slot held twice and an overlap."""
+    log = Log()
+    log.add("trial-1.1", allocated("1.1", "1.1.1", "s0"))
+    log.add("trial-1.1", allocated("1.1", "1.1.1", "s1"))
+    assert sorted(kinds(log)) == ["allocated-twice", "trial-overlap"]
+    log.add("trial-1.2", allocated("1.2", "1.2.1", "s1"))
+    assert kinds(log)[-1] == "slot-held-twice"
+
+
+def test_duplicate_state_change_is_found() -> None:
+    """A trial completed twice is a duplicate state change; completing a canceled one is illegal."""
+    log = Log()
+    log.add("trial-1.1", TrialStateChanged(trial_id="1.1", state="COMPLETED"))
+    log.add("trial-1.1", TrialStateChanged(trial_id="1.1", state="COMPLETED"))
+    log.add("trial-1.2", TrialStateChanged(trial_id="1.2", state="CANCELED"))
+    log.add("trial-1.2", TrialStateChanged(trial_id="1.2", state="ERROR"))
+    assert kinds(log) == ["duplicate-state", "illegal-transition"]
+
+
+def test_started_twice_gap_and_duplicate_id_are_found() -> None:
+    """A run started twice, a skipped stream version and a repeated event id are each found."""
+    log = Log()
+    started = TrialStarted(trial_id="1.1", allocation_id="1.1.1", run_id=1, agent_id="a1")
+    log.add("trial-1.1", started)
+    log.add("trial-1.1", started)
+    log.add("trial-1.1", exited("1.1", "1.1.1"), version=5)
+    copy = log.events[2].model_copy(
+        update={"position": 4, "stream_id": "trial-9.9", "stream_version": 1}
+    )
+    log.events.append(copy)
+    assert kinds(log) == ["started-twice", "stream-gap", "duplicate-event-id"]
+
+
+def test_undecodable_event_is_found() -> None:
+    """A stored payload that no longer validates is reported, not raised."""
+    log = clean_log()
+    broken = log.events[1].model_copy(update={"payload": {"trial_id": "1.1"}})
+    log.events[1] = broken
+    assert "undecodable" in kinds(log)
