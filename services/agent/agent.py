@@ -492,12 +492,15 @@ class Agent:
             )
             status = await procs.wait()
             log.info("run exited", allocation_id=aid, exit_code=status)
+            # Kept at once: shipping the last logs and the started report may wait long on an
+            # API that is down, and the agent may be killed meanwhile (``cairn down``).
+            report = await self._keep_exit(aid, status, alloc.stop_reason)
             try:
                 await started  # the API must see TrialStarted before TrialExited
             except ApiError as exc:
                 log.error("started report refused", allocation_id=aid, error=str(exc))
             await shipper.close()
-            await self._report_exit(aid, status, alloc.stop_reason)
+            await self._send_exit(report)
         finally:
             alloc.state = "exited"
             if work is not None:
@@ -505,12 +508,15 @@ class Agent:
 
     async def _report_exit(self, allocation_id: str, exit_code: int, message: str) -> None:
         """Reports a run's exit, kept on disk until the API answers (see ``_announce``)."""
+        await self._send_exit(await self._keep_exit(allocation_id, exit_code, message))
+
+    async def _keep_exit(self, allocation_id: str, exit_code: int, message: str) -> ExitReport:
         report = ExitReport(allocation_id, exit_code, message, f"exited:{allocation_id}:{self.id}")
         await asyncio.to_thread(self.unreported.keep, report)
-        await faults.point("agent.before_exit_report")
-        await self._send_exit(report)
+        return report
 
     async def _send_exit(self, report: ExitReport) -> None:
+        await faults.point("agent.before_exit_report")
         aid = report.allocation_id
         try:
             await self.client.exited(aid, self.id, report.exit_code, report.message, report.key)
