@@ -1,10 +1,11 @@
 """The Core API: what training code imports to run on cairn (modelled on ``det.core``).
 
-Porting a Determined Core API script means replacing ``determined.core`` with ``cairn.core``::
+A Determined Core API script ports by changing its import line to ``import cairn as det``
+(``det.core`` is this package)::
 
-    import cairn.core
+    import cairn as det
 
-    with cairn.core.init() as ctx:
+    with det.core.init() as ctx:
         hparams = ctx.info.trial.hparams
         for step in range(start, total):
             ...
@@ -19,22 +20,25 @@ This package imports only the standard library (never torch), so it loads fast.
 
 from __future__ import annotations
 
-from cairn.core._checkpoint import CheckpointContext
+from cairn.core._checkpoint import CheckpointContext, DownloadMode
 from cairn.core._context import Context, InvalidHP, init
-from cairn.core._distributed import DistributedContext
+from cairn.core._distributed import DistributedContext, DummyDistributedContext
 from cairn.core._info import ClusterInfo, TrialInfo, get_cluster_info
 from cairn.core._preempt import PreemptContext, PreemptMode
-from cairn.core._train import EarlyExitReason, TrainContext
+from cairn.core._train import EarlyExitReason, TensorboardMode, TrainContext
 
 __all__ = [
     "CheckpointContext",
     "ClusterInfo",
     "Context",
     "DistributedContext",
+    "DownloadMode",
+    "DummyDistributedContext",
     "EarlyExitReason",
     "InvalidHP",
     "PreemptContext",
     "PreemptMode",
+    "TensorboardMode",
     "TrainContext",
     "TrialInfo",
     "get_cluster_info",

@@ -9,6 +9,7 @@ mounts) or a local directory off-cluster. When a checkpoint is complete the chie
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import os
@@ -24,6 +25,21 @@ from cairn.core._reporter import Reporter
 log = logging.getLogger("cairn.core")
 
 METADATA_FILE = "metadata.json"
+
+
+class DownloadMode(enum.Enum):
+    """How the ranks of one machine fetch a checkpoint they all restore.
+
+    Checkpoints live on storage every agent mounts, so there is nothing to download and both
+    modes read the checkpoint in place; the names exist so Determined code ports unchanged.
+
+    Attributes:
+        LocalWorkersShareDownload: the local chief fetches, the other local ranks share it.
+        NoSharedDownload: every rank fetches on its own.
+    """
+
+    LocalWorkersShareDownload = "LOCAL_WORKERS_SHARE_DOWNLOAD"
+    NoSharedDownload = "NO_SHARED_DOWNLOAD"
 
 
 def _resources(path: Path) -> dict[str, int]:
@@ -125,12 +141,22 @@ class CheckpointContext:
             self._complete(path, storage_id, meta)
 
     @contextlib.contextmanager
-    def restore_path(self, storage_id: str) -> Iterator[Path]:
+    def restore_path(
+        self,
+        storage_id: str,
+        download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload,
+    ) -> Iterator[Path]:
         """Yields the directory of checkpoint ``storage_id`` (read it; do not modify it).
+
+        Args:
+            storage_id: the checkpoint's uuid.
+            download_mode: accepted for compatibility (see :class:`DownloadMode`).
 
         Raises:
             FileNotFoundError: no such checkpoint.
+            ValueError: ``download_mode`` is not a :class:`DownloadMode`.
         """
+        DownloadMode(download_mode)
         path = self._path(storage_id)
         if not path.is_dir():
             raise FileNotFoundError(f"checkpoint {storage_id} not found under {self.root}")
@@ -158,9 +184,20 @@ class CheckpointContext:
         self._complete(path, storage_id, meta)
         return storage_id
 
-    def download(self, storage_id: str, ckpt_dir: str | os.PathLike[str]) -> None:
-        """Copies checkpoint ``storage_id`` into ``ckpt_dir`` (created if missing)."""
-        with self.restore_path(storage_id) as path:
+    def download(
+        self,
+        storage_id: str,
+        ckpt_dir: str | os.PathLike[str],
+        download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload,
+    ) -> None:
+        """Copies checkpoint ``storage_id`` into ``ckpt_dir`` (created if missing).
+
+        Args:
+            storage_id: the checkpoint's uuid.
+            ckpt_dir: the destination directory.
+            download_mode: accepted for compatibility (see :class:`DownloadMode`).
+        """
+        with self.restore_path(storage_id, DownloadMode(download_mode)) as path:
             shutil.copytree(path, ckpt_dir, dirs_exist_ok=True)
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:

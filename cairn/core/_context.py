@@ -16,7 +16,7 @@ from cairn.core._http import Session
 from cairn.core._info import ClusterInfo, TrialInfo, get_cluster_info
 from cairn.core._preempt import PreemptContext, PreemptMode
 from cairn.core._reporter import CLOSE_TIMEOUT, HTTPReporter, LocalReporter, Reporter
-from cairn.core._train import EarlyExitReason, TrainContext
+from cairn.core._train import EarlyExitReason, TensorboardMode, TrainContext
 
 log = logging.getLogger("cairn.core")
 
@@ -116,6 +116,8 @@ def _local_info(
         checkpoint_dir=str(storage),
         trial=trial,
         on_cluster=False,
+        task_id="local",
+        container_slot_counts=[1],
     )
 
 
@@ -137,6 +139,7 @@ def init(
     distributed: DistributedContext | None = None,
     checkpoint_storage: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
     hparams: Mapping[str, Any] | None = None,
 ) -> Context:
     """Creates the Core API context: ``with cairn.core.init() as ctx: ...``.
@@ -152,11 +155,18 @@ def init(
         checkpoint_storage: a directory (or a shared_fs/directory config dict); on a cluster it
             overrides ``CAIRN_CHECKPOINT_DIR``.
         preempt_mode: accepted for compatibility with Determined.
+        tensorboard_mode: accepted for compatibility with Determined (see
+            :class:`TensorboardMode`).
         hparams: off-cluster hyperparameters (ignored on a cluster).
 
     Returns:
         The context.
+
+    Raises:
+        ValueError: ``tensorboard_mode`` is not a :class:`TensorboardMode`, or a ``CAIRN_*``
+            variable is malformed.
     """
+    TensorboardMode(tensorboard_mode)
     dist = distributed or DistributedContext.from_env()
     cluster = get_cluster_info()
     if cluster is None:

@@ -146,3 +146,10 @@ class DistributedContext:
         out: list[Any] | None = [None] * self.size if self.is_chief else None
         dist.gather_object(obj, out, dst=0)
         return out
+
+
+class DummyDistributedContext(DistributedContext):
+    """The context of a run with one process: rank 0 of 1, on one machine."""
+
+    def __init__(self) -> None:
+        super().__init__(rank=0, size=1, local_rank=0, local_size=1, cross_rank=0, cross_size=1)

@@ -2,6 +2,14 @@
 
 The agent starts every trial process with the ``CAIRN_*`` environment of ``docs/protocol.md``;
 :func:`get_cluster_info` reads it, and returns ``None`` when the process runs off-cluster.
+
+Besides the variables every agent sets, these optional ones are read when present:
+``CAIRN_CLUSTER_ID``, ``CAIRN_USER`` (the experiment's owner), ``CAIRN_TASK_ID`` (default: the
+trial id), ``CAIRN_CONTAINER_ADDRS`` (JSON list), ``CAIRN_CONTAINER_RANK`` and
+``CAIRN_CONTAINER_SLOT_COUNTS`` (JSON list). Without the ``CAIRN_CONTAINER_*`` variables the
+container layout is derived from the rank variables (``RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``): one container per machine, each with the same number of
+processes.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _REQUIRED = ("CAIRN_MASTER", "CAIRN_TRIAL_ID", "CAIRN_ALLOCATION_ID")
+LOCALHOST = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,17 @@ class TrialInfo:
     run_id: int = 1
     config: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def trial_run_id(self) -> int:
+        """Determined's name for :attr:`run_id`."""
+        return self.run_id
+
+    @property
+    def user_data(self) -> dict[str, Any]:
+        """The experiment config's free-form ``data`` section (``{}`` when absent)."""
+        data = self.config.get("data")
+        return dict(data) if isinstance(data, dict) else {}
+
 
 @dataclass(frozen=True)
 class ClusterInfo:
@@ -46,11 +66,20 @@ class ClusterInfo:
         token: the bearer token scoped to this trial (``CAIRN_TOKEN``).
         agent_id: the agent that started this process.
         allocation_id: ``"<trial_id>.<run_id>"``.
-        slot_ids: the slots of this allocation on this agent.
+        slot_ids: the slots of this allocation on this agent (a GPU slot's id is its UUID).
         latest_checkpoint: the checkpoint uuid to resume from, or ``None``.
         checkpoint_dir: the shared_fs/directory root of this trial's checkpoints.
         trial: the trial's own facts.
         on_cluster: False for the stand-in built by an off-cluster ``init()``.
+        cluster_id: the cluster's id (``""`` when the agent does not say).
+        task_id: the task this process belongs to; a trial is one task.
+        task_type: always ``"TRIAL"`` (the only task type cairn runs).
+        user: the user who owns the experiment (``""`` when the agent does not say).
+        container_addrs: the address of each container (machine) of the run, by container rank;
+            empty when the run spans machines and the agent did not publish them.
+        container_rank: this container's index among the run's containers.
+        container_slot_counts: the number of slots of each container, by container rank.
+        gpu_uuids: the UUIDs of the GPUs this process may use (``[]`` on CPU slots).
     """
 
     master_url: str
@@ -62,11 +91,34 @@ class ClusterInfo:
     checkpoint_dir: str | None
     trial: TrialInfo
     on_cluster: bool = True
+    cluster_id: str = ""
+    task_id: str = ""
+    task_type: str = "TRIAL"
+    user: str = ""
+    container_addrs: list[str] = field(default_factory=lambda: [LOCALHOST])
+    container_rank: int = 0
+    container_slot_counts: list[int] = field(default_factory=list)
+    gpu_uuids: list[str] = field(default_factory=list)
 
     @property
-    def task_type(self) -> str:
-        """Always ``"TRIAL"`` (the only task type cairn runs)."""
-        return "TRIAL"
+    def session_token(self) -> str:
+        """Determined's name for :attr:`token`."""
+        return self.token
+
+    @property
+    def num_slots(self) -> int:
+        """The number of slots of this allocation on this agent."""
+        return len(self.slot_ids)
+
+    @property
+    def num_gpus(self) -> int:
+        """The number of GPUs this process may use (0 on CPU slots)."""
+        return len(self.gpu_uuids)
+
+    @property
+    def user_data(self) -> dict[str, Any]:
+        """The experiment config's free-form ``data`` section (``{}`` when absent)."""
+        return self.trial.user_data
 
 
 def _json(name: str, default: Any, env: dict[str, str]) -> Any:
@@ -81,7 +133,42 @@ def _json(name: str, default: Any, env: dict[str, str]) -> Any:
 
 def _int(name: str, default: int, env: dict[str, str]) -> int:
     raw = env.get(name, "")
-    return int(raw) if raw.strip() else default
+    if not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} is not an integer: {raw!r}") from None
+
+
+def _list(name: str, env: dict[str, str], item: type[Any]) -> list[Any] | None:
+    value = _json(name, None, env)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be a JSON list, got {type(value).__name__}")
+    return [item(v) for v in value]
+
+
+def _containers(env: dict[str, str], slot_ids: list[str]) -> tuple[list[str], int, list[int]]:
+    """(addresses, rank, slot counts) of the run's containers (see the module docstring)."""
+    size = max(_int("WORLD_SIZE", 1, env), 1)
+    local = max(_int("LOCAL_WORLD_SIZE", size, env), 1)
+    count = max(size // local, 1)
+    rank = _int("CAIRN_CONTAINER_RANK", _int("RANK", 0, env) // local, env)
+    counts = _list("CAIRN_CONTAINER_SLOT_COUNTS", env, int)
+    if counts is None:
+        counts = [len(slot_ids)] if count == 1 else [local] * count
+    addrs = _list("CAIRN_CONTAINER_ADDRS", env, str)
+    if addrs is None:
+        addrs = [env.get("MASTER_ADDR") or LOCALHOST] if count == 1 else []
+    return addrs, rank, counts
+
+
+def _gpu_uuids(env: dict[str, str], slot_ids: list[str]) -> list[str]:
+    """The GPU slots the agent made visible: it names each by UUID in CUDA_VISIBLE_DEVICES."""
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return [d for d in visible if d in slot_ids]
 
 
 def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | None:
@@ -92,6 +179,9 @@ def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | Non
 
     Returns:
         The cluster info, or ``None`` when this process was not started by a cairn agent.
+
+    Raises:
+        ValueError: a variable is malformed (names the variable).
     """
     env = dict(os.environ if environ is None else environ)
     if not all(env.get(name) for name in _REQUIRED):
@@ -105,13 +195,22 @@ def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | Non
         run_id=_int("CAIRN_RUN_ID", 1, env),
         config=dict(_json("CAIRN_EXPERIMENT_CONFIG", {}, env)),
     )
+    slot_ids = _list("CAIRN_SLOT_IDS", env, str) or []
+    addrs, rank, counts = _containers(env, slot_ids)
     return ClusterInfo(
         master_url=env["CAIRN_MASTER"].rstrip("/"),
         token=env.get("CAIRN_TOKEN", ""),
         agent_id=env.get("CAIRN_AGENT_ID", ""),
         allocation_id=env["CAIRN_ALLOCATION_ID"],
-        slot_ids=[str(s) for s in _json("CAIRN_SLOT_IDS", [], env)],
+        slot_ids=slot_ids,
         latest_checkpoint=env.get("CAIRN_LATEST_CHECKPOINT") or None,
         checkpoint_dir=env.get("CAIRN_CHECKPOINT_DIR") or None,
         trial=trial,
+        cluster_id=env.get("CAIRN_CLUSTER_ID", ""),
+        task_id=env.get("CAIRN_TASK_ID") or trial.trial_id,
+        user=env.get("CAIRN_USER", ""),
+        container_addrs=addrs,
+        container_rank=rank,
+        container_slot_counts=counts,
+        gpu_uuids=_gpu_uuids(env, slot_ids),
     )

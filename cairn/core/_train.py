@@ -22,6 +22,21 @@ VALIDATION = "validation"
 BATCH = "batch"
 
 
+class TensorboardMode(enum.Enum):
+    """Who uploads TensorBoard files (``init(tensorboard_mode=...)``).
+
+    cairn does not sync TensorBoard files yet, so both modes do the same (nothing); the names
+    exist so Determined code ports unchanged.
+
+    Attributes:
+        AUTO: the Core API uploads them after each metrics report.
+        MANUAL: the training code uploads them itself.
+    """
+
+    AUTO = "AUTO"
+    MANUAL = "MANUAL"
+
+
 class EarlyExitReason(enum.Enum):
     """Why the training code ended its trial early."""
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.errors import CairnError
+from events.limits import BUS_MAX_PAYLOAD
 
 PG_SYSTEM_USER = "pgserver"
 
@@ -223,7 +224,8 @@ def start_nats(
     conf = store_dir.parent / f"{store_dir.name}.conf"
     sync = "sync_interval: always" if sync_always else ""
     conf.write_text(
-        f'listen: "127.0.0.1:{port}"\njetstream {{\n  store_dir: "{store_dir}"\n  {sync}\n}}\n'
+        f'listen: "127.0.0.1:{port}"\nmax_payload: {BUS_MAX_PAYLOAD}\n'
+        f'jetstream {{\n  store_dir: "{store_dir}"\n  {sync}\n}}\n'
     )
     log_path = store_dir.parent / f"{store_dir.name}.log"
     with open(log_path, "ab") as log:

@@ -16,10 +16,9 @@ from aiohttp import web
 
 from events.config.storage import checkpoint_root
 from services.api import projections_read as pr
-from services.api.auth import principal_of
+from services.api.access import readable_checkpoint
 from services.api.errors import not_found
-from services.api.routing import USERS, RouteTable, store_of
-from services.api.views import check_owner, load_experiment
+from services.api.routing import USERS, RouteTable
 
 log = structlog.get_logger("api")
 routes = RouteTable("checkpoints")
@@ -33,15 +32,7 @@ QUEUE_CHUNKS = 8
 
 async def _visible_checkpoint(request: web.Request) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checkpoint of the path and its experiment's config; 404 unknown, 403 another user's."""
-    uuid = request.match_info["uuid"]
-    if "\x00" in uuid or len(uuid) > 500:
-        raise not_found(f"no checkpoint {uuid!r}")
-    store = store_of(request)
-    row = await pr.checkpoint_row(store, uuid)
-    if row is None:
-        raise not_found(f"no checkpoint {uuid}")
-    view = await load_experiment(store, int(row["experiment_id"]), with_trials=False)
-    check_owner(principal_of(request), view.owner)
+    row, view = await readable_checkpoint(request, request.match_info["uuid"])
     return row, view.config
 
 

@@ -16,6 +16,7 @@ from events.store import EventStore, Transaction
 from events.types import TrialKillRequested
 from services.api import projections_read as pr
 from services.api import tables
+from services.api.access import readable_trial
 from services.api.auth import principal_of
 from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
@@ -90,12 +91,7 @@ class KillResponse(BaseModel):
 async def _visible_trial(request: web.Request) -> tuple[str, ExperimentView]:
     """The trial id of the path and its experiment; 404 unknown, 403 another user's."""
     trial_id = request.match_info["trial_id"]
-    experiment_id = experiment_of(trial_id)
-    view = await load_experiment(store_of(request), experiment_id, trial_id=trial_id)
-    check_owner(principal_of(request), view.owner)
-    if trial_id not in view.trials:
-        raise not_found(f"no trial {trial_id}")
-    return trial_id, view
+    return trial_id, await readable_trial(request, trial_id)
 
 
 @routes.get("/api/v1/trials/{trial_id}", allow=USERS, response=TrialDetail)

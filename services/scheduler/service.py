@@ -2,7 +2,10 @@
 
 It runs leader-only. Its decisions are appended in the same transaction that moves its
 checkpoint, fenced by its lease epoch, so a crash never leaves a decision without its
-checkpoint (or the reverse) and a deposed leader cannot write.
+checkpoint (or the reverse) and a deposed leader cannot write. It plans only on a state folded
+up to the head of the log (which holds its own earlier decisions), and appends each stream's
+decisions with the version that state saw: a plan overtaken by another writer loses with
+``ConcurrencyError`` and the runner re-plans (see :mod:`events.consumer`).
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from dataclasses import dataclass
 import structlog
 
 from events.consumer import Consumer
-from events.envelope import RecordedEvent
+from events.envelope import Event, RecordedEvent
 from events.store import EventStore, Transaction
 from services.scheduler.planner import Report, Reports, Settings, plan, reap
-from services.scheduler.state import TYPES, ClusterState
+from services.scheduler.state import STREAMS, TYPES, ClusterState
 
 log = structlog.get_logger("scheduler")
 
@@ -26,6 +29,7 @@ class SchedulerConsumer(Consumer):
 
     name = "scheduler"
     types = TYPES
+    envelopes = STREAMS
     tick_always = True
 
     def __init__(self, store: EventStore, settings: Settings, agent_timeout: float = 15.0) -> None:
@@ -39,7 +43,7 @@ class SchedulerConsumer(Consumer):
         """Refolds the state from the start of the log up to this consumer's checkpoint."""
         state = ClusterState()
         checkpoint = await self.store.checkpoint(self.name)
-        async for event in self.store.iter_all(0, types=TYPES):
+        async for event in self.store.iter_all(0, types=TYPES, envelopes=STREAMS):
             if event.position > checkpoint:
                 break
             state.apply(event)
@@ -56,11 +60,12 @@ class SchedulerConsumer(Consumer):
         decisions = plan(self.state, self.settings, beats.reports if beats else None)
         if beats is not None:
             decisions += reap(self.state, beats.last_beat, beats.now, self.agent_timeout)
-        by_stream: dict[str, list[object]] = {}
+        by_stream: dict[str, list[Event]] = {}
         for stream_id, event in decisions:
             by_stream.setdefault(stream_id, []).append(event)
         for stream_id, events in by_stream.items():
-            await tx.append(stream_id, events)  # type: ignore[arg-type]
+            expected = self.state.version(stream_id)
+            await tx.append(stream_id, events, expected_version=expected)
         if decisions:
             self.decided += len(decisions)
             log.info(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
 from tests.helpers import ROOT
 
 SCRIPTED = ROOT / "examples" / "scripted"
+CORE_API = ROOT / "examples" / "core_api"
 
 
 def scripted(checkpoints: Path, **hparams: Any) -> dict[str, Any]:
@@ -190,6 +192,71 @@ async def test_agent_killed_mid_trial_reschedules_elsewhere(
     allocations = [list(e.payload["placements"]) for e in events if e.type == "SlotsAllocated"]
     assert allocations == [["agent-a"], ["agent-b"]]
     assert [e.type for e in await store.read_stream("agent-agent-a")][-1] == "AgentLost"
+
+
+async def test_determined_style_script_runs_with_cluster_info_and_resumes(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
+    """A Core API script ported by its import line alone (``import cairn as det``) runs to
+    COMPLETED: det.get_cluster_info() gives each trial its real ids and hparams, a restarted run
+    sees latest_checkpoint and resumes from it, and det.InvalidHP ends a trial early, exit 0."""
+    config = yaml.safe_load((CORE_API / "config.yaml").read_text())
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
+    config["searcher"] = {"name": "grid", "metric": "x", "smaller_is_better": False}
+    config["hyperparameters"].update(
+        {"increment_by": {"type": "categorical", "vals": [2, 0]}, "batches": 40, "fail_after": 20}
+    )
+    exp = await cluster.submit(config, CORE_API)
+
+    async def ended() -> bool:
+        return await experiment_state(store, exp) in ("COMPLETED", "ERROR", "CANCELED")
+
+    await wait_for(cluster, ended, timeout=90)
+    if await experiment_state(store, exp) != "COMPLETED":
+        logs = await cluster.request("GET", f"/trials/{exp}.1/logs")
+        lines = "\n".join(entry["line"] for entry in logs["logs"])
+        raise AssertionError(f"experiment {exp} did not complete; trial {exp}.1 logged:\n{lines}")
+    requested = {
+        e.payload["hparams"]["increment_by"]: e.payload
+        for e in await events_of(store, "TrialRequested")
+        if e.payload["experiment_id"] == exp
+    }
+    assert sorted(requested) == [0, 2]
+
+    valid = requested[2]
+    trial = valid["trial_id"]
+    events = await trial_events(store, trial)
+    exits = [e.payload for e in events if e.type == "TrialExited"]
+    assert [(x["run_id"], x["outcome"], x["exit_code"]) for x in exits] == [
+        (1, "failed", 3),
+        (2, "completed", 0),
+    ]
+    saved = [e.payload for e in events if e.type == "CheckpointSaved"]
+    assert [(c["run_id"], c["steps_completed"]) for c in saved] == [(1, 20), (2, 40)]
+    first, second = (c["metadata"] for c in saved)
+    for seen, run_id in ((first, 1), (second, 2)):
+        assert (seen["trial_id"], seen["experiment_id"], seen["run_id"]) == (trial, exp, run_id)
+        assert seen["hparams"] == valid["hparams"] and seen["user_data"] == {"dataset": "counter"}
+    assert first["resumed_from"] is None
+    assert second["resumed_from"] == saved[0]["uuid"]
+    validations = [
+        (e.payload["steps_completed"], e.payload["metrics"]["x"])
+        for e in events
+        if e.type == "ValidationReported" and e.payload["run_id"] == 2
+    ]
+    assert validations == [(30, 60.0), (40, 80.0)], "run 2 resumed at batch 20 with x=40"
+
+    async def logged_in_log_format() -> bool:
+        logs = await cluster.request("GET", f"/trials/{trial}/logs")
+        pattern = re.compile(r"^INFO: \[\d+\] root: batch 40 x=80$")
+        return any(pattern.match(entry["line"]) for entry in logs["logs"])
+
+    await wait_for(cluster, logged_in_log_format)
+
+    invalid = await trial_events(store, requested[0]["trial_id"])
+    assert [e.payload["reason"] for e in invalid if e.type == "TrialEarlyExited"] == ["invalid_hp"]
+    assert [e.payload["exit_code"] for e in invalid if e.type == "TrialExited"] == [0]
+    assert not any(e.type == "ValidationReported" for e in invalid)
 
 
 async def _is(store: EventStore, exp: int, state: str) -> bool:

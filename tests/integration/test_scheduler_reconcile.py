@@ -90,17 +90,15 @@ async def test_a_run_the_agent_stopped_listing_is_recorded_lost_and_restarted(
     assert "heartbeat 4" in lost["message"]
 
 
-async def test_an_exit_committed_beyond_the_folded_state_is_not_declared_lost(
+async def test_an_exit_committed_after_the_head_was_read_is_not_declared_lost(
     store: EventStore,
 ) -> None:
-    """The agent's exit report is committed and its next heartbeat drops the run while the
-    scheduler decides on a state that has not folded the exit yet (a wake-up for an earlier
-    position): no second, 'lost', exit is appended."""
+    """The agent's exit report commits, and its next heartbeat drops the run, between the
+    scheduler's read of the head and its read of the heartbeats: planning on that state appends
+    no second, 'lost', exit (and does not even lose a version race over it)."""
     runner = await one_started_run(store)
-    waiting = TrialRequested(
-        experiment_id=1, trial_id="1.2", request_id="r2", hparams={}, trial_seed=2
-    )
-    [woken] = await store.append("experiment-1", [waiting])  # no free slot: nothing to decide
+    consumer = runner.consumer
+    assert isinstance(consumer, SchedulerConsumer)
     exited: list[Event] = [
         TrialExited(
             trial_id="1.1", run_id=1, allocation_id="1.1.1", outcome="completed", exit_code=0
@@ -109,7 +107,8 @@ async def test_an_exit_committed_beyond_the_folded_state_is_not_declared_lost(
     ]
     await store.append("trial-1.1", exited)
     await beat(store, [], 4)
-    await runner.catch_up(woken.position)  # decides on the state as of ``woken``
+    async with store.transaction() as tx:  # the state has not folded the exit
+        await consumer.before_commit(tx)
     assert await types(store) == ["SlotsAllocated", "TrialExited", "SlotsReleased"]
     await runner.catch_up()
     kinds = await types(store)
