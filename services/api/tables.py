@@ -97,6 +97,15 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         # Metrics are facts in the log now; the tracker projects them into tr_metrics.
         "DROP TABLE IF EXISTS metrics;",
     ),
+    (
+        "0005_heartbeat_incarnation",
+        # Which agent process sent the running list, and its heartbeat number in that process:
+        # the scheduler compares them with the allocations it believes running.
+        """
+        ALTER TABLE agent_heartbeats ADD COLUMN incarnation text NOT NULL DEFAULT '';
+        ALTER TABLE agent_heartbeats ADD COLUMN seq bigint NOT NULL DEFAULT 0;
+        """,
+    ),
 )
 
 
