@@ -21,6 +21,7 @@ _ERRORS = {
     "403": "the token may not do this",
     "404": "not found",
     "409": "not allowed in the current state",
+    "413": "the request (or the config in it) is too large",
 }
 
 
