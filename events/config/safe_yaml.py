@@ -13,8 +13,7 @@ import re
 from typing import Any
 
 import yaml
-from yaml.composer import ComposerError
-from yaml.constructor import ConstructorError
+from yaml.error import MarkedYAMLError
 from yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
 from yaml.nodes import Node, ScalarNode
 
@@ -25,8 +24,9 @@ MAX_INT_CHARS = 100
 """Longest integer scalar; longer ones (past every bound anyway) are refused unparsed."""
 
 
-class _LimitError(ComposerError):
-    """The document is past a limit: nesting, alias expansion or a self-referring alias."""
+class _LimitError(MarkedYAMLError):
+    """The document is past a limit: nesting, alias expansion, a self-referring alias or an
+    overlong integer."""
 
 
 class _TooManyNodesError(_LimitError):
@@ -107,7 +107,7 @@ class _Loader(yaml.SafeLoader):
     def construct_yaml_int(self, node: ScalarNode) -> int:
         """An integer scalar; one longer than :data:`MAX_INT_CHARS` is refused unparsed."""
         if isinstance(node.value, str) and len(node.value) > MAX_INT_CHARS:
-            raise ConstructorError(
+            raise _LimitError(
                 None, None, f"integer longer than {MAX_INT_CHARS} characters", node.start_mark
             )
         value: int = super().construct_yaml_int(node)
