@@ -43,9 +43,9 @@ routes = RouteTable("experiments")
 GZIP_MAGIC = b"\x1f\x8b"
 CODE_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
 
-CONFIG_TIMEOUT_S = 10.0
+CONFIG_TIMEOUT_S = 60.0
 """How long a config may take to parse and validate; past it the API answers 503. The config
-limits keep a valid config far below it, so only an overloaded gateway ever gets there."""
+limits keep the largest config at a few seconds, so only an overloaded gateway gets there."""
 _CONFIG_WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="config")
 """Configs are parsed here, off the event loop, so that health checks, heartbeats and every
 other request are answered meanwhile; two at a time, whatever else uses the default pool."""
