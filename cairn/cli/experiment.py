@@ -153,7 +153,7 @@ def cmd_create(args: argparse.Namespace) -> int:
     try:
         exp_id = client.create_experiment(config, args.model_dir, activate=not args.paused)
     except ApiError as exc:
-        if exc.status == 400 and exc.path != "code":
+        if exc.status in (400, 413) and exc.path != "code":
             print(f"error: invalid experiment config {args.config_file}:", file=sys.stderr)
             errors = exc.errors or [(exc.path or "<config>", str(exc))]
             for where, message in errors:

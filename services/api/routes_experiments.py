@@ -3,10 +3,12 @@ archive/unarchive and delete, and an experiment's trials and checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import structlog
@@ -15,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, Field, field_validator
 
 from events import lifecycle
-from events.config import ConfigError, parse_config
+from events.config import ConfigError, ConfigTooLargeError, parse_config
 from events.envelope import new
 from events.store import Transaction
 from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
@@ -48,6 +50,13 @@ routes = RouteTable("experiments")
 
 GZIP_MAGIC = b"\x1f\x8b"
 CODE_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+CONFIG_TIMEOUT_S = 60.0
+"""How long a config may take to parse and validate; past it the API answers 503. The config
+limits keep the largest config at a few seconds, so only an overloaded gateway gets there."""
+_CONFIG_WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="config")
+"""Configs are parsed here, off the event loop, so that health checks, heartbeats and every
+other request are answered meanwhile; two at a time, whatever else uses the default pool."""
 
 
 class CreateExperimentBody(BaseModel):
@@ -174,19 +183,30 @@ async def _visible(request: web.Request, *, with_trials: bool = False) -> Experi
     return await readable_experiment(request, _id(request), with_trials=with_trials)
 
 
-def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+def _parse_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+    return parse_config(raw).model_dump(mode="json")
+
+
+async def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+    """The validated config as JSON, parsed on :data:`_CONFIG_WORKERS` within
+    :data:`CONFIG_TIMEOUT_S`; an invalid config is a 400 (413 when too large) naming its path."""
+    work = asyncio.get_running_loop().run_in_executor(_CONFIG_WORKERS, _parse_config, raw)
     try:
-        config = parse_config(raw)
+        return await asyncio.wait_for(work, CONFIG_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("config validation timed out", limit_s=CONFIG_TIMEOUT_S)
+        raise ApiError(503, "config validation timed out, retry later") from None
     except ConfigError as exc:
         errors = exc.errors or [("<config>", "invalid config")]
         path, message = errors[0]
+        too_large = isinstance(exc, ConfigTooLargeError)
+        part = {"part": f"config.{path}"} if too_large and not path.startswith("<") else {}
         raise ApiError(
-            400,
+            413 if too_large else 400,
             f"invalid config: {path}: {message}",
             path=path,
-            details={"errors": [{"path": p, "message": m} for p, m in errors]},
+            details={"errors": [{"path": p, "message": m} for p, m in errors]} | part,
         ) from None
-    return config.model_dump(mode="json")
 
 
 def _decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
@@ -245,7 +265,7 @@ async def create_experiment(request: web.Request) -> web.Response:
     else:
         body = parse(CreateExperimentBody, await read_json_body(request))
         code = _decode_code(request, body.code)
-    config = _validate_config(body.config)
+    config = await _validate_config(body.config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)
     experiment_id = await store.next_experiment_id()
