@@ -50,23 +50,9 @@ def configured_units(config: Mapping[str, Any]) -> Unit | None:
     """The unit of ``searcher.max_length`` (``None`` for a bare number or no length)."""
     searcher = config.get("searcher")
     length = searcher.get("max_length") if isinstance(searcher, Mapping) else None
-    if isinstance(length, Mapping) and len(length) == 1:
-        return _UNITS.get(str(next(iter(length))))
-    return None
-
-
-def configured_length(config: Mapping[str, Any]) -> int | None:
-    """The searcher length of every trial: ``max_time``, else ``max_length``'s count."""
-    searcher = config.get("searcher")
-    if not isinstance(searcher, Mapping):
-        return None
-    if isinstance(searcher.get("max_time"), int):
-        return int(searcher["max_time"])
-    length = searcher.get("max_length")
-    if isinstance(length, Mapping) and len(length) == 1:
-        length = next(iter(length.values()))
-    if isinstance(length, int) and not isinstance(length, bool):
-        return length
+    if isinstance(length, Mapping):  # stored configs list every unit, the unused ones null
+        given = [unit for unit, count in length.items() if count is not None]
+        return _UNITS.get(str(given[0])) if len(given) == 1 else None
     return None
 
 

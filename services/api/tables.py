@@ -97,6 +97,15 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         # Metrics are facts in the log now; the tracker projects them into tr_metrics.
         "DROP TABLE IF EXISTS metrics;",
     ),
+    (
+        "0005_trial_status",
+        # Like progress, the status text a trial shows is its latest report, not a fact.
+        """CREATE TABLE IF NOT EXISTS trial_status (
+               trial_id    text PRIMARY KEY,
+               status      text NOT NULL,
+               updated_at  timestamptz NOT NULL DEFAULT now()
+           );""",
+    ),
 )
 
 
