@@ -467,3 +467,32 @@ def test_workers_ask_chief_broadcasts_the_chiefs_answer() -> None:
     for done in ranks:
         assert done.returncode == 0, done.stderr
         assert lines(done, "ANSWER") == ["True False True True"]
+
+
+def test_gpu_samples_parse_nvidia_smi_for_the_trials_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPU samples come from nvidia-smi's CSV, limited to the trial's GPU UUIDs (this machine has
+    no GPU: a script on PATH prints what nvidia-smi prints); a failing nvidia-smi gives none."""
+    from cairn.core._profiler import sample_gpus
+
+    tool = tmp_path / "bin" / "nvidia-smi"
+    tool.parent.mkdir()
+    tool.write_text(
+        "#!/bin/sh\n"
+        'echo "GPU-aaa, 10, 1024, 81559"\n'
+        'echo "GPU-bbb, 90, 3072, 81559"\n'
+        'echo "GPU-ccc, [N/A], [N/A], 81559"\n'
+    )
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}{os.pathsep}{os.environ['PATH']}")
+    assert sample_gpus(["GPU-bbb"]) == {
+        "gpu0_util_pct": 90.0,
+        "gpu0_memory_used_gb": 3.0,
+        "gpu_util_pct": 90.0,
+        "gpu_memory_used_gb": 3.0,
+    }
+    everything = sample_gpus()
+    assert everything["gpu_util_pct"] == 50.0 and "gpu2_util_pct" not in everything
+    tool.write_text("#!/bin/sh\nexit 9\n")
+    assert sample_gpus() == {}
