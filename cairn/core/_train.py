@@ -15,6 +15,7 @@ import enum
 import logging
 import math
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -85,9 +86,10 @@ def _clean(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 def default_tensorboard_path(allocation_id: str, rank: int) -> Path:
-    """The local TensorBoard directory of one rank of one run (under the temp directory)."""
+    """The local TensorBoard directory of this process (under the temp directory; the process id
+    keeps a restarted run on the same machine from finding an earlier process's files)."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in allocation_id)
-    return Path(tempfile.gettempdir()) / "cairn-tensorboard" / f"{safe}-rank{rank}"
+    return Path(tempfile.gettempdir()) / "cairn-tensorboard" / f"{safe}-rank{rank}-{os.getpid()}"
 
 
 class TrainContext:
@@ -152,21 +154,25 @@ class TrainContext:
             self._tb_synced_at = now
             self._sync_tensorboard()
 
-    def _sync_tensorboard(
-        self, selector: Selector | None = None, mangler: Mangler | None = None
-    ) -> None:
+    def _sync_tensorboard(self) -> bool:
+        """Uploads what changed; False (logged) when that failed."""
         try:
-            self._tb.sync(selector, mangler)
+            self._tb.sync()
         except OSError as exc:
             log.warning("cairn: uploading TensorBoard files failed: %s", exc)
+            return False
+        return True
 
     def close(self) -> None:
-        """Closes the TensorBoard writer and, in AUTO mode, uploads what is left."""
+        """Closes the TensorBoard writer and, in AUTO mode, uploads what is left; on a cluster
+        the local directory is then removed (everything in it is in storage)."""
         with self._tb_lock:
             if self._tb_writer is not None:
                 self._tb_writer.close()
-        if self._tb_mode is TensorboardMode.AUTO:
-            self._sync_tensorboard()
+        if self._tb_mode is not TensorboardMode.AUTO:
+            return
+        if self._sync_tensorboard() and self._tb.storage_path is not None:
+            shutil.rmtree(self._tb.base_path, ignore_errors=True)
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Reports one group of metrics at ``steps_completed``.

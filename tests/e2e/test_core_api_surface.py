@@ -4,7 +4,10 @@ with selectors across two real ranks, and alerts."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,6 +35,28 @@ async def cluster(
         yield c
     finally:
         c.stop()
+
+
+def describe(cluster: Cluster, trial_id: str) -> str:
+    """What ``cairn trial describe`` prints for the trial."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        CAIRN_HOME=str(cluster.workdir / "cli-home"),
+        CAIRN_MASTER=cluster.api_url,
+        CAIRN_USER="admin",
+        CAIRN_PASSWORD="admin",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "cairn.cli", "trial", "describe", trial_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def scalars(logdir: Path, tag: str) -> list[tuple[int, float]]:
@@ -105,6 +130,9 @@ async def test_determined_037_script_uses_the_whole_core_api_and_completes(
         detail = await cluster.request("GET", f"/trials/{trial}")
         assert detail["status"] == "done"
         assert [a["title"] for a in detail["alerts"]] == ["validated"]
+        shown = describe(cluster, trial)
+        assert re.search(r"^status:\s+done$", shown, re.M), shown
+        assert re.search(r"^validated\s+info\s+loss=", shown, re.M), shown
         operation = await cluster.request("GET", f"/trials/{trial}/searcher/operation")
         assert operation["completed"], "a finished trial has no operation left"
 
