@@ -25,10 +25,8 @@ from services.api import (
 )
 from services.api.auth import agent_token, auth_middleware, ensure_admin
 from services.api.errors import error_middleware
+from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
 from services.api.routing import STATE, ApiState, Route, RouteTable
-
-MAX_BODY_BYTES = 256 * 1024 * 1024
-"""Largest request body (code tarballs arrive base64-encoded in JSON)."""
 
 ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_auth.routes,
@@ -70,7 +68,8 @@ def create_app(
         The application, ready for an ``AppRunner``.
     """
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware], client_max_size=MAX_BODY_BYTES
+        middlewares=[error_middleware, auth_middleware, body_limit_middleware],
+        client_max_size=DEFAULT_MAX_BODY,
     )
     state = ApiState(store=store, bus=bus, secret=secret)
     app[STATE] = state

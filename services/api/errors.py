@@ -1,8 +1,8 @@
 """JSON errors: ``{"error": {"message", "path"?}}`` for every failure, never an HTML page.
 
 Handlers raise :class:`ApiError` (or its helpers); :func:`error_middleware` renders it, turns
-request-validation problems into 400, an unreachable database into 503 and anything unexpected
-into a logged 500.
+request-validation problems into 400, an event over the store's size limit into 413, an
+unreachable database into 503 and anything unexpected into a logged 500.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from events.errors import ConcurrencyError, StoreUnavailableError
+from events.errors import ConcurrencyError, EventTooLargeError, StoreUnavailableError
 
 log = structlog.get_logger("api")
 M = TypeVar("M", bound=BaseModel)
@@ -179,6 +179,15 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except StoreUnavailableError as exc:
         log.warning("store unavailable", path=request.path, error=str(exc))
         return error_response(ApiError(503, "database unavailable, retry later"))
+    except EventTooLargeError as exc:
+        return error_response(
+            ApiError(
+                413,
+                f"too large to record: {exc}",
+                details={"event_type": exc.event_type, "size": exc.size, "limit": exc.limit}
+                | ({"part": exc.part} if exc.part else {}),
+            )
+        )
     except ConcurrencyError as exc:
         log.warning("write conflict", path=request.path, error=str(exc))
         return error_response(ApiError(409, "concurrent update, retry"))

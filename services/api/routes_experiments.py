@@ -26,6 +26,13 @@ from services.api.auth import principal_of
 from services.api.errors import ApiError, bad_request, conflict, forbidden, not_found, parse
 from services.api.errors import read_json as read_json_body
 from services.api.inbox import in_transaction
+from services.api.limits import (
+    DEFAULT_MAX_BODY,
+    EXPERIMENT_MAX_BODY,
+    MAX_CODE_BYTES,
+    read_part,
+    too_large,
+)
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import (
     MAX_ID,
@@ -182,16 +189,20 @@ def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
     return config.model_dump(mode="json")
 
 
-def _decode_code(code: str | bytes | None) -> bytes | None:
+def _decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
     if code is None or code == "":
         return None
     if isinstance(code, str):
+        if len(code) > MAX_CODE_BYTES * 4 // 3 + 4:
+            raise too_large(request, MAX_CODE_BYTES, "code")
         try:
             data = base64.b64decode(code, validate=True)
         except (binascii.Error, ValueError):
             raise bad_request("code: must be a base64-encoded tar.gz", path="code") from None
     else:
         data = code
+    if len(data) > MAX_CODE_BYTES:
+        raise too_large(request, MAX_CODE_BYTES, "code")
     if not data.startswith(GZIP_MAGIC):
         raise bad_request("code: must be a gzip-compressed tar archive", path="code")
     return data
@@ -206,9 +217,10 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
             if not isinstance(part, BodyPartReader) or part.name is None:
                 continue
             if part.name == "code":
-                code = bytes(await part.read(decode=True))
+                code = await read_part(request, part, MAX_CODE_BYTES, "code")
             elif part.name in ("config", "activate"):
-                fields[part.name] = await part.text()
+                raw = await read_part(request, part, DEFAULT_MAX_BODY, part.name)
+                fields[part.name] = raw.decode(part.get_charset(default="utf-8"))
     except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
         raise bad_request(f"malformed multipart body: {exc}") from None
     if isinstance(fields.get("activate"), str):
@@ -222,16 +234,17 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
     body=CreateExperimentBody,
     response=CreateExperimentResponse,
     multipart=True,
+    max_body=EXPERIMENT_MAX_BODY,
 )
 async def create_experiment(request: web.Request) -> web.Response:
     """Validates a config, stores the code content-addressed and appends ExperimentSubmitted."""
     principal = principal_of(request)
     if request.content_type.startswith("multipart/"):
         body, raw_code = await _read_multipart(request)
-        code = _decode_code(raw_code)
+        code = _decode_code(request, raw_code)
     else:
         body = parse(CreateExperimentBody, await read_json_body(request))
-        code = _decode_code(body.code)
+        code = _decode_code(request, body.code)
     config = _validate_config(body.config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)

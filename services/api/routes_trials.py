@@ -26,6 +26,7 @@ from services.api.access import readable_trial
 from services.api.auth import check_trial, principal_of
 from services.api.errors import ApiError, bad_request, parse, read_json
 from services.api.inbox import claim_many
+from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
 from services.api.runs import load_run_state
 from services.api.views import experiment_of, trial_stream
@@ -361,6 +362,7 @@ async def _check_checkpoint_owners(
     allow=TRIAL_OR_AGENT,
     body=ReportsBody,
     response=ReportsResponse,
+    max_body=BATCH_MAX_BODY,
 )
 async def reports(request: web.Request) -> web.Response:
     """Ingests a batch of reports in one transaction; repeated keys are no-ops; 409 for a

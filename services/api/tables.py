@@ -98,7 +98,16 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         "DROP TABLE IF EXISTS metrics;",
     ),
     (
-        "0005_trial_status",
+        "0005_heartbeat_incarnation",
+        # Which agent process sent the running list, and its heartbeat number in that process:
+        # the scheduler compares them with the allocations it believes running.
+        """
+        ALTER TABLE agent_heartbeats ADD COLUMN incarnation text NOT NULL DEFAULT '';
+        ALTER TABLE agent_heartbeats ADD COLUMN seq bigint NOT NULL DEFAULT 0;
+        """,
+    ),
+    (
+        "0006_trial_status",
         # Like progress, the status text a trial shows is its latest report, not a fact.
         """CREATE TABLE IF NOT EXISTS trial_status (
                trial_id    text PRIMARY KEY,

@@ -3,6 +3,11 @@
 Pure: the state depends only on the events applied, in order. Decisions the scheduler made
 earlier come back as events and are folded like any other fact, so a restarted scheduler that
 replays the log reaches the same state and does not decide anything twice.
+
+The state also knows the version of every stream the scheduler decides on (:data:`STREAMS`):
+it receives every event of those streams, the ones it does not fold as bare envelopes, and a
+decision is appended with the version its plan saw, so a plan made stale by another writer
+loses instead of landing twice.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED", "
 STOPPING = frozenset(
     {"STOPPING_COMPLETED", "STOPPING_CANCELED", "STOPPING_KILLED", "STOPPING_ERROR"}
 )
+
+STREAMS = frozenset({"trial", "experiment", "agent"})
+"""The stream types the scheduler appends its decisions to."""
 
 TYPES = frozenset(
     {
@@ -42,6 +50,15 @@ TYPES = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Starter:
+    """The agent process that started a run, and the first of its heartbeats that lists it."""
+
+    agent_id: str
+    incarnation: str
+    listed_from: int
+
+
 @dataclass
 class Run:
     """The current allocation of a trial."""
@@ -51,6 +68,7 @@ class Run:
     placements: dict[str, list[str]]
     order: int
     started: bool = False
+    started_by: Starter | None = None
     preemption: str | None = None
     killing: bool = False
     exited: str | None = None
@@ -122,19 +140,25 @@ class AgentInfo:
 
 @dataclass
 class ClusterState:
-    """Experiments, trials and agents as of ``position``."""
+    """Experiments, trials and agents as of ``position``, and the version of each stream seen."""
 
     experiments: dict[int, Experiment] = field(default_factory=dict)
     trials: dict[str, Trial] = field(default_factory=dict)
     agents: dict[str, AgentInfo] = field(default_factory=dict)
     position: int = 0
+    versions: dict[str, int] = field(default_factory=dict)
 
     def apply(self, event: RecordedEvent) -> None:
-        """Folds one event into the state."""
+        """Folds one event (or the bare envelope of one on a stream in :data:`STREAMS`)."""
         self.position = event.position
+        self.versions[event.stream_id] = event.stream_version
         handler = _HANDLERS.get(event.type)
         if handler is not None:
             handler(self, event.payload, event.position)
+
+    def version(self, stream_id: str) -> int:
+        """The version of ``stream_id`` as of ``position`` (0: no event on it yet)."""
+        return self.versions.get(stream_id, 0)
 
     def run_of(self, allocation_id: str) -> tuple[Trial, Run] | None:
         """The trial and run of ``allocation_id`` if it is the trial's current run."""
@@ -199,8 +223,13 @@ def _allocated(s: ClusterState, p: dict[str, Any], pos: int) -> None:
 
 def _started(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     found = s.run_of(p["allocation_id"])
-    if found is not None:
-        found[1].started = True
+    if found is None:
+        return
+    run = found[1]
+    run.started = True
+    listed_from = p.get("listed_from")
+    if p.get("agent_incarnation") and listed_from is not None:
+        run.started_by = Starter(p["agent_id"], p["agent_incarnation"], int(listed_from))
 
 
 def _checkpoint(s: ClusterState, p: dict[str, Any], _pos: int) -> None:

@@ -40,6 +40,9 @@ log = structlog.get_logger("tracker")
 
 NAME = "tracker-gc"
 ACTOR = "tracker"
+UUIDS_PER_EVENT = 1000
+"""Most uuids one ``CheckpointsDeleted`` names, so that it stays far below the store's event
+size limit (uuids are at most 128 characters); more deletions become several events."""
 
 
 @dataclass(frozen=True)
@@ -359,14 +362,14 @@ class GCConsumer(Consumer):
         for uuid, error in removal.failed.items():
             log.error("checkpoint not deleted", uuid=uuid, error=error)
         if removal.deleted:
-            await self._append(tx, facts, [self._deleted(facts, removal, "gc")])
+            await self._append(tx, facts, self._deleted(facts, removal, "gc"))
 
     async def _delete_all(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
         live = [c.uuid for c in facts.live]
         removal = await asyncio.to_thread(remove_directories, self.root_of(facts), live)
         events: list[Event] = []
         if removal.deleted:
-            events.append(self._deleted(facts, removal, "experiment deleted"))
+            events.extend(self._deleted(facts, removal, "experiment deleted"))
         if removal.failed:
             uuid, error = sorted(removal.failed.items())[0]
             log.error("experiment deletion failed", experiment=facts.experiment_id, error=error)
@@ -381,13 +384,19 @@ class GCConsumer(Consumer):
         await self._append(tx, facts, events)
 
     @staticmethod
-    def _deleted(facts: ExperimentCheckpoints, removal: Removal, reason: str) -> Event:
-        return CheckpointsDeleted(
-            experiment_id=facts.experiment_id,
-            uuids=removal.deleted,
-            missing=sorted(removal.missing),
-            reason="gc" if reason == "gc" else "experiment deleted",
-        )
+    def _deleted(facts: ExperimentCheckpoints, removal: Removal, reason: str) -> list[Event]:
+        deleted = removal.deleted
+        missing = set(removal.missing)
+        chunks = [deleted[i : i + UUIDS_PER_EVENT] for i in range(0, len(deleted), UUIDS_PER_EVENT)]
+        return [
+            CheckpointsDeleted(
+                experiment_id=facts.experiment_id,
+                uuids=chunk,
+                missing=sorted(missing.intersection(chunk)),
+                reason="gc" if reason == "gc" else "experiment deleted",
+            )
+            for chunk in chunks
+        ]
 
     @staticmethod
     async def _append(tx: Transaction, facts: ExperimentCheckpoints, events: list[Event]) -> None:
