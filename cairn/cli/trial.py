@@ -60,7 +60,7 @@ def trial_rows(trials: list[dict[str, Any]]) -> None:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    """Shows a trial with its allocations and checkpoints."""
+    """Shows a trial with its allocations, checkpoints and alerts."""
     trial = auth_store.connect(args).get_trial(args.trial_id)
     if wants_json(args):
         print_json(trial)
@@ -79,6 +79,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
             ("restarts", trial.get("restarts")),
             ("steps", trial.get("steps_completed")),
             ("progress", progress),
+            ("status", trial.get("status")),
             ("best metric", trial.get("best_metric")),
             ("latest validation", trial.get("latest_validation")),
             ("latest checkpoint", trial.get("latest_checkpoint")),
@@ -119,6 +120,22 @@ def cmd_describe(args: argparse.Namespace) -> int:
                     when(c.get("reported_at")),
                 ]
                 for c in checkpoints
+            ],
+        )
+    alerts = trial.get("alerts") or []
+    if alerts:
+        print()
+        table(
+            ["ALERT", "LEVEL", "DESCRIPTION", "RUN", "RECORDED"],
+            [
+                [
+                    a.get("title"),
+                    a.get("level"),
+                    a.get("description"),
+                    a.get("run_id"),
+                    when(a.get("recorded_at")),
+                ]
+                for a in alerts
             ],
         )
     return 0

@@ -202,3 +202,16 @@ class MetricsReported(Event):
     group: str
     steps_completed: int
     metrics: dict[str, float]
+
+
+@register
+class TrialAlerted(Event):
+    """The training code raised an alert (``ctx.alert(title, description, level)``)."""
+
+    event_type = "TrialAlerted"
+
+    trial_id: str
+    run_id: int
+    title: str = ""
+    description: str = ""
+    level: Literal["warn", "info", "debug", "error"] = "info"

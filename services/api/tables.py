@@ -106,6 +106,15 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         ALTER TABLE agent_heartbeats ADD COLUMN seq bigint NOT NULL DEFAULT 0;
         """,
     ),
+    (
+        "0006_trial_status",
+        # Like progress, the status text a trial shows is its latest report, not a fact.
+        """CREATE TABLE IF NOT EXISTS trial_status (
+               trial_id    text PRIMARY KEY,
+               status      text NOT NULL,
+               updated_at  timestamptz NOT NULL DEFAULT now()
+           );""",
+    ),
 )
 
 
