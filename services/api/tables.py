@@ -97,6 +97,11 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         # Metrics are facts in the log now; the tracker projects them into tr_metrics.
         "DROP TABLE IF EXISTS metrics;",
     ),
+    (
+        "0005_user_active",
+        # A deactivated user can neither log in nor use a token issued before.
+        "ALTER TABLE api_users ADD COLUMN active boolean NOT NULL DEFAULT true;",
+    ),
 )
 
 

@@ -317,12 +317,12 @@ async def _experiment_settings(
         )
         return
     await conn.execute(
-        f"""UPDATE tr_experiments SET {column} = $2, config = jsonb_set(config, $3::text[], $4)
+        f"""UPDATE tr_experiments
+            SET {column} = $2, config = jsonb_set(config, $3::text[], to_jsonb($2::text))
             WHERE experiment_id = $1""",
         e.experiment_id,
         value,
         path,
-        value,
     )
 
 
