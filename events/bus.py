@@ -33,6 +33,7 @@ from nats.js.errors import NotFoundError
 
 from events.envelope import RecordedEvent, stream_type_of
 from events.errors import BusUnavailableError
+from events.redact import redact_url
 
 EVENTS_STREAM = "CAIRN_EVENTS"
 EVENTS_PREFIX = "cairn.evt"
@@ -108,7 +109,9 @@ class Bus:
                 reconnected_cb=_noop,
             )
         except Exception as exc:  # nats raises a zoo of types on connect
-            raise BusUnavailableError(f"cannot connect to NATS at {url}: {exc}") from exc
+            raise BusUnavailableError(
+                f"cannot connect to NATS at {redact_url(url)}: {exc}"
+            ) from exc
         bus = cls(nc, nc.jetstream(timeout=timeout))
         await bus.ensure_streams()
         return bus
