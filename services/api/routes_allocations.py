@@ -73,9 +73,15 @@ class SpecResponse(BaseModel):
 
 
 class StartedBody(BaseModel):
-    """The agent launched the run's process."""
+    """The agent launched the run's process.
+
+    ``incarnation`` names the agent process; ``listed_from`` is the first of its heartbeat numbers
+    that lists this allocation (every later one does too, until the exit is reported).
+    """
 
     agent_id: str
+    incarnation: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_-]*$")
+    listed_from: int | None = Field(None, ge=1, le=2**62)
     idempotency_key: str | None = None
 
 
@@ -195,6 +201,8 @@ async def started(request: web.Request) -> web.Response:
             run_id=alloc.run_id,
             agent_id=body.agent_id,
             restored_checkpoint=checkpoint.uuid if checkpoint else None,
+            agent_incarnation=body.incarnation,
+            listed_from=body.listed_from,
         )
         return [event], {}
 

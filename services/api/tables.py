@@ -98,7 +98,16 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         "DROP TABLE IF EXISTS metrics;",
     ),
     (
-        "0005_user_active",
+        "0005_heartbeat_incarnation",
+        # Which agent process sent the running list, and its heartbeat number in that process:
+        # the scheduler compares them with the allocations it believes running.
+        """
+        ALTER TABLE agent_heartbeats ADD COLUMN incarnation text NOT NULL DEFAULT '';
+        ALTER TABLE agent_heartbeats ADD COLUMN seq bigint NOT NULL DEFAULT 0;
+        """,
+    ),
+    (
+        "0006_user_active",
         # A deactivated user can neither log in nor use a token issued before.
         "ALTER TABLE api_users ADD COLUMN active boolean NOT NULL DEFAULT true;",
     ),

@@ -10,12 +10,15 @@ decisions with the version that state saw: a plan overtaken by another writer lo
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import structlog
 
 from events.consumer import Consumer
 from events.envelope import Event, RecordedEvent
 from events.store import EventStore, Transaction
-from services.scheduler.planner import Settings, plan, reap
+from services.scheduler.planner import Report, Reports, Settings, plan, reap
 from services.scheduler.state import STREAMS, TYPES, ClusterState
 
 log = structlog.get_logger("scheduler")
@@ -53,11 +56,10 @@ class SchedulerConsumer(Consumer):
         await self.rebuild()
 
     async def before_commit(self, tx: Transaction) -> None:
-        decisions = plan(self.state, self.settings)
-        beats = await _heartbeats(tx)
+        beats = await _heartbeats(tx, self.state.position)
+        decisions = plan(self.state, self.settings, beats.reports if beats else None)
         if beats is not None:
-            now, last_beat = beats
-            decisions += reap(self.state, last_beat, now, self.agent_timeout)
+            decisions += reap(self.state, beats.last_beat, beats.now, self.agent_timeout)
         by_stream: dict[str, list[Event]] = {}
         for stream_id, event in decisions:
             by_stream.setdefault(stream_id, []).append(event)
@@ -73,13 +75,49 @@ class SchedulerConsumer(Consumer):
             )
 
 
-async def _heartbeats(tx: Transaction) -> tuple[float, dict[str, float]] | None:
-    """The database's clock and each agent's latest heartbeat (None before the API made the table)."""
+@dataclass(frozen=True)
+class Heartbeats:
+    """The database's clock, each agent's latest heartbeat time, and what the agents report."""
+
+    now: float
+    last_beat: dict[str, float]
+    reports: Reports
+
+
+async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
+    """The agents' heartbeats as of now (None before the API made their table).
+
+    ``folded`` is the position of the last event folded into the state. The exits beyond it are
+    read after the heartbeats, so any exit an agent reported before the heartbeat read here is
+    among them (an agent drops a run from its heartbeats only once its exit is committed).
+    """
     exists = await tx.conn.fetchval("SELECT to_regclass('agent_heartbeats') IS NOT NULL")
     if not exists:
         return None
     now = float(await tx.conn.fetchval("SELECT extract(epoch FROM now())"))
     rows = await tx.conn.fetch(
-        "SELECT agent_id, extract(epoch FROM beat_at) AS t FROM agent_heartbeats"
+        # to_jsonb: a table the API has not yet migrated to add incarnation/seq still reads.
+        "SELECT agent_id, extract(epoch FROM beat_at) AS t, to_jsonb(h)::text AS row"
+        " FROM agent_heartbeats h"
     )
-    return now, {r["agent_id"]: float(r["t"]) for r in rows}
+    exits = await tx.conn.fetch(
+        "SELECT payload->>'allocation_id' AS a FROM events WHERE position > $1"
+        " AND type = 'TrialExited'",
+        folded,
+    )
+    agents: dict[str, Report] = {}
+    for r in rows:
+        row = json.loads(r["row"])
+        running = row.get("running")
+        agents[r["agent_id"]] = Report(
+            incarnation=str(row.get("incarnation") or ""),
+            seq=int(row.get("seq") or 0),
+            running=frozenset(str(a) for a in running)
+            if isinstance(running, list)
+            else frozenset(),
+        )
+    return Heartbeats(
+        now=now,
+        last_beat={r["agent_id"]: float(r["t"]) for r in rows},
+        reports=Reports(agents=agents, exits_unfolded=frozenset(str(e["a"]) for e in exits)),
+    )

@@ -52,6 +52,15 @@ TYPES = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Starter:
+    """The agent process that started a run, and the first of its heartbeats that lists it."""
+
+    agent_id: str
+    incarnation: str
+    listed_from: int
+
+
 @dataclass
 class Run:
     """The current allocation of a trial."""
@@ -61,6 +70,7 @@ class Run:
     placements: dict[str, list[str]]
     order: int
     started: bool = False
+    started_by: Starter | None = None
     preemption: str | None = None
     killing: bool = False
     exited: str | None = None
@@ -251,8 +261,13 @@ def _allocated(s: ClusterState, p: dict[str, Any], pos: int) -> None:
 
 def _started(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     found = s.run_of(p["allocation_id"])
-    if found is not None:
-        found[1].started = True
+    if found is None:
+        return
+    run = found[1]
+    run.started = True
+    listed_from = p.get("listed_from")
+    if p.get("agent_incarnation") and listed_from is not None:
+        run.started_by = Starter(p["agent_id"], p["agent_incarnation"], int(listed_from))
 
 
 def _checkpoint(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
