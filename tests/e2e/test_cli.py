@@ -374,7 +374,8 @@ def test_continue_resumes_from_the_latest_checkpoint_then_delete_it(
     cluster: Env, finished: dict[str, Any]
 ) -> None:
     """continue trains the ended single-trial experiment on from its step-20 checkpoint to the
-    new step count and it completes again; checkpoint delete then removes a checkpoint."""
+    new step count and it completes again, leaving a log without findings; checkpoint delete
+    then removes a checkpoint."""
     exp_id, trial_id = str(finished["id"]), finished["exp"]["trials"][0]["trial_id"]
     before = as_json(cluster, "trial", "describe", trial_id)["latest_checkpoint"]
     done = cli(
@@ -390,6 +391,16 @@ def test_continue_resumes_from_the_latest_checkpoint_then_delete_it(
     assert trial["state"] == "COMPLETED" and len(trial["allocations"]) == 2
     refused = cli(cluster, "e", "continue", exp_id, "--config", "searcher.metric=x")
     assert refused.returncode == 1 and "searcher.metric" in refused.stderr
+    dsn = json.loads((cluster.home / "cluster.json").read_text())["dsn"]
+    checked = subprocess.run(
+        [sys.executable, "-m", "events.check", dsn],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # the log is clean
 
     uuid = eventually(lambda: as_json(cluster, "t", "describe", trial_id)["latest_checkpoint"])
     assert cli(cluster, "checkpoint", "delete", uuid).returncode == 2  # no tty, no --yes

@@ -366,3 +366,12 @@ async def test_master_info_needs_no_login(api: Api) -> None:
     second = await api.ok("GET", "/api/v1/master")
     assert first["version"] and first["cluster_id"] == second["cluster_id"]
     assert second["uptime_seconds"] >= first["uptime_seconds"] >= 0
+
+
+async def test_template_over_the_event_size_limit_is_413(api: Api, store: EventStore) -> None:
+    """A template whose fact would pass the store's event size limit is refused with a 413 and
+    nothing is recorded."""
+    huge = {"config": {"data": {"blob": "x" * (600 * 1024)}}}
+    status, body = await api.call("PUT", "/api/v1/templates/big", token=api.admin, json=huge)
+    assert status == 413, body
+    assert await types_of(store, "template-big") == []
