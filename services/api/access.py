@@ -7,8 +7,9 @@
 - the agent token reads what the routes open to agents (agents run every user's trials).
 
 Routes ask here (never compare owners themselves), so a new read route cannot forget a case.
-Agents, slots and the user's own identity are shared or personal by design (``docs/tracking.md``)
-and need no experiment.
+Agents, slots, config templates and the user's own identity are shared or personal by design
+(``docs/tracking.md``) and need no experiment; changing an experiment is for its owner or an
+admin (:func:`services.api.views.check_owner`), changing a template for its creator or an admin.
 """
 
 from __future__ import annotations

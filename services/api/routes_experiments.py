@@ -36,6 +36,7 @@ from services.api.limits import (
     too_large,
 )
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.templates import with_template
 from services.api.views import (
     MAX_ID,
     TERMINAL_STATES,
@@ -68,6 +69,9 @@ class CreateExperimentBody(BaseModel):
     config: str | dict[str, Any] = Field(description="YAML text or an already-parsed mapping")
     code: str | None = Field(None, description="the code directory as a base64 tar.gz")
     activate: bool = True
+    template: str | None = Field(
+        None, max_length=200, description="a config template merged under the config"
+    )
 
 
 class CreateExperimentResponse(BaseModel):
@@ -117,6 +121,9 @@ class ExperimentDetail(pr.ExperimentSummary):
     config: dict[str, Any]
     description: str | None
     labels: list[Any]
+    priority: int | None = None
+    weight: float | None = None
+    max_slots: int | None = None
     trials: list[pr.TrialSummary]
 
 
@@ -238,7 +245,7 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
                 continue
             if part.name == "code":
                 code = await read_part(request, part, MAX_CODE_BYTES, "code")
-            elif part.name in ("config", "activate"):
+            elif part.name in ("config", "activate", "template"):
                 raw = await read_part(request, part, DEFAULT_MAX_BODY, part.name)
                 fields[part.name] = raw.decode(part.get_charset(default="utf-8"))
     except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
@@ -265,7 +272,10 @@ async def create_experiment(request: web.Request) -> web.Response:
     else:
         body = parse(CreateExperimentBody, await read_json_body(request))
         code = _decode_code(request, body.code)
-    config = await _validate_config(body.config)
+    raw_config = body.config
+    if body.template is not None:
+        raw_config = await with_template(store_of(request), body.template, raw_config)
+    config = await _validate_config(raw_config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)
     experiment_id = await store.next_experiment_id()

@@ -115,6 +115,11 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
                updated_at  timestamptz NOT NULL DEFAULT now()
            );""",
     ),
+    (
+        "0007_user_active",
+        # A deactivated user can neither log in nor use a token issued before.
+        "ALTER TABLE api_users ADD COLUMN active boolean NOT NULL DEFAULT true;",
+    ),
 )
 
 

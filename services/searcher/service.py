@@ -49,6 +49,7 @@ TYPES = frozenset(
     {
         "ExperimentSubmitted",
         "ExperimentStateChanged",
+        "ExperimentContinued",
         "ValidationReported",
         "TrialEarlyExited",
         "TrialStateChanged",
@@ -128,6 +129,9 @@ class SearcherConsumer(Consumer):
             if search is not None:
                 search.state = p["state"]
             return
+        if event.type == "ExperimentContinued":
+            self._continued(p)
+            return
         trial_id = str(p.get("trial_id", ""))
         search = self.searches.get(int(trial_id.split(".", 1)[0])) if trial_id else None
         if search is None or trial_id not in search.request_of or trial_id in search.closed:
@@ -167,6 +171,26 @@ class SearcherConsumer(Consumer):
         search = Search(exp_id, config, method, state=state)
         self.searches[exp_id] = search
         self._run(search, method.initial_operations())
+
+    def _continued(self, p: dict[str, Any]) -> None:
+        """A user continued the ended experiment's trial: the search is open again until that
+        trial closes once more (the gateway only continues single-trial experiments)."""
+        search = self.searches.get(int(p["experiment_id"]))
+        trial_id = str(p["trial_id"])
+        if search is None or search.state not in lifecycle.TERMINAL:
+            return  # refused by the experiment's state machine too
+        request_id = search.request_of.get(trial_id)
+        if request_id is None:
+            return
+        try:
+            search.method.on_trial_continued(request_id)
+        except SearcherError as exc:
+            log.error("continued trial not reopened", trial=trial_id, error=str(exc))
+            return
+        search.state = "ACTIVE"
+        search.shut_down = False
+        search.closed.discard(trial_id)
+        search.early.pop(trial_id, None)
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
         stream = f"experiment-{search.experiment_id}"
