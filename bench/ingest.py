@@ -203,10 +203,9 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
         "PYTHONPATH": str(ROOT),
         "CAIRN_FAULTS": "",
         "CAIRN_READY_FILE": str(ready),
+        "CAIRN_DB": dsn,  # it carries the password: kept off the command line
     }
-    proc = _spawn(
-        [sys.executable, "-m", "services.api", "--db", dsn, "--port", str(port)], log, env
-    )
+    proc = _spawn([sys.executable, "-m", "services.api", "--port", str(port)], log, env)
     store: EventStore | None = None
     figures: dict[str, Any] = {}
     try:

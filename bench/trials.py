@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 from bench.common import BenchContext, Measure, Report, per_second, progress
 from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
+from events.config import load_yaml
 from events.envelope import RecordedEvent
 from events.store import EventStore
 
@@ -174,7 +174,7 @@ async def _wait_terminal(
 
 def _config(config_file: Path, hparams: dict[str, Any], checkpoints: Path) -> dict[str, Any]:
     """An example's experiment config with ``hparams`` set and checkpoints under ``checkpoints``."""
-    config: dict[str, Any] = copy.deepcopy(yaml.safe_load(config_file.read_text()))
+    config: dict[str, Any] = copy.deepcopy(load_yaml(config_file.read_text(), str(config_file)))
     config["hyperparameters"].update(hparams)
     config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(checkpoints)}
     return config

@@ -2,18 +2,23 @@
 
 NATS is for latency only. Messages carry the event's global position in a header; a consumer
 with database access treats a message as "the log has reached at least this position" and reads
-the truth from PostgreSQL.
+the truth from PostgreSQL. So an event too large for the server's ``max_payload`` (one written
+under another limit) is published as a stub, marked by the :data:`STUB_HEADER` header, whose
+body only names the event: it wakes consumers all the same, and nothing waits behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import nats
+import structlog
 from nats.aio.client import Client as NatsClient
+from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -28,6 +33,7 @@ from nats.js.errors import NotFoundError
 
 from events.envelope import RecordedEvent, stream_type_of
 from events.errors import BusUnavailableError
+from events.redact import redact_url
 
 EVENTS_STREAM = "CAIRN_EVENTS"
 EVENTS_PREFIX = "cairn.evt"
@@ -36,6 +42,10 @@ COMMANDS_PREFIX = "cairn.cmd"
 POSITION_HEADER = "Cairn-Position"
 MSG_ID_HEADER = "Nats-Msg-Id"
 ACK_WAIT_SECONDS = 30.0
+STUB_HEADER = "Cairn-Stub"
+"""Present on a message whose body is a stub: the event itself is only in the log."""
+
+log = structlog.get_logger("bus")
 
 
 def subject_for(stream_id: str) -> str:
@@ -50,12 +60,39 @@ def position_of(msg: Any) -> int | None:
     return int(value) if value is not None else None
 
 
+def headers_size(headers: Mapping[str, str]) -> int:
+    """The bytes ``headers`` add to a message on the wire (the server counts them against
+    ``max_payload`` together with the body)."""
+    lines = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items())
+    return len(b"NATS/1.0\r\n") + lines + 2
+
+
+def stub_body(event: RecordedEvent, size: int) -> bytes:
+    """The body published instead of an event of ``size`` bytes that the bus cannot carry."""
+    return json.dumps(
+        {
+            "position": event.position,
+            "event_id": str(event.event_id),
+            "stream_id": event.stream_id,
+            "type": event.type,
+            "size": size,
+            "stub": "too large for the bus; read the event from the log at its position",
+        }
+    ).encode()
+
+
 class Bus:
     """A NATS connection with JetStream, plus the few operations cairn needs on it."""
 
     def __init__(self, nc: NatsClient, js: JetStreamContext) -> None:
         self.nc = nc
         self.js = js
+        self.stubbed = 0
+
+    @property
+    def max_payload(self) -> int:
+        """The largest message (body and headers) the connected server accepts, in bytes."""
+        return int(self.nc.max_payload)
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "cairn", timeout: float = 10.0) -> Bus:
@@ -73,7 +110,9 @@ class Bus:
                 reconnected_cb=_noop,
             )
         except Exception as exc:  # nats raises a zoo of types on connect
-            raise BusUnavailableError(f"cannot connect to NATS at {url}: {exc}") from exc
+            raise BusUnavailableError(
+                f"cannot connect to NATS at {redact_url(url)}: {exc}"
+            ) from exc
         bus = cls(nc, nc.jetstream(timeout=timeout))
         await bus.ensure_streams()
         return bus
@@ -111,14 +150,39 @@ class Bus:
             raise BusUnavailableError(f"cannot set up JetStream streams: {exc}") from exc
 
     async def publish_events(self, events: Sequence[RecordedEvent]) -> int:
-        """Publishes events (deduplicated by event id); returns how many were new to JetStream."""
+        """Publishes events (deduplicated by event id); returns how many were new to JetStream.
+
+        An event that does not fit the server's ``max_payload`` goes out as a stub (see
+        :func:`stub_body`) instead of failing the page again and again.
+        """
 
         async def one(event: RecordedEvent) -> bool:
+            subject = subject_for(event.stream_id)
+            headers = {MSG_ID_HEADER: str(event.event_id), POSITION_HEADER: str(event.position)}
+            body = event.model_dump_json().encode()
+            size = len(body) + headers_size(headers)
+            if size <= self.max_payload:
+                try:
+                    ack = await self.js.publish(
+                        subject, body, stream=EVENTS_STREAM, headers=headers
+                    )
+                    return not ack.duplicate
+                except MaxPayloadError:  # the server's limit changed under us
+                    pass
+            log.warning(
+                "event too large for the bus; published as a stub",
+                position=event.position,
+                stream_id=event.stream_id,
+                type=event.type,
+                size=size,
+                max_payload=self.max_payload,
+            )
+            self.stubbed += 1
             ack = await self.js.publish(
-                subject_for(event.stream_id),
-                event.model_dump_json().encode(),
+                subject,
+                stub_body(event, size),
                 stream=EVENTS_STREAM,
-                headers={MSG_ID_HEADER: str(event.event_id), POSITION_HEADER: str(event.position)},
+                headers={**headers, STUB_HEADER: "too-large"},
             )
             return not ack.duplicate
 

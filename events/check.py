@@ -11,8 +11,10 @@ end-to-end) call :func:`check_log` after a run. The invariants:
 - ``slot-held-twice``: a slot is allocated while another live allocation holds it (an allocation
   is live from ``SlotsAllocated`` until its ``TrialExited`` or ``SlotsReleased``).
 - ``trial-overlap``: a trial is allocated while an earlier allocation of it is still live.
+- ``checkpoint-claimed-twice``: a checkpoint uuid recorded by a second ``CheckpointSaved``.
 - ``duplicate-state``: a state change to the state the aggregate is already in.
-- ``illegal-transition``: a state change the state machine (:mod:`events.lifecycle`) refuses.
+- ``illegal-transition``: a state change the state machine (:mod:`events.lifecycle`) refuses, or
+  an ``ExperimentContinued`` of an experiment that has not ended.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class LogChecker:
     _holder: dict[tuple[str, str], str] = field(default_factory=dict)
     _trial_live: dict[str, str] = field(default_factory=dict)
     _states: dict[str, str] = field(default_factory=dict)
+    _checkpoints: dict[str, str] = field(default_factory=dict)
+    """Checkpoint uuid -> the trial that recorded it first."""
 
     def _find(self, kind: str, event: RecordedEvent, detail: str) -> None:
         self.findings.append(Finding(kind, event.position, detail))
@@ -138,6 +142,18 @@ class LogChecker:
         if self._trial_live.get(allocation.trial_id) == p["allocation_id"]:
             del self._trial_live[allocation.trial_id]
 
+    def _checkpoint_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
+        uuid, trial_id = str(p["uuid"]), str(p["trial_id"])
+        owner = self._checkpoints.get(uuid)
+        if owner is None:
+            self._checkpoints[uuid] = trial_id
+        else:
+            self._find(
+                "checkpoint-claimed-twice",
+                event,
+                f"checkpoint {uuid} of trial {owner} recorded again by trial {trial_id}",
+            )
+
     def _submitted_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
         self._states[event.stream_id] = (
             lifecycle.ACTIVE if p.get("activate", True) else lifecycle.PAUSED
@@ -159,6 +175,13 @@ class LogChecker:
             return
         self._states[event.stream_id] = target
 
+    def _continued_event(self, event: RecordedEvent, _p: dict[str, object]) -> None:
+        current = self._states.get(event.stream_id, lifecycle.ACTIVE)
+        if current not in lifecycle.TERMINAL:
+            self._find("illegal-transition", event, f"{event.stream_id}: continued while {current}")
+            return
+        self._states[event.stream_id] = lifecycle.ACTIVE
+
     def summary(self) -> str:
         """One line per kind of finding, or a line saying the log is clean."""
         if not self.findings:
@@ -171,11 +194,13 @@ class LogChecker:
 _HANDLERS = {
     "SlotsAllocated": LogChecker._allocated_event,
     "TrialStarted": LogChecker._started_event,
+    "CheckpointSaved": LogChecker._checkpoint_event,
     "TrialExited": LogChecker._ended_event,
     "SlotsReleased": LogChecker._ended_event,
     "ExperimentSubmitted": LogChecker._submitted_event,
     "ExperimentStateChanged": LogChecker._state_event,
     "TrialStateChanged": LogChecker._state_event,
+    "ExperimentContinued": LogChecker._continued_event,
 }
 
 

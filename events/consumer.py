@@ -1,10 +1,24 @@
 """Checkpointed, idempotent consumers of the log.
 
 A bus message at position p is only a wake-up: the runner locks the consumer's checkpoint row,
-reads (checkpoint, p] from PostgreSQL, applies those events in order and moves the checkpoint,
+reads (checkpoint, head] from PostgreSQL, applies those events in order and moves the checkpoint,
 all in one transaction, and acks the message only after that commit. A redelivered or duplicate
 message finds p <= checkpoint and changes nothing; a lost one is healed by the periodic catch-up,
-which does the same read up to the head of the log.
+which does the same read.
+
+Invariants:
+
+- Effects commit with the checkpoint: whatever a consumer writes through ``tx`` commits in the
+  transaction that moves its checkpoint past the events that caused it, or not at all.
+- A decider decides only on a state that includes its own earlier decisions: ``before_commit``
+  runs only on a page that reached the head of the log as read in its transaction. Every earlier
+  transaction of this runner has committed by then, so its decisions are below that head and
+  folded. (Reading only up to a wake-up's p would stop short of decisions appended after p and
+  decide them again.)
+- A decider appends with the stream versions its state has seen (``expected_version``). A plan
+  made stale by another writer between the read and the append loses with
+  :class:`~events.errors.ConcurrencyError`: the transaction rolls back, the consumer rebuilds its
+  state and the runner re-plans at once on a fresh read.
 """
 
 from __future__ import annotations
@@ -19,7 +33,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from events import faults
 from events.bus import ACK_WAIT_SECONDS, EVENTS_PREFIX, Bus, position_of
 from events.envelope import RecordedEvent
-from events.errors import EventsError
+from events.errors import ConcurrencyError, EventsError
 from events.store import EventStore, Fence, Transaction
 
 log = structlog.get_logger("consumer")
@@ -33,6 +47,9 @@ class Consumer:
         name: the checkpoint name; unique per consumer.
         subjects: bus subjects whose messages wake this consumer.
         types: event types to receive (``None``: all); others only move the checkpoint.
+        envelopes: stream types (``trial``, ``agent``, ...) whose events outside ``types`` are
+            received too, as envelopes with an empty payload, so that a decider appending to
+            those streams knows each one's version from ``RecordedEvent.stream_version``.
         tick_always: call :meth:`before_commit` on every catch-up, even with no new events
             (for decisions driven by time, such as heartbeat timeouts).
     """
@@ -40,6 +57,7 @@ class Consumer:
     name: str = "consumer"
     subjects: Sequence[str] = (f"{EVENTS_PREFIX}.>",)
     types: frozenset[str] | None = None
+    envelopes: frozenset[str] = frozenset()
     tick_always: bool = False
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
@@ -47,8 +65,10 @@ class Consumer:
         raise NotImplementedError
 
     async def before_commit(self, tx: Transaction) -> None:
-        """Runs inside the transaction of the last page of a catch-up, after :meth:`handle`:
-        the place to append decisions so they commit with the checkpoint."""
+        """Runs inside the transaction of the last page of a catch-up, after :meth:`handle`, on a
+        state folded up to the head of the log: the place to append decisions so they commit
+        with the checkpoint. A :class:`~events.errors.ConcurrencyError` raised here means the
+        plan lost a race; the runner rolls back, calls :meth:`on_rollback` and re-plans."""
 
     async def on_rollback(self) -> None:
         """Runs when a page's transaction failed; in-memory state must be rebuilt."""
@@ -70,6 +90,7 @@ class ConsumerRunner:
         catch_up_every: float = 2.0,
         fence: Fence | None = None,
         ack_wait: float = ACK_WAIT_SECONDS,
+        max_replans: int = 8,
     ) -> None:
         self.store = store
         self.bus = bus
@@ -78,15 +99,38 @@ class ConsumerRunner:
         self.catch_up_every = catch_up_every
         self.fence = fence
         self.ack_wait = ack_wait
+        self.max_replans = max_replans
         self.applied = 0
+        self.replans = 0
         self._lock = asyncio.Lock()
 
     async def catch_up(self, upto: int | None = None) -> int:
-        """Applies every event up to ``upto`` (default: the head); returns the new checkpoint."""
+        """Applies every event up to the head of the log; returns the new checkpoint.
+
+        ``upto`` is a wake-up's position: at or below the checkpoint it is stale and nothing is
+        read. A page that loses a race (a stale plan) is rolled back and re-planned at once, up
+        to ``max_replans`` times in a row; after that the error goes to the caller, whose next
+        catch-up tries again.
+        """
         async with self._lock:
+            lost = 0
             while True:
                 try:
                     done, position, applied = await self._apply_page(upto)
+                except ConcurrencyError as exc:
+                    await self.consumer.on_rollback()
+                    lost += 1
+                    self.replans += 1
+                    if lost > self.max_replans:
+                        raise
+                    log.info(
+                        "plan lost a race; re-planning",
+                        consumer=self.consumer.name,
+                        stream=exc.stream_id,
+                        expected=exc.expected,
+                        actual=exc.actual,
+                    )
+                    continue
                 except BaseException:
                     await self.consumer.on_rollback()
                     raise
@@ -100,26 +144,29 @@ class ConsumerRunner:
         name = self.consumer.name
         async with self.store.transaction() as tx:
             checkpoint = await tx.lock_checkpoint(name)
-            bound = upto
-            if bound is None:
-                bound = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
-            if bound <= checkpoint:
+            if upto is not None and upto <= checkpoint:
+                return True, checkpoint, 0
+            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+            if head <= checkpoint:
                 if self.consumer.tick_always and upto is None:
                     await self.consumer.before_commit(tx)
                     if self.fence is not None:
                         await tx.check_fence(self.fence)
                 return True, checkpoint, 0
             events = await tx.read_all(
-                checkpoint, upto=bound, limit=self.batch, types=self.consumer.types
+                checkpoint,
+                upto=head,
+                limit=self.batch,
+                types=self.consumer.types,
+                envelopes=self.consumer.envelopes,
             )
             for event in events:
                 await self.consumer.handle(tx, event)
             full = len(events) == self.batch
             if not full:
-                # Decide only on a state that has reached ``bound``: a full page may stop short
-                # of this consumer's own earlier decisions, and deciding then could repeat them.
+                # The state has reached the head (see the module's invariants): decide now.
                 await self.consumer.before_commit(tx)
-            position = events[-1].position if full else bound
+            position = events[-1].position if full else head
             if self.fence is not None:
                 await tx.check_fence(self.fence)
             await tx.set_checkpoint(name, position)

@@ -51,3 +51,31 @@ class StoreUnavailableError(EventsError):
 
 class BusUnavailableError(EventsError):
     """NATS could not be reached or refused a request."""
+
+
+class EventTooLargeError(EventsError):
+    """An event's encoded payload and metadata are larger than the store accepts.
+
+    Attributes:
+        stream_id: the stream it was to be appended to.
+        event_type: its type.
+        size: its encoded payload plus metadata, in bytes.
+        limit: the most the store accepts, in bytes.
+        part: the dotted path of the payload part that makes it large (``""``: the whole).
+        part_size: that part's encoded size, in bytes.
+    """
+
+    def __init__(
+        self, stream_id: str, event_type: str, size: int, limit: int, part: str, part_size: int
+    ) -> None:
+        where = f"; its largest part is {part} ({part_size} bytes)" if part else ""
+        super().__init__(
+            f"stream {stream_id}: {event_type} is {size} bytes encoded, over the limit of "
+            f"{limit} bytes{where}"
+        )
+        self.stream_id = stream_id
+        self.event_type = event_type
+        self.size = size
+        self.limit = limit
+        self.part = part
+        self.part_size = part_size

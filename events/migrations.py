@@ -57,6 +57,19 @@ CORE: Sequence[tuple[str, str]] = (
         CREATE SEQUENCE experiment_ids;
         """,
     ),
+    (
+        "0003_ownership_indexes",
+        # Looked up under the append lock on every trial report, so neither may scan a stream:
+        # which trial recorded a checkpoint uuid first (its owner), and the few lifecycle facts
+        # that say whether a trial's run may still report.
+        """
+        CREATE INDEX events_checkpoint_uuid ON events ((payload->>'uuid'), position)
+            WHERE type = 'CheckpointSaved';
+        CREATE INDEX events_lifecycle ON events (stream_id, stream_version)
+            WHERE type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'SlotsAllocated',
+                           'TrialExited', 'TrialStateChanged');
+        """,
+    ),
 )
 
 

@@ -3,6 +3,9 @@
 Loop: read the log after the relay checkpoint, publish the page (JetStream drops duplicates by
 event id), then advance the checkpoint under the leader's fence. A crash between publish and
 checkpoint only causes a republish, which consumers skip by position.
+
+No single event can hold the log back: one too large for the bus is published as a stub (see
+:mod:`events.bus`), and any other failure is logged and retried with a growing delay.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from events import commands, db, faults
 from events.bus import Bus
 from events.errors import BusUnavailableError, EventsError, StoreUnavailableError
 from events.lease import LeaderLease
+from events.limits import ENVELOPE_ALLOWANCE, MAX_EVENT_BYTES
 from events.store import NOTIFY_CHANNEL, EventStore
 
 CHECKPOINT = "relay"
+MAX_BACKOFF = 10.0
+"""The longest wait, in seconds, between two attempts at a page that keeps failing."""
 log = structlog.get_logger("relay")
 
 
@@ -39,12 +45,21 @@ class Relay:
         lease = await LeaderLease.acquire(self.store, CHECKPOINT, stop=stop)
         if lease is None:
             return
-        log.info("relay leading", epoch=lease.epoch)
+        max_payload = self.bus.max_payload
+        log.info("relay leading", epoch=lease.epoch, max_payload=max_payload)
+        if max_payload < MAX_EVENT_BYTES + ENVELOPE_ALLOWANCE:
+            log.warning(
+                "the bus's max_payload is below the event size limit; large events will be "
+                "relayed as stubs",
+                max_payload=max_payload,
+                max_event_bytes=MAX_EVENT_BYTES,
+            )
         if on_leading is not None:
             on_leading.set()
         wake = asyncio.Event()
         listener = await db.connect(self.store.dsn)
         await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
+        failures = 0
         try:
             while not stop.is_set():
                 if lease.lost.is_set():
@@ -52,10 +67,20 @@ class Relay:
                 try:
                     moved = await self.step(lease)
                 except (BusUnavailableError, StoreUnavailableError) as exc:
-                    log.warning("relay step failed; retrying", error=str(exc))
+                    failures += 1
+                    delay = min(self.idle_poll * 2**failures, MAX_BACKOFF)
+                    log.warning(
+                        "relay step failed; retrying",
+                        error=str(exc),
+                        attempt=failures,
+                        retry_in=round(delay, 2),
+                    )
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), self.idle_poll * 2)
+                        await asyncio.wait_for(stop.wait(), delay)
                     continue
+                if failures:
+                    log.info("relay recovered", attempts=failures)
+                    failures = 0
                 if moved < self.page:
                     wake.clear()
                     with contextlib.suppress(TimeoutError):

@@ -9,7 +9,6 @@ later and are safe to skip. The lock does not block readers.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,8 @@ from typing import Any
 from events import faults, migrations
 from events.db import Connection, Pool, create_pool, translate_errors
 from events.envelope import Event, Metadata, NewEvent, RecordedEvent
-from events.errors import ConcurrencyError, FencedError
+from events.errors import ConcurrencyError, EventTooLargeError, FencedError
+from events.limits import MAX_EVENT_BYTES, encoded, largest_part
 from events.registry import encode
 
 NOTIFY_CHANNEL = "cairn_events"
@@ -63,13 +63,26 @@ def _as_new(item: Event | NewEvent) -> NewEvent:
 
 
 class Transaction:
-    """A database transaction in which appends, reads, checkpoints and effects commit together."""
+    """A database transaction in which appends, reads, checkpoints and effects commit together.
 
-    def __init__(self, conn: Connection) -> None:
+    Attributes:
+        conn: the connection the transaction runs on.
+        max_event_bytes: the largest event :meth:`append` accepts (payload plus metadata).
+    """
+
+    def __init__(self, conn: Connection, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.conn = conn
+        self.max_event_bytes = max_event_bytes
         self._locked = False
 
-    async def _lock(self) -> None:
+    async def lock_appends(self) -> None:
+        """Takes the append lock now rather than at the first append (held until commit).
+
+        Nothing can be appended by anyone else between this call and the commit, so a decision
+        read from the log after it (e.g. "this uuid is not recorded yet") still holds when this
+        transaction appends. Callers that also claim inbox keys take it first, before the claim,
+        so two transactions never wait on each other's locks.
+        """
         if not self._locked:
             await self.conn.execute(
                 "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
@@ -78,7 +91,7 @@ class Transaction:
 
     async def check_fence(self, fence: Fence) -> None:
         """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch."""
-        await self._lock()
+        await self.lock_appends()
         current = await self.conn.fetchval(
             "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1",
             lease_stream(fence.lease),
@@ -111,18 +124,14 @@ class Transaction:
             fence: the writer's leader epoch; a stale one raises :class:`FencedError`.
 
         Raises:
+            EventTooLargeError: an event's encoded payload and metadata exceed
+                ``max_event_bytes``; nothing is appended.
             ConcurrencyError: the stream is not at ``expected_version``.
             FencedError: ``fence`` is no longer current.
             DuplicateEventError: an event's ``event_id`` is already in the log.
         """
         if not events:
             return []
-        await self._lock()
-        if fence is not None:
-            await self.check_fence(fence)
-        current = await self.stream_version(stream_id)
-        if expected_version is not None and current != expected_version:
-            raise ConcurrencyError(stream_id, expected_version, current)
         items = [_as_new(e) for e in events]
         epoch = fence.epoch if fence is not None else None
         metas = [
@@ -130,6 +139,28 @@ class Transaction:
             for item in items
         ]
         payloads = [encode(i.event) for i in items]
+        payload_texts = [encoded(p) for p in payloads]
+        meta_texts = [m.model_dump_json(exclude_none=True) for m in metas]
+        for item, payload, text, meta_text in zip(
+            items, payloads, payload_texts, meta_texts, strict=True
+        ):
+            # The payload text is ASCII-escaped JSON, so its characters are bytes; the bus's
+            # max_payload is sized from this measure (events.limits).
+            size = len(text) + len(meta_text.encode())
+            if size > self.max_event_bytes:
+                meta_size = size - len(text)
+                part, part_size = (
+                    largest_part(payload) if meta_size <= len(text) else ("metadata", meta_size)
+                )
+                raise EventTooLargeError(
+                    stream_id, item.event.event_type, size, self.max_event_bytes, part, part_size
+                )
+        await self.lock_appends()
+        if fence is not None:
+            await self.check_fence(fence)
+        current = await self.stream_version(stream_id)
+        if expected_version is not None and current != expected_version:
+            raise ConcurrencyError(stream_id, expected_version, current)
         versions = [current + n + 1 for n in range(len(items))]
         with translate_errors(stream_id):
             rows = await self.conn.fetch(
@@ -147,8 +178,8 @@ class Transaction:
                 versions,
                 [i.event.event_type for i in items],
                 [i.event.schema_version for i in items],
-                [json.dumps(p, separators=(",", ":")) for p in payloads],
-                [m.model_dump_json(exclude_none=True) for m in metas],
+                payload_texts,
+                meta_texts,
                 NOTIFY_CHANNEL,
             )
         by_version = {r["stream_version"]: r for r in rows}
@@ -176,9 +207,20 @@ class Transaction:
         upto: int | None = None,
         limit: int = 1000,
         types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
     ) -> list[RecordedEvent]:
-        """Reads committed events with ``after < position <= upto`` in position order."""
-        return await _read_all(self.conn, after, upto, limit, types)
+        """Reads committed events with ``after < position <= upto`` in position order.
+
+        Args:
+            after: read positions above this one.
+            upto: read positions up to this one (``None``: the head).
+            limit: at most this many events.
+            types: event types to read (``None``: all).
+            envelopes: stream types (``trial``, ``agent``, ...) whose events of other types are
+                read too, as envelopes with an empty payload: enough for a reader to know each
+                of those streams' versions without paying for payloads it does not fold.
+        """
+        return await _read_all(self.conn, after, upto, limit, types, envelopes)
 
     async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
         """Reads one stream's events after ``after_version`` in version order."""
@@ -206,20 +248,42 @@ class Transaction:
 
 
 async def _read_all(
-    conn: Connection, after: int, upto: int | None, limit: int, types: Iterable[str] | None
+    conn: Connection,
+    after: int,
+    upto: int | None,
+    limit: int,
+    types: Iterable[str] | None,
+    envelopes: Iterable[str] = (),
 ) -> list[RecordedEvent]:
     type_list = sorted(set(types)) if types is not None else None
+    categories = sorted(set(envelopes))
     with translate_errors():
-        rows = await conn.fetch(
-            f"""SELECT {_COLUMNS} FROM events
-                WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
-                  AND ($3::text[] IS NULL OR type = ANY($3))
-                ORDER BY position LIMIT $4""",
-            after,
-            upto,
-            type_list,
-            limit,
-        )
+        if type_list is None or not categories:
+            rows = await conn.fetch(
+                f"""SELECT {_COLUMNS} FROM events
+                    WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                      AND ($3::text[] IS NULL OR type = ANY($3))
+                    ORDER BY position LIMIT $4""",
+                after,
+                upto,
+                type_list,
+                limit,
+            )
+        else:
+            rows = await conn.fetch(
+                """SELECT position, stream_id, stream_version, event_id, type, schema_version,
+                          CASE WHEN type = ANY($3) THEN payload ELSE '{}'::jsonb END AS payload,
+                          metadata, recorded_at
+                   FROM events
+                   WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                     AND (type = ANY($3) OR split_part(stream_id, '-', 1) = ANY($5))
+                   ORDER BY position LIMIT $4""",
+                after,
+                upto,
+                type_list,
+                limit,
+                categories,
+            )
     return [row_to_event(r) for r in rows]
 
 
@@ -235,20 +299,35 @@ async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> 
 
 
 class EventStore:
-    """The log: an asyncpg pool plus the append/read operations on it."""
+    """The log: an asyncpg pool plus the append/read operations on it.
 
-    def __init__(self, pool: Pool, dsn: str) -> None:
+    Attributes:
+        pool: the connection pool.
+        dsn: where it connects.
+        max_event_bytes: the largest event an append accepts (payload plus metadata, encoded);
+            :data:`events.limits.MAX_EVENT_BYTES` unless told otherwise.
+    """
+
+    def __init__(self, pool: Pool, dsn: str, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.pool = pool
         self.dsn = dsn
+        self.max_event_bytes = max_event_bytes
 
     @classmethod
-    async def connect(cls, dsn: str, *, min_size: int = 1, max_size: int = 10) -> EventStore:
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+    ) -> EventStore:
         """Opens a pool on ``dsn`` and applies the core migrations."""
         pool = await create_pool(dsn, min_size=min_size, max_size=max_size)
         async with pool.acquire() as conn:
             with translate_errors():
                 await migrations.apply(conn, "core", migrations.CORE)
-        return cls(pool, dsn)
+        return cls(pool, dsn, max_event_bytes=max_event_bytes)
 
     async def close(self) -> None:
         """Closes the pool."""
@@ -260,7 +339,7 @@ class EventStore:
         """Yields a :class:`Transaction` that commits when the block exits without error."""
         with translate_errors():
             async with self.pool.acquire() as conn, conn.transaction():
-                yield Transaction(conn)
+                yield Transaction(conn, max_event_bytes=self.max_event_bytes)
 
     async def append(
         self,
@@ -283,19 +362,27 @@ class EventStore:
         upto: int | None = None,
         limit: int = 1000,
         types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
     ) -> list[RecordedEvent]:
-        """Reads committed events with ``after < position <= upto`` in position order."""
+        """Reads committed events in position order; see :meth:`Transaction.read_all`."""
         async with self.pool.acquire() as conn:
-            return await _read_all(conn, after, upto, limit, types)
+            return await _read_all(conn, after, upto, limit, types, envelopes)
 
     async def iter_all(
-        self, after: int = 0, *, batch: int = 5000, types: Iterable[str] | None = None
+        self,
+        after: int = 0,
+        *,
+        batch: int = 5000,
+        types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
     ) -> AsyncIterator[RecordedEvent]:
-        """Iterates every committed event after ``after`` in position order, in pages."""
+        """Iterates every committed event after ``after`` in position order, in pages (the
+        arguments as in :meth:`Transaction.read_all`)."""
         position = after
         type_list = list(types) if types is not None else None
+        categories = list(envelopes)
         while True:
-            page = await self.read_all(position, limit=batch, types=type_list)
+            page = await self.read_all(position, limit=batch, types=type_list, envelopes=categories)
             for event in page:
                 yield event
             if len(page) < batch:

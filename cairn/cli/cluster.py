@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from cairn.local import cluster
-from cairn.local.state import FAILED, HEALTHY, STARTING, STOPPING, ClusterState, read_state
+from cairn.local.state import (
+    FAILED,
+    HEALTHY,
+    STARTING,
+    STOPPING,
+    ClusterState,
+    read_state,
+    state_path,
+)
 
 EXIT_OK = 0
 EXIT_DOWN = 1
@@ -239,6 +247,9 @@ def _print_report(args: argparse.Namespace, report: dict[str, Any]) -> None:
         print("  ".join([*cells, row[-1]]).rstrip())
     print(f"database:  {report.get('dsn')}")
     print(f"nats:      {report.get('nats_url')}")
+    print(
+        f"           (with passwords in {state_path(Path(report['data_dir']))}, readable by you only)"
+    )
     print(f"api:       {report.get('api_url')}  (export CAIRN_MASTER={report.get('api_url')})")
 
 

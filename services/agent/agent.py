@@ -5,6 +5,13 @@ consumer ``agent-<id>``. Each command id is executed at most once (ids already e
 remembered in ``<work_dir>/executed-commands``, so a restarted agent does not repeat them); a
 message is acked once its effect has started (process launched, signal sent). An allocation is
 started at most once however many ``start`` commands name it.
+
+Each start of the agent process is a new *incarnation* (a fresh id, sent with its registration,
+heartbeats and started reports), so the scheduler can tell a restarted agent, which runs none of
+what it was given before, from one that carries on. Heartbeats are numbered within the
+incarnation and list every allocation the agent knows of until its exit has been reported; an
+exit report the API cannot take yet is kept on disk (:mod:`services.agent.outbox`) and sent again,
+by a later incarnation if need be.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ from typing import Any
 import nats.errors
 import structlog
 
+from events import faults
 from events.bus import COMMANDS_STREAM, Bus
 from events.commands import agent_subject
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
+from services.agent.outbox import ExitReport, UnreportedExits
 from services.agent.runtime import (
     CodeCache,
     LogShipper,
@@ -77,6 +86,8 @@ class Allocation:
     stop_reason: str = ""
     preempt_timeout: float | None = None
     retry: bool = False
+    listed_from: int = 0
+    """The first heartbeat number that lists this allocation."""
     launched: asyncio.Event = field(default_factory=asyncio.Event)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -124,11 +135,12 @@ class Agent:
             slots if slots is not None else discover_slots(config.agent_id, config.artificial_slots)
         )
         self.gpu_slots = {s.slot_id: s.slot_id for s in self.slots if s.device == "cuda"}
-        self.boot = uuid.uuid4().hex[:12]
+        self.incarnation = uuid.uuid4().hex
         config.work_dir.mkdir(parents=True, exist_ok=True)
         self.client = ApiClient(config.api_url, config.token)
         self.code = CodeCache(self.client, config.work_dir / "code")
         self.executed = CommandLog(config.work_dir / "executed-commands")
+        self.unreported = UnreportedExits(config.work_dir / "unreported-exits")
         self.allocations: dict[str, Allocation] = {}
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -150,7 +162,7 @@ class Agent:
             durable = f"agent-{safe_name(self.id).replace('.', '_')}"
             sub = await bus.pull(durable, [agent_subject(self.id)], stream=COMMANDS_STREAM)
             self._sub = sub
-            if not await self._until_stopped(self.register(), stop):
+            if not await self._until_stopped(self._announce(), stop):
                 return
             self._ready()
             beats = asyncio.create_task(self._heartbeat_loop(stop), name="heartbeat")
@@ -193,6 +205,17 @@ class Agent:
             Path(path).write_text(str(os.getpid()))
         log.info("ready", pid=os.getpid(), agent_id=self.id)
 
+    async def _announce(self) -> None:
+        """Delivers the exits an earlier process of this agent could not report, then registers.
+
+        In this order: the registration of a new incarnation tells the scheduler that every run
+        placed here before is lost, and the log should say how those runs really ended first.
+        """
+        for report in self.unreported.pending():
+            log.info("reporting an earlier exit", allocation_id=report.allocation_id)
+            await self._send_exit(report)
+        await self.register()
+
     async def register(self) -> None:
         """``POST /agents/{id}/register`` with this agent's slots (retried until it lands)."""
         self._registrations += 1
@@ -201,9 +224,12 @@ class Agent:
             self.config.resource_pool,
             [s.to_json() for s in self.slots],
             self.config.hostname,
-            f"register:{self.id}:{self.boot}:{self._registrations}",
+            self.incarnation,
+            f"register:{self.id}:{self.incarnation}:{self._registrations}",
         )
-        log.info("registered", agent_id=self.id, slots=len(self.slots))
+        log.info(
+            "registered", agent_id=self.id, slots=len(self.slots), incarnation=self.incarnation
+        )
 
     def running(self) -> list[str]:
         """Ids of the allocations this agent is starting or running."""
@@ -211,10 +237,17 @@ class Agent:
 
     async def _heartbeat_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            # Numbering and listing happen together, with no await between: an allocation that
+            # ``_start`` adds takes the next number, so every heartbeat from it on lists it.
             self._heartbeats += 1
+            seq, running = self._heartbeats, self.running()
             try:
                 answer = await self.client.heartbeat(
-                    self.id, self.running(), f"heartbeat:{self.id}:{self.boot}:{self._heartbeats}"
+                    self.id,
+                    running,
+                    self.incarnation,
+                    seq,
+                    f"heartbeat:{self.id}:{self.incarnation}:{seq}",
                 )
                 if isinstance(answer, dict) and answer.get("registered") is False:
                     log.warning("the API no longer knows this agent; registering again")
@@ -328,7 +361,7 @@ class Agent:
         if allocation_id in self.allocations:
             log.info("allocation already known; start is a no-op", allocation_id=allocation_id)
             return True
-        alloc = Allocation(allocation_id)
+        alloc = Allocation(allocation_id, listed_from=self._heartbeats + 1)
         self.allocations[allocation_id] = alloc
         alloc.task = asyncio.create_task(self._lifecycle(alloc), name=f"run-{allocation_id}")
         while not alloc.launched.is_set():
@@ -434,7 +467,7 @@ class Agent:
                 envs = trial_environment(
                     run, agent_id=self.id, api_url=self.config.api_url, gpu_slots=self.gpu_slots
                 )
-                shipper = LogShipper(self.client, aid, f"{self.id}:{self.boot}")
+                shipper = LogShipper(self.client, aid, f"{self.id}:{self.incarnation}")
                 procs = TrialProcesses(aid, shipper, self.config.kill_grace)
                 await procs.launch(run.argv, work, envs)
             except (ValueError, KeyError, TypeError, ApiError, OSError, tarfile.TarError) as exc:
@@ -453,23 +486,42 @@ class Agent:
             elif alloc.preempt_requested:
                 self._preempt(aid)
             started = asyncio.create_task(
-                self.client.started(aid, self.id, f"started:{aid}:{self.id}")
+                self.client.started(
+                    aid, self.id, self.incarnation, alloc.listed_from, f"started:{aid}:{self.id}"
+                )
             )
             status = await procs.wait()
             log.info("run exited", allocation_id=aid, exit_code=status)
+            # Kept at once: shipping the last logs and the started report may wait long on an
+            # API that is down, and the agent may be killed meanwhile (``cairn down``).
+            report = await self._keep_exit(aid, status, alloc.stop_reason)
             try:
                 await started  # the API must see TrialStarted before TrialExited
             except ApiError as exc:
                 log.error("started report refused", allocation_id=aid, error=str(exc))
             await shipper.close()
-            await self._report_exit(aid, status, alloc.stop_reason)
+            await self._send_exit(report)
         finally:
             alloc.state = "exited"
             if work is not None:
                 await asyncio.to_thread(shutil.rmtree, work, True)
 
     async def _report_exit(self, allocation_id: str, exit_code: int, message: str) -> None:
-        await self.client.exited(
-            allocation_id, self.id, exit_code, message, f"exited:{allocation_id}:{self.id}"
-        )
-        log.info("exit reported", allocation_id=allocation_id, exit_code=exit_code)
+        """Reports a run's exit, kept on disk until the API answers (see ``_announce``)."""
+        await self._send_exit(await self._keep_exit(allocation_id, exit_code, message))
+
+    async def _keep_exit(self, allocation_id: str, exit_code: int, message: str) -> ExitReport:
+        report = ExitReport(allocation_id, exit_code, message, f"exited:{allocation_id}:{self.id}")
+        await asyncio.to_thread(self.unreported.keep, report)
+        return report
+
+    async def _send_exit(self, report: ExitReport) -> None:
+        await faults.point("agent.before_exit_report")
+        aid = report.allocation_id
+        try:
+            await self.client.exited(aid, self.id, report.exit_code, report.message, report.key)
+        except ApiError as exc:  # refused for good (retryable failures are retried forever)
+            log.error("exit report refused", allocation_id=aid, error=str(exc))
+        else:
+            log.info("exit reported", allocation_id=aid, exit_code=report.exit_code)
+        self.unreported.done(aid)

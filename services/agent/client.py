@@ -128,6 +128,7 @@ class ApiClient:
         resource_pool: str,
         slots: list[dict[str, Any]],
         hostname: str,
+        incarnation: str,
         key: str,
     ) -> Any:
         """``POST /agents/{id}/register``."""
@@ -135,15 +136,18 @@ class ApiClient:
             "resource_pool": resource_pool,
             "slots": slots,
             "hostname": hostname,
+            "incarnation": incarnation,
             "idempotency_key": key,
         }
         return await self.request(
             "POST", f"/agents/{_seg(agent_id)}/register", body=body, retry_for=None
         )
 
-    async def heartbeat(self, agent_id: str, running: list[str], key: str) -> Any:
+    async def heartbeat(
+        self, agent_id: str, running: list[str], incarnation: str, seq: int, key: str
+    ) -> Any:
         """``POST /agents/{id}/heartbeat``; a single attempt window of a few seconds."""
-        body = {"running": running, "idempotency_key": key}
+        body = {"running": running, "incarnation": incarnation, "seq": seq, "idempotency_key": key}
         return await self.request(
             "POST", f"/agents/{_seg(agent_id)}/heartbeat", body=body, retry_for=5.0
         )
@@ -187,9 +191,16 @@ class ApiClient:
                 raise error
             await asyncio.sleep(delay)
 
-    async def started(self, allocation_id: str, agent_id: str, key: str) -> Any:
+    async def started(
+        self, allocation_id: str, agent_id: str, incarnation: str, listed_from: int, key: str
+    ) -> Any:
         """``POST /allocations/{id}/started`` (retried until it lands)."""
-        body = {"agent_id": agent_id, "idempotency_key": key}
+        body = {
+            "agent_id": agent_id,
+            "incarnation": incarnation,
+            "listed_from": listed_from,
+            "idempotency_key": key,
+        }
         return await self.request(
             "POST", f"/allocations/{_seg(allocation_id)}/started", body=body, retry_for=None
         )

@@ -40,6 +40,9 @@ log = structlog.get_logger("agent")
 
 LOG_BATCH_LINES = 500
 LOG_BATCH_SECONDS = 1.0
+LOG_BATCH_CHARS = 4 << 20
+"""A batch is cut once its lines reach this many characters (the gateway refuses a batch body
+over 32 MiB; one line is at most :data:`STREAM_LIMIT` bytes)."""
 LOG_BUFFER_LINES = 20_000
 STREAM_LIMIT = 1 << 20
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -269,7 +272,8 @@ def _extract(tarball: Path, dest: Path) -> None:
 class LogShipper:
     """Buffers a run's output lines and posts them in batches.
 
-    A batch is cut when 500 lines wait or the oldest waiting line is 1 s old; a failed post is
+    A batch is cut when 500 lines wait or the oldest waiting line is 1 s old, and holds at most
+    :data:`LOG_BATCH_CHARS` characters of text (or one line); a failed post is
     retried with the same idempotency key. The buffer is bounded: beyond it the oldest lines are
     dropped and a marker line says how many.
 
@@ -352,9 +356,14 @@ class LogShipper:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self._max_wait - age)
                 continue
-            batch = [
-                self._buffer.popleft()[1] for _ in range(min(len(self._buffer), self._max_lines))
-            ]
+            batch: list[dict[str, Any]] = []
+            size = 0
+            while self._buffer and len(batch) < self._max_lines:
+                line_size = len(self._buffer[0][1]["line"])
+                if batch and size + line_size > LOG_BATCH_CHARS:
+                    break
+                batch.append(self._buffer.popleft()[1])
+                size += line_size
             if self._dropped:
                 batch.insert(
                     0,

@@ -16,7 +16,11 @@ from services.api import (
     routes_auth,
     routes_checkpoints,
     routes_events,
+    routes_experiment_settings,
     routes_experiments,
+    routes_master,
+    routes_searcher,
+    routes_templates,
     routes_trial_control,
     routes_trials,
     routes_users,
@@ -24,18 +28,20 @@ from services.api import (
 )
 from services.api.auth import agent_token, auth_middleware, ensure_admin
 from services.api.errors import error_middleware
+from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
 from services.api.routing import STATE, ApiState, Route, RouteTable
-
-MAX_BODY_BYTES = 256 * 1024 * 1024
-"""Largest request body (code tarballs arrive base64-encoded in JSON)."""
 
 ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_auth.routes,
     routes_experiments.routes,
+    routes_experiment_settings.routes,
+    routes_templates.routes,
+    routes_master.routes,
     routes_agents.routes,
     routes_allocations.routes,
     routes_trials.routes,
     routes_trial_control.routes,
+    routes_searcher.routes,
     routes_checkpoints.routes,
     routes_users.routes,
     routes_events.routes,
@@ -68,11 +74,13 @@ def create_app(
         The application, ready for an ``AppRunner``.
     """
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware], client_max_size=MAX_BODY_BYTES
+        middlewares=[error_middleware, auth_middleware, body_limit_middleware],
+        client_max_size=DEFAULT_MAX_BODY,
     )
     state = ApiState(store=store, bus=bus, secret=secret)
     app[STATE] = state
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
+    routes_master.mark_started(app)
     for route in all_routes():
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route

@@ -21,6 +21,7 @@ _ERRORS = {
     "403": "the token may not do this",
     "404": "not found",
     "409": "not allowed in the current state",
+    "413": "the request body, the config in it, or an event it would record is over its size limit",
 }
 
 
@@ -110,6 +111,8 @@ def _responses(route: Route, refs: Mapping[Any, Any], error_ref: Any) -> dict[st
     out: dict[str, Any] = {"200": ok}
     for status, text in _ERRORS.items():
         if route.allow == PUBLIC and status == "403":
+            continue
+        if route.method == "GET" and status == "413":
             continue
         out[status] = {"description": text, "content": {"application/json": {"schema": error_ref}}}
     return out

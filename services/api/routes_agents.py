@@ -29,12 +29,16 @@ routes = RouteTable("agents")
 _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}$")
 
 
+_INCARNATION = Field("", max_length=64, pattern=r"^[A-Za-z0-9_-]*$")
+
+
 class RegisterBody(BaseModel):
-    """What an agent offers: its slots, pool and host."""
+    """What an agent offers: its slots, pool and host; ``incarnation`` names this start of it."""
 
     resource_pool: str = "default"
     slots: list[Slot]
     hostname: str = ""
+    incarnation: str = _INCARNATION
     idempotency_key: str | None = None
 
 
@@ -46,9 +50,12 @@ class RegisterResponse(BaseModel):
 
 
 class HeartbeatBody(BaseModel):
-    """The allocations the agent is running right now."""
+    """The allocations the agent is running right now, as of its heartbeat number ``seq`` in
+    process ``incarnation`` (``seq`` 0: unnumbered)."""
 
     running: list[str] = Field(default_factory=list)
+    incarnation: str = _INCARNATION
+    seq: int = Field(0, ge=0, le=2**62)
     idempotency_key: str | None = None
 
 
@@ -105,9 +112,17 @@ def _agent_id(request: web.Request) -> str:
     return agent_id
 
 
-_UPSERT_BEAT = """
-    INSERT INTO agent_heartbeats (agent_id, beat_at, running) VALUES ($1, now(), $2::jsonb)
-    ON CONFLICT (agent_id) DO UPDATE SET beat_at = excluded.beat_at, running = excluded.running"""
+# Every beat proves the agent alive; its running list replaces the stored one unless it is an
+# older numbered heartbeat of the same process arriving late.
+_NEWER = "(excluded.seq = 0 OR excluded.incarnation <> h.incarnation OR excluded.seq > h.seq)"
+_UPSERT_BEAT = f"""
+    INSERT INTO agent_heartbeats AS h (agent_id, beat_at, running, incarnation, seq)
+    VALUES ($1, now(), $2::jsonb, $3, $4)
+    ON CONFLICT (agent_id) DO UPDATE SET
+        beat_at = excluded.beat_at,
+        running = CASE WHEN {_NEWER} THEN excluded.running ELSE h.running END,
+        incarnation = CASE WHEN {_NEWER} THEN excluded.incarnation ELSE h.incarnation END,
+        seq = CASE WHEN {_NEWER} THEN excluded.seq ELSE h.seq END"""
 
 
 @routes.post(
@@ -117,7 +132,8 @@ _UPSERT_BEAT = """
     response=RegisterResponse,
 )
 async def register(request: web.Request) -> web.Response:
-    """Appends AgentRegistered unless the agent is already registered with the same slots."""
+    """Appends AgentRegistered unless this agent process is already registered with the same
+    slots (a restarted agent comes with a new incarnation, so it always registers anew)."""
     agent_id = _agent_id(request)
     body = parse(RegisterBody, await read_json(request))
     event = AgentRegistered(
@@ -125,6 +141,7 @@ async def register(request: web.Request) -> web.Response:
         resource_pool=body.resource_pool,
         slots=body.slots,
         hostname=body.hostname,
+        incarnation=body.incarnation,
     )
 
     async def decide(tx: Transaction) -> bool:
@@ -134,7 +151,7 @@ async def register(request: web.Request) -> web.Response:
             await tx.append(
                 agent_stream(agent_id), [new(event, actor="agent")], expected_version=view.version
             )
-        await tx.conn.execute(_UPSERT_BEAT, agent_id, "[]")
+        await tx.conn.execute(_UPSERT_BEAT, agent_id, "[]", body.incarnation, 0)
         return changed
 
     changed = await in_transaction(store_of(request), decide)
@@ -154,7 +171,8 @@ async def heartbeat(request: web.Request) -> web.Response:
     agent_id = _agent_id(request)
     body = parse(HeartbeatBody, await read_json(request))
     store = store_of(request)
-    await tables.execute(store, _UPSERT_BEAT, agent_id, json.dumps(body.running))
+    running = json.dumps(body.running)
+    await tables.execute(store, _UPSERT_BEAT, agent_id, running, body.incarnation, body.seq)
     view = await load_agent(store, agent_id)
     return web.json_response({"registered": view.registered})
 

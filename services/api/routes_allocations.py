@@ -19,7 +19,9 @@ from services.api import tables
 from services.api.auth import check_trial, principal_of, sign_trial_token
 from services.api.errors import bad_request, parse, read_json
 from services.api.inbox import claim, in_transaction, record
+from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, store_of
+from services.api.runs import load_run_state
 from services.api.views import (
     AllocationView,
     Outcome,
@@ -71,9 +73,15 @@ class SpecResponse(BaseModel):
 
 
 class StartedBody(BaseModel):
-    """The agent launched the run's process."""
+    """The agent launched the run's process.
+
+    ``incarnation`` names the agent process; ``listed_from`` is the first of its heartbeat numbers
+    that lists this allocation (every later one does too, until the exit is reported).
+    """
 
     agent_id: str
+    incarnation: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_-]*$")
+    listed_from: int | None = Field(None, ge=1, le=2**62)
     idempotency_key: str | None = None
 
 
@@ -193,6 +201,8 @@ async def started(request: web.Request) -> web.Response:
             run_id=alloc.run_id,
             agent_id=body.agent_id,
             restored_checkpoint=checkpoint.uuid if checkpoint else None,
+            agent_incarnation=body.incarnation,
+            listed_from=body.listed_from,
         )
         return [event], {}
 
@@ -288,11 +298,16 @@ async def _report_once(
     allow=TRIAL_OR_AGENT,
     body=LogsBody,
     response=LogsResponse,
+    max_body=BATCH_MAX_BODY,
 )
 async def logs(request: web.Request) -> web.Response:
-    """Stores a batch of log lines in one statement (table ``task_logs``)."""
+    """Stores a batch of log lines in one statement (table ``task_logs``): for an allocation
+    the scheduler made, and from a trial's own token only while it is the live run (409
+    otherwise; the agent may still ship a run's last lines after it exited)."""
     allocation_id, trial_id = _allocation(request)
     body = parse(LogsBody, await read_json(request))
+    runs = await load_run_state(store_of(request), trial_id)
+    runs.check_allocation(allocation_id, live=principal_of(request).kind == "trial")
     if not body.lines:
         return web.json_response({"inserted": 0})
     now = datetime.now(UTC)

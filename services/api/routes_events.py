@@ -19,10 +19,11 @@ from events.db import translate_errors
 from events.errors import StoreUnavailableError
 from events.registry import known_types
 from events.store import EventStore, row_to_event
+from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import bad_request, forbidden, parse
 from services.api.routing import USERS, RouteTable, store_of
-from services.api.views import MAX_ID, check_owner, experiment_stream, load_experiment
+from services.api.views import MAX_ID, experiment_stream
 
 log = structlog.get_logger("api")
 routes = RouteTable("events")
@@ -107,8 +108,7 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     principal = principal_of(request)
     store = store_of(request)
     if query.experiment_id is not None:
-        view = await load_experiment(store, query.experiment_id, with_trials=False)
-        check_owner(principal, view.owner)
+        await readable_experiment(request, query.experiment_id)
     elif not principal.is_admin:
         raise forbidden("users must name one of their experiments (experiment_id)")
     types = query.types.split(",") if query.types else None

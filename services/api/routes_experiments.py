@@ -3,10 +3,12 @@ archive/unarchive and delete, and an experiment's trials and checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import structlog
@@ -15,17 +17,26 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, Field, field_validator
 
 from events import lifecycle
-from events.config import ConfigError, parse_config
+from events.config import ConfigError, ConfigTooLargeError, parse_config
 from events.envelope import new
 from events.store import Transaction
 from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
 from services.api import projections_read as pr
 from services.api import tables
+from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import ApiError, bad_request, conflict, forbidden, not_found, parse
 from services.api.errors import read_json as read_json_body
 from services.api.inbox import in_transaction
+from services.api.limits import (
+    DEFAULT_MAX_BODY,
+    EXPERIMENT_MAX_BODY,
+    MAX_CODE_BYTES,
+    read_part,
+    too_large,
+)
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.templates import with_template
 from services.api.views import (
     MAX_ID,
     TERMINAL_STATES,
@@ -41,6 +52,13 @@ routes = RouteTable("experiments")
 GZIP_MAGIC = b"\x1f\x8b"
 CODE_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
 
+CONFIG_TIMEOUT_S = 60.0
+"""How long a config may take to parse and validate; past it the API answers 503. The config
+limits keep the largest config at a few seconds, so only an overloaded gateway gets there."""
+_CONFIG_WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="config")
+"""Configs are parsed here, off the event loop, so that health checks, heartbeats and every
+other request are answered meanwhile; two at a time, whatever else uses the default pool."""
+
 
 class CreateExperimentBody(BaseModel):
     """A new experiment: its config, its code and whether to start it now.
@@ -51,6 +69,9 @@ class CreateExperimentBody(BaseModel):
     config: str | dict[str, Any] = Field(description="YAML text or an already-parsed mapping")
     code: str | None = Field(None, description="the code directory as a base64 tar.gz")
     activate: bool = True
+    template: str | None = Field(
+        None, max_length=200, description="a config template merged under the config"
+    )
 
 
 class CreateExperimentResponse(BaseModel):
@@ -100,6 +121,9 @@ class ExperimentDetail(pr.ExperimentSummary):
     config: dict[str, Any]
     description: str | None
     labels: list[Any]
+    priority: int | None = None
+    weight: float | None = None
+    max_slots: int | None = None
     trials: list[pr.TrialSummary]
 
 
@@ -163,36 +187,49 @@ def _id(request: web.Request) -> int:
 
 async def _visible(request: web.Request, *, with_trials: bool = False) -> ExperimentView:
     """The experiment of the path, folded live; 404 unknown, 403 another user's."""
-    view = await load_experiment(store_of(request), _id(request), with_trials=with_trials)
-    check_owner(principal_of(request), view.owner)
-    return view
+    return await readable_experiment(request, _id(request), with_trials=with_trials)
 
 
-def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+def _parse_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+    return parse_config(raw).model_dump(mode="json")
+
+
+async def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+    """The validated config as JSON, parsed on :data:`_CONFIG_WORKERS` within
+    :data:`CONFIG_TIMEOUT_S`; an invalid config is a 400 (413 when too large) naming its path."""
+    work = asyncio.get_running_loop().run_in_executor(_CONFIG_WORKERS, _parse_config, raw)
     try:
-        config = parse_config(raw)
+        return await asyncio.wait_for(work, CONFIG_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("config validation timed out", limit_s=CONFIG_TIMEOUT_S)
+        raise ApiError(503, "config validation timed out, retry later") from None
     except ConfigError as exc:
         errors = exc.errors or [("<config>", "invalid config")]
         path, message = errors[0]
+        too_large = isinstance(exc, ConfigTooLargeError)
+        part = {"part": f"config.{path}"} if too_large and not path.startswith("<") else {}
         raise ApiError(
-            400,
+            413 if too_large else 400,
             f"invalid config: {path}: {message}",
             path=path,
-            details={"errors": [{"path": p, "message": m} for p, m in errors]},
+            details={"errors": [{"path": p, "message": m} for p, m in errors]} | part,
         ) from None
-    return config.model_dump(mode="json")
 
 
-def _decode_code(code: str | bytes | None) -> bytes | None:
+def _decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
     if code is None or code == "":
         return None
     if isinstance(code, str):
+        if len(code) > MAX_CODE_BYTES * 4 // 3 + 4:
+            raise too_large(request, MAX_CODE_BYTES, "code")
         try:
             data = base64.b64decode(code, validate=True)
         except (binascii.Error, ValueError):
             raise bad_request("code: must be a base64-encoded tar.gz", path="code") from None
     else:
         data = code
+    if len(data) > MAX_CODE_BYTES:
+        raise too_large(request, MAX_CODE_BYTES, "code")
     if not data.startswith(GZIP_MAGIC):
         raise bad_request("code: must be a gzip-compressed tar archive", path="code")
     return data
@@ -207,9 +244,10 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
             if not isinstance(part, BodyPartReader) or part.name is None:
                 continue
             if part.name == "code":
-                code = bytes(await part.read(decode=True))
-            elif part.name in ("config", "activate"):
-                fields[part.name] = await part.text()
+                code = await read_part(request, part, MAX_CODE_BYTES, "code")
+            elif part.name in ("config", "activate", "template"):
+                raw = await read_part(request, part, DEFAULT_MAX_BODY, part.name)
+                fields[part.name] = raw.decode(part.get_charset(default="utf-8"))
     except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
         raise bad_request(f"malformed multipart body: {exc}") from None
     if isinstance(fields.get("activate"), str):
@@ -223,17 +261,21 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
     body=CreateExperimentBody,
     response=CreateExperimentResponse,
     multipart=True,
+    max_body=EXPERIMENT_MAX_BODY,
 )
 async def create_experiment(request: web.Request) -> web.Response:
     """Validates a config, stores the code content-addressed and appends ExperimentSubmitted."""
     principal = principal_of(request)
     if request.content_type.startswith("multipart/"):
         body, raw_code = await _read_multipart(request)
-        code = _decode_code(raw_code)
+        code = _decode_code(request, raw_code)
     else:
         body = parse(CreateExperimentBody, await read_json_body(request))
-        code = _decode_code(body.code)
-    config = _validate_config(body.config)
+        code = _decode_code(request, body.code)
+    raw_config = body.config
+    if body.template is not None:
+        raw_config = await with_template(store_of(request), body.template, raw_config)
+    config = await _validate_config(raw_config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)
     experiment_id = await store.next_experiment_id()

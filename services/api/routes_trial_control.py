@@ -10,12 +10,13 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.envelope import new
+from events.envelope import RecordedEvent, new
 from events.errors import StoreUnavailableError
 from events.store import EventStore, Transaction
-from events.types import TrialKillRequested
+from events.types import TrialAlerted, TrialKillRequested
 from services.api import projections_read as pr
 from services.api import tables
+from services.api.access import readable_trial
 from services.api.auth import principal_of
 from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
@@ -27,6 +28,7 @@ from services.api.views import (
     experiment_of,
     load_experiment,
     load_trial_control,
+    read_facts,
     trial_stream,
 )
 
@@ -38,12 +40,28 @@ FOLLOW_POLL_SECONDS = 0.5
 """How often a followed log polls ``task_logs`` (and the trial's state) for more."""
 
 
+MAX_ALERTS_SHOWN = 100
+
+
+class TrialAlert(BaseModel):
+    """An alert the training code raised (event ``TrialAlerted``)."""
+
+    run_id: int
+    title: str
+    description: str
+    level: str
+    recorded_at: str
+
+
 class TrialDetail(pr.TrialSummary):
-    """A trial with its allocations, its checkpoints and its last reported progress."""
+    """A trial with its allocations, its checkpoints, its last reported progress and status,
+    and its latest alerts (at most 100, oldest first)."""
 
     allocations: list[pr.Allocation]
     checkpoints: list[pr.Checkpoint]
     progress: float | None
+    status: str | None
+    alerts: list[TrialAlert]
 
 
 class LogsQuery(BaseModel):
@@ -90,12 +108,7 @@ class KillResponse(BaseModel):
 async def _visible_trial(request: web.Request) -> tuple[str, ExperimentView]:
     """The trial id of the path and its experiment; 404 unknown, 403 another user's."""
     trial_id = request.match_info["trial_id"]
-    experiment_id = experiment_of(trial_id)
-    view = await load_experiment(store_of(request), experiment_id, trial_id=trial_id)
-    check_owner(principal_of(request), view.owner)
-    if trial_id not in view.trials:
-        raise not_found(f"no trial {trial_id}")
-    return trial_id, view
+    return trial_id, await readable_trial(request, trial_id)
 
 
 @routes.get("/api/v1/trials/{trial_id}", allow=USERS, response=TrialDetail)
@@ -110,7 +123,24 @@ async def get_trial(request: web.Request) -> web.Response:
     body["allocations"] = await pr.allocations_of(store, trial_id)
     body["checkpoints"], _ = await pr.list_checkpoints(store, trial_id=trial_id)
     body["progress"] = await pr.trial_progress(store, trial_id)
+    body["status"] = await tables.fetchval(
+        store, "SELECT status FROM trial_status WHERE trial_id = $1", trial_id
+    )
+    alerts, _ = await read_facts(store, trial_stream(trial_id), ("TrialAlerted",))
+    body["alerts"] = [_alert(recorded) for recorded in alerts[-MAX_ALERTS_SHOWN:]]
     return web.json_response(body)
+
+
+def _alert(recorded: RecordedEvent) -> dict[str, Any]:
+    event = recorded.decode()
+    assert isinstance(event, TrialAlerted)
+    return {
+        "run_id": event.run_id,
+        "title": event.title,
+        "description": event.description,
+        "level": event.level,
+        "recorded_at": recorded.recorded_at.isoformat(),
+    }
 
 
 # --- logs -----------------------------------------------------------------------------------

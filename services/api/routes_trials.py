@@ -10,20 +10,25 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
+from events.checkpoints import checkpoint_owners
 from events.envelope import Event, NewEvent, new
 from events.store import Transaction
 from events.types import (
     CheckpointSaved,
     MetricsReported,
+    TrialAlerted,
     TrialEarlyExited,
     ValidationReported,
     WorkloadCompleted,
 )
 from services.api import tables
+from services.api.access import readable_trial
 from services.api.auth import check_trial, principal_of
-from services.api.errors import bad_request, not_found, parse, read_json
+from services.api.errors import ApiError, bad_request, parse, read_json
 from services.api.inbox import claim_many
+from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
+from services.api.runs import load_run_state
 from services.api.views import experiment_of, trial_stream
 
 log = structlog.get_logger("api")
@@ -85,14 +90,34 @@ class EarlyExitItem(ItemBase):
         return value.lower() if isinstance(value, str) else value
 
 
+class StatusItem(ItemBase):
+    """The trial's current status text (``ctx.train.set_status``; table ``trial_status``)."""
+
+    kind: Literal["status"]
+    status: str = Field(max_length=4096)
+
+
+class AlertItem(ItemBase):
+    """An alert raised by the training code (``ctx.alert``) -> ``TrialAlerted``."""
+
+    kind: Literal["alert"]
+    title: str = Field("", max_length=10_000)
+    description: str = Field("", max_length=10_000)
+    level: Literal["warn", "info", "debug", "error"] = "info"
+    run_id: int | None = Field(None, ge=1, le=MAX_RUN, description="defaults to the latest run")
+
+
 ReportItem = Annotated[
-    MetricsItem | CheckpointItem | ProgressItem | EarlyExitItem, Field(discriminator="kind")
+    MetricsItem | CheckpointItem | ProgressItem | EarlyExitItem | StatusItem | AlertItem,
+    Field(discriminator="kind"),
 ]
 _ITEM_MODELS: dict[str, type[ItemBase]] = {
     "metrics": MetricsItem,
     "checkpoint": CheckpointItem,
     "progress": ProgressItem,
     "early_exit": EarlyExitItem,
+    "status": StatusItem,
+    "alert": AlertItem,
 }
 
 
@@ -207,17 +232,9 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-async def _latest_run(tx: Transaction, trial_id: str) -> int:
-    value = await tx.conn.fetchval(
-        """SELECT (payload->>'run_id')::int FROM events
-           WHERE stream_id = $1 AND type = 'SlotsAllocated'
-           ORDER BY stream_version DESC LIMIT 1""",
-        trial_stream(trial_id),
-    )
-    return int(value) if value is not None else 1
-
-
 def _event_for(item: ItemBase, trial_id: str, run_id: int) -> Event | None:
+    """The event of one accepted item (``run_id``: the current run, which every item names or
+    defaults to); progress and status have none."""
     if isinstance(item, MetricsItem):
         if item.group == "training":
             return WorkloadCompleted(
@@ -251,6 +268,14 @@ def _event_for(item: ItemBase, trial_id: str, run_id: int) -> Event | None:
         )
     if isinstance(item, EarlyExitItem):
         return TrialEarlyExited(trial_id=trial_id, reason=item.reason)
+    if isinstance(item, AlertItem):
+        return TrialAlerted(
+            trial_id=trial_id,
+            run_id=run_id,
+            title=item.title,
+            description=item.description,
+            level=item.level,
+        )
     return None
 
 
@@ -258,11 +283,19 @@ async def ingest(
     tx: Transaction, trial_id: str, items: list[ItemBase], actor: str
 ) -> dict[str, int]:
     """Applies a batch of report items in ``tx``: new keys only, one append (metrics become events,
-    which the tracker projects), progress into table ``trial_progress``.
+    which the tracker projects), progress into table ``trial_progress``, status into table
+    ``trial_status``.
+
+    New items are accepted only for the trial's current run (:mod:`services.api.runs`), and a
+    checkpoint only under a uuid no other trial recorded first (:mod:`events.checkpoints`);
+    otherwise the whole batch is refused with a 409 and nothing is appended or claimed. Both
+    checks are made under the append lock, taken before anything else, so they still hold when
+    the events are appended (and of two reports claiming one new uuid, exactly one wins).
 
     Returns:
         Counts of accepted and duplicate items and of appended events.
     """
+    await tx.lock_appends()
     unique: dict[str, ItemBase] = {}
     for item in items:
         unique.setdefault(item.idempotency_key, item)
@@ -271,14 +304,14 @@ async def ingest(
     counts = {"accepted": len(fresh), "duplicates": len(items) - len(fresh), "events": 0}
     if not fresh:
         return counts
-    if await tx.stream_version(trial_stream(trial_id)) == 0:
-        raise not_found(f"no trial {trial_id}")
-    needs_run = any(getattr(i, "run_id", 0) is None for i in fresh)
-    default_run = await _latest_run(tx, trial_id) if needs_run else 1
-
-    def run_of(item: ItemBase) -> int:
+    runs = await load_run_state(tx, trial_id)
+    current = runs.current().run_id
+    position = {id(item): i for i, item in enumerate(items)}
+    for item in fresh:
         run_id = getattr(item, "run_id", None)
-        return int(run_id) if run_id is not None else default_run
+        if run_id is not None:
+            runs.check_run(int(run_id), f"items[{position[id(item)]}].run_id")
+    await _check_checkpoint_owners(tx, trial_id, fresh, position)
 
     progress = [i for i in fresh if isinstance(i, ProgressItem)]
     if progress:
@@ -289,9 +322,18 @@ async def ingest(
             trial_id,
             progress[-1].progress,
         )
+    statuses = [i for i in fresh if isinstance(i, StatusItem)]
+    if statuses:
+        await tx.conn.execute(
+            """INSERT INTO trial_status (trial_id, status) VALUES ($1, $2)
+               ON CONFLICT (trial_id) DO UPDATE
+               SET status = excluded.status, updated_at = now()""",
+            trial_id,
+            statuses[-1].status,
+        )
     events: list[NewEvent] = []
     for item in fresh:
-        event = _event_for(item, trial_id, run_of(item))
+        event = _event_for(item, trial_id, current)
         if event is not None:
             events.append(new(event, actor=actor, causation_id=item.idempotency_key))
     if events:
@@ -300,14 +342,32 @@ async def ingest(
     return counts
 
 
+async def _check_checkpoint_owners(
+    tx: Transaction, trial_id: str, fresh: list[ItemBase], position: dict[int, int]
+) -> None:
+    """Raises a 409 when a checkpoint item names a uuid another trial recorded first."""
+    checkpoints = [item for item in fresh if isinstance(item, CheckpointItem)]
+    owners = await checkpoint_owners(tx.conn, (item.uuid for item in checkpoints))
+    for item in checkpoints:
+        owner = owners.get(item.uuid, trial_id)
+        if owner != trial_id:
+            path = f"items[{position[id(item)]}].uuid"
+            raise ApiError(
+                409, f"{path}: checkpoint {item.uuid} belongs to another trial", path=path
+            )
+
+
 @routes.post(
     "/api/v1/trials/{trial_id}/reports",
     allow=TRIAL_OR_AGENT,
     body=ReportsBody,
     response=ReportsResponse,
+    max_body=BATCH_MAX_BODY,
 )
 async def reports(request: web.Request) -> web.Response:
-    """Ingests a batch of reports in one transaction; repeated keys are no-ops."""
+    """Ingests a batch of reports in one transaction; repeated keys are no-ops; 409 for a
+    trial or run that has ended, a run that is not the current one, or a checkpoint uuid that
+    belongs to another trial."""
     trial_id = _trial_id(request)
     items = _parse_items(await read_json(request))
     principal = principal_of(request)
@@ -325,8 +385,10 @@ async def reports(request: web.Request) -> web.Response:
 )
 async def metrics(request: web.Request) -> web.Response:
     """A trial's reported metrics (the tracker's ``tr_metrics``), optionally one group and
-    downsampled, by steps then run."""
-    trial_id = _trial_id(request)
+    downsampled, by steps then run (the experiment's owner, an admin, the trial's own token or
+    an agent)."""
+    trial_id = request.match_info["trial_id"]
+    await readable_trial(request, trial_id)
     query = parse(MetricsQuery, dict(request.query))
     # Row i (0-based, by steps) of a series of n > m points is kept iff some k in 0..m-1 has
     # floor(k * (n - 1) / (m - 1)) = i: m evenly spaced points, the first and the last included.

@@ -45,6 +45,8 @@ class Route:
         response: 200 response model.
         multipart: whether the body may also be ``multipart/form-data``.
         raw_response: media type of a non-JSON response (e.g. ``application/gzip``).
+        max_body: the largest request body it reads, in bytes (``None``:
+            :data:`services.api.limits.DEFAULT_MAX_BODY`).
     """
 
     method: str
@@ -58,6 +60,7 @@ class Route:
     response: type[BaseModel] | None = None
     multipart: bool = False
     raw_response: str | None = None
+    max_body: int | None = None
 
 
 @dataclass

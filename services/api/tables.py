@@ -97,6 +97,29 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         # Metrics are facts in the log now; the tracker projects them into tr_metrics.
         "DROP TABLE IF EXISTS metrics;",
     ),
+    (
+        "0005_heartbeat_incarnation",
+        # Which agent process sent the running list, and its heartbeat number in that process:
+        # the scheduler compares them with the allocations it believes running.
+        """
+        ALTER TABLE agent_heartbeats ADD COLUMN incarnation text NOT NULL DEFAULT '';
+        ALTER TABLE agent_heartbeats ADD COLUMN seq bigint NOT NULL DEFAULT 0;
+        """,
+    ),
+    (
+        "0006_trial_status",
+        # Like progress, the status text a trial shows is its latest report, not a fact.
+        """CREATE TABLE IF NOT EXISTS trial_status (
+               trial_id    text PRIMARY KEY,
+               status      text NOT NULL,
+               updated_at  timestamptz NOT NULL DEFAULT now()
+           );""",
+    ),
+    (
+        "0007_user_active",
+        # A deactivated user can neither log in nor use a token issued before.
+        "ALTER TABLE api_users ADD COLUMN active boolean NOT NULL DEFAULT true;",
+    ),
 )
 
 

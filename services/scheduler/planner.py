@@ -9,7 +9,8 @@ fold sees them, so calling the planner again on the updated state decides nothin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from events.envelope import Event
 from events.types import (
@@ -57,13 +58,36 @@ class Settings:
     scheduler: SchedulerType = "priority"
 
 
+@dataclass(frozen=True)
+class Report:
+    """An agent process's latest heartbeat: what it runs as of its heartbeat number ``seq``."""
+
+    incarnation: str
+    seq: int
+    running: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Reports:
+    """What agents report, read in the scheduler's transaction alongside the folded state.
+
+    ``exits_unfolded`` holds the allocations whose ``TrialExited`` is in the log beyond the
+    folded state: an agent drops a run from its heartbeats only after its exit report was
+    committed, so such a run is absent from the heartbeats and must not be declared lost.
+    """
+
+    agents: Mapping[str, Report] = field(default_factory=dict)
+    exits_unfolded: frozenset[str] = frozenset()
+
+
 def trial_stream(trial_id: str) -> str:
     """The stream of a trial's facts."""
     return f"trial-{trial_id}"
 
 
-def plan(state: ClusterState, settings: Settings) -> list[Decision]:
-    """Every decision the current state calls for, in a deterministic order."""
+def plan(state: ClusterState, settings: Settings, reports: Reports | None = None) -> list[Decision]:
+    """Every decision the current state (and the agents' ``reports``) call for, in a
+    deterministic order."""
     decisions: list[Decision] = []
     pending: list[Trial] = []
     for trial_id in sorted(state.trials, key=lambda t: state.trials[t].order):
@@ -76,6 +100,8 @@ def plan(state: ClusterState, settings: Settings) -> list[Decision]:
             decisions.extend(_after_exit(trial, run, exp))
         elif run is not None and _orphaned(state, run):
             decisions.extend(_lost(trial, run, "agent restarted"))
+        elif run is not None and (gone := _forgotten(run, reports)) is not None:
+            decisions.extend(_lost(trial, run, gone))
         elif run is not None:
             decisions.extend(_signals(state, trial, run, exp))
         else:
@@ -126,6 +152,31 @@ def _orphaned(state: ClusterState, run: Run) -> bool:
         if agent is not None and agent.registered_position > run.order:
             return True
     return False
+
+
+def _forgotten(run: Run, reports: Reports | None) -> str | None:
+    """Why a run its agent process no longer runs is lost, or ``None`` while it may still run.
+
+    The agent that started the run promised that each of its heartbeats from number
+    ``listed_from`` on lists the run until its exit is reported. So a heartbeat from that same
+    process, numbered at least that, without the run means the agent lost it, while an earlier
+    heartbeat (computed before the agent knew of the run, however late it arrived) proves
+    nothing, and neither does one from another process (a new process re-registers, which
+    ``_orphaned`` handles). Runs not yet started are never judged here: the agent may not have
+    received the start command yet.
+    """
+    starter = run.started_by
+    if reports is None or starter is None or run.allocation_id in reports.exits_unfolded:
+        return None
+    report = reports.agents.get(starter.agent_id)
+    if (
+        report is None
+        or report.incarnation != starter.incarnation
+        or report.seq < starter.listed_from
+        or run.allocation_id in report.running
+    ):
+        return None
+    return f"agent {starter.agent_id} no longer runs it (heartbeat {report.seq})"
 
 
 def _lost(trial: Trial, run: Run, message: str) -> list[Decision]:

@@ -2,18 +2,24 @@
 
 It runs leader-only. Its decisions are appended in the same transaction that moves its
 checkpoint, fenced by its lease epoch, so a crash never leaves a decision without its
-checkpoint (or the reverse) and a deposed leader cannot write.
+checkpoint (or the reverse) and a deposed leader cannot write. It plans only on a state folded
+up to the head of the log (which holds its own earlier decisions), and appends each stream's
+decisions with the version that state saw: a plan overtaken by another writer loses with
+``ConcurrencyError`` and the runner re-plans (see :mod:`events.consumer`).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import structlog
 
 from events.consumer import Consumer
-from events.envelope import RecordedEvent
+from events.envelope import Event, RecordedEvent
 from events.store import EventStore, Transaction
-from services.scheduler.planner import Settings, plan, reap
-from services.scheduler.state import TYPES, ClusterState
+from services.scheduler.planner import Report, Reports, Settings, plan, reap
+from services.scheduler.state import STREAMS, TYPES, ClusterState
 
 log = structlog.get_logger("scheduler")
 
@@ -23,6 +29,7 @@ class SchedulerConsumer(Consumer):
 
     name = "scheduler"
     types = TYPES
+    envelopes = STREAMS
     tick_always = True
 
     def __init__(self, store: EventStore, settings: Settings, agent_timeout: float = 15.0) -> None:
@@ -36,7 +43,7 @@ class SchedulerConsumer(Consumer):
         """Refolds the state from the start of the log up to this consumer's checkpoint."""
         state = ClusterState()
         checkpoint = await self.store.checkpoint(self.name)
-        async for event in self.store.iter_all(0, types=TYPES):
+        async for event in self.store.iter_all(0, types=TYPES, envelopes=STREAMS):
             if event.position > checkpoint:
                 break
             state.apply(event)
@@ -49,16 +56,16 @@ class SchedulerConsumer(Consumer):
         await self.rebuild()
 
     async def before_commit(self, tx: Transaction) -> None:
-        decisions = plan(self.state, self.settings)
-        beats = await _heartbeats(tx)
+        beats = await _heartbeats(tx, self.state.position)
+        decisions = plan(self.state, self.settings, beats.reports if beats else None)
         if beats is not None:
-            now, last_beat = beats
-            decisions += reap(self.state, last_beat, now, self.agent_timeout)
-        by_stream: dict[str, list[object]] = {}
+            decisions += reap(self.state, beats.last_beat, beats.now, self.agent_timeout)
+        by_stream: dict[str, list[Event]] = {}
         for stream_id, event in decisions:
             by_stream.setdefault(stream_id, []).append(event)
         for stream_id, events in by_stream.items():
-            await tx.append(stream_id, events)  # type: ignore[arg-type]
+            expected = self.state.version(stream_id)
+            await tx.append(stream_id, events, expected_version=expected)
         if decisions:
             self.decided += len(decisions)
             log.info(
@@ -68,13 +75,49 @@ class SchedulerConsumer(Consumer):
             )
 
 
-async def _heartbeats(tx: Transaction) -> tuple[float, dict[str, float]] | None:
-    """The database's clock and each agent's latest heartbeat (None before the API made the table)."""
+@dataclass(frozen=True)
+class Heartbeats:
+    """The database's clock, each agent's latest heartbeat time, and what the agents report."""
+
+    now: float
+    last_beat: dict[str, float]
+    reports: Reports
+
+
+async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
+    """The agents' heartbeats as of now (None before the API made their table).
+
+    ``folded`` is the position of the last event folded into the state. The exits beyond it are
+    read after the heartbeats, so any exit an agent reported before the heartbeat read here is
+    among them (an agent drops a run from its heartbeats only once its exit is committed).
+    """
     exists = await tx.conn.fetchval("SELECT to_regclass('agent_heartbeats') IS NOT NULL")
     if not exists:
         return None
     now = float(await tx.conn.fetchval("SELECT extract(epoch FROM now())"))
     rows = await tx.conn.fetch(
-        "SELECT agent_id, extract(epoch FROM beat_at) AS t FROM agent_heartbeats"
+        # to_jsonb: a table the API has not yet migrated to add incarnation/seq still reads.
+        "SELECT agent_id, extract(epoch FROM beat_at) AS t, to_jsonb(h)::text AS row"
+        " FROM agent_heartbeats h"
     )
-    return now, {r["agent_id"]: float(r["t"]) for r in rows}
+    exits = await tx.conn.fetch(
+        "SELECT payload->>'allocation_id' AS a FROM events WHERE position > $1"
+        " AND type = 'TrialExited'",
+        folded,
+    )
+    agents: dict[str, Report] = {}
+    for r in rows:
+        row = json.loads(r["row"])
+        running = row.get("running")
+        agents[r["agent_id"]] = Report(
+            incarnation=str(row.get("incarnation") or ""),
+            seq=int(row.get("seq") or 0),
+            running=frozenset(str(a) for a in running)
+            if isinstance(running, list)
+            else frozenset(),
+        )
+    return Heartbeats(
+        now=now,
+        last_beat={r["agent_id"]: float(r["t"]) for r in rows},
+        reports=Reports(agents=agents, exits_unfolded=frozenset(str(e["a"]) for e in exits)),
+    )

@@ -3,6 +3,11 @@
 Pure: the state depends only on the events applied, in order. Decisions the scheduler made
 earlier come back as events and are folded like any other fact, so a restarted scheduler that
 replays the log reaches the same state and does not decide anything twice.
+
+The state also knows the version of every stream the scheduler decides on (:data:`STREAMS`):
+it receives every event of those streams, the ones it does not fold as bare envelopes, and a
+decision is appended with the version its plan saw, so a plan made stale by another writer
+loses instead of landing twice.
 """
 
 from __future__ import annotations
@@ -17,10 +22,15 @@ STOPPING = frozenset(
     {"STOPPING_COMPLETED", "STOPPING_CANCELED", "STOPPING_KILLED", "STOPPING_ERROR"}
 )
 
+STREAMS = frozenset({"trial", "experiment", "agent"})
+"""The stream types the scheduler appends its decisions to."""
+
 TYPES = frozenset(
     {
         "ExperimentSubmitted",
         "ExperimentStateChanged",
+        "ExperimentResourcesChanged",
+        "ExperimentContinued",
         "TrialRequested",
         "TrialStopRequested",
         "SlotsAllocated",
@@ -42,6 +52,15 @@ TYPES = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class Starter:
+    """The agent process that started a run, and the first of its heartbeats that lists it."""
+
+    agent_id: str
+    incarnation: str
+    listed_from: int
+
+
 @dataclass
 class Run:
     """The current allocation of a trial."""
@@ -51,6 +70,7 @@ class Run:
     placements: dict[str, list[str]]
     order: int
     started: bool = False
+    started_by: Starter | None = None
     preemption: str | None = None
     killing: bool = False
     exited: str | None = None
@@ -122,19 +142,25 @@ class AgentInfo:
 
 @dataclass
 class ClusterState:
-    """Experiments, trials and agents as of ``position``."""
+    """Experiments, trials and agents as of ``position``, and the version of each stream seen."""
 
     experiments: dict[int, Experiment] = field(default_factory=dict)
     trials: dict[str, Trial] = field(default_factory=dict)
     agents: dict[str, AgentInfo] = field(default_factory=dict)
     position: int = 0
+    versions: dict[str, int] = field(default_factory=dict)
 
     def apply(self, event: RecordedEvent) -> None:
-        """Folds one event into the state."""
+        """Folds one event (or the bare envelope of one on a stream in :data:`STREAMS`)."""
         self.position = event.position
+        self.versions[event.stream_id] = event.stream_version
         handler = _HANDLERS.get(event.type)
         if handler is not None:
             handler(self, event.payload, event.position)
+
+    def version(self, stream_id: str) -> int:
+        """The version of ``stream_id`` as of ``position`` (0: no event on it yet)."""
+        return self.versions.get(stream_id, 0)
 
     def run_of(self, allocation_id: str) -> tuple[Trial, Run] | None:
         """The trial and run of ``allocation_id`` if it is the trial's current run."""
@@ -174,6 +200,42 @@ def _experiment_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
         exp.state = p["state"]
 
 
+def _resources_changed(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    exp = s.experiments.get(p["experiment_id"])
+    if exp is None:
+        return
+    changes = p.get("resources") or {}
+    if "priority" in changes:
+        priority = changes["priority"]
+        exp.priority = int(priority) if priority is not None else 42
+    if "weight" in changes:
+        exp.weight = float(changes["weight"] or 1.0)
+    if "max_slots" in changes:
+        max_slots = changes["max_slots"]
+        exp.max_slots = int(max_slots) if max_slots is not None else None
+
+
+def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    """An ended experiment is ACTIVE again and its trial starts over as a fresh request would
+    (no stop, kill or early exit pending, its restart budget whole)."""
+    exp = s.experiments.get(p["experiment_id"])
+    if exp is None or exp.state not in _ENDED:
+        return
+    exp.state = "ACTIVE"
+    max_restarts = (p.get("config") or {}).get("max_restarts")
+    if max_restarts is not None:
+        exp.max_restarts = int(max_restarts)
+    trial = s.trials.get(p["trial_id"])
+    if trial is not None:
+        trial.stop_requested = False
+        trial.kill_requested = False
+        trial.early_exit = None
+        trial.restarts = 0
+
+
+_ENDED = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+
+
 def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:
     trial = Trial(trial_id=p["trial_id"], experiment_id=p["experiment_id"], order=pos)
     s.trials[trial.trial_id] = trial
@@ -199,8 +261,13 @@ def _allocated(s: ClusterState, p: dict[str, Any], pos: int) -> None:
 
 def _started(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     found = s.run_of(p["allocation_id"])
-    if found is not None:
-        found[1].started = True
+    if found is None:
+        return
+    run = found[1]
+    run.started = True
+    listed_from = p.get("listed_from")
+    if p.get("agent_incarnation") and listed_from is not None:
+        run.started_by = Starter(p["agent_id"], p["agent_incarnation"], int(listed_from))
 
 
 def _checkpoint(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
@@ -299,6 +366,8 @@ def _agent_lost(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
 _HANDLERS = {
     "ExperimentSubmitted": _submitted,
     "ExperimentStateChanged": _experiment_state,
+    "ExperimentResourcesChanged": _resources_changed,
+    "ExperimentContinued": _continued,
     "TrialRequested": _requested,
     "TrialStopRequested": _stop_requested,
     "SlotsAllocated": _allocated,

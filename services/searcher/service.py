@@ -6,6 +6,17 @@ closures) in position order; its operations are appended as events (``TrialReque
 searcher's checkpoint. On start the service replays the log up to its checkpoint with appends
 switched off: the methods reach exactly the state they had, including their RNGs, and nothing
 already decided is decided again.
+
+Unlike the scheduler, the searcher does not plan over a folded state: each operation is the
+method's answer to one input event, applied exactly once (its appends commit with the checkpoint
+that passes the event), and the method's own state records every operation it produced. No later
+decision can therefore miss an earlier one, whatever position a wake-up stops at. Its appends
+carry no expected version on purpose: a decision is right as of its input's position, and the
+experiment stream's version at that position is behind whenever a later event sits on the stream,
+so the check would fail on every retry. The one decision that can be overtaken, the experiment's
+stopping state, is checked at append time instead: under the store's append lock the experiment's
+state is folded from its stream, and a change the state machine refuses (the user killed the
+experiment after the input event) is dropped, not appended.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from events import lifecycle
 from events.config import ConfigError, ExperimentConfig, parse_config
 from events.consumer import Consumer
 from events.envelope import Event, RecordedEvent
@@ -37,6 +49,7 @@ TYPES = frozenset(
     {
         "ExperimentSubmitted",
         "ExperimentStateChanged",
+        "ExperimentContinued",
         "ValidationReported",
         "TrialEarlyExited",
         "TrialStateChanged",
@@ -99,6 +112,10 @@ class SearcherConsumer(Consumer):
         self.apply(event)
         pending, self._pending = self._pending, []
         for stream_id, fact in pending:
+            if isinstance(fact, ExperimentStateChanged) and not await _still_legal(
+                tx, stream_id, fact
+            ):
+                continue
             await tx.append(stream_id, [fact])
 
     def apply(self, event: RecordedEvent) -> None:
@@ -111,6 +128,9 @@ class SearcherConsumer(Consumer):
             search = self.searches.get(p["experiment_id"])
             if search is not None:
                 search.state = p["state"]
+            return
+        if event.type == "ExperimentContinued":
+            self._continued(p)
             return
         trial_id = str(p.get("trial_id", ""))
         search = self.searches.get(int(trial_id.split(".", 1)[0])) if trial_id else None
@@ -151,6 +171,26 @@ class SearcherConsumer(Consumer):
         search = Search(exp_id, config, method, state=state)
         self.searches[exp_id] = search
         self._run(search, method.initial_operations())
+
+    def _continued(self, p: dict[str, Any]) -> None:
+        """A user continued the ended experiment's trial: the search is open again until that
+        trial closes once more (the gateway only continues single-trial experiments)."""
+        search = self.searches.get(int(p["experiment_id"]))
+        trial_id = str(p["trial_id"])
+        if search is None or search.state not in lifecycle.TERMINAL:
+            return  # refused by the experiment's state machine too
+        request_id = search.request_of.get(trial_id)
+        if request_id is None:
+            return
+        try:
+            search.method.on_trial_continued(request_id)
+        except SearcherError as exc:
+            log.error("continued trial not reopened", trial=trial_id, error=str(exc))
+            return
+        search.state = "ACTIVE"
+        search.shut_down = False
+        search.closed.discard(trial_id)
+        search.early.pop(trial_id, None)
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
         stream = f"experiment-{search.experiment_id}"
@@ -204,3 +244,15 @@ class SearcherConsumer(Consumer):
     def _emit(self, stream_id: str, fact: Event) -> None:
         if not self.replaying:
             self._pending.append((stream_id, fact))
+
+
+async def _still_legal(tx: Transaction, stream_id: str, fact: ExperimentStateChanged) -> bool:
+    """Whether the experiment, as its stream stands now, may still make the change ``fact``."""
+    await tx.lock_appends()
+    current = lifecycle.fold_experiment(await tx.read_stream(stream_id)).state
+    try:
+        lifecycle.check_experiment(current, fact.state)
+    except lifecycle.IllegalTransitionError as exc:
+        log.info("stopping state overtaken", experiment=fact.experiment_id, reason=str(exc))
+        return False
+    return True

@@ -19,12 +19,13 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import structlog
 
 from events.bus import EVENTS_PREFIX
+from events.checkpoints import checkpoint_owners
 from events.config.storage import checkpoint_root
 from events.consumer import Consumer
 from events.db import translate_errors
@@ -39,6 +40,9 @@ log = structlog.get_logger("tracker")
 
 NAME = "tracker-gc"
 ACTOR = "tracker"
+UUIDS_PER_EVENT = 1000
+"""Most uuids one ``CheckpointsDeleted`` names, so that it stays far below the store's event
+size limit (uuids are at most 128 characters); more deletions become several events."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,9 @@ async def read_experiment(
     """Reads an experiment's config, checkpoints (with their validations' searcher metric) and
     already-deleted uuids from the log, in ``tx``.
 
+    Only checkpoints the experiment owns are listed: a uuid one of its trials reported after
+    another trial had recorded it belongs to that other trial (:mod:`events.checkpoints`).
+
     Args:
         tx: the transaction to read in.
         experiment_id: the experiment.
@@ -219,7 +226,12 @@ async def read_experiment(
             saved.append((str(p["uuid"]), trial_id, steps))
         else:  # the latest validation at these steps wins
             validations[(trial_id, steps)] = metric_value(p.get("metrics") or {}, metric)
+    # Only checkpoints this experiment's trials recorded first are its own; a later report of
+    # the same uuid elsewhere (refused now, but older logs may hold one) never makes it ours.
+    owners = await checkpoint_owners(tx.conn, (uuid for uuid, _, _ in saved))
     for uuid, trial_id, steps in saved:
+        if owners.get(uuid) != trial_id:
+            continue
         if uuid not in facts.checkpoints:
             facts.checkpoints[uuid] = CheckpointInfo(
                 uuid, trial_id, steps, validations.get((trial_id, steps))
@@ -304,7 +316,7 @@ class GCConsumer(Consumer):
 
     name = NAME
     subjects = (f"{EVENTS_PREFIX}.experiment.>",)
-    types = frozenset({"ExperimentStateChanged"})
+    types = frozenset({"ExperimentStateChanged", "CheckpointsDeleteRequested"})
 
     def __init__(self, default_root: Path) -> None:
         self.default_root = default_root
@@ -316,6 +328,9 @@ class GCConsumer(Consumer):
             ConcurrencyError: the experiment's stream moved meanwhile (the page is retried).
             EventsError: the database refused a statement.
         """
+        if event.type == "CheckpointsDeleteRequested":
+            await self._delete_requested(tx, event)
+            return
         state = str(event.payload.get("state", ""))
         if state not in TERMINAL and state != DELETING:
             return
@@ -331,6 +346,26 @@ class GCConsumer(Consumer):
                     await self._collect(tx, facts)
         except asyncpg.PostgresError as exc:
             raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
+
+    async def _delete_requested(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Deletes the checkpoints a user asked for that the experiment still has."""
+        experiment_id = int(event.payload["experiment_id"])
+        wanted = {str(u) for u in event.payload.get("uuids") or []}
+        try:
+            with translate_errors():
+                facts = await read_experiment(tx, experiment_id)
+                doomed = wanted.intersection(c.uuid for c in facts.live)
+                if not doomed:
+                    return
+                removal = await asyncio.to_thread(remove_directories, self.root_of(facts), doomed)
+                for uuid, error in removal.failed.items():
+                    log.error("checkpoint not deleted", uuid=uuid, error=error)
+                if removal.deleted:
+                    await self._append(tx, facts, self._deleted(facts, removal, "user"))
+        except asyncpg.PostgresError as exc:
+            raise EventsError(
+                f"deleting checkpoints of experiment {experiment_id} failed: {exc}"
+            ) from exc
 
     def root_of(self, facts: ExperimentCheckpoints) -> Path:
         """Where the experiment's checkpoint directories are."""
@@ -350,14 +385,14 @@ class GCConsumer(Consumer):
         for uuid, error in removal.failed.items():
             log.error("checkpoint not deleted", uuid=uuid, error=error)
         if removal.deleted:
-            await self._append(tx, facts, [self._deleted(facts, removal, "gc")])
+            await self._append(tx, facts, self._deleted(facts, removal, "gc"))
 
     async def _delete_all(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
         live = [c.uuid for c in facts.live]
         removal = await asyncio.to_thread(remove_directories, self.root_of(facts), live)
         events: list[Event] = []
         if removal.deleted:
-            events.append(self._deleted(facts, removal, "experiment deleted"))
+            events.extend(self._deleted(facts, removal, "experiment deleted"))
         if removal.failed:
             uuid, error = sorted(removal.failed.items())[0]
             log.error("experiment deletion failed", experiment=facts.experiment_id, error=error)
@@ -372,13 +407,23 @@ class GCConsumer(Consumer):
         await self._append(tx, facts, events)
 
     @staticmethod
-    def _deleted(facts: ExperimentCheckpoints, removal: Removal, reason: str) -> Event:
-        return CheckpointsDeleted(
-            experiment_id=facts.experiment_id,
-            uuids=removal.deleted,
-            missing=sorted(removal.missing),
-            reason="gc" if reason == "gc" else "experiment deleted",
-        )
+    def _deleted(
+        facts: ExperimentCheckpoints,
+        removal: Removal,
+        reason: Literal["gc", "experiment deleted", "user"],
+    ) -> list[Event]:
+        deleted = removal.deleted
+        missing = set(removal.missing)
+        chunks = [deleted[i : i + UUIDS_PER_EVENT] for i in range(0, len(deleted), UUIDS_PER_EVENT)]
+        return [
+            CheckpointsDeleted(
+                experiment_id=facts.experiment_id,
+                uuids=chunk,
+                missing=sorted(missing.intersection(chunk)),
+                reason=reason,
+            )
+            for chunk in chunks
+        ]
 
     @staticmethod
     async def _append(tx: Transaction, facts: ExperimentCheckpoints, events: list[Event]) -> None:

@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
+import nats
+import nats.errors
+import psutil
 import pytest
 
 from cairn.local.cluster import SERVICES
@@ -119,7 +123,7 @@ def test_up_status_down_up_keeps_the_log(tmp_path: Path) -> None:
         assert state["supervisor_pid"] == report["supervisor_pid"]
         assert all((data_dir / "logs" / f"{name}.log").exists() for name in SERVICES)
 
-        event_id = asyncio.run(append_marker(report["dsn"]))
+        event_id = asyncio.run(append_marker(state["dsn"]))
 
         stopped = down(data_dir)
         assert "cluster stopped" in stopped.stdout
@@ -131,7 +135,9 @@ def test_up_status_down_up_keeps_the_log(tmp_path: Path) -> None:
         up(data_dir)
         code, report = status(data_dir)
         assert code == 0, report
-        assert asyncio.run(read_marker(report["dsn"])) == [event_id]
+        dsn = json.loads((data_dir / "cluster.json").read_text())["dsn"]
+        assert dsn.split("@")[0] == state["dsn"].split("@")[0], "same password after down/up"
+        assert asyncio.run(read_marker(dsn)) == [event_id]
     finally:
         down(data_dir)
 
@@ -167,3 +173,55 @@ def test_killed_service_is_reported_and_restarted(cluster_dir: Path) -> None:
     assert relay["exit_code"] == -signal.SIGKILL
     log = (cluster_dir / "logs" / "supervisor.log").read_text()
     assert "process died; restarting" in log and str(victim["pid"]) in log
+
+
+async def connect_without_credentials(state: dict[str, Any]) -> list[str]:
+    """Connects to the cluster's PostgreSQL and NATS ports with no password; the errors."""
+    errors = []
+    try:
+        conn = await asyncpg.connect(
+            f"postgresql://postgres@127.0.0.1:{state['ports']['postgres']}/cairn", timeout=10
+        )
+        await conn.close()
+    except asyncpg.InvalidAuthorizationSpecificationError as exc:
+        errors.append(str(exc))
+    try:
+        nc = await nats.connect(
+            f"nats://127.0.0.1:{state['ports']['nats']}",
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=10,
+        )
+        await nc.close()
+    except nats.errors.Error as exc:
+        errors.append(str(exc))
+    return errors
+
+
+def test_cluster_requires_credentials_and_never_shows_them(cluster_dir: Path) -> None:
+    """PostgreSQL and NATS of ``cairn up`` refuse clients without the password; the files that
+    hold it are owner-only, and no status output, log or command line shows it."""
+    state = json.loads((cluster_dir / "cluster.json").read_text())
+    errors = asyncio.run(connect_without_credentials(state))
+    assert len(errors) == 2, errors
+    assert "password authentication failed" in errors[0]
+    assert "Authorization Violation" in errors[1]
+    assert isinstance(asyncio.run(read_marker(state["dsn"])), list)  # the recorded DSN works
+
+    private = ["cluster.json", "pg.password", "nats.password", "nats.conf", "agent.token"]
+    for name in private:
+        assert (cluster_dir / name).stat().st_mode & 0o777 == 0o600, name
+    passwords = [(cluster_dir / f"{name}.password").read_text().strip() for name in ("pg", "nats")]
+    assert all(password in state["dsn"] + state["nats_url"] for password in passwords)
+
+    shown = cairn("status", "--data-dir", str(cluster_dir)).stdout
+    shown += cairn("--json", "status", "--data-dir", str(cluster_dir)).stdout
+    assert "postgres:***@" in shown and "cairn:***@" in shown
+    logs = [p.read_text(errors="replace") for p in cluster_dir.glob("**/*.log")]
+    command_lines = [
+        " ".join(psutil.Process(p["pid"]).cmdline()) for p in state["processes"].values()
+    ]
+    for password in passwords:
+        assert password not in shown
+        assert not any(password in text for text in logs)
+        assert not any(password in line for line in command_lines)

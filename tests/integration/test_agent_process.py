@@ -214,16 +214,24 @@ class Cluster:
         return [dict(r) for r in rows]
 
     async def start_agent(
-        self, agent_id: str = "a1", *extra: str, slots: int | None = 1, path: str = ""
+        self,
+        agent_id: str = "a1",
+        *extra: str,
+        slots: int | None = 1,
+        path: str = "",
+        faults: str = "",
     ) -> AgentProc:
-        """Starts an agent and waits until it is registered and subscribed."""
+        """Starts an agent (with ``CAIRN_FAULTS=faults``) and waits until it is registered and
+        subscribed."""
         ready = self.tmp / f"{agent_id}.ready"
+        ready.unlink(missing_ok=True)  # left by an earlier process of the same agent
         log_path = self.tmp / f"{agent_id}.log"
         env = dict(os.environ)
         env.update(
             PYTHONPATH=str(ROOT),
             CAIRN_AGENT_TOKEN=self.agent_token,
             CAIRN_READY_FILE=str(ready),
+            CAIRN_FAULTS=faults,
         )
         if path:
             env["PATH"] = f"{path}{os.pathsep}{env['PATH']}"
@@ -529,3 +537,72 @@ async def test_digits_example_trains_under_the_agent(cluster: Cluster) -> None:
     checkpoints = await cluster.of_type(trial, "CheckpointSaved")
     assert [c["steps_completed"] for c in checkpoints] == [100, 200]
     assert "model.pt" in checkpoints[-1]["resources"]
+
+
+# --- a restarted agent: a new incarnation, and the exit reports of its killed predecessor ----
+
+
+async def registrations(c: Cluster, agent_id: str) -> list[tuple[int, str]]:
+    """(position, incarnation) of each AgentRegistered of the agent."""
+    return [
+        (e.position, e.payload["incarnation"])
+        for e in await c.store.read_stream(f"agent-{agent_id}")
+        if e.type == "AgentRegistered"
+    ]
+
+
+async def test_heartbeats_and_started_report_name_the_process_and_number_the_beats(
+    cluster: Cluster,
+) -> None:
+    """TrialStarted carries the agent's incarnation and the first heartbeat number listing the
+    run; the stored heartbeat of that incarnation reaches that number and lists the run."""
+    await cluster.start_agent("h1")
+    trial, alloc = await cluster.allocate("h1", {"steps": 100_000, "sleep": 0.01})
+    await cluster.command("h1", "start", alloc)
+
+    async def started() -> bool:
+        return bool(await cluster.of_type(trial, "TrialStarted"))
+
+    await wait_until(started, timeout=30)
+    [payload] = await cluster.of_type(trial, "TrialStarted")
+    [(_, incarnation)] = await registrations(cluster, "h1")
+    assert len(incarnation) == 32 and payload["agent_incarnation"] == incarnation
+    assert payload["listed_from"] >= 1
+
+    async def listed() -> bool:
+        row = await cluster.store.pool.fetchrow(
+            "SELECT incarnation, seq, running FROM agent_heartbeats WHERE agent_id = 'h1'"
+        )
+        return (
+            row is not None
+            and row["incarnation"] == incarnation
+            and row["seq"] >= payload["listed_from"]
+            and alloc in row["running"]
+        )
+
+    await wait_until(listed, timeout=15)
+
+
+async def test_exit_report_cut_short_by_sigkill_is_delivered_by_the_next_process(
+    cluster: Cluster,
+) -> None:
+    """SIGKILL the agent after its run completed but before the exit report was sent: the next
+    process of the agent reports it (completed, exit 0) before registering as a new incarnation."""
+    first = await cluster.start_agent("k1", faults="agent.before_exit_report=300")
+    trial, alloc = await cluster.allocate("k1", {"steps": 5, "sleep": 0.01})
+    await cluster.command("k1", "start", alloc)
+    await wait_until(lambda: "FAULT-POINT agent.before_exit_report" in first.log(), timeout=30)
+    kept = list((cluster.tmp / "work-k1" / "unreported-exits").glob("*.json"))
+    assert len(kept) == 1 and alloc in kept[0].read_text()
+    first.proc.send_signal(signal.SIGKILL)
+    assert await first.stop(signal_it=False) == -signal.SIGKILL
+    assert await cluster.of_type(trial, "TrialExited") == []  # the report really was lost
+
+    await cluster.start_agent("k1")
+    exited = await cluster.exited(trial)
+    assert (exited["outcome"], exited["exit_code"]) == ("completed", 0)
+    regs = await registrations(cluster, "k1")
+    assert len(regs) == 2 and regs[0][1] != regs[1][1], "same slots, new incarnation: new fact"
+    [exit_event] = [e for e in await cluster.events(trial) if e.type == "TrialExited"]
+    assert exit_event.position < regs[1][0], "the leftover exit is reported before registering"
+    assert list((cluster.tmp / "work-k1" / "unreported-exits").glob("*.json")) == []

@@ -5,9 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from events.check import check_log
 from events.consumer import ConsumerRunner
 from events.store import EventStore
-from events.types import ExperimentSubmitted, TrialStateChanged, ValidationReported
+from events.types import (
+    ExperimentStateChanged,
+    ExperimentSubmitted,
+    TrialStateChanged,
+    ValidationReported,
+)
 from services.searcher.service import SearcherConsumer
 
 CONFIG: dict[str, Any] = {
@@ -35,8 +41,15 @@ def loss(hparams: dict[str, Any], batches: int) -> float:
     return abs(math.log10(hparams["lr"]) + 2) + 10.0 / (batches + 1) + hparams["hidden"] / 1000
 
 
-async def simulate(store: EventStore, restart_at: set[int] = frozenset()) -> list[tuple[Any, ...]]:  # type: ignore[assignment]
-    """Drives the experiment to the end with scripted metrics; returns every searcher decision."""
+async def simulate(
+    store: EventStore,
+    restart_at: set[int] = frozenset(),  # type: ignore[assignment]
+    wake_ups: bool = False,
+) -> list[tuple[Any, ...]]:
+    """Drives the experiment to the end with scripted metrics; returns every searcher decision.
+
+    With ``wake_ups`` each round is driven like the bus does: one catch-up per new position,
+    below the searcher's own decisions of the previous round, and each twice."""
     await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config=CONFIG)])
     consumer = SearcherConsumer(store)
     runner = ConsumerRunner(store, None, consumer)
@@ -46,6 +59,10 @@ async def simulate(store: EventStore, restart_at: set[int] = frozenset()) -> lis
             consumer = SearcherConsumer(store)  # a fresh process: it knows only the log
             await consumer.rebuild()
             runner = ConsumerRunner(store, None, consumer)
+        if wake_ups:
+            for position in range(await store.checkpoint("searcher") + 1, await store.head() + 1):
+                await runner.catch_up(upto=position)
+                await runner.catch_up(upto=position)
         await runner.catch_up()
         events = await store.read_all(limit=100_000)
         requested = {e.payload["trial_id"]: e.payload for e in events if e.type == "TrialRequested"}
@@ -139,3 +156,40 @@ async def test_restarted_searcher_makes_the_same_decisions(db_url: str, pg_serve
     assert results[0] == results[1]
     requests = [d[1] for d in results[1] if d[0] == "TrialRequested"]
     assert len(requests) == len(set(requests)), "no decision was emitted twice"
+
+
+async def test_wake_ups_below_its_own_decisions_decide_nothing_twice(store: EventStore) -> None:
+    """Bus wake-ups at every position, below the searcher's own decisions and repeated, request
+    each trial once and stop each trial at most once (its decisions follow its inputs, each
+    applied once, so no plan can miss an earlier decision)."""
+    decisions = await simulate(store, wake_ups=True)
+    requested = [d[1] for d in decisions if d[0] == "TrialRequested"]
+    stopped = [d[1] for d in decisions if d[0] == "TrialStopRequested"]
+    assert len(requested) == 12 and len(set(requested)) == 12
+    assert stopped and len(stopped) == len(set(stopped))
+    events = await store.read_all(limit=100_000, types=["TrialRequested"])
+    assert len({e.payload["request_id"] for e in events}) == 12
+
+
+async def test_search_end_overtaken_by_a_user_kill_is_not_appended(store: EventStore) -> None:
+    """A kill recorded after the searcher's input but before its append wins: no STOPPING_COMPLETED."""
+    single = {**CONFIG, "searcher": {"name": "single", "metric": "validation_loss"}}
+    await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config=single)])
+    runner = ConsumerRunner(store, None, SearcherConsumer(store))
+    await runner.catch_up()
+    (requested,) = [e for e in await store.read_all() if e.type == "TrialRequested"]
+    trial_id = requested.payload["trial_id"]
+    # The input that ends the search, then the user's kill, both before the searcher runs.
+    await store.append(
+        f"trial-{trial_id}", [TrialStateChanged(trial_id=trial_id, state="COMPLETED")]
+    )
+    kill = ExperimentStateChanged(experiment_id=1, state="STOPPING_KILLED", actor="alice")
+    await store.append("experiment-1", [kill])
+    await runner.catch_up()
+    states = [
+        e.payload["state"]
+        for e in await store.read_stream("experiment-1")
+        if e.type == "ExperimentStateChanged"
+    ]
+    assert states == ["STOPPING_KILLED"]
+    assert await check_log(store) == []

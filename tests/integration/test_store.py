@@ -7,13 +7,10 @@ import asyncio
 import pytest
 
 from events.envelope import NewEvent, RecordedEvent
-from events.errors import (
-    ConcurrencyError,
-    DuplicateEventError,
-    FencedError,
-)
+from events.errors import ConcurrencyError, DuplicateEventError, EventTooLargeError, FencedError
 from events.folds import fold, load, save_snapshot
 from events.lease import LeaderLease
+from events.limits import MAX_EVENT_BYTES, encoded
 from events.store import EventStore, Fence, lease_stream
 from events.types import ExperimentSubmitted, TrialRequested
 from tests.fixtures.folds import CountingFold
@@ -173,3 +170,27 @@ async def test_event_ids_are_unique(store: EventStore) -> None:
         assert (err.value.stream_id, err.value.event_id) == (stream, str(item.event_id))
     assert len(await store.read_stream("experiment-6")) == 1
     assert await store.read_stream("experiment-7") == []
+
+
+async def test_event_over_the_size_limit_is_refused_whole(store: EventStore) -> None:
+    """An append whose event is over the limit raises EventTooLargeError naming the stream,
+    type, size and largest part, and nothing of the batch is stored; one byte less is stored."""
+    big = ExperimentSubmitted(experiment_id=3, config={"description": "é" * MAX_EVENT_BYTES})
+    with pytest.raises(EventTooLargeError) as err:
+        await store.append("experiment-3", [submitted(3), big])
+    error = err.value
+    assert (error.stream_id, error.event_type) == ("experiment-3", "ExperimentSubmitted")
+    assert error.size > error.limit == MAX_EVENT_BYTES
+    assert error.part == "config.description" and error.part_size > MAX_EVENT_BYTES
+    assert "experiment-3" in str(error) and "config.description" in str(error)
+    assert await store.read_stream("experiment-3") == []
+    empty = ExperimentSubmitted(experiment_id=3, config={"i": ""}).model_dump(mode="json")
+    room = MAX_EVENT_BYTES - len(encoded(empty)) - len(b"{}")  # "{}": no metadata
+    with pytest.raises(EventTooLargeError):
+        await store.append(
+            "experiment-3", [ExperimentSubmitted(experiment_id=3, config={"i": "x" * (room + 1)})]
+        )
+    await store.append(
+        "experiment-3", [ExperimentSubmitted(experiment_id=3, config={"i": "x" * room})]
+    )
+    assert len(await store.read_stream("experiment-3")) == 1

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from services.tracker.gc import CheckpointInfo, GCPolicy, select_for_deletion
+from events.limits import MAX_EVENT_BYTES, encoded
+from events.registry import encode
+from services.tracker.gc import (
+    CheckpointInfo,
+    ExperimentCheckpoints,
+    GCConsumer,
+    GCPolicy,
+    Removal,
+    select_for_deletion,
+)
 
 # Trial 1 saves checkpoints 1..5, trial 2 checkpoints 6..10, in step order; the validation
 # metric (smaller is better) of each checkpoint's step, or None.
@@ -97,3 +106,17 @@ def test_policy_from_storage_defaults_and_values() -> None:
     assert GCPolicy.from_storage({"type": "shared_fs", "host_path": "/x"}) == GCPolicy(0, 1, 1)
     storage = {"save_experiment_best": 2, "save_trial_best": 0, "save_trial_latest": 3}
     assert GCPolicy.from_storage(storage) == GCPolicy(2, 0, 3)
+
+
+def test_many_deletions_are_recorded_in_events_under_the_size_limit() -> None:
+    """2,500 deleted checkpoints with the longest uuids become several CheckpointsDeleted,
+    each well under the store's event size limit, naming every uuid once."""
+    uuids = [f"{i:04d}" + "u" * 124 for i in range(2500)]
+    removal = Removal(removed=uuids[:2000], missing=uuids[2000:])
+    facts = ExperimentCheckpoints(experiment_id=1, version=3)
+    events = GCConsumer._deleted(facts, removal, "gc")
+    assert len(events) == 3
+    payloads = [encode(e) for e in events]
+    assert all(len(encoded(p)) < MAX_EVENT_BYTES // 2 for p in payloads)
+    assert [u for p in payloads for u in p["uuids"]] == sorted(uuids)
+    assert [u for p in payloads for u in p["missing"]] == uuids[2000:]

@@ -9,6 +9,7 @@ from events.check import check_events
 from events.envelope import Event, Metadata, RecordedEvent
 from events.registry import encode
 from events.types import (
+    CheckpointSaved,
     ExperimentStateChanged,
     ExperimentSubmitted,
     SlotsAllocated,
@@ -115,6 +116,17 @@ def test_started_twice_gap_and_duplicate_id_are_found() -> None:
     )
     log.events.append(copy)
     assert kinds(log) == ["started-twice", "stream-gap", "duplicate-event-id"]
+
+
+def test_checkpoint_recorded_by_a_second_trial_is_found() -> None:
+    """A uuid saved by one trial and claimed by another (or recorded twice) is a finding."""
+    log = Log()
+    saved = CheckpointSaved(trial_id="1.1", run_id=1, uuid="c1", steps_completed=5)
+    log.add("trial-1.1", saved)
+    log.add("trial-1.1", saved.model_copy(update={"uuid": "c2"}))
+    assert kinds(log) == []
+    log.add("trial-2.1", saved.model_copy(update={"trial_id": "2.1"}))
+    assert kinds(log) == ["checkpoint-claimed-twice"]
 
 
 def test_undecodable_event_is_found() -> None:

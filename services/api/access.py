@@ -1,0 +1,92 @@
+"""Who may read what: the one rule for experiments, their trials and their checkpoints.
+
+- an admin reads everything;
+- a user reads the experiments they own, with their trials and checkpoints (another user's: 403);
+- a trial token reads its own trial only (and its experiment's searcher state: the best
+  validation so far, see :func:`searcher_readable_experiment`);
+- the agent token reads what the routes open to agents (agents run every user's trials).
+
+Routes ask here (never compare owners themselves), so a new read route cannot forget a case.
+Agents, slots, config templates and the user's own identity are shared or personal by design
+(``docs/tracking.md``) and need no experiment; changing an experiment is for its owner or an
+admin (:func:`services.api.views.check_owner`), changing a template for its creator or an admin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from services.api import projections_read as pr
+from services.api.auth import Principal, principal_of
+from services.api.errors import forbidden, not_found
+from services.api.routing import store_of
+from services.api.views import ExperimentView, check_owner, experiment_of, load_experiment
+
+
+def check_read(principal: Principal, owner: str, *, trial_id: str | None = None) -> None:
+    """Raises 403 unless ``principal`` may read an experiment of ``owner`` (or, with
+    ``trial_id``, that trial of it)."""
+    if principal.kind == "agent":
+        return
+    if principal.kind == "trial":
+        if trial_id is None or principal.name != trial_id:
+            raise forbidden(f"this token is scoped to trial {principal.name}")
+        return
+    check_owner(principal, owner)
+
+
+async def readable_experiment(
+    request: web.Request,
+    experiment_id: int,
+    *,
+    with_trials: bool = False,
+) -> ExperimentView:
+    """The experiment folded live, if the caller may read it; 404 unknown, 403 not theirs."""
+    view = await load_experiment(store_of(request), experiment_id, with_trials=with_trials)
+    check_read(principal_of(request), view.owner)
+    return view
+
+
+async def searcher_readable_experiment(
+    request: web.Request, experiment_id: int, *, with_trials: bool = False
+) -> ExperimentView:
+    """The experiment, if the caller may read its searcher state: whoever may read the
+    experiment, and the trial token of any of its trials (a trial asks how the search is going,
+    ``get_experiment_best_validation()``); 404 unknown, 403 otherwise."""
+    view = await load_experiment(store_of(request), experiment_id, with_trials=with_trials)
+    principal = principal_of(request)
+    if principal.kind == "trial":
+        if experiment_of(principal.name) != experiment_id:
+            raise forbidden(f"this token is scoped to trial {principal.name}")
+        return view
+    check_read(principal, view.owner)
+    return view
+
+
+async def readable_trial(request: web.Request, trial_id: str) -> ExperimentView:
+    """The experiment of ``trial_id`` (with only that trial requested), if the caller may read
+    the trial; 404 for an unknown experiment or trial, 403 for one that is not theirs."""
+    view = await load_experiment(store_of(request), experiment_of(trial_id), trial_id=trial_id)
+    check_read(principal_of(request), view.owner, trial_id=trial_id)
+    if trial_id not in view.trials:
+        raise not_found(f"no trial {trial_id}")
+    return view
+
+
+async def readable_checkpoint(
+    request: web.Request, uuid: str
+) -> tuple[dict[str, Any], ExperimentView]:
+    """A checkpoint's row and its experiment, if the caller may read it; 404 unknown, 403 not
+    theirs. The row is the projection's, whose first report of a uuid wins, as ownership
+    does (:mod:`events.checkpoints`)."""
+    if "\x00" in uuid or len(uuid) > 500:
+        raise not_found(f"no checkpoint {uuid!r}")
+    store = store_of(request)
+    row = await pr.checkpoint_row(store, uuid)
+    if row is None:
+        raise not_found(f"no checkpoint {uuid}")
+    view = await load_experiment(store, int(row["experiment_id"]), with_trials=False)
+    check_read(principal_of(request), view.owner, trial_id=str(row["trial_id"]))
+    return row, view

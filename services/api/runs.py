@@ -1,0 +1,125 @@
+"""Which run of a trial may still report.
+
+A trial's *current run* is the run of its latest ``SlotsAllocated``, from that allocation until
+its ``TrialExited`` is recorded. Training reports (metrics, checkpoints, progress, early exit)
+are accepted only for the current run, and only while neither the trial nor its experiment has
+ended (the states of :mod:`events.lifecycle`); a run's last report before it exits is therefore
+accepted, and anything from a finished trial's token, or naming a run that never existed or has
+exited, is refused with a 409. Log lines are output, not results: the agent may still ship a
+run's last lines after it exited, so logs only need an allocation the scheduler made.
+
+Checked in the transaction that appends, after :meth:`~events.store.Transaction.lock_appends`,
+so no ``TrialExited`` can be committed between the check and the append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from events import lifecycle
+from events.db import translate_errors
+from events.store import Transaction, row_to_event
+from services.api.errors import ApiError, conflict, not_found
+from services.api.views import (
+    TERMINAL_STATES,
+    AllocationView,
+    Reader,
+    TrialView,
+    experiment_of,
+    experiment_stream,
+    fold_trial,
+    trial_stream,
+)
+
+# The literal type list matches the partial index ``events_lifecycle`` (core migration 0003).
+_LIFECYCLE_SQL = """
+    SELECT position, stream_id, stream_version, event_id, type, schema_version, payload,
+           metadata, recorded_at
+    FROM events
+    WHERE stream_id = ANY($1::text[])
+      AND type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'SlotsAllocated',
+                   'TrialExited', 'TrialStateChanged')
+    ORDER BY position"""
+
+
+@dataclass
+class RunState:
+    """A trial's runs and the lifecycle states of the trial and its experiment.
+
+    Attributes:
+        trial: the trial's allocations (which exited) and its latest one.
+        trial_state: the trial's state (:func:`events.lifecycle.fold_trial`).
+        experiment_state: its experiment's state (:func:`events.lifecycle.fold_experiment`).
+    """
+
+    trial: TrialView
+    trial_state: str
+    experiment_state: str
+
+    @property
+    def trial_id(self) -> str:
+        """The trial's id."""
+        return self.trial.trial_id
+
+    def current(self) -> AllocationView:
+        """The allocation of the current run.
+
+        Raises:
+            ApiError: 409 when the trial or its experiment has ended, or no run is live.
+        """
+        if self.trial_state in lifecycle.TERMINAL:
+            raise conflict(f"trial {self.trial_id} has ended ({self.trial_state})")
+        if self.experiment_state in TERMINAL_STATES:
+            raise conflict(
+                f"trial {self.trial_id}'s experiment has ended ({self.experiment_state})"
+            )
+        latest = self.trial.latest_allocation
+        if latest is None:
+            raise conflict(f"trial {self.trial_id} has no run: it was never allocated slots")
+        alloc = self.trial.allocations[latest]
+        if alloc.exited:
+            raise conflict(f"trial {self.trial_id} has no live run: run {alloc.run_id} exited")
+        return alloc
+
+    def check_run(self, run_id: int, path: str) -> None:
+        """Raises a 409 naming ``path`` unless ``run_id`` is the current run's."""
+        current = self.current()
+        if run_id != current.run_id:
+            known = any(a.run_id == run_id for a in self.trial.allocations.values())
+            what = "has exited" if known else "never existed"
+            raise ApiError(
+                409,
+                f"{path}: run {run_id} of trial {self.trial_id} {what}; "
+                f"its current run is {current.run_id}",
+                path=path,
+            )
+
+    def check_allocation(self, allocation_id: str, *, live: bool) -> None:
+        """Raises a 409 unless the scheduler made ``allocation_id`` (and, with ``live``, it is
+        the current run's)."""
+        if allocation_id not in self.trial.allocations:
+            raise conflict(f"no allocation {allocation_id} was made for trial {self.trial_id}")
+        if live and self.current().allocation_id != allocation_id:
+            raise conflict(f"allocation {allocation_id} is not trial {self.trial_id}'s live run")
+
+
+async def load_run_state(reader: Reader, trial_id: str) -> RunState:
+    """Folds the lifecycle facts of ``trial_id`` and its experiment; 404 for a trial that has
+    no stream."""
+    streams = [trial_stream(trial_id), experiment_stream(experiment_of(trial_id))]
+    conn = reader.conn if isinstance(reader, Transaction) else reader.pool
+    with translate_errors():
+        rows = await conn.fetch(_LIFECYCLE_SQL, streams)
+        events = [row_to_event(r) for r in rows]
+        trial_events = [e for e in events if e.stream_id == streams[0]]
+        if not trial_events and not await conn.fetchval(
+            "SELECT true FROM events WHERE stream_id = $1 LIMIT 1", streams[0]
+        ):
+            raise not_found(f"no trial {trial_id}")
+    return RunState(
+        trial=fold_trial(trial_id, trial_events),
+        trial_state=lifecycle.fold_trial(trial_events).state,
+        experiment_state=lifecycle.fold_experiment(
+            e for e in events if e.stream_id == streams[1]
+        ).state,
+    )

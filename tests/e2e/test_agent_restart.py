@@ -1,0 +1,136 @@
+"""A restarted agent never hangs its experiment: real processes, the agent SIGKILLed mid-trial."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cairn.local.servers import ServerProcess
+from events.check import check_log
+from events.store import EventStore
+from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
+from tests.e2e.test_cli import CONFIG, created_id, run_cli
+from tests.e2e.test_trials import SCRIPTED, scripted
+from tests.helpers import wait_until_sync
+
+SILENCE_TIMEOUT = 600.0  # far beyond every wait below: only reconciliation can end these runs
+
+
+@pytest.fixture
+async def cluster(
+    store: EventStore, db_url: str, nats_server: ServerProcess, tmp_path: Path
+) -> AsyncIterator[Cluster]:
+    """Relay, searcher, scheduler, API and one 2-slot agent, as processes; heartbeat silence is
+    judged only after ten minutes."""
+    c = Cluster(db_url, nats_server.url, tmp_path)
+    c.start_all(slots=2, agent_timeout=SILENCE_TIMEOUT)
+    try:
+        await c.login()
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_agent_sigkilled_and_restarted_loses_and_restarts_both_runs(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
+    """SIGKILL the agent while two trials run and restart it with the same id and slots (as the
+    cluster supervisor does): both runs are recorded lost within the wait (not by the silence
+    timeout), restart from their checkpoints on the same agent, and the experiment COMPLETES."""
+    config = scripted(tmp_path / "ckpt", steps=150, sleep=0.03, checkpoint_every=20)
+    config["searcher"] = {"name": "grid", "metric": "validation_loss", "max_concurrent_trials": 2}
+    config["hyperparameters"]["report_every"] = {"type": "categorical", "vals": [5, 10]}
+    exp = await cluster.submit(config, SCRIPTED)
+    trials = [f"{exp}.1", f"{exp}.2"]
+
+    async def both_checkpointed() -> bool:
+        saved = {e.payload["trial_id"] for e in await events_of(store, "CheckpointSaved")}
+        return saved >= set(trials)
+
+    await wait_for(cluster, both_checkpointed, timeout=90)
+    victim = cluster.procs["agent-a"]
+    cluster.kill("agent-a")
+    assert victim.returncode == -9, "the agent process was SIGKILLed"
+    cluster.start_agent("agent-a", 2)
+
+    async def completed() -> bool:
+        return await experiment_state(store, exp) == "COMPLETED"
+
+    await wait_for(cluster, completed, timeout=120)
+    for trial in trials:
+        events = await store.read_stream(f"trial-{trial}")
+        exits = [e.payload for e in events if e.type == "TrialExited"]
+        assert [(x["run_id"], x["outcome"]) for x in exits] == [(1, "lost"), (2, "completed")]
+        assert exits[0]["message"] == "agent restarted"
+        [restarted] = [e.payload for e in events if e.type == "TrialRestarted"]
+        assert restarted["restarts"] == 0 and restarted["latest_checkpoint"]
+        started = [e.payload for e in events if e.type == "TrialStarted"]
+        assert [s["run_id"] for s in started] == [1, 2]
+        assert started[1]["restored_checkpoint"] == restarted["latest_checkpoint"]
+        assert started[0]["agent_incarnation"] != started[1]["agent_incarnation"]
+    agent_stream = [e.type for e in await store.read_stream("agent-agent-a")]
+    assert agent_stream == ["AgentRegistered", "AgentRegistered"], "no AgentLost: no timeout"
+    assert await check_log(store) == []
+
+
+async def trial_stream(dsn: str, trial_id: str) -> list[Any]:
+    """The trial's events, read straight from the embedded cluster's log."""
+    store = await EventStore.connect(dsn)
+    try:
+        return list(await store.read_stream(f"trial-{trial_id}"))
+    finally:
+        await store.close()
+
+
+def test_down_then_up_mid_trial_completes_the_experiment() -> None:
+    """``cairn down`` while a trial runs (the API stops with the agent, so the exit report has no
+    taker), then ``cairn up`` at once: the run's end is recorded and it restarts from its
+    checkpoint, and the experiment COMPLETES."""
+    scratch = Path(tempfile.mkdtemp(prefix="cairn-downup-"))
+    home = scratch / "home"
+    up = ["up", "--slots", "2", "--api-port", "0", "--stop-timeout", "3"]
+    try:
+        assert run_cli(*up, home=home, timeout=150).returncode == 0
+        dsn = json.loads((home / "cluster.json").read_text())["dsn"]
+        hp = ["steps=200", "report_every=5", "checkpoint_every=10", "sleep=0.05"]
+        overrides = [a for h in hp for a in ("--config", f"hyperparameters.{h}")]
+        created = run_cli("experiment", "create", str(CONFIG), str(SCRIPTED), *overrides, home=home)
+        assert created.returncode == 0, created.stderr
+        trial = f"{created_id(created.stdout)}.1"
+
+        def checkpointed() -> bool:
+            events = asyncio.run(trial_stream(dsn, trial))
+            return any(e.type == "CheckpointSaved" for e in events)
+
+        wait_until_sync(checkpointed, timeout=90, every=0.3)
+        assert run_cli("down", home=home, timeout=90).returncode == 0
+        assert run_cli(*up, home=home, timeout=150).returncode == 0
+        dsn = json.loads((home / "cluster.json").read_text())["dsn"]  # ports may change
+
+        def exited() -> list[dict[str, Any]]:
+            events = asyncio.run(trial_stream(dsn, trial))
+            return [e.payload for e in events if e.type == "TrialExited"]
+
+        wait_until_sync(
+            lambda: len(exited()) == 2, timeout=150, every=0.3, detail=lambda: str(exited())
+        )
+        first, second = exited()
+        assert first["run_id"] == 1 and first["outcome"] in ("failed", "lost"), first
+        assert (second["run_id"], second["outcome"]) == (2, "completed")
+        events = asyncio.run(trial_stream(dsn, trial))
+        [restarted] = [e.payload for e in events if e.type == "TrialRestarted"]
+        started = [e.payload for e in events if e.type == "TrialStarted"]
+        assert restarted["latest_checkpoint"]
+        assert started[1]["restored_checkpoint"] == restarted["latest_checkpoint"]
+        agent_log = (home / "logs" / "agent.log").read_text()
+        assert agent_log.count('"registered"') >= 2, "a second incarnation registered"
+    finally:
+        run_cli("down", home=home, timeout=90)
+        shutil.rmtree(scratch, ignore_errors=True)
