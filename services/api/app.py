@@ -15,11 +15,14 @@ from services.api import (
     routes_allocations,
     routes_auth,
     routes_checkpoints,
+    routes_cluster,
     routes_events,
     routes_experiments,
+    routes_series,
     routes_trial_control,
     routes_trials,
     routes_users,
+    routes_webui,
     tables,
 )
 from services.api.auth import agent_token, auth_middleware, ensure_admin
@@ -40,6 +43,9 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_users.routes,
     routes_events.routes,
     openapi.routes,
+    routes_series.routes,
+    routes_cluster.routes,
+    routes_webui.routes,
 )
 
 

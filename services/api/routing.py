@@ -45,6 +45,7 @@ class Route:
         response: 200 response model.
         multipart: whether the body may also be ``multipart/form-data``.
         raw_response: media type of a non-JSON response (e.g. ``application/gzip``).
+        hidden: left out of the OpenAPI document (the web UI's files).
     """
 
     method: str
@@ -58,6 +59,7 @@ class Route:
     response: type[BaseModel] | None = None
     multipart: bool = False
     raw_response: str | None = None
+    hidden: bool = False
 
 
 @dataclass
