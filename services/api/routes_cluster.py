@@ -45,6 +45,24 @@ class QueueResponse(BaseModel):
     queue: list[QueueEntry]
 
 
+class Holder(BaseModel):
+    """A live allocation and what it runs; ``trial_id``/``experiment_id`` are ``null`` on
+    another user's allocation unless the caller is an admin."""
+
+    allocation_id: str
+    trial_id: str | None
+    experiment_id: int | None
+    owner: str
+    state: str
+    agent_id: str | None
+
+
+class HoldersResponse(BaseModel):
+    """The allocations that hold slots now."""
+
+    allocations: list[Holder]
+
+
 class UtilisationQuery(BaseModel):
     """The window to report, in minutes back from now."""
 
@@ -102,6 +120,32 @@ async def queue(request: web.Request) -> web.Response:
     for i, entry in enumerate(entries, start=1):
         entry["position"] = i
     return web.json_response({"queue": entries})
+
+
+@routes.get("/api/v1/cluster/allocations", allow=USERS, response=HoldersResponse)
+async def holders(request: web.Request) -> web.Response:
+    """The allocations not yet terminated: which trial holds the slots of each."""
+    principal = principal_of(request)
+    rows = await pr.fetch(
+        store_of(request),
+        """SELECT a.allocation_id, a.trial_id, a.experiment_id, a.state, a.agent_id, e.owner
+           FROM tr_allocations a JOIN tr_experiments e USING (experiment_id)
+           WHERE a.state <> 'TERMINATED' ORDER BY a.allocation_id LIMIT 10000""",
+    )
+    out = []
+    for row in rows:
+        mine = principal.is_admin or row["owner"] == principal.name
+        out.append(
+            {
+                "allocation_id": row["allocation_id"],
+                "trial_id": row["trial_id"] if mine else None,
+                "experiment_id": row["experiment_id"] if mine else None,
+                "owner": row["owner"],
+                "state": row["state"],
+                "agent_id": row["agent_id"],
+            }
+        )
+    return web.json_response({"allocations": out})
 
 
 def busy_per_minute(

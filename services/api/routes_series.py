@@ -117,6 +117,18 @@ class ExperimentLogsResponse(BaseModel):
     next_after_id: int
 
 
+class PositionResponse(BaseModel):
+    """The log position the projections reflect at least."""
+
+    position: int
+
+
+@routes.get("/api/v1/projections/position", allow=USERS, response=PositionResponse)
+async def projections_position(request: web.Request) -> web.Response:
+    """Where to start following ``/api/v1/events/stream`` after reading the projections."""
+    return web.json_response({"position": await tracker_position(store_of(request))})
+
+
 def _experiment_id(request: web.Request) -> int:
     raw = request.match_info["experiment_id"]
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_ID:
