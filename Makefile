@@ -42,7 +42,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy events services
 
-bench: install
+bench: install browser
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	$(PY) -m bench
 

@@ -32,8 +32,12 @@ function axisFor(name, values, i) {
  */
 export async function mountHpPlots(container, trials, metric, { onSelect = () => {} } = {}) {
   const ec = await echarts();
-  const names = hparamNames(trials);
   const flat = trials.map((t) => ({ id: t.trial_id, hp: flatHparams(t.hparams), m: t.best_metric }));
+  // Plot the hyperparameters the search varied (all of them if none varies), most values first.
+  const distinct = (n) => new Set(flat.map((t) => JSON.stringify(t.hp[n]))).size;
+  const all = hparamNames(trials);
+  const varied = all.filter((n) => distinct(n) > 1);
+  const names = (varied.length ? varied : all).sort((a, b) => distinct(b) - distinct(a) || a.localeCompare(b));
   const charts = [];
   const info = h("span", { class: "muted", id: "pcp-selection" }, `${flat.length} trials`);
   const pcpEl = h("div", { class: "echart", id: "pcp" });
