@@ -46,6 +46,10 @@ bench: install browser
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	$(PY) -m bench
 
+# The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
+screenshot: install browser
+	$(PY) -m tests.browser.screenshot --out docs/webui-experiment.png
+
 demo: install
 	$(VENV)/bin/cairn demo
 

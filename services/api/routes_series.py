@@ -1,9 +1,9 @@
 """Chart data for the web UI: downsampled metric series of an experiment's trials (one metric)
 and of one trial (every metric), and an experiment's logs across its trials.
 
-Series are read from the tracker's ``tr_metrics`` and downsampled in the database (the first,
-last, lowest and highest point of each bucket of steps, :mod:`services.api.downsample`), so a
-1,000-trial experiment answers with a few hundred points per trial. Each answer carries
+Series are read from the tracker's ``tr_metrics`` and downsampled in the database (the lowest and
+highest value of each bucket of steps, :mod:`services.api.downsample`), so a 1,000-trial
+experiment answers with about a hundred points per trial. Each answer carries
 ``position``: the tracker's checkpoint when the read began; the projection holds at least the
 events up to it, so a client that follows ``/api/v1/events/stream`` after that position misses
 no point (it may see a few twice, which it recognises by their steps).
@@ -20,7 +20,7 @@ from events.store import EventStore
 from services.api import projections_read as pr
 from services.api import tables
 from services.api.access import readable_experiment, readable_trial
-from services.api.downsample import append_points, bucket_count, bucket_width, merge_bucket
+from services.api.downsample import append_points, bucket_count, bucket_points, bucket_width
 from services.api.errors import bad_request, parse
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import MAX_ID
@@ -138,7 +138,9 @@ def _experiment_id(request: web.Request) -> int:
 
 async def tracker_position(store: EventStore) -> int:
     """The tracker's checkpoint: the projections reflect the log at least up to it."""
-    value = await tables.fetchval(store, "SELECT position FROM checkpoints WHERE name = $1", TRACKER)
+    value = await tables.fetchval(
+        store, "SELECT position FROM checkpoints WHERE name = $1", TRACKER
+    )
     return int(value or 0)
 
 
@@ -152,8 +154,10 @@ async def _metric_names(store: EventStore, experiment_id: int) -> dict[str, list
                WHERE m.trial_id IN (SELECT trial_id FROM tr_trials WHERE experiment_id = $1
                                     ORDER BY seq LIMIT 3)
                UNION ALL
-               SELECT 'validation', jsonb_object_keys(t.latest_validation) FROM tr_trials t
-               WHERE t.experiment_id = $1 AND jsonb_typeof(t.latest_validation) = 'object'
+               SELECT 'validation', jsonb_object_keys(t.latest_validation -> 'metrics')
+               FROM tr_trials t
+               WHERE t.experiment_id = $1
+                 AND jsonb_typeof(t.latest_validation -> 'metrics') = 'object'
            ) s ORDER BY g, k""",
         experiment_id,
     )
@@ -163,15 +167,13 @@ async def _metric_names(store: EventStore, experiment_id: int) -> dict[str, list
     return names
 
 
-def _corners(row: Any) -> list[list[float] | None]:
-    """A bucket row's four points as ``(steps, value)``."""
-    lo, hi = row["lo"], row["hi"]
-    return [
-        row["first"],
-        [lo[1], lo[0]] if lo is not None else None,
-        [hi[1], hi[0]] if hi is not None else None,
-        row["last"],
-    ]
+def _add_bucket(series: Series, row: Any) -> None:
+    """Appends one bucket row (``first``, ``last``, ``low``, ``high``) to ``series``."""
+    previous = series.values[-1] if series.values else None
+    points = bucket_points(
+        int(row["first"]), int(row["last"]), float(row["low"]), float(row["high"]), previous
+    )
+    append_points(series.steps, series.values, points)
 
 
 @routes.get(
@@ -181,8 +183,8 @@ def _corners(row: Any) -> list[list[float] | None]:
     response=ExperimentSeriesResponse,
 )
 async def experiment_series(request: web.Request) -> web.Response:
-    """One metric of every trial of an experiment, downsampled per bucket of steps (first,
-    last, lowest, highest point), for learning curves."""
+    """One metric of every trial of an experiment, downsampled to the lowest and highest value
+    per bucket of steps, for learning curves."""
     query = parse(ExperimentSeriesQuery, dict(request.query))
     view = await readable_experiment(request, _experiment_id(request))
     store = store_of(request)
@@ -204,13 +206,13 @@ async def experiment_series(request: web.Request) -> web.Response:
     width = bucket_width(int(top["top"] or 0) if top is not None else 0, buckets)
     rows = await pr.fetch(
         store,
-        """SELECT trial_id, x / $4 AS b,
-                  min(ARRAY[x, y]) AS first, max(ARRAY[x, y]) AS last,
-                  min(ARRAY[y, x]) AS lo, max(ARRAY[y, x]) AS hi
-           FROM (SELECT trial_id, steps_completed::float8 AS x, (metrics -> $3)::float8 AS y
+        # Metric values in the log are always finite numbers (the gateway keeps only those).
+        """SELECT trial_id, x / $4 AS b, min(x) AS first, max(x) AS last,
+                  min(y) AS low, max(y) AS high
+           FROM (SELECT trial_id, steps_completed AS x, (metrics -> $3)::float8 AS y
                  FROM tr_metrics
                  WHERE experiment_id = $1 AND "group" = $2 AND NOT archived
-                   AND jsonb_typeof(metrics -> $3) = 'number') p
+                   AND metrics ? $3) p
            GROUP BY trial_id, b ORDER BY trial_id, b""",
         view.experiment_id,
         query.group,
@@ -223,7 +225,7 @@ async def experiment_series(request: web.Request) -> web.Response:
         entry = series.get(trial_id)
         if entry is None:
             entry = series[trial_id] = TrialSeries(trial_id=trial_id, steps=[], values=[])
-        append_points(entry.steps, entry.values, merge_bucket(_corners(row)))
+        _add_bucket(entry, row)
     body = {
         "experiment_id": view.experiment_id,
         "group": query.group,
@@ -256,10 +258,9 @@ async def trial_series(request: web.Request) -> web.Response:
     width = bucket_width(int(top["top"] or 0) if top is not None else 0, buckets)
     rows = await pr.fetch(
         store,
-        """SELECT g, k, x / $2 AS b,
-                  min(ARRAY[x, y]) AS first, max(ARRAY[x, y]) AS last,
-                  min(ARRAY[y, x]) AS lo, max(ARRAY[y, x]) AS hi
-           FROM (SELECT t."group" AS g, m.key AS k, t.steps_completed::float8 AS x,
+        """SELECT g, k, x / $2 AS b, min(x) AS first, max(x) AS last,
+                  min(y) AS low, max(y) AS high
+           FROM (SELECT t."group" AS g, m.key AS k, t.steps_completed AS x,
                         m.value::float8 AS y
                  FROM tr_metrics t, jsonb_each(t.metrics) m
                  WHERE t.trial_id = $1 AND NOT t.archived
@@ -274,7 +275,7 @@ async def trial_series(request: web.Request) -> web.Response:
         entry = series.get(key)
         if entry is None:
             entry = series[key] = NamedSeries(group=key[0], metric=key[1], steps=[], values=[])
-        append_points(entry.steps, entry.values, merge_bucket(_corners(row)))
+        _add_bucket(entry, row)
     body = {
         "trial_id": trial_id,
         "buckets": buckets,

@@ -41,7 +41,9 @@ def scripted(checkpoints: Path, **hparams: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def live(pg_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveCluster]:
+def live(
+    pg_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveCluster]:
     """The cluster, a user ``bob``, the grid search and the slow experiment."""
     require_browser()
     work = tmp_path_factory.mktemp("webui")
@@ -81,13 +83,13 @@ class Session:
         self.page = page
         self.base = base
         self.errors: list[str] = []
-        page.on(
-            "console", lambda m: self.errors.append(m.text) if m.type == "error" else None
-        )
+        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
         page.on(
             "response",
-            lambda r: self.errors.append(f"status of {r.status}: {r.url}") if r.status >= 400 else None,
+            lambda r: (
+                self.errors.append(f"status of {r.status}: {r.url}") if r.status >= 400 else None
+            ),
         )
 
     def go(self, route: str) -> None:
@@ -143,7 +145,9 @@ def test_experiment_curves_grow_live_and_hparam_plots_brush(
     first = points(admin)
     wait(lambda: points(admin) > first, 60, "the curve growing live")
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
-    wait(lambda: int(page.get_attribute("#learning-curves", "data-series") or 0) == 3, 60, "3 trials")
+    wait(
+        lambda: int(page.get_attribute("#learning-curves", "data-series") or 0) == 3, 60, "3 trials"
+    )
     assert page.locator("#config-yaml").inner_text().count("searcher:") == 1
     headers = page.locator("#trials-table th").all_inner_texts()
     assert "steps" in headers  # one column per hyperparameter
@@ -221,10 +225,14 @@ def test_compare_two_trials_with_differences_only(admin: Session, live: LiveClus
     boxes.nth(1).check()
     page.click("#compare-selected")
     page.wait_for_selector("#compare-charts canvas")
-    names = page.locator("#compare-hparams tbody tr").evaluate_all("rs => rs.map(r => r.dataset.name)")
+    names = page.locator("#compare-hparams tbody tr").evaluate_all(
+        "rs => rs.map(r => r.dataset.name)"
+    )
     assert {"steps", "sleep"} <= set(names)
     page.check("#differences-only")
-    names = page.locator("#compare-hparams tbody tr").evaluate_all("rs => rs.map(r => r.dataset.name)")
+    names = page.locator("#compare-hparams tbody tr").evaluate_all(
+        "rs => rs.map(r => r.dataset.name)"
+    )
     assert "steps" in names and "sleep" not in names
     series = page.locator("#compare-charts [data-series]").first.get_attribute("data-series")
     assert series == "2"
