@@ -21,11 +21,17 @@ function actionsFor(state, archived) {
 
 export async function render(root, [id]) {
   const expPath = `/experiments/${enc(id)}`;
-  let exp = await get(expPath);
   const width = Math.max(400, root.clientWidth || 1000);
   let group = "validation";
-  let metric = exp.searcher_metric;
-  let series = await get(`${expPath}/series?group=${group}&metric=${enc(metric || "")}&buckets=${Math.round(width / 3)}`).catch(() => null);
+  // The experiment and its searcher metric's curves (the server's default metric) together.
+  let [exp, series] = await Promise.all([
+    get(expPath),
+    get(`${expPath}/series?group=${group}&buckets=${Math.round(width / 3)}`).catch((err) => {
+      if (err.status === 403 || err.status === 404) throw err;
+      return null;
+    }),
+  ]);
+  let metric = series ? series.metric : exp.searcher_metric;
   if (series && !series.trials.length && series.metrics.training && series.metrics.training.length && !(series.metrics.validation || []).length) {
     group = "training"; metric = series.metrics.training[0];
     series = await get(`${expPath}/series?group=${group}&metric=${enc(metric)}&buckets=${Math.round(width / 3)}`);
