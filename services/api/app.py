@@ -45,12 +45,11 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     openapi.routes,
     routes_series.routes,
     routes_cluster.routes,
-    routes_webui.routes,
 )
 
 
 def all_routes() -> list[Route]:
-    """Every route the gateway serves."""
+    """Every API route the gateway serves (the web UI's file routes aside)."""
     return [route for table in ROUTE_TABLES for route in table.routes]
 
 
@@ -79,7 +78,7 @@ def create_app(
     state = ApiState(store=store, bus=bus, secret=secret)
     app[STATE] = state
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
-    for route in all_routes():
+    for route in [*all_routes(), *routes_webui.routes.routes]:
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route
     app.on_startup.append(_startup)
