@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ import pytest
 from cairn.client import code_tarball
 from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
-from tests.helpers import ROOT, create_database
+from tests.helpers import ROOT, create_database, wait_until_sync
 
 CHROMIUM = Path(os.environ.get("CAIRN_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -75,18 +74,15 @@ class Http:
 
     def login(self, username: str, password: str) -> str:
         """Logs in (retrying while the gateway starts) and returns the token."""
-        deadline = time.monotonic() + 60
-        while True:
+
+        def token() -> str | None:
             try:
-                return str(
-                    self.call(
-                        "POST", "/auth/login", {"username": username, "password": password}, ""
-                    )["token"]
-                )
+                body = {"username": username, "password": password}
+                return str(self.call("POST", "/auth/login", body, "")["token"])
             except (AssertionError, urllib.error.URLError, ConnectionError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+                return None  # the gateway is still starting
+
+        return str(wait_until_sync(token, timeout=60, every=0.2))
 
     def submit(self, config: dict[str, Any], code: Path = SCRIPTED) -> int:
         """Submits an experiment with ``code`` and activates it; returns its id."""
@@ -108,15 +104,8 @@ class LiveCluster:
 
 
 def wait(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> Any:
-    """Polls ``predicate`` until it returns something truthy; fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        time.sleep(0.2)
+    """:func:`~tests.helpers.wait_until_sync` naming ``what`` was waited for on a timeout."""
+    return wait_until_sync(predicate, timeout, every=0.2, detail=lambda: f"waiting for {what}")
 
 
 def start_cluster(pg_server: ServerProcess, workdir: Path, slots: int = 3) -> Iterator[LiveCluster]:
