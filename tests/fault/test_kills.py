@@ -15,7 +15,7 @@ from cairn.local.servers import ServerProcess
 from events.bus import EVENTS_STREAM, Bus, position_of
 from events.consumer import ConsumerRunner
 from events.relay import CHECKPOINT as RELAY_CHECKPOINT
-from events.store import EventStore
+from events.store import EventStore, lease_stream
 from events.types import ExperimentSubmitted
 from tests.helpers import (
     EFFECTS_DDL,
@@ -84,11 +84,10 @@ async def test_relay_killed_between_publish_and_checkpoint_republishes(
     consuming = asyncio.create_task(runner.run(stop))
     relay = spawn("services.relay", "--db", db_url, "--nats", nats_server.url, env=service_env())
     try:
-        head = await store.head()
-        await wait_until(lambda: _at(store, RELAY_CHECKPOINT, head))
+        # The new relay is elected (its LeaderElected is logged), then everything is relayed.
+        await wait_until(lambda: _elected(store, 2))
         await append_some(store, 21, 5)
-        head = await store.head()
-        await wait_until(lambda: _at(store, "effects", head))
+        await wait_until(lambda: _settled(store))
         logged = len(await store.read_all())
         assert await jetstream_count(nats_server.url) == logged, "republish deduplicated by id"
         counts = await effect_counts(store)
@@ -218,6 +217,16 @@ async def ack_pending(url: str, durable: str) -> int:
 
 async def _no_ack_pending(url: str) -> bool:
     return await ack_pending(url, "effects") == 0
+
+
+async def _elected(store: EventStore, times: int) -> bool:
+    return len(await store.read_stream(lease_stream(RELAY_CHECKPOINT))) >= times
+
+
+async def _settled(store: EventStore) -> bool:
+    """Whether the relay and the effects consumer have both reached the head of the log."""
+    head = await store.head()
+    return await _at(store, RELAY_CHECKPOINT, head) and await _at(store, "effects", head)
 
 
 async def _at(store: EventStore, checkpoint: str, position: int) -> bool:
