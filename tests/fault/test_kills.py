@@ -84,7 +84,8 @@ async def test_relay_killed_between_publish_and_checkpoint_republishes(
     consuming = asyncio.create_task(runner.run(stop))
     relay = spawn("services.relay", "--db", db_url, "--nats", nats_server.url, env=service_env())
     try:
-        # The new relay is elected (its LeaderElected is logged), then everything is relayed.
+        # The new relay is elected (its LeaderElected is logged), then everything is relayed;
+        # a wake-up reads to the head, so effects can get there before the last publish.
         await wait_until(lambda: _elected(store, 2))
         await append_some(store, 21, 5)
         await wait_until(lambda: _settled(store))
