@@ -306,12 +306,24 @@ class Client:
     ) -> int:
         """Submits a config (YAML text or a mapping) with the code directory, merged over
         ``template`` if given; returns the id."""
+        answer = self.submit_experiment(config, code_dir, activate=activate, template=template)
+        return int(answer["id"])
+
+    def submit_experiment(
+        self,
+        config: str | dict[str, Any],
+        code_dir: Path,
+        *,
+        activate: bool = True,
+        template: str | None = None,
+    ) -> dict[str, Any]:
+        """Like :meth:`create_experiment`, but returns the whole answer: ``id``, ``code_ref``
+        and ``warnings`` (``{path, message}`` for each setting accepted but ignored)."""
         code = base64.b64encode(code_tarball(code_dir)).decode()
         body: dict[str, Any] = {"config": config, "code": code, "activate": activate}
         if template is not None:
             body["template"] = template
-        data = self.call("POST", "/experiments", body)
-        return int(data["id"])
+        return dict(self.call("POST", "/experiments", body))
 
     def patch_experiment(self, experiment_id: int, changes: dict[str, Any]) -> dict[str, Any]:
         """Changes an experiment's name, description, labels or resources."""

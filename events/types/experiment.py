@@ -6,21 +6,33 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from events.config.ignored import ConfigWarning
 from events.envelope import Event
 from events.registry import register, upcaster
 
 
 @register
 class ExperimentSubmitted(Event):
-    """A validated experiment config (and its code, by content address) was accepted."""
+    """A validated experiment config (and its code, by content address) was accepted.
+
+    ``warnings`` names what the config sets that cairn accepted but ignores, as the submitter
+    was told (version 2; a version 1 payload had none recorded).
+    """
 
     event_type = "ExperimentSubmitted"
+    schema_version = 2
 
     experiment_id: int
     config: dict[str, Any]
     code_ref: str | None = None
     owner: str = "admin"
     activate: bool = True
+    warnings: list[ConfigWarning] = Field(default_factory=list)
+
+
+@upcaster("ExperimentSubmitted", 1)
+def _experiment_submitted_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "warnings": []}
 
 
 @register

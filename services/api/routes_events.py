@@ -15,6 +15,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
+from events.config.secrets import CONFIG_EVENTS, mask_payload
 from events.db import translate_errors
 from events.errors import StoreUnavailableError
 from events.registry import known_types
@@ -88,6 +89,8 @@ async def _page(
     out = []
     for row in rows:
         event = row_to_event(row)
+        if event.type in CONFIG_EVENTS:
+            event = event.model_copy(update={"payload": mask_payload(event.type, event.payload)})
         out.append((event.position, event.type, event.model_dump_json()))
     return out
 

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from events import lifecycle
+from events.config.secrets import mask_secrets
 from events.db import Connection, translate_errors
 from events.envelope import RecordedEvent
 from events.store import EventStore, Transaction, row_to_event
@@ -186,6 +187,7 @@ class ExperimentView:
     submitted: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     code_ref: str | None = None
+    warnings: list[dict[str, str]] = field(default_factory=list)
     owner: str = ""
     state: str = "ACTIVE"
     archived: bool = False
@@ -245,7 +247,8 @@ class ExperimentView:
             "state": self.state,
             "owner": self.owner,
             "code_ref": self.code_ref,
-            "config": self.config,
+            "config": mask_secrets(self.config),
+            "warnings": self.warnings,
             "name": self.config.get("name"),
             "description": self.config.get("description"),
             "labels": labels if isinstance(labels, list) else [],
@@ -286,6 +289,7 @@ def fold_experiment(experiment_id: int, events: Iterable[RecordedEvent]) -> Expe
             view.submitted = True
             view.config = event.config
             view.code_ref = event.code_ref
+            view.warnings = [w.model_dump() for w in event.warnings]
             view.owner = event.owner
             view.state = "ACTIVE" if event.activate else "PAUSED"
             view.submitted_at = recorded.recorded_at
