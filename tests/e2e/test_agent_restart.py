@@ -101,6 +101,9 @@ async def test_orphaned_run_of_a_sigkilled_agent_is_killed_before_the_restart_re
         checkpoint_every=20,
         ignore_preemption=True,  # so only the platform can stop the orphan early
     )
+    # Output to a file, not to the agent's pipe: a trial that writes to the pipe of a dead agent
+    # dies of BrokenPipeError at its next line; one that logs elsewhere trains on.
+    config["entrypoint"] = ["sh", "-c", "exec python3 train.py > train.out 2>&1"]
     exp = await cluster.submit(config, SCRIPTED)
     trial = f"{exp}.1"
 
