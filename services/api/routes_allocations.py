@@ -86,12 +86,17 @@ class StartedBody(BaseModel):
 
 
 class ExitedBody(BaseModel):
-    """The run's process ended with ``exit_code``."""
+    """The run's process ended with ``exit_code``.
+
+    ``agent_shutdown`` says the agent stopped the run because the agent itself was shutting
+    down (absent from older agents' reports): the platform ended the run, not the trial.
+    """
 
     agent_id: str
     exit_code: int
     message: str = ""
     idempotency_key: str | None = None
+    agent_shutdown: bool = False
 
 
 class ReportResponse(BaseModel):
@@ -132,9 +137,12 @@ class PreemptionQuery(BaseModel):
 
 
 class PreemptionResponse(BaseModel):
-    """Whether the run should checkpoint and exit."""
+    """Whether the run should checkpoint and exit, and whether it is still the trial's current
+    run (``current: false``: it was declared lost or has exited, so nothing it reports is
+    accepted and it should stop at once)."""
 
     preempt: bool
+    current: bool = True
 
 
 def _allocation(request: web.Request) -> tuple[str, str]:
@@ -229,7 +237,7 @@ async def exited(request: web.Request) -> web.Response:
     def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
         if alloc.exited:
             return [], {"outcome": None}
-        outcome: Outcome = exit_outcome(alloc, body.exit_code)
+        outcome: Outcome = exit_outcome(alloc, body.exit_code, agent_shutdown=body.agent_shutdown)
         events: list[Event] = [
             TrialExited(
                 trial_id=trial_id,
@@ -349,10 +357,12 @@ async def preemption(request: web.Request) -> web.Response:
     trial.allocation(allocation_id)
     while True:
         alloc = trial.allocations[allocation_id]
-        if alloc.preempt or alloc.kill or not trial.is_current(allocation_id):
-            return web.json_response({"preempt": True})
+        if not trial.is_current(allocation_id):
+            return web.json_response({"preempt": True, "current": False})
+        if alloc.preempt or alloc.kill:
+            return web.json_response({"preempt": True, "current": True})
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return web.json_response({"preempt": False})
+            return web.json_response({"preempt": False, "current": True})
         await asyncio.sleep(min(POLL_EVERY, remaining))
         await refresh_trial(store, trial)

@@ -489,12 +489,15 @@ async def load_trial_control(reader: Reader, trial_id: str) -> TrialControlView:
 Outcome = Literal["completed", "failed", "killed", "preempted", "lost"]
 
 
-def exit_outcome(alloc: AllocationView, exit_code: int) -> Outcome:
-    """How a run ended (protocol.md): killed > preempted > completed (exit 0) > failed."""
+def exit_outcome(alloc: AllocationView, exit_code: int, *, agent_shutdown: bool = False) -> Outcome:
+    """How a run ended (protocol.md): killed > preempted > lost (its agent stopped it while
+    shutting down, whatever the exit code) > completed (exit 0) > failed."""
     if alloc.kill:
         return "killed"
     if alloc.preempt:
         return "preempted"
+    if agent_shutdown:
+        return "lost"
     return "completed" if exit_code == 0 else "failed"
 
 

@@ -26,7 +26,14 @@ from events.bus import Bus
 from events.commands import Command
 from events.envelope import RecordedEvent
 from events.store import EventStore
-from events.types import KillRequested, PreemptionRequested, SlotsAllocated, TrialRequested
+from events.types import (
+    KillRequested,
+    PreemptionRequested,
+    SlotsAllocated,
+    SlotsReleased,
+    TrialExited,
+    TrialRequested,
+)
 from services.agent.slots import cpu_slots
 from services.api.app import create_app
 from services.api.auth import agent_token, cluster_secret
@@ -471,7 +478,8 @@ async def test_two_slots_run_one_process_per_rank_and_only_the_chief_reports(
 async def test_sigterm_stops_the_agent_after_stopping_and_reporting_its_runs(
     cluster: Cluster,
 ) -> None:
-    """SIGTERM to the agent terminates its trial, reports the exit, and exits 0."""
+    """SIGTERM to the agent terminates its trial, reports the exit as the agent's own stop (outcome
+    ``lost``, not the trial's failure), and exits 0."""
     agent = await cluster.start_agent("s1")
     trial, alloc = await cluster.allocate("s1", {"steps": 100000, "sleep": 0.01})
     await cluster.command("s1", "start", alloc)
@@ -482,8 +490,43 @@ async def test_sigterm_stops_the_agent_after_stopping_and_reporting_its_runs(
     await wait_until(started, timeout=20)
     agent.proc.send_signal(signal.SIGTERM)
     exited = await cluster.exited(trial)
-    assert exited["exit_code"] == 128 + signal.SIGTERM
+    assert (exited["outcome"], exited["exit_code"]) == ("lost", 128 + signal.SIGTERM)
     assert await agent.stop(signal_it=False) == 0, agent.log()
+
+
+async def test_trial_stops_itself_once_its_run_is_declared_lost(cluster: Cluster) -> None:
+    """A run the scheduler declares lost while its process still trains (and never asks
+    ``should_preempt``) ends itself promptly through the Core API: exit status 75, with a line
+    saying why in its logs; the agent's later exit report appends nothing."""
+    await cluster.start_agent("g1")
+    hparams = {"steps": 100000, "sleep": 0.01, "ignore_preemption": True}
+    trial, alloc = await cluster.allocate("g1", hparams)
+    await cluster.command("g1", "start", alloc)
+
+    async def started() -> bool:
+        return bool(await cluster.of_type(trial, "TrialStarted"))
+
+    await wait_until(started, timeout=20)
+    [allocated] = await cluster.of_type(trial, "SlotsAllocated")
+    await cluster.store.append(
+        f"trial-{trial}",
+        [
+            TrialExited(trial_id=trial, run_id=1, allocation_id=alloc, outcome="lost"),
+            SlotsReleased(trial_id=trial, allocation_id=alloc, placements=allocated["placements"]),
+        ],
+    )
+
+    async def stopped() -> bool:
+        return any(
+            "no longer its trial's current run" in row["line"] for row in await cluster.logs(alloc)
+        )
+
+    await wait_until(stopped, timeout=30)
+    agent = cluster.agents[-1]
+    await wait_until(lambda: '"exit_code": 75' in agent.log(), timeout=30)
+    await wait_until(lambda: '"exit reported"' in agent.log(), timeout=30)
+    exits = await cluster.of_type(trial, "TrialExited")
+    assert [x["outcome"] for x in exits] == ["lost"], "the late exit report appended nothing"
 
 
 FAKE_NVIDIA_SMI = """#!/bin/sh

@@ -9,7 +9,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from events.store import EventStore
-from events.types import AgentLost, CheckpointSaved, KillRequested, PreemptionRequested
+from events.types import (
+    AgentLost,
+    CheckpointSaved,
+    KillRequested,
+    PreemptionRequested,
+    TrialExited,
+)
 from tests.integration.test_api_support import (
     Api,
     allocate,
@@ -131,14 +137,29 @@ async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) ->
 
 
 @pytest.mark.parametrize(
-    ("signal", "exit_code", "outcome"),
-    [(None, 1, "failed"), ("preempt", 0, "preempted"), ("kill", 137, "killed")],
+    ("signal", "exit_code", "shutdown", "outcome"),
+    [
+        (None, 1, None, "failed"),
+        ("preempt", 0, None, "preempted"),
+        ("kill", 137, None, "killed"),
+        (None, 143, True, "lost"),
+        (None, 0, True, "lost"),
+        (None, 0, False, "completed"),
+        ("preempt", 143, True, "preempted"),
+        ("kill", 143, True, "killed"),
+    ],
 )
 async def test_exit_outcome_follows_signals(
-    api: Api, store: EventStore, signal: str | None, exit_code: int, outcome: str
+    api: Api,
+    store: EventStore,
+    signal: str | None,
+    exit_code: int,
+    shutdown: bool | None,
+    outcome: str,
 ) -> None:
     """TrialExited's outcome is killed after KillRequested, preempted after PreemptionRequested,
-    else failed for a non-zero exit."""
+    lost when the agent stopped the run during its own shutdown (whatever the exit code), else
+    completed or failed by the exit code; reports without ``agent_shutdown`` still work."""
     await submit_experiment(store)
     alloc = await allocate(store, "1.1")
     if signal == "preempt":
@@ -153,9 +174,33 @@ async def test_exit_outcome_follows_signals(
         "POST",
         f"/api/v1/allocations/{alloc}/exited",
         token=api.agent,
-        json={"agent_id": "gpu01", "exit_code": exit_code, "idempotency_key": "x"},
+        json={
+            "agent_id": "gpu01",
+            "exit_code": exit_code,
+            "idempotency_key": "x",
+            **({} if shutdown is None else {"agent_shutdown": shutdown}),
+        },
     )
     assert body["outcome"] == outcome
+    [exited] = [e for e in await store.read_stream("trial-1.1") if e.type == "TrialExited"]
+    assert (exited.payload["outcome"], exited.payload["exit_code"]) == (outcome, exit_code)
+
+
+async def test_exit_report_with_a_malformed_shutdown_flag_is_a_400(
+    api: Api, store: EventStore
+) -> None:
+    """An exit report whose ``agent_shutdown`` is not a boolean is refused, naming the field,
+    and records nothing."""
+    await submit_experiment(store)
+    alloc = await allocate(store, "1.1")
+    status, body = await api.call(
+        "POST",
+        f"/api/v1/allocations/{alloc}/exited",
+        token=api.agent,
+        json={"agent_id": "gpu01", "exit_code": 143, "agent_shutdown": {"x": 1}},
+    )
+    assert status == 400 and body["error"]["path"] == "agent_shutdown"
+    assert "TrialExited" not in await types_of(store, "trial-1.1")
 
 
 async def test_preemption_long_poll_wakes_on_request(api: Api, store: EventStore) -> None:
@@ -165,18 +210,52 @@ async def test_preemption_long_poll_wakes_on_request(api: Api, store: EventStore
     alloc = await allocate(store, "1.1")
     path = f"/api/v1/allocations/{alloc}/signals/preemption"
     token = api.trial_token("1.1")
-    assert await api.ok("GET", f"{path}?timeout_seconds=0.3", token=token) == {"preempt": False}
+    assert await api.ok("GET", f"{path}?timeout_seconds=0.3", token=token) == {
+        "preempt": False,
+        "current": True,
+    }
     waiting = asyncio.create_task(api.ok("GET", f"{path}?timeout_seconds=60", token=token))
     # A second poll sent after it, and answered false at its own timeout, shows the first is
     # open at the server with nothing to report yet.
-    assert await api.ok("GET", f"{path}?timeout_seconds=0.3", token=token) == {"preempt": False}
+    assert await api.ok("GET", f"{path}?timeout_seconds=0.3", token=token) == {
+        "preempt": False,
+        "current": True,
+    }
     assert not waiting.done()
     await store.append(
         "trial-1.1", [PreemptionRequested(trial_id="1.1", allocation_id=alloc, reason="pause")]
     )
-    assert await asyncio.wait_for(waiting, 20) == {"preempt": True}
+    assert await asyncio.wait_for(waiting, 20) == {"preempt": True, "current": True}
     status, _ = await api.call("GET", f"{path}?timeout_seconds=-1", token=token)
     assert status == 400
+
+
+async def test_preemption_poll_says_when_the_run_is_no_longer_current(
+    api: Api, store: EventStore
+) -> None:
+    """Once the run's exit is recorded (here: declared lost), the long poll answers at once
+    that it is no longer current, and a report from it is a 409 with reason run_not_current."""
+    await submit_experiment(store)
+    alloc = await allocate(store, "1.1")
+    await store.append(
+        "trial-1.1",
+        [TrialExited(trial_id="1.1", run_id=1, allocation_id=alloc, outcome="lost")],
+    )
+    token = api.trial_token("1.1")
+    path = f"/api/v1/allocations/{alloc}/signals/preemption?timeout_seconds=30"
+    assert await api.ok("GET", path, token=token) == {"preempt": True, "current": False}
+    item = {
+        "kind": "metrics",
+        "idempotency_key": "m1",
+        "group": "training",
+        "steps_completed": 5,
+        "metrics": {"loss": 1.0},
+        "run_id": 1,
+    }
+    status, body = await api.call(
+        "POST", "/api/v1/trials/1.1/reports", token=token, json={"items": [item]}
+    )
+    assert status == 409 and body["error"]["reason"] == "run_not_current", body
 
 
 async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None:

@@ -9,9 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
+from cairn.core._http import Session
+from cairn.core._preempt import PreemptContext
+from cairn.core._reporter import HTTPReporter
 from events.config import parse_config
 from events.store import EventStore
-from events.types import ExperimentSubmitted, TrialStopRequested
+from events.types import ExperimentSubmitted, TrialExited, TrialStopRequested
+from tests.helpers import wait_until
 from tests.integration.test_api_support import CONFIG, Api, allocate, running_api
 
 BEST = "/api/v1/experiments/{}/searcher/best_searcher_validation_metric"
@@ -180,3 +184,52 @@ async def test_searcher_operation_is_the_length_until_the_searcher_stops_the_tri
     )
     answer = await api.ok("GET", path, token=api.trial_token("1.1"))
     assert answer == {"completed": True, "length": None, "unit": "batches"}
+
+
+async def lost_run(store: EventStore) -> str:
+    """Trial 1.1 whose first run the scheduler declared lost; returns its allocation id."""
+    await submit(store, 1)
+    allocation = await allocate(store, "1.1")
+    lost = TrialExited(trial_id="1.1", run_id=1, allocation_id=allocation, outcome="lost")
+    await store.append("trial-1.1", [lost])
+    return allocation
+
+
+async def test_reporter_of_a_run_no_longer_current_gives_up_its_process(
+    api: Api, store: EventStore
+) -> None:
+    """A report from a run declared lost is refused (409, run_not_current); the Core API's
+    reporter then calls its run-gone handler once with the API's reason and drops the rest,
+    rather than dropping item after item while training goes on."""
+    allocation = await lost_run(store)
+    gone: list[str] = []
+    session = Session(api.url, api.trial_token("1.1"))
+    reporter = HTTPReporter(session, "1.1", allocation, flush_every=0.05, on_run_gone=gone.append)
+    metrics = {"kind": "metrics", "group": "training", "metrics": {"loss": 1.0}, "run_id": 1}
+    try:
+        for steps in (1, 2, 3):
+            reporter.submit({**metrics, "steps_completed": steps})
+        await wait_until(lambda: gone, timeout=20)
+    finally:
+        reporter.close(timeout=1.0)
+    assert gone == ["trial 1.1 has no live run: run 1 exited"]
+    assert reporter.run_gone and reporter.delivered == 0
+    assert not [e for e in await store.read_stream("trial-1.1") if e.type == "WorkloadCompleted"]
+
+
+async def test_preemption_watcher_of_a_run_no_longer_current_gives_up_its_process(
+    api: Api, store: EventStore
+) -> None:
+    """The preemption watcher of a run declared lost learns it from the long poll
+    (``current: false``) and calls the run-gone handler, naming the allocation."""
+    allocation = await lost_run(store)
+    gone: list[str] = []
+    session = Session(api.url, api.trial_token("1.1"))
+    watcher = PreemptContext(session, allocation, on_run_gone=gone.append)
+    watcher.start()
+    try:
+        await wait_until(lambda: gone, timeout=20)
+    finally:
+        watcher.close()
+    assert len(gone) == 1 and f"allocation {allocation} has ended" in gone[0]
+    assert watcher.should_preempt()
