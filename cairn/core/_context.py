@@ -105,7 +105,7 @@ class Context:
 def _local_info(
     hparams: Mapping[str, Any] | None, storage: Path, latest: str | None
 ) -> ClusterInfo:
-    trial = TrialInfo(trial_id="local", experiment_id=0, hparams=dict(hparams or {}))
+    trial = TrialInfo(trial_id=0, experiment_id=0, hparams=dict(hparams or {}))
     return ClusterInfo(
         master_url="",
         token="",

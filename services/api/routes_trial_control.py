@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from events.envelope import new
 from events.errors import StoreUnavailableError
+from events.names import trial_stream
 from events.store import EventStore, Transaction
 from events.types import TrialKillRequested
 from services.api import projections_read as pr
@@ -28,7 +29,7 @@ from services.api.views import (
     experiment_of,
     load_experiment,
     load_trial_control,
-    trial_stream,
+    trial_id_of,
 )
 
 log = structlog.get_logger("api")
@@ -83,14 +84,14 @@ class KillBody(BaseModel):
 class KillResponse(BaseModel):
     """The trial's state now, and whether a kill was newly requested."""
 
-    trial_id: str
+    trial_id: int
     state: str
     changed: bool
 
 
-async def _visible_trial(request: web.Request) -> tuple[str, ExperimentView]:
+async def _visible_trial(request: web.Request) -> tuple[int, ExperimentView]:
     """The trial id of the path and its experiment; 404 unknown, 403 another user's."""
-    trial_id = request.match_info["trial_id"]
+    trial_id = trial_id_of(request.match_info["trial_id"])
     return trial_id, await readable_trial(request, trial_id)
 
 
@@ -124,7 +125,7 @@ def _log_entry(row: Any) -> dict[str, Any]:
 
 
 async def _read_logs(
-    store: EventStore, trial_id: str, after_id: int, limit: int, *, tail: bool = False
+    store: EventStore, trial_id: int, after_id: int, limit: int, *, tail: bool = False
 ) -> list[dict[str, Any]]:
     """Lines after ``after_id`` in id order: the first ``limit``, or with ``tail`` the last."""
     rows = await tables.fetch(
@@ -139,12 +140,12 @@ async def _read_logs(
     return entries[::-1] if tail else entries
 
 
-async def _trial_finished(store: EventStore, trial_id: str) -> bool:
+async def _trial_finished(store: EventStore, trial_id: int) -> bool:
     """Whether the trial has ended (its own state, or its experiment's having ended)."""
     control = await load_trial_control(store, trial_id)
     if control.terminal:
         return True
-    view = await load_experiment(store, experiment_of(trial_id), with_trials=False)
+    view = await load_experiment(store, await experiment_of(store, trial_id), with_trials=False)
     return view.state in TERMINAL_STATES
 
 
@@ -173,7 +174,7 @@ def _gone(request: web.Request) -> bool:
 
 
 async def _follow(
-    request: web.Request, store: EventStore, trial_id: str, query: LogsQuery
+    request: web.Request, store: EventStore, trial_id: int, query: LogsQuery
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
@@ -214,8 +215,8 @@ async def kill_trial(request: web.Request) -> web.Response:
     """Appends TrialKillRequested; the scheduler kills the trial's run and ends it CANCELED
     (owner or admin; 409 when the trial has ended)."""
     principal = principal_of(request)
-    trial_id = request.match_info["trial_id"]
-    experiment_id = experiment_of(trial_id)
+    trial_id = trial_id_of(request.match_info["trial_id"])
+    experiment_id = await experiment_of(store_of(request), trial_id)
     parse(KillBody, await read_json(request))
 
     async def decide(tx: Transaction) -> dict[str, Any]:

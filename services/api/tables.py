@@ -12,6 +12,7 @@ from typing import Any
 
 from events import migrations
 from events.db import translate_errors
+from events.names import sql_trial_id
 from events.store import EventStore
 from services.tracker import schema as tracker_schema
 
@@ -105,6 +106,14 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         ALTER TABLE agent_heartbeats ADD COLUMN incarnation text NOT NULL DEFAULT '';
         ALTER TABLE agent_heartbeats ADD COLUMN seq bigint NOT NULL DEFAULT 0;
         """,
+    ),
+    (
+        "0006_integer_trial_ids",
+        # Trial ids became integers; legacy "E.N" rows get the id the upcasters give them.
+        "\n".join(
+            f"ALTER TABLE {table} ALTER COLUMN trial_id TYPE bigint USING {sql_trial_id('trial_id')};"
+            for table in ("trial_progress", "task_logs")
+        ),
     ),
 )
 
