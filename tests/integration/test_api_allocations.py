@@ -56,13 +56,13 @@ async def test_heartbeat_upserts_a_row(api: Api, store: EventStore) -> None:
     """A heartbeat writes agent_heartbeats (not the log) and the latest running list wins."""
     await api.ok("POST", "/api/v1/agents/gpu01/register", token=api.agent, json=SLOTS)
     head = await store.head()
-    for running in (["1.1.1"], ["1.1.1", "2.1.1"]):
+    for running in (["11.1"], ["11.1", "21.1"]):
         body = await api.ok(
             "POST", "/api/v1/agents/gpu01/heartbeat", token=api.agent, json={"running": running}
         )
         assert body == {"registered": True}
     row = await store.pool.fetchrow("SELECT * FROM agent_heartbeats WHERE agent_id = 'gpu01'")
-    assert row["running"] == ["1.1.1", "2.1.1"]
+    assert row["running"] == ["11.1", "21.1"]
     assert await store.head() == head
 
 
@@ -70,25 +70,25 @@ async def test_spec_folds_trial_experiment_and_checkpoint(api: Api, store: Event
     """The spec carries hparams, seed, config parts, latest checkpoint and a working trial token;
     it turns inactive once a newer allocation exists."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1", slots=("0", "1"))
+    alloc = await allocate(store, 11, slots=("0", "1"))
     await store.append(
-        "trial-1.1",
-        [CheckpointSaved(trial_id="1.1", run_id=1, uuid="ck-1", steps_completed=50)],
+        "trial-11",
+        [CheckpointSaved(trial_id=11, run_id=1, uuid="ck-1", steps_completed=50)],
     )
     spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec?agent_id=gpu01", token=api.agent)
     assert spec["active"] is True
-    assert (spec["trial_id"], spec["experiment_id"], spec["run_id"]) == ("1.1", 1, 1)
+    assert (spec["trial_id"], spec["experiment_id"], spec["run_id"]) == (11, 1, 1)
     assert spec["hparams"] == {"lr": 0.1} and spec["trial_seed"] == 42
     assert spec["entrypoint"] == "python train.py"
     assert spec["checkpoint_storage"]["host_path"] == "/tmp/ckpts"
     assert spec["environment_variables"] == {"FOO": "bar"}
     assert (spec["latest_checkpoint"], spec["steps_completed"]) == ("ck-1", 50)
     assert spec["slot_ids"] == ["0", "1"]
-    assert (await api.ok("GET", "/api/v1/me", token=spec["token"]))["trial_id"] == "1.1"
-    await allocate(store, "1.1", run_id=2, request=False)
+    assert (await api.ok("GET", "/api/v1/me", token=spec["token"]))["trial_id"] == 11
+    await allocate(store, 11, run_id=2, request=False)
     spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec", token=api.agent)
     assert spec["active"] is False
-    status, _ = await api.call("GET", "/api/v1/allocations/1.1.9/spec", token=api.agent)
+    status, _ = await api.call("GET", "/api/v1/allocations/11.9/spec", token=api.agent)
     assert status == 404
 
 
@@ -96,7 +96,7 @@ async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) ->
     """Repeating started/exited (same or new key) appends TrialStarted, TrialExited and
     SlotsReleased once each."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     base = f"/api/v1/allocations/{alloc}"
     for key in ("s1", "s1", "s2"):
         await api.ok(
@@ -116,7 +116,7 @@ async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) ->
             for _ in range(3)
         )
     )
-    events = await store.read_stream("trial-1.1")
+    events = await store.read_stream("trial-11")
     assert [e.type for e in events] == [
         "SlotsAllocated",
         "TrialStarted",
@@ -126,7 +126,7 @@ async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) ->
     assert events[2].payload["outcome"] == "completed"
     assert events[3].payload["placements"] == {"gpu01": ["0"]}
     status, _ = await api.call(
-        "POST", f"{base}/started", token=api.trial_token("1.1"), json={"agent_id": "gpu01"}
+        "POST", f"{base}/started", token=api.trial_token(11), json={"agent_id": "gpu01"}
     )
     assert status == 403
 
@@ -141,14 +141,14 @@ async def test_exit_outcome_follows_signals(
     """TrialExited's outcome is killed after KillRequested, preempted after PreemptionRequested,
     else failed for a non-zero exit."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     if signal == "preempt":
         await store.append(
-            "trial-1.1", [PreemptionRequested(trial_id="1.1", allocation_id=alloc, reason="pause")]
+            "trial-11", [PreemptionRequested(trial_id=11, allocation_id=alloc, reason="pause")]
         )
     elif signal == "kill":
         await store.append(
-            "trial-1.1", [KillRequested(trial_id="1.1", allocation_id=alloc, reason="kill")]
+            "trial-11", [KillRequested(trial_id=11, allocation_id=alloc, reason="kill")]
         )
     body = await api.ok(
         "POST",
@@ -162,15 +162,15 @@ async def test_exit_outcome_follows_signals(
 async def test_preemption_long_poll_wakes_on_request(api: Api, store: EventStore) -> None:
     """The long poll answers false at its timeout, and true soon after PreemptionRequested."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     path = f"/api/v1/allocations/{alloc}/signals/preemption"
-    token = api.trial_token("1.1")
+    token = api.trial_token(11)
     assert await api.ok("GET", f"{path}?timeout_seconds=0.3", token=token) == {"preempt": False}
 
     async def request_later() -> None:
         await asyncio.sleep(0.5)
         await store.append(
-            "trial-1.1", [PreemptionRequested(trial_id="1.1", allocation_id=alloc, reason="pause")]
+            "trial-11", [PreemptionRequested(trial_id=11, allocation_id=alloc, reason="pause")]
         )
 
     started = time.monotonic()
@@ -186,7 +186,7 @@ async def test_preemption_long_poll_wakes_on_request(api: Api, store: EventStore
 async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None:
     """A log batch lands in task_logs; the same idempotency key again inserts nothing."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     batch = {
         "idempotency_key": "log-1",
         "lines": [
@@ -195,7 +195,7 @@ async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None
         ],
     }
     path = f"/api/v1/allocations/{alloc}/logs"
-    assert await api.ok("POST", path, token=api.trial_token("1.1"), json=batch) == {"inserted": 2}
+    assert await api.ok("POST", path, token=api.trial_token(11), json=batch) == {"inserted": 2}
     assert await api.ok("POST", path, token=api.agent, json=batch) == {"inserted": 0}
     lines = await store.pool.fetch("SELECT line FROM task_logs ORDER BY seq")
     assert [r["line"] for r in lines] == ["hello", "world"]

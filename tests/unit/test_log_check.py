@@ -49,11 +49,11 @@ class Log:
         return recorded
 
 
-def allocated(trial: str, allocation: str, slot: str = "s0") -> SlotsAllocated:
+def allocated(trial: int, allocation: str, slot: str = "s0") -> SlotsAllocated:
     return SlotsAllocated(trial_id=trial, allocation_id=allocation, placements={"a1": [slot]})
 
 
-def exited(trial: str, allocation: str) -> TrialExited:
+def exited(trial: int, allocation: str) -> TrialExited:
     return TrialExited(trial_id=trial, run_id=1, allocation_id=allocation, outcome="completed")
 
 
