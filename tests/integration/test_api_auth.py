@@ -194,8 +194,8 @@ async def test_garbage_input_never_causes_a_500(api: Api, store: EventStore) -> 
     ids = {
         "experiment_id": ["1", "x", "99999999999999999999"],
         "agent_id": ["a", "%00", "."],
-        "allocation_id": ["11.1", 11, "x"],
-        "trial_id": [11, "1", "x.y"],
+        "allocation_id": ["11.1", "11", "x"],
+        "trial_id": ["11", "1", "x.y"],
         "code_ref": ["sha256:00", "%00"],
     }
     query = "?timeout_seconds=nan&archived=maybe&group=%00&agent_id=%00"

@@ -15,7 +15,12 @@ import pytest
 
 from events.names import trial_stream
 from events.store import EventStore
-from events.types import CheckpointSaved, ExperimentStateChanged, TrialKillRequested
+from events.types import (
+    CheckpointSaved,
+    ExperimentStateChanged,
+    TrialKillRequested,
+    TrialRequested,
+)
 from services.tracker.service import catch_up
 from tests.helpers import wait_until
 from tests.integration.test_api_queries import end_trial, set_state, submit, write_files
@@ -104,7 +109,7 @@ async def test_claiming_another_users_checkpoint_is_409_and_deletion_spares_it(
     status, body = await post_report(api, 21, checkpoint("b", "ck-alice"))
     assert status == 409, body
     assert body["error"]["path"] == "items[0].uuid"
-    assert 11 not in body["error"]["message"]  # the owner is not disclosed
+    assert "11" not in body["error"]["message"]  # the owner is not disclosed
     assert await types_of(store, "trial-21") == before
     # The refused batch claimed nothing: the same key is still new once the uuid is Bob's own.
     assert (await post_report(api, 21, checkpoint("b", "ck-bob")))[0] == 200
@@ -223,7 +228,7 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
     ):
         status, body = await post_report(api, 11, item)
         assert status == 409, (item, body)
-        assert 11 in body["error"]["message"]
+        assert "trial 11" in body["error"]["message"]
     # A repeat of the accepted report is still answered as a duplicate, not refused.
     status, body = await post_report(api, 11, metrics("v1", "validation", 10, loss=0.5))
     assert (status, body["duplicates"]) == (200, 1)
@@ -272,6 +277,10 @@ async def test_reports_must_name_the_current_run(api: Api, store: EventStore) ->
     assert status == 409 and "has exited" in body["error"]["message"], body
     assert (await post_report(api, 11, metrics("m2", "training", 6, run_id=2)))[0] == 200
 
+    requested = TrialRequested(
+        experiment_id=1, trial_id=12, seq=2, request_id="r-12", hparams={}, trial_seed=1
+    )
+    await store.append("experiment-1", [requested])
     await store.append("trial-12", [TrialKillRequested(trial_id=12, actor="admin")])
     status, body = await post_report(api, 12, metrics("n", "training", 1))
     assert status == 409 and "never allocated" in body["error"]["message"], body

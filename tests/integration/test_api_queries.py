@@ -248,14 +248,14 @@ async def test_trials_and_checkpoints_lists_and_trial_describe(api: Api, store: 
     assert [t["trial_id"] for t in paged["trials"]] == [12]
 
     ckpts = await api.ok("GET", "/api/v1/experiments/1/checkpoints", token=api.admin)
-    assert [c["uuid"] for c in ckpts["checkpoints"]] == ["ck-1.2-10", "ck-1.1-20", "ck-1.1-10"]
+    assert [c["uuid"] for c in ckpts["checkpoints"]] == ["ck-12-10", "ck-11-20", "ck-11-10"]
     assert ckpts["checkpoints"][0]["searcher_metric"] == 0.4
     for checkpoint in ckpts["checkpoints"]:
         pr.Checkpoint.model_validate(checkpoint)
     by_steps = await api.ok(
         "GET", "/api/v1/experiments/1/checkpoints?sort_by=steps&limit=1", token=api.admin
     )
-    assert [c["uuid"] for c in by_steps["checkpoints"]] == ["ck-1.1-20"]
+    assert [c["uuid"] for c in by_steps["checkpoints"]] == ["ck-11-20"]
     assert by_steps["pagination"] == {"offset": 0, "limit": 1, "total": 3}
     deleted = await api.ok(
         "GET", "/api/v1/experiments/1/checkpoints?state=DELETED", token=api.admin
@@ -263,11 +263,11 @@ async def test_trials_and_checkpoints_lists_and_trial_describe(api: Api, store: 
     assert deleted["checkpoints"] == []
 
     trial = await api.ok("GET", "/api/v1/trials/11", token=api.admin)
-    assert trial["trial_id"] == 11 and trial["latest_checkpoint"] == "ck-1.1-20"
+    assert trial["trial_id"] == 11 and trial["latest_checkpoint"] == "ck-11-20"
     assert [a["allocation_id"] for a in trial["allocations"]] == ["11.1"]
-    assert sorted(c["uuid"] for c in trial["checkpoints"]) == ["ck-1.1-10", "ck-1.1-20"]
+    assert sorted(c["uuid"] for c in trial["checkpoints"]) == ["ck-11-10", "ck-11-20"]
     assert trial["progress"] is None
-    one = await api.ok("GET", "/api/v1/checkpoints/ck-1.1-20", token=api.admin)
+    one = await api.ok("GET", "/api/v1/checkpoints/ck-11-20", token=api.admin)
     assert one["validation"] is not None and one["searcher_metric"] == 0.7
 
     bob = await user(api, store)
@@ -275,7 +275,7 @@ async def test_trials_and_checkpoints_lists_and_trial_describe(api: Api, store: 
         "/api/v1/trials/11",
         "/api/v1/experiments/1/trials",
         "/api/v1/experiments/1/checkpoints",
-        "/api/v1/checkpoints/ck-1.1-20",
+        "/api/v1/checkpoints/ck-11-20",
     ):
         status, _ = await api.call("GET", path, token=bob)
         assert status == 403, path

@@ -73,9 +73,7 @@ async def test_metrics_batch_is_idempotent(api: Api, store: EventStore) -> None:
     assert len(series["metrics"]) == 4
     validation = await api.ok("GET", "/api/v1/trials/11/metrics?group=validation", token=api.admin)
     assert validation["metrics"][0]["metrics"] == {"accuracy": 0.9}
-    progress = await store.pool.fetchval(
-        "SELECT progress FROM trial_progress WHERE trial_id = '1.1'"
-    )
+    progress = await store.pool.fetchval("SELECT progress FROM trial_progress WHERE trial_id = 11")
     assert progress == 0.2
 
 

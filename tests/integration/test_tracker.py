@@ -293,11 +293,11 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         ("a1", "1", "cuda", "A100", False, True, "12.1"),
         ("a2", "0", "cpu", "", True, False, "11.2"),
     ]
-    running = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '1.1.2'")
+    running = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '11.2'")
     assert (running["state"], running["agent_id"], running["started_at"]) == (
         "RUNNING",
         "a2",
-        log.at["started 1.1.2"],
+        log.at["started 11.2"],
     )
 
     await finish_experiment_1(log)
@@ -327,7 +327,7 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         "position": exp["position"],
     }
     assert exp["config"]["searcher"]["metric"] == "loss"
-    trial = await row(store, "SELECT * FROM tr_trials WHERE trial_id = '1.1'")
+    trial = await row(store, "SELECT * FROM tr_trials WHERE trial_id = 11")
     assert trial == {
         "trial_id": 11,
         "experiment_id": 1,
@@ -341,16 +341,16 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         "latest_checkpoint": "c3",
         "best_metric": 0.3,
         "latest_validation": {"run_id": 2, "steps_completed": 40, "metrics": {"loss": 0.3}},
-        "requested_at": log.at["requested 1.1"],
-        "started_at": log.at["started 1.1.1"],
-        "ended_at": log.at["ended 1.1"],
+        "requested_at": log.at["requested 11"],
+        "started_at": log.at["started 11.1"],
+        "ended_at": log.at["ended 11"],
     }
     archived = await store.pool.fetch(
         'SELECT run_id, "group", steps_completed FROM tr_metrics WHERE archived ORDER BY 2, 3'
     )
     assert [tuple(r) for r in archived] == [(1, "training", 30), (1, "validation", 30)]
     groups = await store.pool.fetch(
-        "SELECT DISTINCT \"group\" FROM tr_metrics WHERE trial_id = '1.2' ORDER BY 1"
+        'SELECT DISTINCT "group" FROM tr_metrics WHERE trial_id = 12 ORDER BY 1'
     )
     assert [r[0] for r in groups] == ["inference", "training", "validation"]
     checkpoints = {
@@ -366,12 +366,12 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
     }
     assert checkpoints["c1"]["searcher_metric"] == 0.5  # validated before it was saved
     assert checkpoints["c5"]["validation"] is None
-    failed = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '1.1.1'")
+    failed = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '11.1'")
     assert (failed["state"], failed["outcome"], failed["exit_code"], failed["ended_at"]) == (
         "TERMINATED",
         "failed",
         1,
-        log.at["exited 1.1.1"],
+        log.at["exited 11.1"],
     )
     released = await store.pool.fetch(
         "SELECT slot_id FROM tr_slots WHERE allocation_id IS NULL ORDER BY agent_id, slot_id"
