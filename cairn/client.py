@@ -258,17 +258,70 @@ class Client:
             self.post("/users", {"username": username, "password": password, "admin": admin})
         )
 
+    def change_password(
+        self, username: str, password: str, *, old_password: str | None = None
+    ) -> dict[str, Any]:
+        """Sets a user's password (their own, with the current one; an admin: anyone's)."""
+        body: dict[str, Any] = {"password": password}
+        if old_password is not None:
+            body["old_password"] = old_password
+        return dict(self.post(f"/users/{_quote(username)}/password", body))
+
+    def set_user_active(self, username: str, active: bool) -> dict[str, Any]:
+        """Activates or deactivates a user (admin)."""
+        action = "activate" if active else "deactivate"
+        return dict(self.post(f"/users/{_quote(username)}/{action}"))
+
+    def master_info(self) -> dict[str, Any]:
+        """The master's version, cluster id and uptime (no login needed)."""
+        return dict(self.get("/master"))
+
+    # ------------------------------------------------------------------ templates
+
+    def list_templates(self) -> dict[str, Any]:
+        """``{"templates": [...]}``."""
+        return dict(self.get("/templates"))
+
+    def get_template(self, name: str) -> dict[str, Any]:
+        """One template: ``{"name", "owner", "config", "updated_at"}``."""
+        return dict(self.get(f"/templates/{_quote(name)}"))
+
+    def set_template(self, name: str, config: str | dict[str, Any]) -> dict[str, Any]:
+        """Creates or replaces a template (YAML text or a mapping)."""
+        return dict(self.call("PUT", f"/templates/{_quote(name)}", {"config": config}))
+
+    def remove_template(self, name: str) -> dict[str, Any]:
+        """Removes a template."""
+        return dict(self.call("DELETE", f"/templates/{_quote(name)}"))
+
     # ------------------------------------------------------------------ experiments
 
     def create_experiment(
-        self, config: str | dict[str, Any], code_dir: Path, *, activate: bool = True
+        self,
+        config: str | dict[str, Any],
+        code_dir: Path,
+        *,
+        activate: bool = True,
+        template: str | None = None,
     ) -> int:
-        """Submits a config (YAML text or a mapping) with the code directory; returns the id."""
+        """Submits a config (YAML text or a mapping) with the code directory, merged over
+        ``template`` if given; returns the id."""
         code = base64.b64encode(code_tarball(code_dir)).decode()
-        data = self.call(
-            "POST", "/experiments", {"config": config, "code": code, "activate": activate}
-        )
+        body: dict[str, Any] = {"config": config, "code": code, "activate": activate}
+        if template is not None:
+            body["template"] = template
+        data = self.call("POST", "/experiments", body)
         return int(data["id"])
+
+    def patch_experiment(self, experiment_id: int, changes: dict[str, Any]) -> dict[str, Any]:
+        """Changes an experiment's name, description, labels or resources."""
+        return dict(self.call("PATCH", f"/experiments/{experiment_id}", changes))
+
+    def continue_experiment(
+        self, experiment_id: int, config: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Continues an ended single-trial experiment (``config``: a partial config on top)."""
+        return dict(self.post(f"/experiments/{experiment_id}/continue", {"config": config or {}}))
 
     def list_experiments(self, *, limit: int | None = None, **query: Any) -> dict[str, Any]:
         """``{"experiments": [...], "pagination"}`` filtered by ``state``, ``owner``, ..."""
@@ -323,6 +376,10 @@ class Client:
     def get_checkpoint(self, uuid: str) -> dict[str, Any]:
         """One checkpoint."""
         return dict(self.get(f"/checkpoints/{_quote(uuid)}"))
+
+    def delete_checkpoints(self, uuids: list[str]) -> dict[str, Any]:
+        """Asks for checkpoints of ended experiments to be deleted."""
+        return dict(self.call("DELETE", "/checkpoints", {"checkpoint_uuids": uuids}))
 
     def download_checkpoint(self, uuid: str) -> bytes:
         """A checkpoint's directory as a tar.gz."""

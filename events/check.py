@@ -13,7 +13,8 @@ end-to-end) call :func:`check_log` after a run. The invariants:
 - ``trial-overlap``: a trial is allocated while an earlier allocation of it is still live.
 - ``checkpoint-claimed-twice``: a checkpoint uuid recorded by a second ``CheckpointSaved``.
 - ``duplicate-state``: a state change to the state the aggregate is already in.
-- ``illegal-transition``: a state change the state machine (:mod:`events.lifecycle`) refuses.
+- ``illegal-transition``: a state change the state machine (:mod:`events.lifecycle`) refuses, or
+  an ``ExperimentContinued`` of an experiment that has not ended.
 """
 
 from __future__ import annotations
@@ -174,6 +175,13 @@ class LogChecker:
             return
         self._states[event.stream_id] = target
 
+    def _continued_event(self, event: RecordedEvent, _p: dict[str, object]) -> None:
+        current = self._states.get(event.stream_id, lifecycle.ACTIVE)
+        if current not in lifecycle.TERMINAL:
+            self._find("illegal-transition", event, f"{event.stream_id}: continued while {current}")
+            return
+        self._states[event.stream_id] = lifecycle.ACTIVE
+
     def summary(self) -> str:
         """One line per kind of finding, or a line saying the log is clean."""
         if not self.findings:
@@ -192,6 +200,7 @@ _HANDLERS = {
     "ExperimentSubmitted": LogChecker._submitted_event,
     "ExperimentStateChanged": LogChecker._state_event,
     "TrialStateChanged": LogChecker._state_event,
+    "ExperimentContinued": LogChecker._continued_event,
 }
 
 

@@ -101,7 +101,20 @@ def fold_experiment(events: Iterable[RecordedEvent]) -> Lifecycle:
             life.state = ACTIVE if event.payload.get("activate", True) else PAUSED
         elif event.type == "ExperimentStateChanged":
             _step(life, event, check_experiment)
+        elif event.type == CONTINUED:
+            continue_experiment(life)
     return life
+
+
+CONTINUED = "ExperimentContinued"
+"""The fact that makes an ended experiment ACTIVE again (no ``ExperimentStateChanged`` can)."""
+
+
+def continue_experiment(life: Lifecycle) -> None:
+    """Applies ``ExperimentContinued``: an ended (COMPLETED, CANCELED, ERROR) experiment is
+    ACTIVE again; in any other state the fact is refused like an illegal transition."""
+    if life.state in TERMINAL:
+        life.state = ACTIVE
 
 
 def fold_trial(events: Iterable[RecordedEvent]) -> Lifecycle:

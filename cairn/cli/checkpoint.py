@@ -1,16 +1,17 @@
-"""``cairn checkpoint`` (alias ``c``): describe and download checkpoints."""
+"""``cairn checkpoint`` (alias ``c``): describe, download and delete checkpoints."""
 
 from __future__ import annotations
 
 import argparse
 import io
+import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
-from cairn.errors import CairnError
+from cairn.errors import CairnError, UsageError
 
 
 def register(sub: Any) -> None:
@@ -31,6 +32,12 @@ def register(sub: Any) -> None:
     )
     add_json_flag(download)
     download.set_defaults(handler=cmd_download)
+
+    delete = verbs.add_parser("delete", help="delete checkpoints of ended experiments")
+    delete.add_argument("uuids", nargs="+", metavar="UUID")
+    delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    add_json_flag(delete)
+    delete.set_defaults(handler=cmd_delete)
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
@@ -78,4 +85,24 @@ def cmd_download(args: argparse.Namespace) -> int:
         print_json({"uuid": args.uuid, "path": str(target.resolve()), "files": files})
     else:
         print(f"checkpoint {args.uuid} downloaded to {target} ({len(files)} files)")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Asks the tracker to delete checkpoints (asks first unless ``--yes``)."""
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("deleting needs confirmation: pass --yes")
+        answer = input(f"delete {len(args.uuids)} checkpoint(s) and their files? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("not deleted")
+            return 1
+    result = auth_store.connect(args).delete_checkpoints(list(args.uuids))
+    if wants_json(args):
+        print_json(result)
+        return 0
+    for uuid in result.get("deleting") or []:
+        print(f"checkpoint {uuid}: deleting")
+    for uuid in result.get("already_deleted") or []:
+        print(f"checkpoint {uuid}: already deleted")
     return 0

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, experiment_changes
 from cairn.cli.output import (
     Progress,
     add_json_flag,
@@ -53,6 +53,9 @@ def register(sub: Any) -> None:
         help="follow the experiment until it ends (exit 0 only if it COMPLETED)",
     )
     create.add_argument("--paused", action="store_true", help="create it paused")
+    create.add_argument(
+        "--template", metavar="NAME", help="merge the config over this template (see `template`)"
+    )
     add_json_flag(create)
     create.set_defaults(handler=cmd_create)
 
@@ -119,6 +122,8 @@ def register(sub: Any) -> None:
     add_json_flag(lc)
     lc.set_defaults(handler=cmd_list_checkpoints)
 
+    experiment_changes.add_verbs(verbs)
+
 
 # --------------------------------------------------------------------------- create
 
@@ -151,9 +156,11 @@ def cmd_create(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.model_dir}: not a directory")
     client = auth_store.connect(args)
     try:
-        exp_id = client.create_experiment(config, args.model_dir, activate=not args.paused)
+        exp_id = client.create_experiment(
+            config, args.model_dir, activate=not args.paused, template=args.template
+        )
     except ApiError as exc:
-        if exc.status == 400 and exc.path != "code":
+        if exc.status in (400, 413) and exc.path not in ("code", "template"):
             print(f"error: invalid experiment config {args.config_file}:", file=sys.stderr)
             errors = exc.errors or [(exc.path or "<config>", str(exc))]
             for where, message in errors:

@@ -10,6 +10,7 @@ from typing import Any
 
 from cairn.errors import UsageError
 from events.config import ConfigError, parse_config
+from services.searcher.methods.base import SearcherError
 from services.searcher.preview import DEFAULT_PREVIEW_SEED, preview_search, render_preview
 
 
@@ -49,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
         for where, message in exc.errors:
             print(f"  {where}: {message}", file=sys.stderr)
         return 1
-    result = preview_search(config)
+    try:
+        result = preview_search(config)
+    except SearcherError as exc:
+        print(f"error: cannot preview {path}: {exc}", file=sys.stderr)
+        return 1
     if getattr(args, "json", False):
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -1,16 +1,18 @@
-"""``cairn trial`` (alias ``t``): describe, logs (``-f`` follows the NDJSON stream), kill."""
+"""``cairn trial`` (alias ``t``): describe, logs (``-f`` follows the NDJSON stream), download,
+kill."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, fields, print_json, table, wants_json, when
 from cairn.client import Client
-from cairn.errors import UnreachableError, UsageError
+from cairn.errors import CairnError, UnreachableError, UsageError
 from events.names import TrialIdError, parse_trial_id
 
 LOG_PAGE = 1000
@@ -34,6 +36,18 @@ def register(sub: Any) -> None:
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     add_json_flag(logs)
     logs.set_defaults(handler=cmd_logs)
+
+    download = verbs.add_parser("download", help="download a trial's best or latest checkpoint")
+    download.add_argument("trial_id", type=trial_id_arg, help="the trial's id, e.g. 17")
+    which = download.add_mutually_exclusive_group(required=True)
+    which.add_argument("--best", action="store_true", help="the best by the searcher metric")
+    which.add_argument("--latest", action="store_true", help="the one with the most steps")
+    which.add_argument("--uuid", help="this checkpoint of the trial")
+    download.add_argument(
+        "-o", "--output-dir", type=Path, help="where to unpack it (default ./checkpoints/<uuid>)"
+    )
+    add_json_flag(download)
+    download.set_defaults(handler=cmd_download)
 
     kill = verbs.add_parser("kill", help="kill a trial (it ends CANCELED)")
     kill.add_argument("trial_id", type=trial_id_arg, help="the trial's id, e.g. 17")
@@ -69,7 +83,7 @@ def trial_rows(trials: list[dict[str, Any]]) -> None:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    """Shows a trial with its allocations and checkpoints."""
+    """Shows a trial with its allocations, checkpoints and alerts."""
     trial = auth_store.connect(args).get_trial(args.trial_id)
     if wants_json(args):
         print_json(trial)
@@ -88,6 +102,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
             ("restarts", trial.get("restarts")),
             ("steps", trial.get("steps_completed")),
             ("progress", progress),
+            ("status", trial.get("status")),
             ("best metric", trial.get("best_metric")),
             ("latest validation", trial.get("latest_validation")),
             ("latest checkpoint", trial.get("latest_checkpoint")),
@@ -128,6 +143,22 @@ def cmd_describe(args: argparse.Namespace) -> int:
                     when(c.get("reported_at")),
                 ]
                 for c in checkpoints
+            ],
+        )
+    alerts = trial.get("alerts") or []
+    if alerts:
+        print()
+        table(
+            ["ALERT", "LEVEL", "DESCRIPTION", "RUN", "RECORDED"],
+            [
+                [
+                    a.get("title"),
+                    a.get("level"),
+                    a.get("description"),
+                    a.get("run_id"),
+                    when(a.get("recorded_at")),
+                ]
+                for a in alerts
             ],
         )
     return 0
@@ -203,4 +234,51 @@ def cmd_kill(args: argparse.Namespace) -> int:
     else:
         already = "" if result.get("changed", True) else " (unchanged)"
         print(f"trial {args.trial_id}: {result.get('state')}{already}")
+    return 0
+
+
+def _chosen_checkpoint(client: Client, args: argparse.Namespace) -> dict[str, Any]:
+    """The trial's checkpoint ``--best``, ``--latest`` or ``--uuid`` names (deleted ones never)."""
+    trial = client.get_trial(args.trial_id)
+    known: list[dict[str, Any]] = [dict(c) for c in trial.get("checkpoints") or []]
+    live = [c for c in known if c.get("state") == "COMPLETED"]
+    if args.uuid is not None:
+        found = [c for c in known if c.get("uuid") == args.uuid]
+        if not found:
+            raise CairnError(f"trial {args.trial_id} has no checkpoint {args.uuid}")
+        return found[0]
+    if not live:
+        raise CairnError(f"trial {args.trial_id} has no checkpoint to download")
+    if args.latest:
+        return max(live, key=lambda c: (c.get("steps_completed") or 0, str(c.get("uuid"))))
+    # --best: the experiment's checkpoints come best first; the first of this trial wins.
+    ranked = client.list_checkpoints(int(trial["experiment_id"]), sort_by="metric")
+    for ckpt in ranked.get("checkpoints") or []:
+        if ckpt.get("trial_id") == args.trial_id:
+            return dict(ckpt)
+    return live[-1]
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    """Downloads and unpacks the trial's chosen checkpoint."""
+    from cairn.cli.checkpoint import extract
+
+    client = auth_store.connect(args)
+    ckpt = _chosen_checkpoint(client, args)
+    uuid = str(ckpt["uuid"])
+    target: Path = args.output_dir or Path("checkpoints") / uuid
+    files = extract(client.download_checkpoint(uuid), target)
+    if wants_json(args):
+        print_json(
+            {
+                "trial_id": args.trial_id,
+                "uuid": uuid,
+                "steps_completed": ckpt.get("steps_completed"),
+                "path": str(target.resolve()),
+                "files": files,
+            }
+        )
+    else:
+        steps = ckpt.get("steps_completed")
+        print(f"checkpoint {uuid} (steps {steps}) downloaded to {target} ({len(files)} files)")
     return 0

@@ -1,4 +1,5 @@
-"""``cairn user``: login, logout, whoami, create, list (alias ``u``)."""
+"""``cairn user``: login, logout, whoami, create, list, change-password, activate, deactivate
+(alias ``u``)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,24 @@ def register(sub: Any) -> None:
     ls = verbs.add_parser("list", aliases=["ls"], help="list users (admin)")
     add_json_flag(ls)
     ls.set_defaults(handler=cmd_list)
+
+    password = verbs.add_parser("change-password", help="change your password (admins: anyone's)")
+    password.add_argument("username", nargs="?", help="default: the logged-in user")
+    password.add_argument("--password", help="the new password (default: asked twice)")
+    password.add_argument(
+        "--old-password", help="your current password (default: asked; admins need none)"
+    )
+    add_json_flag(password)
+    password.set_defaults(handler=cmd_change_password)
+
+    for action, help_text in (
+        ("activate", "let a deactivated user log in again (admin)"),
+        ("deactivate", "stop a user from logging in and revoke their tokens (admin)"),
+    ):
+        p = verbs.add_parser(action, help=help_text)
+        p.add_argument("username")
+        add_json_flag(p)
+        p.set_defaults(handler=cmd_set_active, active=action == "activate")
 
 
 def _ask(prompt: str) -> str:
@@ -141,7 +160,44 @@ def cmd_list(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     table(
-        ["USERNAME", "ADMIN", "CREATED"],
-        [[u.get("username"), u.get("admin"), when(u.get("created_at"))] for u in data["users"]],
+        ["USERNAME", "ADMIN", "ACTIVE", "CREATED"],
+        [
+            [u.get("username"), u.get("admin"), u.get("active", True), when(u.get("created_at"))]
+            for u in data["users"]
+        ],
     )
+    return 0
+
+
+def cmd_change_password(args: argparse.Namespace) -> int:
+    """Changes a password; the logged-in user's own needs the current one unless an admin's."""
+    client = auth_store.connect(args)
+    me = client.me()
+    if me.get("kind") != "user":
+        raise UsageError("only a user token can change a password: run `cairn user login`")
+    username = args.username or str(me.get("username"))
+    own = username == me.get("username")
+    old = args.old_password
+    if own and not me.get("admin") and old is None:
+        if not sys.stdin.isatty():
+            raise UsageError("your current password is required: pass --old-password")
+        old = getpass.getpass("Current password: ")
+    new = _password(args.password, confirm=True)
+    result = client.change_password(username, new, old_password=old if own else None)
+    if wants_json(args):
+        print_json(result)
+    else:
+        print(f"password of {username} changed (their other sessions are logged out)")
+    return 0
+
+
+def cmd_set_active(args: argparse.Namespace) -> int:
+    """Activates or deactivates a user."""
+    result = auth_store.connect(args).set_user_active(args.username, args.active)
+    if wants_json(args):
+        print_json(result)
+    else:
+        state = "active" if result.get("active") else "deactivated"
+        note = "" if result.get("changed") else " (unchanged)"
+        print(f"user {args.username}: {state}{note}")
     return 0

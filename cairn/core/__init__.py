@@ -25,6 +25,8 @@ from cairn.core._context import Context, InvalidHP, init
 from cairn.core._distributed import DistributedContext, DummyDistributedContext
 from cairn.core._info import ClusterInfo, TrialInfo, get_cluster_info
 from cairn.core._preempt import PreemptContext, PreemptMode
+from cairn.core._profiler import ProfilerContext
+from cairn.core._searcher import SearcherContext, SearcherMode, SearcherOperation, Unit
 from cairn.core._train import EarlyExitReason, TensorboardMode, TrainContext
 
 __all__ = [
@@ -38,9 +40,14 @@ __all__ = [
     "InvalidHP",
     "PreemptContext",
     "PreemptMode",
+    "ProfilerContext",
+    "SearcherContext",
+    "SearcherMode",
+    "SearcherOperation",
     "TensorboardMode",
     "TrainContext",
     "TrialInfo",
+    "Unit",
     "get_cluster_info",
     "init",
 ]

@@ -4,18 +4,26 @@ A checkpoint is the directory ``<root>/<uuid>/`` holding the user's files plus `
 The root is ``CAIRN_CHECKPOINT_DIR`` on a cluster (a shared_fs/directory storage every agent
 mounts) or a local directory off-cluster. When a checkpoint is complete the chief reports it
 (``kind: checkpoint`` with ``resources`` = {relative path: bytes}).
+
+Sharded checkpoints (``shard=True``) are a collective: every rank calls, the chief's uuid is
+broadcast, each rank contributes its files, and the ranks' metadata dicts are merged. A file two
+ranks contribute with different contents, or a metadata key they give different values, fails
+the upload on every rank; the chief alone reports the merged checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import fnmatch
+import hashlib
 import json
 import logging
 import os
 import shutil
+import tempfile
 import uuid as uuidlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +34,15 @@ log = logging.getLogger("cairn.core")
 
 METADATA_FILE = "metadata.json"
 
+Selector = Callable[[str], bool]
+"""Given a file's path relative to the checkpoint directory (``/``-separated), whether to use it."""
+
 
 class DownloadMode(enum.Enum):
     """How the ranks of one machine fetch a checkpoint they all restore.
 
-    Checkpoints live on storage every agent mounts, so there is nothing to download and both
-    modes read the checkpoint in place; the names exist so Determined code ports unchanged.
+    Checkpoints live on storage every agent mounts, so without a selector both modes read the
+    checkpoint in place; with a selector each rank gets its own copy of the files it selected.
 
     Attributes:
         LocalWorkersShareDownload: the local chief fetches, the other local ranks share it.
@@ -42,13 +53,56 @@ class DownloadMode(enum.Enum):
     NoSharedDownload = "NO_SHARED_DOWNLOAD"
 
 
-def _resources(path: Path) -> dict[str, int]:
+def _resources(path: Path, selector: Selector | None = None) -> dict[str, int]:
+    """Every file under ``path`` that ``selector`` keeps, as {relative path: bytes}."""
     out: dict[str, int] = {}
     for dirpath, _, files in os.walk(path):
         for name in files:
             full = Path(dirpath) / name
-            out[full.relative_to(path).as_posix()] = full.stat().st_size
+            relative = full.relative_to(path).as_posix()
+            if selector is None or selector(relative):
+                out[relative] = full.stat().st_size
     return dict(sorted(out.items()))
+
+
+def _copy_files(source: Path, target: Path, names: Sequence[str]) -> None:
+    """Copies ``names`` (relative paths) from ``source`` to ``target``, keeping their layout."""
+    for name in names:
+        destination = target / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / name, destination)
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def merge_metadata(all_metadata: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The union of every rank's metadata.
+
+    Raises:
+        RuntimeError: two ranks gave one key different values (names the keys and ranks).
+    """
+    merged: dict[str, Any] = {}
+    owner: dict[str, int] = {}
+    conflicts: dict[str, list[int]] = {}
+    for rank, meta in enumerate(all_metadata):
+        for key, value in meta.items():
+            if key in merged and merged[key] != value:
+                conflicts.setdefault(key, [owner[key]]).append(rank)
+                continue
+            merged.setdefault(key, value)
+            owner.setdefault(key, rank)
+    if conflicts:
+        detail = "; ".join(f"{k!r} given differently by ranks {r}" for k, r in conflicts.items())
+        raise RuntimeError(
+            f"refusing to store a sharded checkpoint with metadata conflicts: {detail}"
+        )
+    return merged
 
 
 def _checked(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -93,6 +147,11 @@ class CheckpointContext:
             raise ValueError(f"not a checkpoint id: {storage_id!r}")
         return self.root / name
 
+    @property
+    def distributed(self) -> DistributedContext:
+        """The rank of this process."""
+        return self._distributed
+
     def _complete(self, path: Path, storage_id: str, meta: dict[str, Any]) -> None:
         (path / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
         self._reporter.submit(
@@ -106,6 +165,10 @@ class CheckpointContext:
             }
         )
 
+    def _merged(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Every rank's metadata merged and checked (a collective: all ranks call)."""
+        return _checked(merge_metadata(self._distributed.allgather(dict(metadata or {}))))
+
     @contextlib.contextmanager
     def store_path(
         self, metadata: Mapping[str, Any] | None = None, *, shard: bool = False
@@ -113,17 +176,19 @@ class CheckpointContext:
         """Yields ``(directory, uuid)`` to write a checkpoint into; reports it on exit.
 
         Args:
-            metadata: JSON-serialisable dict; must contain ``steps_completed``.
+            metadata: JSON-serialisable dict; must contain ``steps_completed`` (with
+                ``shard=True``: the ranks' dicts merged must).
             shard: every rank calls and writes its own files into the same directory.
 
         Raises:
             ValueError: ``metadata`` lacks ``steps_completed``.
-            RuntimeError: a non-chief rank called without ``shard=True``.
+            RuntimeError: a non-chief rank called without ``shard=True``, or ranks gave one
+                metadata key different values.
         """
-        meta = _checked(metadata)
         dist = self._distributed
         if not shard and not dist.is_chief:
             raise RuntimeError("only the chief (rank 0) stores a checkpoint unless shard=True")
+        meta = self._merged(metadata) if shard else _checked(metadata)
         storage_id = str(uuidlib.uuid4())
         if shard:
             storage_id = str(dist.broadcast(storage_id))
@@ -145,12 +210,18 @@ class CheckpointContext:
         self,
         storage_id: str,
         download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload,
+        *,
+        selector: Selector | None = None,
     ) -> Iterator[Path]:
         """Yields the directory of checkpoint ``storage_id`` (read it; do not modify it).
 
+        Without a selector that is the checkpoint itself, in storage. With one it is a temporary
+        directory holding only the selected files, removed when the block ends.
+
         Args:
             storage_id: the checkpoint's uuid.
-            download_mode: accepted for compatibility (see :class:`DownloadMode`).
+            download_mode: see :class:`DownloadMode`.
+            selector: keeps the files (by relative path) to restore.
 
         Raises:
             FileNotFoundError: no such checkpoint.
@@ -160,28 +231,127 @@ class CheckpointContext:
         path = self._path(storage_id)
         if not path.is_dir():
             raise FileNotFoundError(f"checkpoint {storage_id} not found under {self.root}")
-        yield path
+        if selector is None:
+            yield path
+            return
+        with tempfile.TemporaryDirectory(prefix=f"cairn-restore-{storage_id}-") as scratch:
+            _copy_files(path, Path(scratch), list(_resources(path, selector)))
+            yield Path(scratch)
 
     def upload(
-        self, ckpt_dir: str | os.PathLike[str], metadata: Mapping[str, Any] | None = None
+        self,
+        ckpt_dir: str | os.PathLike[str] | None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        shard: bool = False,
+        selector: Selector | None = None,
     ) -> str:
-        """Copies ``ckpt_dir`` into storage as a new checkpoint and reports it.
+        """Copies ``ckpt_dir`` (its name is not kept) into storage as a new checkpoint and
+        reports it.
+
+        With ``shard=False`` only the chief calls. With ``shard=True`` every rank calls (ranks
+        with nothing to give pass ``ckpt_dir=None``); the checkpoint holds the union of their
+        files. Ranks sharing one directory without a selector upload it once; a file given by
+        several ranks must have the same contents everywhere.
+
+        Args:
+            ckpt_dir: the directory to upload.
+            metadata: JSON-serialisable dict with ``steps_completed`` (merged across ranks when
+                sharded).
+            shard: whether this is a collective upload of every rank's files.
+            selector: keeps the files (by relative path) to upload.
 
         Returns:
-            The new checkpoint's uuid.
+            The new checkpoint's uuid (the same on every rank).
+
+        Raises:
+            ValueError: the (merged) metadata lacks ``steps_completed``.
+            RuntimeError: a worker called with ``shard=False``; no rank gave a directory; ranks
+                gave conflicting files or metadata.
         """
-        meta = _checked(metadata)
-        if not self._distributed.is_chief:
-            raise RuntimeError("only the chief (rank 0) uploads a checkpoint")
-        storage_id = str(uuidlib.uuid4())
+        dist = self._distributed
+        source = None if ckpt_dir is None else Path(ckpt_dir)
+        if not shard:
+            if not dist.is_chief:
+                raise RuntimeError(
+                    f"only the chief uploads a checkpoint unless shard=True (rank {dist.rank})"
+                )
+            if source is None:
+                raise RuntimeError("upload(ckpt_dir=None, shard=False) would upload nothing")
+            meta = _checked(metadata)
+            names = [n for n in _resources(source, selector) if n != METADATA_FILE]
+            storage_id = str(uuidlib.uuid4())
+            path = self._path(storage_id)
+            path.mkdir(parents=True)
+            try:
+                _copy_files(source, path, names)
+                self._complete(path, storage_id, meta)
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            return storage_id
+        return self._upload_sharded(source, metadata, selector)
+
+    def _upload_sharded(
+        self, source: Path | None, metadata: Mapping[str, Any] | None, selector: Selector | None
+    ) -> str:
+        # Every decision below is taken from allgathered data, so all ranks take it alike and
+        # raise alike: a rank that raised alone would leave the others waiting in a collective.
+        dist = self._distributed
+        if selector is not None and source is None:
+            raise RuntimeError("a selector needs a ckpt_dir")
+        storage_id = str(dist.broadcast(str(uuidlib.uuid4())))
+        ident = None
+        if source is not None:
+            stat = source.stat()
+            ident = (stat.st_dev, stat.st_ino)
+        idents = dist.allgather(ident)
+        if all(i is None for i in idents):
+            raise RuntimeError("upload(shard=True): every rank passed ckpt_dir=None")
+        uploads = source is not None and (selector is not None or idents.index(ident) == dist.rank)
+        mine: dict[str, int] = {}
+        if uploads:
+            assert source is not None
+            mine = {k: v for k, v in _resources(source, selector).items() if k != METADATA_FILE}
+        everyone: list[dict[str, int]] = dist.allgather(mine)
+        givers: dict[str, list[int]] = {}
+        for rank, files in enumerate(everyone):
+            for name in files:
+                givers.setdefault(name, []).append(rank)
+        shared = sorted(name for name, ranks in givers.items() if len(ranks) > 1)
+        digests = (
+            {name: _digest(source / name) for name in shared if name in mine} if source else {}
+        )
+        all_digests: list[dict[str, str]] = dist.allgather(digests)
+        conflicts = {
+            name: givers[name]
+            for name in shared
+            if len({d[name] for d in all_digests if name in d}) > 1
+        }
+        if conflicts:
+            detail = "; ".join(f"{n} given by ranks {r}" for n, r in sorted(conflicts.items()))
+            raise RuntimeError(
+                f"refusing to upload a sharded checkpoint with conflicting files: {detail}"
+            )
+        meta = self._merged(metadata)
         path = self._path(storage_id)
-        self.root.mkdir(parents=True, exist_ok=True)
-        try:
-            shutil.copytree(ckpt_dir, path)
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        self._complete(path, storage_id, meta)
+        if dist.is_chief:
+            path.mkdir(parents=True)
+        dist.allgather(None)  # the directory exists
+        mine_to_copy = [n for n in mine if min(givers[n]) == dist.rank]
+        failed = ""
+        if source is not None:
+            try:
+                _copy_files(source, path, mine_to_copy)
+            except OSError as exc:
+                failed = f"rank {dist.rank}: {exc}"
+        failures = [f for f in dist.allgather(failed) if f]
+        if failures:
+            if dist.is_chief:
+                shutil.rmtree(path, ignore_errors=True)
+            raise RuntimeError(f"sharded checkpoint upload failed: {'; '.join(failures)}")
+        if dist.is_chief:
+            self._complete(path, storage_id, meta)
         return storage_id
 
     def download(
@@ -189,16 +359,28 @@ class CheckpointContext:
         storage_id: str,
         ckpt_dir: str | os.PathLike[str],
         download_mode: DownloadMode = DownloadMode.LocalWorkersShareDownload,
+        *,
+        selector: Selector | None = None,
     ) -> None:
-        """Copies checkpoint ``storage_id`` into ``ckpt_dir`` (created if missing).
+        """Copies checkpoint ``storage_id`` (or the files ``selector`` keeps) into ``ckpt_dir``
+        (created if missing).
 
         Args:
             storage_id: the checkpoint's uuid.
             ckpt_dir: the destination directory.
-            download_mode: accepted for compatibility (see :class:`DownloadMode`).
+            download_mode: see :class:`DownloadMode`.
+            selector: keeps the files (by relative path) to download.
+
+        Raises:
+            FileNotFoundError: no such checkpoint.
         """
-        with self.restore_path(storage_id, DownloadMode(download_mode)) as path:
-            shutil.copytree(path, ckpt_dir, dirs_exist_ok=True)
+        DownloadMode(download_mode)
+        path = self._path(storage_id)
+        if not path.is_dir():
+            raise FileNotFoundError(f"checkpoint {storage_id} not found under {self.root}")
+        target = Path(ckpt_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        _copy_files(path, target, list(_resources(path, selector)))
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The ``metadata.json`` of checkpoint ``storage_id``."""
@@ -206,10 +388,28 @@ class CheckpointContext:
             data: dict[str, Any] = json.loads((path / METADATA_FILE).read_text())
             return data
 
-    def delete(self, storage_id: str) -> None:
-        """Removes checkpoint ``storage_id`` from storage (chief only; missing is fine)."""
-        if self._distributed.is_chief:
-            shutil.rmtree(self._path(storage_id), ignore_errors=True)
+    def delete(self, storage_id: str, globs: Sequence[str] | None = None) -> None:
+        """Removes checkpoint ``storage_id`` from storage, or only its files matching ``globs``
+        (chief only; a missing checkpoint or file is fine).
+
+        Args:
+            storage_id: the checkpoint's uuid.
+            globs: ``fnmatch`` patterns over relative paths (``"*.pt"``, ``"optimizer/*"``);
+                ``None`` removes the whole checkpoint.
+        """
+        if not self._distributed.is_chief:
+            return
+        path = self._path(storage_id)
+        if globs is None:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        if isinstance(globs, str):
+            globs = [globs]
+        if not path.is_dir():
+            return
+        for name in _resources(path):
+            if name != METADATA_FILE and any(fnmatch.fnmatchcase(name, g) for g in globs):
+                (path / name).unlink(missing_ok=True)
 
     def checkpoints(self) -> list[tuple[str, dict[str, Any]]]:
         """Complete checkpoints under the root as ``(uuid, metadata)``, oldest step first."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -12,15 +13,30 @@ from typing import Any
 
 from cairn.core._checkpoint import CheckpointContext
 from cairn.core._distributed import DistributedContext
-from cairn.core._http import Session
+from cairn.core._http import HTTPStatusError, Session
 from cairn.core._info import ClusterInfo, TrialInfo, get_cluster_info
 from cairn.core._preempt import PreemptContext, PreemptMode
+from cairn.core._profiler import ProfilerContext
 from cairn.core._reporter import CLOSE_TIMEOUT, HTTPReporter, LocalReporter, Reporter
-from cairn.core._train import EarlyExitReason, TensorboardMode, TrainContext
+from cairn.core._searcher import SearcherContext
+from cairn.core._train import (
+    EarlyExitReason,
+    TensorboardMode,
+    TrainContext,
+    default_tensorboard_path,
+)
 
 log = logging.getLogger("cairn.core")
 
 DEFAULT_LOCAL_STORAGE = "./checkpoints"
+ALERT_LEVELS = ("warn", "info", "debug", "error")
+MAX_ALERT_TEXT = 10_000
+_LOG_LEVELS = {
+    "warn": logging.WARNING,
+    "info": logging.INFO,
+    "debug": logging.DEBUG,
+    "error": logging.ERROR,
+}
 
 
 class InvalidHP(Exception):
@@ -32,16 +48,19 @@ class InvalidHP(Exception):
 
 
 class Context:
-    """Everything training code uses: ``.train``, ``.checkpoint``, ``.preempt``, ``.distributed``
-    and ``.info``. Build it with :func:`init`; use it as a context manager (or call
-    :meth:`close`) so that every queued report is delivered before the process exits.
+    """Everything training code uses: ``.train``, ``.checkpoint``, ``.preempt``, ``.searcher``,
+    ``.profiler``, ``.distributed`` and ``.info``, plus :meth:`alert`. Build it with
+    :func:`init`; use it as a context manager (or call :meth:`close`) so that every queued report
+    is delivered before the process exits.
 
     Attributes:
         info: cluster info; off-cluster a local stand-in with ``on_cluster=False`` (the module
             function ``get_cluster_info()`` still returns ``None`` there).
-        train: metric, progress and early-exit reporting.
+        train: metric, progress, status and early-exit reporting; TensorBoard files.
         checkpoint: checkpoint storage.
         preempt: the preemption signal.
+        searcher: the legacy searcher operations.
+        profiler: system-metrics sampling (off until ``profiler.on()``).
         distributed: rank and size of this process.
     """
 
@@ -54,14 +73,62 @@ class Context:
         preempt: PreemptContext,
         distributed: DistributedContext,
         reporter: Reporter,
+        searcher: SearcherContext | None = None,
+        profiler: ProfilerContext | None = None,
+        session: Session | None = None,
     ) -> None:
         self.info = info
         self.train = train
         self.checkpoint = checkpoint
         self.preempt = preempt
         self.distributed = distributed
+        self.searcher = searcher or SearcherContext(train, distributed, info.trial.config)
+        self.profiler = profiler or ProfilerContext(train, distributed, info.gpu_uuids)
         self._reporter = reporter
+        self._session = session
+        self._alerts = itertools.count(1)
         self._closed = False
+
+    def alert(
+        self,
+        title: str | None = None,
+        description: str | None = None,
+        level: str | None = "info",
+    ) -> None:
+        """Records an alert on the trial: a line in the trial's logs and a ``TrialAlerted``
+        event (``GET /api/v1/trials/{id}`` lists them). Off-cluster it is only logged.
+
+        Args:
+            title: a short headline.
+            description: the details.
+            level: ``"warn"``, ``"info"``, ``"debug"`` or ``"error"``.
+
+        Raises:
+            ValueError: an unknown ``level`` or a text over 10,000 characters.
+        """
+        level = level or "info"
+        if level not in ALERT_LEVELS:
+            raise ValueError(f"level must be one of {list(ALERT_LEVELS)}, got {level!r}")
+        title, description = title or "", description or ""
+        if len(title) > MAX_ALERT_TEXT or len(description) > MAX_ALERT_TEXT:
+            raise ValueError(f"alert title and description are limited to {MAX_ALERT_TEXT} chars")
+        log.log(_LOG_LEVELS[level], "cairn alert [%s] %s: %s", level, title, description)
+        item = {"kind": "alert", "title": title, "description": description, "level": level}
+        if self.distributed.is_chief:
+            self._reporter.submit(item)
+            return
+        if self._session is None:
+            return
+        # Workers have no reporter: post the one alert now, under a key of this rank's own.
+        key = f"{self.info.allocation_id}:rank{self.distributed.rank}:alert:{next(self._alerts)}"
+        try:
+            self._session.request(
+                "POST",
+                f"/trials/{self.info.trial.trial_id}/reports",
+                {"items": [{**item, "idempotency_key": key}]},
+            )
+        except (HTTPStatusError, OSError, ValueError) as exc:
+            log.warning("cairn: alert could not be recorded: %s", exc)
 
     @property
     def hparams(self) -> dict[str, Any]:
@@ -82,6 +149,8 @@ class Context:
         if self._closed:
             return True
         self._closed = True
+        self.profiler.close()
+        self.train.close()
         self.preempt.close()
         return self._reporter.close(timeout)
 
@@ -154,19 +223,20 @@ def init(
         distributed: rank/size of this process; read from ``RANK``/``WORLD_SIZE`` if omitted.
         checkpoint_storage: a directory (or a shared_fs/directory config dict); on a cluster it
             overrides ``CAIRN_CHECKPOINT_DIR``.
-        preempt_mode: accepted for compatibility with Determined.
-        tensorboard_mode: accepted for compatibility with Determined (see
-            :class:`TensorboardMode`).
+        preempt_mode: which ranks call ``should_preempt()`` (see :class:`PreemptMode`).
+        tensorboard_mode: whether metric reports are written to TensorBoard files and uploaded
+            automatically (see :class:`TensorboardMode`).
         hparams: off-cluster hyperparameters (ignored on a cluster).
 
     Returns:
         The context.
 
     Raises:
-        ValueError: ``tensorboard_mode`` is not a :class:`TensorboardMode`, or a ``CAIRN_*``
-            variable is malformed.
+        ValueError: ``tensorboard_mode`` or ``preempt_mode`` is not one of its enum, or a
+            ``CAIRN_*`` variable is malformed.
     """
-    TensorboardMode(tensorboard_mode)
+    tensorboard_mode = TensorboardMode(tensorboard_mode)
+    preempt_mode = PreemptMode(preempt_mode)
     dist = distributed or DistributedContext.from_env()
     cluster = get_cluster_info()
     if cluster is None:
@@ -176,9 +246,9 @@ def init(
         info = _local_info(hparams, checkpoint.root, checkpoint.latest())
         return Context(
             info=info,
-            train=TrainContext(reporter, dist, run_id=1),
+            train=TrainContext(reporter, dist, run_id=1, tensorboard_mode=tensorboard_mode),
             checkpoint=checkpoint,
-            preempt=PreemptContext(None, "local", preempt_mode),
+            preempt=PreemptContext(None, "local", preempt_mode, dist),
             distributed=dist,
             reporter=reporter,
         )
@@ -196,13 +266,34 @@ def init(
     else:
         root = Path(DEFAULT_LOCAL_STORAGE)
         log.warning("cairn: CAIRN_CHECKPOINT_DIR is not set; checkpoints go to %s", root)
-    preempt = PreemptContext(session, cluster.allocation_id, preempt_mode)
+    preempt = PreemptContext(session, cluster.allocation_id, preempt_mode, dist)
     preempt.start()
+    trial = cluster.trial
+    checkpoint = CheckpointContext(root, reporter, dist, run_id=run_id)
+    train = TrainContext(
+        reporter,
+        dist,
+        run_id=run_id,
+        session=session,
+        experiment_id=trial.experiment_id,
+        tensorboard_mode=tensorboard_mode,
+        tensorboard_path=default_tensorboard_path(cluster.allocation_id, dist.rank),
+        tensorboard_storage=checkpoint.root / tensorboard_dir(trial.experiment_id, trial.trial_id),
+    )
     return Context(
         info=cluster,
-        train=TrainContext(reporter, dist, run_id=run_id),
-        checkpoint=CheckpointContext(root, reporter, dist, run_id=run_id),
+        train=train,
+        checkpoint=checkpoint,
         preempt=preempt,
         distributed=dist,
         reporter=reporter,
+        searcher=SearcherContext(
+            train, dist, trial.config, session=session, trial_id=trial.trial_id
+        ),
+        session=session,
     )
+
+
+def tensorboard_dir(experiment_id: int, trial_id: int) -> Path:
+    """Where a trial's TensorBoard files go, relative to the checkpoint storage root."""
+    return Path("tensorboard", "experiment", str(experiment_id), "trial", str(trial_id))

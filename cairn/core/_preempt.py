@@ -3,7 +3,8 @@
 On a cluster a daemon thread long-polls
 ``GET /api/v1/allocations/{allocation_id}/signals/preemption?timeout_seconds=N`` and latches the
 answer; :meth:`PreemptContext.should_preempt` only reads the latch, so calling it every batch is
-free. Off-cluster it is always False.
+cheap. Off-cluster it is always False. With several processes the :class:`PreemptMode` says which
+ranks poll and which ask the chief.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import threading
 import time
 
+from cairn.core._distributed import DistributedContext, DummyDistributedContext
 from cairn.core._http import HTTPStatusError, Session
 
 log = logging.getLogger("cairn.core")
@@ -21,10 +23,14 @@ POLL_SECONDS = 30
 
 
 class PreemptMode(enum.Enum):
-    """How ranks learn about preemption.
+    """Which ranks call :meth:`PreemptContext.should_preempt` and where the answer comes from.
 
-    Every rank of a cairn run may poll the API itself, so all three modes behave like
-    ``WorkersAskMaster``; the names exist so Determined code ports unchanged.
+    Attributes:
+        WorkersAskChief: every rank calls ``should_preempt()`` in step; only the chief watches
+            the cluster's signal and broadcasts its answer, so all ranks stop at the same call.
+        ChiefOnly: only the chief may call ``should_preempt()`` (it tells the workers itself).
+        WorkersAskMaster: every rank watches the signal on its own; ranks may see it at
+            slightly different calls.
     """
 
     WorkersAskChief = "WORKERS_ASK_CHIEF"
@@ -38,7 +44,8 @@ class PreemptContext:
     Args:
         session: the HTTP session, or ``None`` off-cluster (never preempted).
         allocation_id: the allocation whose signal is polled.
-        mode: accepted for compatibility (see :class:`PreemptMode`).
+        mode: which ranks ask whom (see :class:`PreemptMode`).
+        distributed: this process's rank (a single process when omitted).
     """
 
     def __init__(
@@ -46,18 +53,26 @@ class PreemptContext:
         session: Session | None,
         allocation_id: str,
         mode: PreemptMode = PreemptMode.WorkersAskChief,
+        distributed: DistributedContext | None = None,
     ) -> None:
         self._session = session
         self._path = f"/allocations/{allocation_id}/signals/preemption"
-        self.mode = mode
+        self.mode = PreemptMode(mode)
+        self._distributed = distributed or DummyDistributedContext()
         self._flag = threading.Event()
         self._stop = threading.Event()
         self._acknowledged = False
         self._thread: threading.Thread | None = None
 
+    @property
+    def _watches(self) -> bool:
+        """Whether this rank polls the cluster itself (the chief, or every rank in
+        ``WorkersAskMaster``)."""
+        return self._distributed.is_chief or self.mode is PreemptMode.WorkersAskMaster
+
     def start(self) -> None:
         """Starts the watcher thread (on-cluster only; idempotent)."""
-        if self._session is None or self._thread is not None:
+        if self._session is None or self._thread is not None or not self._watches:
             return
         self._thread = threading.Thread(target=self._watch, name="cairn-preempt", daemon=True)
         self._thread.start()
@@ -98,17 +113,39 @@ class PreemptContext:
     def should_preempt(self, auto_ack: bool = True) -> bool:
         """True once the cluster asked this trial to stop (checkpoint, then exit 0).
 
+        In ``WorkersAskChief`` mode every rank must call this in step (the chief broadcasts its
+        answer); in ``ChiefOnly`` mode only the chief may call it.
+
         Args:
-            auto_ack: acknowledge the signal when it is seen.
+            auto_ack: acknowledge the signal the first time it is seen.
+
+        Raises:
+            RuntimeError: a worker called it in ``ChiefOnly`` mode.
         """
-        if self._flag.is_set():
-            if auto_ack:
+        dist = self._distributed
+        if self._watches:
+            out = self._flag.is_set()
+            if out and auto_ack and not self._acknowledged:
                 self.acknowledge_preemption_signal()
-            return True
-        return False
+            if self.mode is PreemptMode.WorkersAskChief and dist.size > 1:
+                dist.broadcast(out)
+            return out
+        if self.mode is PreemptMode.ChiefOnly:
+            raise RuntimeError(
+                "should_preempt() was called on a worker (rank "
+                f"{dist.rank}) but preempt_mode is ChiefOnly: only the chief may call it"
+            )
+        answer = dist.broadcast(None)
+        out = bool(answer)
+        if out and auto_ack and not self._acknowledged:
+            self.acknowledge_preemption_signal()
+        return out
 
     def acknowledge_preemption_signal(self) -> None:
-        """Records that the trial will exit (the agent waits for the process to end)."""
+        """Records that the trial will exit to be resumed later (the agent waits for the process
+        to end; a preempted run counts as preempted whatever its exit status)."""
+        if not self._acknowledged:
+            log.info("cairn: preemption signal acknowledged")
         self._acknowledged = True
 
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from events.config.common import Length
-from events.config.errors import ConfigError
+from events.config.errors import ConfigError, ConfigTooLargeError
 from events.config.hyperparameters import (
     CategoricalHP,
     ConstHP,
@@ -25,7 +25,8 @@ from events.config.models import (
     ResourcesConfig,
     SharedFSStorage,
 )
-from events.config.overrides import apply_overrides, dump_yaml, load_yaml
+from events.config.overrides import apply_overrides
+from events.config.safe_yaml import dump_yaml, load_yaml
 from events.config.searcher import (
     AdaptiveASHASearcher,
     AsyncHalvingSearcher,
@@ -43,6 +44,7 @@ __all__ = [
     "CategoricalHP",
     "CheckpointStorage",
     "ConfigError",
+    "ConfigTooLargeError",
     "ConstHP",
     "DirectoryStorage",
     "DoubleHP",

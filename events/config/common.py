@@ -8,9 +8,10 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, model_validato
 from pydantic_core import PydanticCustomError
 
 from events.config.errors import CAIRN_ERROR
+from events.config.limits import MAX_COUNT
 
-NonNegInt = Annotated[int, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 
 
 class ConfigModel(BaseModel):

@@ -39,6 +39,10 @@ class ConfigError(Exception):
         return [path for path, _ in self.errors]
 
 
+class ConfigTooLargeError(ConfigError):
+    """A config was rejected for its size (text length or number of values), not its content."""
+
+
 def show(value: Any, limit: int = 60) -> str:
     """Renders a config value for an error message, short and unambiguous."""
     if isinstance(value, str):

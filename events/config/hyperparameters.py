@@ -7,15 +7,21 @@ constant. :func:`normalize_hyperparameters` rewrites shorthand into the explicit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, JsonValue, Tag, model_validator
 from typing_extensions import TypeAliasType
 
-from events.config.common import ConfigModel, PositiveInt, field_error
+from events.config.common import ConfigModel, field_error
+from events.config.limits import MAX_HP_DOUBLE, MAX_HP_INT, MAX_TRIALS
 
 HP_TYPES = ("const", "int", "double", "log", "categorical")
+
+HPInt = Annotated[int, Field(ge=-MAX_HP_INT, le=MAX_HP_INT)]
+HPDouble = Annotated[float, Field(ge=-MAX_HP_DOUBLE, le=MAX_HP_DOUBLE)]
+GridCount = Annotated[int, Field(ge=1, le=MAX_TRIALS)]
 
 
 class ConstHP(ConfigModel):
@@ -34,9 +40,9 @@ class IntHP(ConfigModel):
     """An integer drawn uniformly from ``[minval, maxval]`` (both ends included)."""
 
     type: Literal["int"]
-    minval: int
-    maxval: int
-    count: PositiveInt | None = None
+    minval: HPInt
+    maxval: HPInt
+    count: GridCount | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> IntHP:
@@ -48,9 +54,9 @@ class DoubleHP(ConfigModel):
     """A float drawn uniformly from ``[minval, maxval]``."""
 
     type: Literal["double"]
-    minval: float
-    maxval: float
-    count: PositiveInt | None = None
+    minval: HPDouble
+    maxval: HPDouble
+    count: GridCount | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> DoubleHP:
@@ -62,14 +68,22 @@ class LogHP(ConfigModel):
     """``base ** u`` with ``u`` drawn uniformly from ``[minval, maxval]``."""
 
     type: Literal["log"]
-    minval: float
-    maxval: float
-    base: float = Field(10.0, gt=0)
-    count: PositiveInt | None = None
+    minval: HPDouble
+    maxval: HPDouble
+    base: float = Field(10.0, gt=0, le=MAX_HP_DOUBLE)
+    count: GridCount | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> LogHP:
         _check_range(self.minval, self.maxval)
+        for end in ("minval", "maxval"):
+            exponent = getattr(self, end)
+            try:
+                finite = math.isfinite(self.base**exponent)
+            except OverflowError:
+                finite = False
+            if not finite:
+                raise field_error(end, f"base ** {end} ({self.base} ** {exponent}) is too large")
         return self
 
 
@@ -147,12 +161,35 @@ def iter_leaves(
             yield (*prefix, name), value
 
 
+def axis_size(hp: LeafHP) -> int:
+    """How many values ``hp`` takes on a grid, at most (``count`` is clamped to an ``int``
+    range; a numeric hyperparameter without ``count`` counts as 1)."""
+    if isinstance(hp, ConstHP):
+        return 1
+    if isinstance(hp, CategoricalHP):
+        return len(hp.vals)
+    if hp.count is None:
+        return 1
+    if isinstance(hp, IntHP):
+        return min(hp.count, hp.maxval - hp.minval + 1)
+    return hp.count
+
+
 def grid_issues(hps: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
-    """Paths (relative to ``hyperparameters``) of numeric hyperparameters lacking ``count``."""
+    """Problems of ``hps`` for a grid search, with paths relative to ``hyperparameters``: numeric
+    hyperparameters lacking ``count``, and a grid of more than ``MAX_TRIALS`` points (refused
+    before anything enumerates it)."""
     issues: list[tuple[tuple[str | int, ...], str]] = []
+    points = 1
     for path, hp in iter_leaves(hps):
         if isinstance(hp, IntHP | DoubleHP | LogHP) and hp.count is None:
             issues.append(
                 ((*path, "count"), f"required for grid search ({hp.type} hyperparameter)")
             )
+        if points <= MAX_TRIALS:
+            points *= axis_size(hp)
+    if points > MAX_TRIALS:
+        issues.append(
+            ((), f"the grid has more than {MAX_TRIALS} points (the product of every axis's size)")
+        )
     return issues

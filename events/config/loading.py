@@ -12,8 +12,10 @@ from pydantic import BaseModel, ValidationError
 from events.config import common, hyperparameters, models, searcher
 from events.config.errors import ConfigError, from_validation_error, show
 from events.config.hyperparameters import normalize_hyperparameters
+from events.config.limits import check_size, check_storable
 from events.config.models import UINT32_MAX, ExperimentConfig
-from events.config.overrides import apply_overrides, load_yaml
+from events.config.overrides import apply_overrides
+from events.config.safe_yaml import load_yaml
 
 
 def _vocabulary() -> frozenset[str]:
@@ -56,12 +58,20 @@ def parse_config(
         The frozen config, with every default filled and an experiment seed set.
 
     Raises:
+        ConfigTooLargeError: The config is past the size limits of :mod:`events.config.limits`.
         ConfigError: Every problem found, each with its dotted path.
     """
-    doc = load_yaml(raw) if isinstance(raw, str) else copy.deepcopy(dict(raw))
+    if isinstance(raw, str):
+        doc = load_yaml(raw)
+    else:
+        check_size(raw)
+        doc = copy.deepcopy(dict(raw))
     if not isinstance(doc, dict):
         raise ConfigError([("<config>", f"must be a mapping, got {show(doc)}")])
-    doc = apply_overrides(doc, overrides)
+    if overrides:
+        doc = apply_overrides(doc, overrides)
+        check_size(doc)
+    check_storable(doc)
     _fill_seed(doc, default_seed)
     if "hyperparameters" in doc:
         doc["hyperparameters"] = normalize_hyperparameters(doc["hyperparameters"])

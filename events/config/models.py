@@ -22,6 +22,13 @@ from events.config.hyperparameters import (
     grid_issues,
     normalize_hyperparameters,
 )
+from events.config.limits import (
+    MAX_PORT,
+    MAX_RESTARTS,
+    MAX_SLOTS,
+    MAX_SLOTS_PER_TRIAL,
+    MAX_WEIGHT,
+)
 from events.config.searcher import GridSearcher, SearcherConfig
 
 UINT32_MAX = 2**32 - 1
@@ -74,9 +81,9 @@ class DeviceConfig(ConfigModel):
 class ResourcesConfig(ConfigModel):
     """What each trial needs and how the experiment competes for the cluster."""
 
-    slots_per_trial: NonNegInt = 1
-    max_slots: NonNegInt | None = None
-    weight: float = Field(1.0, gt=0)
+    slots_per_trial: int = Field(1, ge=0, le=MAX_SLOTS_PER_TRIAL)
+    max_slots: Annotated[int, Field(ge=0, le=MAX_SLOTS)] | None = None
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT)
     priority: int | None = Field(None, ge=1, le=99)
     resource_pool: str = ""
     shm_size: ShmSize | None = None
@@ -170,7 +177,7 @@ class EnvironmentConfig(ConfigModel):
     force_pull_image: bool = False
     registry_auth: dict[str, JsonValue] | None = None
     proxy_ports: list[dict[str, JsonValue]] = Field(default_factory=list)
-    ports: dict[str, int] = Field(default_factory=dict)
+    ports: dict[str, Annotated[int, Field(ge=0, le=MAX_PORT)]] = Field(default_factory=dict)
     pod_spec: dict[str, JsonValue] | None = None
     add_capabilities: list[str] = Field(default_factory=list)
     drop_capabilities: list[str] = Field(default_factory=list)
@@ -243,7 +250,7 @@ class ExperimentConfig(ConfigModel):
     hyperparameters: Hyperparameters = Field(default_factory=dict)
     searcher: SearcherConfig
     resources: ResourcesConfig = ResourcesConfig()
-    max_restarts: NonNegInt = 5
+    max_restarts: int = Field(5, ge=0, le=MAX_RESTARTS)
     checkpoint_storage: CheckpointStorage | None = None
     checkpoint_policy: Literal["best", "all", "none"] = "best"
     environment: EnvironmentConfig = EnvironmentConfig()

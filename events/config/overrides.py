@@ -1,51 +1,13 @@
-"""YAML loading (YAML 1.2 floats) and ``key.path=value`` overrides applied before validation."""
+"""``key.path=value`` overrides (values read as YAML) applied to a config before validation."""
 
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 from events.config.errors import ConfigError, join_path, show
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe loader that also reads ``1e-4`` as a float, as YAML 1.2 (and Determined) do."""
-
-
-class _Dumper(yaml.SafeDumper):
-    """Safe dumper that quotes strings :class:`_Loader` would read as floats (``'1e5'``)."""
-
-
-_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
-for _cls in (_Loader, _Dumper):
-    _cls.yaml_implicit_resolvers = {
-        key: list(value) for key, value in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
-    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
-
-
-def dump_yaml(data: Any) -> str:
-    """YAML text that :func:`load_yaml` reads back as ``data`` (keys in the given order)."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
-
-
-def load_yaml(text: str, source: str = "<config>") -> Any:
-    """Parses YAML text safely.
-
-    Raises:
-        ConfigError: The text is not valid YAML; the message gives line and column.
-    """
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        raise ConfigError([(source, f"invalid YAML: {where}{problem}")]) from None
+from events.config.safe_yaml import load_yaml
 
 
 def parse_override(text: str) -> tuple[list[str | int], Any]:

@@ -9,23 +9,27 @@ from pydantic import BeforeValidator, Field, model_validator
 from events.config.common import (
     ConfigModel,
     Length,
-    NonNegInt,
     PositiveInt,
     field_error,
     length_from_int,
 )
+from events.config.limits import MAX_DIVISOR, MAX_ID, MAX_RUNGS, MAX_TRIALS
 
 LegacyLength = Annotated[Length, BeforeValidator(length_from_int)]
 """Deprecated ``max_length``: ``{batches|records|epochs: N}`` or a bare integer of batches."""
 
 SEARCHER_NAMES = ("single", "random", "grid", "async_halving", "adaptive_asha")
 
+MaxTrials = Annotated[int, Field(ge=1, le=MAX_TRIALS)]
+MaxConcurrentTrials = Annotated[int, Field(ge=0, le=MAX_TRIALS)]
+Rungs = Annotated[int, Field(ge=1, le=MAX_RUNGS)]
+
 
 class _SearcherBase(ConfigModel):
     name: str
     metric: str = Field(min_length=1)
     smaller_is_better: bool = True
-    source_trial_id: PositiveInt | None = None
+    source_trial_id: Annotated[int, Field(ge=1, le=MAX_ID)] | None = None
     source_checkpoint_uuid: str | None = None
     max_length: LegacyLength | None = None
 
@@ -40,21 +44,21 @@ class RandomSearcher(_SearcherBase):
     """``max_trials`` trials with independently sampled hyperparameters."""
 
     name: Literal["random"]
-    max_trials: PositiveInt
-    max_concurrent_trials: NonNegInt = 16
+    max_trials: MaxTrials
+    max_concurrent_trials: MaxConcurrentTrials = 16
 
 
 class GridSearcher(_SearcherBase):
     """One trial per point of the hyperparameter grid."""
 
     name: Literal["grid"]
-    max_concurrent_trials: NonNegInt = 16
+    max_concurrent_trials: MaxConcurrentTrials = 16
 
 
 class _HalvingBase(_SearcherBase):
-    max_trials: PositiveInt
-    max_concurrent_trials: NonNegInt = 16
-    divisor: float = Field(4.0, gt=1)
+    max_trials: MaxTrials
+    max_concurrent_trials: MaxConcurrentTrials = 16
+    divisor: float = Field(4.0, gt=1, le=MAX_DIVISOR)
     time_metric: str | None = Field(None, min_length=1)
     max_time: PositiveInt | None = None
     stop_once: bool | None = None
@@ -91,7 +95,7 @@ class AsyncHalvingSearcher(_HalvingBase):
     """Asynchronous successive halving (stop-based ASHA) with a fixed number of rungs."""
 
     name: Literal["async_halving"]
-    num_rungs: PositiveInt
+    num_rungs: Rungs
 
 
 class AdaptiveASHASearcher(_HalvingBase):
@@ -99,8 +103,8 @@ class AdaptiveASHASearcher(_HalvingBase):
 
     name: Literal["adaptive_asha"]
     mode: Literal["aggressive", "standard", "conservative"] = "standard"
-    max_rungs: PositiveInt = 5
-    bracket_rungs: list[PositiveInt] = Field(default_factory=list)
+    max_rungs: Rungs = 5
+    bracket_rungs: list[Rungs] = Field(default_factory=list, max_length=MAX_RUNGS)
 
 
 SearcherConfig = Annotated[

@@ -9,7 +9,16 @@ from events.types.experiment import (
     TrialRequested,
     TrialStopRequested,
 )
+from events.types.experiment_changes import (
+    CheckpointsDeleteRequested,
+    ExperimentContinued,
+    ExperimentDescribed,
+    ExperimentLabelsChanged,
+    ExperimentRenamed,
+    ExperimentResourcesChanged,
+)
 from events.types.system import LeaderElected
+from events.types.template import TemplateRemoved, TemplateSet
 from events.types.trial import (
     CheckpointSaved,
     KillRequested,
@@ -17,6 +26,7 @@ from events.types.trial import (
     PreemptionRequested,
     SlotsAllocated,
     SlotsReleased,
+    TrialAlerted,
     TrialEarlyExited,
     TrialExited,
     TrialKillRequested,
@@ -31,8 +41,14 @@ __all__ = [
     "AgentLost",
     "AgentRegistered",
     "CheckpointSaved",
+    "CheckpointsDeleteRequested",
     "CheckpointsDeleted",
     "ExperimentArchived",
+    "ExperimentContinued",
+    "ExperimentDescribed",
+    "ExperimentLabelsChanged",
+    "ExperimentRenamed",
+    "ExperimentResourcesChanged",
     "ExperimentStateChanged",
     "ExperimentSubmitted",
     "KillRequested",
@@ -43,6 +59,9 @@ __all__ = [
     "SlotsDisabled",
     "SlotsEnabled",
     "SlotsReleased",
+    "TemplateRemoved",
+    "TemplateSet",
+    "TrialAlerted",
     "TrialEarlyExited",
     "TrialExited",
     "TrialKillRequested",

@@ -93,14 +93,23 @@ class ExperimentArchived(Event):
 
 @register
 class CheckpointsDeleted(Event):
-    """The tracker deleted these checkpoints' files (garbage collection or experiment deletion).
+    """The tracker deleted these checkpoints' files (garbage collection, experiment deletion, or
+    a user's ``CheckpointsDeleteRequested``).
 
-    ``missing`` lists those whose directory was already gone, which is not an error.
+    ``missing`` lists those whose directory was already gone, which is not an error. Version 2
+    added the reason ``user``; a version 1 payload is valid as it is.
     """
 
     event_type = "CheckpointsDeleted"
+    schema_version = 2
 
     experiment_id: int
     uuids: list[str]
     missing: list[str] = Field(default_factory=list)
-    reason: Literal["gc", "experiment deleted"] = "gc"
+    reason: Literal["gc", "experiment deleted", "user"] = "gc"
+
+
+@upcaster("CheckpointsDeleted", 1)
+def _checkpoints_deleted_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 allowed a subset of version 2's reasons: nothing to change."""
+    return dict(payload)

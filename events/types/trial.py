@@ -222,6 +222,20 @@ class MetricsReported(Event):
     metrics: dict[str, float]
 
 
+@register
+class TrialAlerted(Event):
+    """The training code raised an alert (``ctx.alert(title, description, level)``)."""
+
+    event_type = "TrialAlerted"
+    schema_version = 2
+
+    trial_id: int
+    run_id: int
+    title: str = ""
+    description: str = ""
+    level: Literal["warn", "info", "debug", "error"] = "info"
+
+
 for _model in (
     SlotsAllocated,
     TrialStarted,
@@ -237,5 +251,6 @@ for _model in (
     TrialEarlyExited,
     TrialKillRequested,
     MetricsReported,
+    TrialAlerted,
 ):
     upcaster(_model.event_type, _model.schema_version - 1)(integer_trial_id)

@@ -2,12 +2,14 @@
 
 - an admin reads everything;
 - a user reads the experiments they own, with their trials and checkpoints (another user's: 403);
-- a trial token reads its own trial only;
+- a trial token reads its own trial only (and its experiment's searcher state: the best
+  validation so far, see :func:`searcher_readable_experiment`);
 - the agent token reads what the routes open to agents (agents run every user's trials).
 
 Routes ask here (never compare owners themselves), so a new read route cannot forget a case.
-Agents, slots and the user's own identity are shared or personal by design (``docs/tracking.md``)
-and need no experiment.
+Agents, slots, config templates and the user's own identity are shared or personal by design
+(``docs/tracking.md``) and need no experiment; changing an experiment is for its owner or an
+admin (:func:`services.api.views.check_owner`), changing a template for its creator or an admin.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from events.names import trial_label
+from events.names import parse_trial_id, trial_label
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
 from services.api.errors import forbidden, not_found
@@ -45,6 +47,23 @@ async def readable_experiment(
     """The experiment folded live, if the caller may read it; 404 unknown, 403 not theirs."""
     view = await load_experiment(store_of(request), experiment_id, with_trials=with_trials)
     check_read(principal_of(request), view.owner)
+    return view
+
+
+async def searcher_readable_experiment(
+    request: web.Request, experiment_id: int, *, with_trials: bool = False
+) -> ExperimentView:
+    """The experiment, if the caller may read its searcher state: whoever may read the
+    experiment, and the trial token of any of its trials (a trial asks how the search is going,
+    ``get_experiment_best_validation()``); 404 unknown, 403 otherwise."""
+    store = store_of(request)
+    view = await load_experiment(store, experiment_id, with_trials=with_trials)
+    principal = principal_of(request)
+    if principal.kind == "trial":
+        if await experiment_of(store, parse_trial_id(principal.name)) != experiment_id:
+            raise forbidden(f"this token is scoped to trial {principal.name}")
+        return view
+    check_read(principal, view.owner)
     return view
 
 

@@ -16,7 +16,11 @@ from services.api import (
     routes_auth,
     routes_checkpoints,
     routes_events,
+    routes_experiment_settings,
     routes_experiments,
+    routes_master,
+    routes_searcher,
+    routes_templates,
     routes_trial_control,
     routes_trials,
     routes_users,
@@ -30,10 +34,14 @@ from services.api.routing import STATE, ApiState, Route, RouteTable
 ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_auth.routes,
     routes_experiments.routes,
+    routes_experiment_settings.routes,
+    routes_templates.routes,
+    routes_master.routes,
     routes_agents.routes,
     routes_allocations.routes,
     routes_trials.routes,
     routes_trial_control.routes,
+    routes_searcher.routes,
     routes_checkpoints.routes,
     routes_users.routes,
     routes_events.routes,
@@ -72,6 +80,7 @@ def create_app(
     state = ApiState(store=store, bus=bus, secret=secret)
     app[STATE] = state
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
+    routes_master.mark_started(app)
     for route in all_routes():
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route

@@ -203,19 +203,75 @@ async def create_user(store: EventStore, username: str, password: str, *, admin:
 
 
 async def list_users(store: EventStore) -> list[dict[str, Any]]:
-    """Every user account by name: ``username``, ``admin``, ``created_at`` (ISO 8601)."""
+    """Every user account by name: ``username``, ``admin``, ``active``, ``created_at`` (ISO
+    8601)."""
     with translate_errors():
         rows = await store.pool.fetch(
-            "SELECT username, admin, created_at FROM api_users ORDER BY username"
+            "SELECT username, admin, active, created_at FROM api_users ORDER BY username"
         )
     return [
         {
             "username": str(r["username"]),
             "admin": bool(r["admin"]),
+            "active": bool(r["active"]),
             "created_at": r["created_at"].isoformat(),
         }
         for r in rows
     ]
+
+
+async def set_active(store: EventStore, username: str, active: bool) -> bool | None:
+    """Activates or deactivates a user; deactivating revokes every token the user holds.
+
+    Returns:
+        Whether the user was active before, or ``None`` when there is no such user.
+    """
+    with translate_errors():
+        async with store.pool.acquire() as conn, conn.transaction():
+            before = await conn.fetchval(
+                "SELECT active FROM api_users WHERE username = $1 FOR UPDATE", username
+            )
+            if before is None:
+                return None
+            await conn.execute(
+                "UPDATE api_users SET active = $2 WHERE username = $1", username, active
+            )
+            if not active:
+                await conn.execute("DELETE FROM api_tokens WHERE username = $1", username)
+    return bool(before)
+
+
+async def check_password(store: EventStore, username: str, password: str) -> bool:
+    """Whether ``password`` is ``username``'s (as slow for an unknown user as for a known one)."""
+    with translate_errors():
+        stored = await store.pool.fetchval(
+            "SELECT password_hash FROM api_users WHERE username = $1", username
+        )
+    hashed = str(stored) if stored is not None else _DUMMY_HASH
+    ok = await asyncio.get_running_loop().run_in_executor(None, verify_password, password, hashed)
+    return stored is not None and ok
+
+
+async def change_password(
+    store: EventStore, username: str, password: str, *, keep_token: str | None = None
+) -> bool:
+    """Sets a user's password and revokes the user's tokens (all but ``keep_token``, the one
+    the change was made with); returns ``False`` when there is no such user."""
+    hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
+    keep = hash_token(keep_token) if keep_token is not None else ""
+    with translate_errors():
+        async with store.pool.acquire() as conn, conn.transaction():
+            found = await conn.fetchval(
+                "UPDATE api_users SET password_hash = $2 WHERE username = $1 RETURNING 1",
+                username,
+                hashed,
+            )
+            if found is None:
+                return False
+            await conn.execute(
+                "DELETE FROM api_tokens WHERE username = $1 AND token_hash <> $2", username, keep
+            )
+    return True
 
 
 async def login(store: EventStore, username: str, password: str) -> tuple[str, bool] | None:
@@ -223,15 +279,20 @@ async def login(store: EventStore, username: str, password: str) -> tuple[str, b
 
     Returns:
         ``(token, admin)``, or ``None`` when the user is unknown or the password wrong.
+
+    Raises:
+        ApiError: 401 saying so when the password is right but the user is deactivated.
     """
     with translate_errors():
         row = await store.pool.fetchrow(
-            "SELECT password_hash, admin FROM api_users WHERE username = $1", username
+            "SELECT password_hash, admin, active FROM api_users WHERE username = $1", username
         )
     stored = str(row["password_hash"]) if row is not None else _DUMMY_HASH
     ok = await asyncio.get_running_loop().run_in_executor(None, verify_password, password, stored)
     if row is None or not ok:
         return None
+    if not row["active"]:
+        raise unauthorized(f"user {username!r} is deactivated; an admin can activate it")
     token = secrets.token_urlsafe(32)
     with translate_errors():
         await store.pool.execute(
@@ -259,7 +320,8 @@ async def authenticate(request: web.Request, token: str) -> Principal | None:
     with translate_errors():
         row = await state.store.pool.fetchrow(
             """SELECT u.username, u.admin FROM api_tokens t JOIN api_users u USING (username)
-               WHERE t.token_hash = $1 AND (t.expires_at IS NULL OR t.expires_at > now())""",
+               WHERE t.token_hash = $1 AND (t.expires_at IS NULL OR t.expires_at > now())
+                 AND u.active""",
             hash_token(token),
         )
     if row is None:

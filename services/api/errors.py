@@ -16,9 +16,13 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from events.errors import ConcurrencyError, EventTooLargeError, StoreUnavailableError
+from events.storable import find_unstorable
 
 log = structlog.get_logger("api")
 M = TypeVar("M", bound=BaseModel)
+
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of lists and objects in a request body."""
 
 
 class ApiError(Exception):
@@ -116,45 +120,41 @@ def parse(model: type[M], data: Any, prefix: str = "") -> M:
         data: the decoded JSON (or query) to validate.
         prefix: where ``data`` sits in the request, e.g. ``items[3]``, prepended to error paths.
     """
-    where = nul_path(data)
-    if where is not None:
+    found = find_unstorable(data)
+    if found is not None:
+        where, problem = found
         path = dotted([*([prefix] if prefix else []), *where])
-        raise bad_request(f"{path}: text may not contain NUL characters", path)
+        raise bad_request(f"{path}: {problem}", path)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation(exc, prefix) from None
 
 
-def nul_path(data: Any) -> list[str | int] | None:
-    """The location of the first string (or key) holding a NUL character, which PostgreSQL's
-    text and jsonb refuse; ``None`` when there is none."""
-    if isinstance(data, str):
-        return [] if "\x00" in data else None
-    if isinstance(data, dict):
-        for key, value in data.items():
-            if isinstance(key, str) and "\x00" in key:
-                return [key]
-            inner = nul_path(value)
-            if inner is not None:
-                return [str(key), *inner]
-    elif isinstance(data, list | tuple):
-        for i, value in enumerate(data):
-            inner = nul_path(value)
-            if inner is not None:
-                return [i, *inner]
-    return None
-
-
 async def read_json(request: web.Request) -> Any:
-    """The request's JSON body; an empty body reads as ``{}``, bad JSON raises a 400."""
+    """The request's JSON body; an empty body reads as ``{}``.
+
+    Raises:
+        ApiError: 400 when the body is not JSON, nests deeper than :data:`MAX_JSON_DEPTH`, or
+            holds text PostgreSQL cannot store (NUL, a lone surrogate); the path names where.
+    """
     raw = await request.read()
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
+    except RecursionError:
+        raise bad_request(
+            f"request body is nested more than {MAX_JSON_DEPTH} levels deep"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
+    found = find_unstorable(data, max_depth=MAX_JSON_DEPTH)
+    if found is not None:
+        where, problem = found
+        path = dotted(where)
+        raise bad_request(f"{path}: {problem}", path)
+    return data
 
 
 def error_response(error: ApiError) -> web.Response:
@@ -191,6 +191,13 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except ConcurrencyError as exc:
         log.warning("write conflict", path=request.path, error=str(exc))
         return error_response(ApiError(409, "concurrent update, retry"))
+    except UnicodeError:
+        # Only input holds text UTF-8 cannot encode (a lone surrogate): the client's fault.
+        log.warning("unencodable input", method=request.method, path=request.path, exc_info=True)
+        return error_response(ApiError(400, "request holds text that is not valid Unicode"))
+    except RecursionError:
+        log.warning("input nested too deeply", method=request.method, path=request.path)
+        return error_response(ApiError(400, "request is nested too deeply"))
     except Exception:
         log.exception("unhandled error", method=request.method, path=request.path)
         return error_response(ApiError(500, "internal server error"))

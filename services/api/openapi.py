@@ -21,7 +21,7 @@ _ERRORS = {
     "403": "the token may not do this",
     "404": "not found",
     "409": "not allowed in the current state",
-    "413": "the request body, or an event it would record, is over its size limit",
+    "413": "the request body, the config in it, or an event it would record is over its size limit",
 }
 
 

@@ -1,5 +1,5 @@
-"""Checkpoints: describe one (projection ``tr_checkpoints``) and download its directory as a
-streamed tar.gz."""
+"""Checkpoints: describe one (projection ``tr_checkpoints``), download its directory as a
+streamed tar.gz, and delete some."""
 
 from __future__ import annotations
 
@@ -9,16 +9,25 @@ import queue
 import tarfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import structlog
 from aiohttp import web
+from pydantic import BaseModel, Field
 
+from events import lifecycle
 from events.config.storage import checkpoint_root
+from events.envelope import new
+from events.names import experiment_stream
+from events.store import Transaction
+from events.types import CheckpointsDeleteRequested
 from services.api import projections_read as pr
 from services.api.access import readable_checkpoint
-from services.api.errors import not_found
-from services.api.routing import USERS, RouteTable
+from services.api.auth import principal_of
+from services.api.errors import conflict, not_found, parse, read_json
+from services.api.inbox import in_transaction
+from services.api.routing import USERS, RouteTable, store_of
+from services.api.views import check_owner, load_experiment
 
 log = structlog.get_logger("api")
 routes = RouteTable("checkpoints")
@@ -143,3 +152,72 @@ async def download_checkpoint(request: web.Request) -> web.StreamResponse:
     finally:
         chunks.cancelled.set()
     return response
+
+
+MAX_DELETE = 1000
+"""Most checkpoints one delete request names."""
+
+
+class DeleteCheckpointsBody(BaseModel):
+    """The checkpoints to delete."""
+
+    model_config = {"extra": "forbid"}
+
+    checkpoint_uuids: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        min_length=1, max_length=MAX_DELETE
+    )
+
+
+class DeleteCheckpointsResponse(BaseModel):
+    """What the tracker will delete, and what was deleted already."""
+
+    deleting: list[str]
+    already_deleted: list[str]
+
+
+@routes.add(
+    "DELETE",
+    "/api/v1/checkpoints",
+    allow=USERS,
+    body=DeleteCheckpointsBody,
+    response=DeleteCheckpointsResponse,
+)
+async def delete_checkpoints(request: web.Request) -> web.Response:
+    """Asks the tracker to delete checkpoints of ended experiments (their owner or an admin;
+    404 for an unknown uuid, 409 while its experiment runs: a trial restarts from them)."""
+    principal = principal_of(request)
+    body = parse(DeleteCheckpointsBody, await read_json(request))
+    by_experiment: dict[int, list[str]] = {}
+    already: list[str] = []
+    for uuid in dict.fromkeys(body.checkpoint_uuids):
+        row, view = await readable_checkpoint(request, uuid)
+        check_owner(principal, view.owner)
+        if row["state"] == "DELETED":
+            already.append(uuid)
+        else:
+            by_experiment.setdefault(view.experiment_id, []).append(uuid)
+
+    async def decide(tx: Transaction) -> list[str]:
+        deleting: list[str] = []
+        for experiment_id, uuids in sorted(by_experiment.items()):
+            view = await load_experiment(tx, experiment_id, with_trials=False)
+            if view.state not in lifecycle.TERMINAL:
+                raise conflict(
+                    f"checkpoint {uuids[0]} belongs to experiment {experiment_id}, which is "
+                    f"{view.state}; only an ended experiment's checkpoints can be deleted"
+                )
+            event = CheckpointsDeleteRequested(
+                experiment_id=experiment_id, uuids=uuids, actor=principal.name
+            )
+            await tx.append(
+                experiment_stream(experiment_id),
+                [new(event, actor=principal.name)],
+                expected_version=view.version,
+            )
+            deleting.extend(uuids)
+        return deleting
+
+    deleting = await in_transaction(store_of(request), decide) if by_experiment else []
+    if deleting:
+        log.info("checkpoints to delete", count=len(deleting), by=principal.name)
+    return web.json_response({"deleting": deleting, "already_deleted": already})

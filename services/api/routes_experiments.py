@@ -3,10 +3,12 @@ archive/unarchive and delete, and an experiment's trials and checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import structlog
@@ -15,7 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, Field, field_validator
 
 from events import lifecycle
-from events.config import ConfigError, parse_config
+from events.config import ConfigError, ConfigTooLargeError, parse_config
 from events.envelope import new
 from events.names import experiment_stream
 from events.store import Transaction
@@ -35,6 +37,7 @@ from services.api.limits import (
     too_large,
 )
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.templates import with_template
 from services.api.views import (
     MAX_ID,
     TERMINAL_STATES,
@@ -49,6 +52,13 @@ routes = RouteTable("experiments")
 GZIP_MAGIC = b"\x1f\x8b"
 CODE_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
 
+CONFIG_TIMEOUT_S = 60.0
+"""How long a config may take to parse and validate; past it the API answers 503. The config
+limits keep the largest config at a few seconds, so only an overloaded gateway gets there."""
+_CONFIG_WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="config")
+"""Configs are parsed here, off the event loop, so that health checks, heartbeats and every
+other request are answered meanwhile; two at a time, whatever else uses the default pool."""
+
 
 class CreateExperimentBody(BaseModel):
     """A new experiment: its config, its code and whether to start it now.
@@ -59,6 +69,9 @@ class CreateExperimentBody(BaseModel):
     config: str | dict[str, Any] = Field(description="YAML text or an already-parsed mapping")
     code: str | None = Field(None, description="the code directory as a base64 tar.gz")
     activate: bool = True
+    template: str | None = Field(
+        None, max_length=200, description="a config template merged under the config"
+    )
 
 
 class CreateExperimentResponse(BaseModel):
@@ -108,6 +121,9 @@ class ExperimentDetail(pr.ExperimentSummary):
     config: dict[str, Any]
     description: str | None
     labels: list[Any]
+    priority: int | None = None
+    weight: float | None = None
+    max_slots: int | None = None
     trials: list[pr.TrialSummary]
 
 
@@ -174,19 +190,30 @@ async def _visible(request: web.Request, *, with_trials: bool = False) -> Experi
     return await readable_experiment(request, _id(request), with_trials=with_trials)
 
 
-def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+def _parse_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+    return parse_config(raw).model_dump(mode="json")
+
+
+async def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
+    """The validated config as JSON, parsed on :data:`_CONFIG_WORKERS` within
+    :data:`CONFIG_TIMEOUT_S`; an invalid config is a 400 (413 when too large) naming its path."""
+    work = asyncio.get_running_loop().run_in_executor(_CONFIG_WORKERS, _parse_config, raw)
     try:
-        config = parse_config(raw)
+        return await asyncio.wait_for(work, CONFIG_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("config validation timed out", limit_s=CONFIG_TIMEOUT_S)
+        raise ApiError(503, "config validation timed out, retry later") from None
     except ConfigError as exc:
         errors = exc.errors or [("<config>", "invalid config")]
         path, message = errors[0]
+        too_large = isinstance(exc, ConfigTooLargeError)
+        part = {"part": f"config.{path}"} if too_large and not path.startswith("<") else {}
         raise ApiError(
-            400,
+            413 if too_large else 400,
             f"invalid config: {path}: {message}",
             path=path,
-            details={"errors": [{"path": p, "message": m} for p, m in errors]},
+            details={"errors": [{"path": p, "message": m} for p, m in errors]} | part,
         ) from None
-    return config.model_dump(mode="json")
 
 
 def _decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
@@ -218,7 +245,7 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
                 continue
             if part.name == "code":
                 code = await read_part(request, part, MAX_CODE_BYTES, "code")
-            elif part.name in ("config", "activate"):
+            elif part.name in ("config", "activate", "template"):
                 raw = await read_part(request, part, DEFAULT_MAX_BODY, part.name)
                 fields[part.name] = raw.decode(part.get_charset(default="utf-8"))
     except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
@@ -245,7 +272,10 @@ async def create_experiment(request: web.Request) -> web.Response:
     else:
         body = parse(CreateExperimentBody, await read_json_body(request))
         code = _decode_code(request, body.code)
-    config = _validate_config(body.config)
+    raw_config = body.config
+    if body.template is not None:
+        raw_config = await with_template(store_of(request), body.template, raw_config)
+    config = await _validate_config(raw_config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)
     experiment_id = await store.next_experiment_id()

@@ -10,11 +10,11 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.envelope import new
+from events.envelope import RecordedEvent, new
 from events.errors import StoreUnavailableError
 from events.names import trial_stream
 from events.store import EventStore, Transaction
-from events.types import TrialKillRequested
+from events.types import TrialAlerted, TrialKillRequested
 from services.api import projections_read as pr
 from services.api import tables
 from services.api.access import readable_trial
@@ -29,6 +29,7 @@ from services.api.views import (
     experiment_of,
     load_experiment,
     load_trial_control,
+    read_facts,
     trial_id_of,
 )
 
@@ -40,12 +41,28 @@ FOLLOW_POLL_SECONDS = 0.5
 """How often a followed log polls ``task_logs`` (and the trial's state) for more."""
 
 
+MAX_ALERTS_SHOWN = 100
+
+
+class TrialAlert(BaseModel):
+    """An alert the training code raised (event ``TrialAlerted``)."""
+
+    run_id: int
+    title: str
+    description: str
+    level: str
+    recorded_at: str
+
+
 class TrialDetail(pr.TrialSummary):
-    """A trial with its allocations, its checkpoints and its last reported progress."""
+    """A trial with its allocations, its checkpoints, its last reported progress and status,
+    and its latest alerts (at most 100, oldest first)."""
 
     allocations: list[pr.Allocation]
     checkpoints: list[pr.Checkpoint]
     progress: float | None
+    status: str | None
+    alerts: list[TrialAlert]
 
 
 class LogsQuery(BaseModel):
@@ -107,7 +124,24 @@ async def get_trial(request: web.Request) -> web.Response:
     body["allocations"] = await pr.allocations_of(store, trial_id)
     body["checkpoints"], _ = await pr.list_checkpoints(store, trial_id=trial_id)
     body["progress"] = await pr.trial_progress(store, trial_id)
+    body["status"] = await tables.fetchval(
+        store, "SELECT status FROM trial_status WHERE trial_id = $1", trial_id
+    )
+    alerts, _ = await read_facts(store, trial_stream(trial_id), ("TrialAlerted",))
+    body["alerts"] = [_alert(recorded) for recorded in alerts[-MAX_ALERTS_SHOWN:]]
     return web.json_response(body)
+
+
+def _alert(recorded: RecordedEvent) -> dict[str, Any]:
+    event = recorded.decode()
+    assert isinstance(event, TrialAlerted)
+    return {
+        "run_id": event.run_id,
+        "title": event.title,
+        "description": event.description,
+        "level": event.level,
+        "recorded_at": recorded.recorded_at.isoformat(),
+    }
 
 
 # --- logs -----------------------------------------------------------------------------------

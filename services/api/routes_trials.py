@@ -17,6 +17,7 @@ from events.store import Transaction
 from events.types import (
     CheckpointSaved,
     MetricsReported,
+    TrialAlerted,
     TrialEarlyExited,
     ValidationReported,
     WorkloadCompleted,
@@ -90,14 +91,34 @@ class EarlyExitItem(ItemBase):
         return value.lower() if isinstance(value, str) else value
 
 
+class StatusItem(ItemBase):
+    """The trial's current status text (``ctx.train.set_status``; table ``trial_status``)."""
+
+    kind: Literal["status"]
+    status: str = Field(max_length=4096)
+
+
+class AlertItem(ItemBase):
+    """An alert raised by the training code (``ctx.alert``) -> ``TrialAlerted``."""
+
+    kind: Literal["alert"]
+    title: str = Field("", max_length=10_000)
+    description: str = Field("", max_length=10_000)
+    level: Literal["warn", "info", "debug", "error"] = "info"
+    run_id: int | None = Field(None, ge=1, le=MAX_RUN, description="defaults to the latest run")
+
+
 ReportItem = Annotated[
-    MetricsItem | CheckpointItem | ProgressItem | EarlyExitItem, Field(discriminator="kind")
+    MetricsItem | CheckpointItem | ProgressItem | EarlyExitItem | StatusItem | AlertItem,
+    Field(discriminator="kind"),
 ]
 _ITEM_MODELS: dict[str, type[ItemBase]] = {
     "metrics": MetricsItem,
     "checkpoint": CheckpointItem,
     "progress": ProgressItem,
     "early_exit": EarlyExitItem,
+    "status": StatusItem,
+    "alert": AlertItem,
 }
 
 
@@ -213,7 +234,7 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
 
 def _event_for(item: ItemBase, trial_id: int, run_id: int) -> Event | None:
     """The event of one accepted item (``run_id``: the current run, which every item names or
-    defaults to); progress has none."""
+    defaults to); progress and status have none."""
     if isinstance(item, MetricsItem):
         if item.group == "training":
             return WorkloadCompleted(
@@ -247,6 +268,14 @@ def _event_for(item: ItemBase, trial_id: int, run_id: int) -> Event | None:
         )
     if isinstance(item, EarlyExitItem):
         return TrialEarlyExited(trial_id=trial_id, reason=item.reason)
+    if isinstance(item, AlertItem):
+        return TrialAlerted(
+            trial_id=trial_id,
+            run_id=run_id,
+            title=item.title,
+            description=item.description,
+            level=item.level,
+        )
     return None
 
 
@@ -254,7 +283,8 @@ async def ingest(
     tx: Transaction, trial_id: int, items: list[ItemBase], actor: str
 ) -> dict[str, int]:
     """Applies a batch of report items in ``tx``: new keys only, one append (metrics become events,
-    which the tracker projects), progress into table ``trial_progress``.
+    which the tracker projects), progress into table ``trial_progress``, status into table
+    ``trial_status``.
 
     New items are accepted only for the trial's current run (:mod:`services.api.runs`), and a
     checkpoint only under a uuid no other trial recorded first (:mod:`events.checkpoints`);
@@ -291,6 +321,15 @@ async def ingest(
                SET progress = excluded.progress, updated_at = now()""",
             trial_id,
             progress[-1].progress,
+        )
+    statuses = [i for i in fresh if isinstance(i, StatusItem)]
+    if statuses:
+        await tx.conn.execute(
+            """INSERT INTO trial_status (trial_id, status) VALUES ($1, $2)
+               ON CONFLICT (trial_id) DO UPDATE
+               SET status = excluded.status, updated_at = now()""",
+            trial_id,
+            statuses[-1].status,
         )
     events: list[NewEvent] = []
     for item in fresh:

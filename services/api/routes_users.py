@@ -1,14 +1,18 @@
-"""Users (admin only): list them and add one."""
+"""Users: list them and add one (admin), activate and deactivate them (admin), change a
+password (the user themself, or an admin)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
+from services.api import auth
 from services.api.auth import create_user, list_users, principal_of
-from services.api.errors import conflict, parse, read_json
-from services.api.routing import Access, RouteTable, store_of
+from services.api.errors import bad_request, conflict, forbidden, not_found, parse, read_json
+from services.api.routing import USERS, Access, RouteTable, store_of
 
 log = structlog.get_logger("api")
 routes = RouteTable("users")
@@ -21,6 +25,7 @@ class User(BaseModel):
 
     username: str
     admin: bool
+    active: bool = True
     created_at: str
 
 
@@ -30,6 +35,14 @@ class UsersResponse(BaseModel):
     users: list[User]
 
 
+def _encodable(value: str) -> str:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text") from None
+    return value
+
+
 class CreateUserBody(BaseModel):
     """A new account."""
 
@@ -37,14 +50,35 @@ class CreateUserBody(BaseModel):
     password: str = Field(min_length=1, max_length=1000)
     admin: bool = False
 
-    @field_validator("password")
+    _password = field_validator("password")(_encodable)
+
+
+class PasswordBody(BaseModel):
+    """A new password; a user changing their own (not an admin) gives the current one too."""
+
+    model_config = {"extra": "forbid"}
+
+    password: str = Field(min_length=1, max_length=1000)
+    old_password: str | None = Field(None, max_length=1000)
+
+    @field_validator("password", "old_password")
     @classmethod
-    def _encodable(cls, value: str) -> str:
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            raise ValueError("must be valid Unicode text") from None
-        return value
+    def _encodable(cls, value: str | None) -> str | None:
+        return value if value is None else _encodable(value)
+
+
+class PasswordResponse(BaseModel):
+    """Whose password changed (their other tokens are revoked)."""
+
+    username: str
+
+
+class ActiveResponse(BaseModel):
+    """Whether the user is active now, and whether this call changed it."""
+
+    username: str
+    active: bool
+    changed: bool
 
 
 class CreateUserResponse(BaseModel):
@@ -71,3 +105,72 @@ async def post_user(request: web.Request) -> web.Response:
         "user created", username=body.username, admin=body.admin, by=principal_of(request).name
     )
     return web.json_response({"username": body.username, "admin": body.admin})
+
+
+@routes.post(
+    "/api/v1/users/{username}/password",
+    allow=USERS,
+    body=PasswordBody,
+    response=PasswordResponse,
+)
+async def post_password(request: web.Request) -> web.Response:
+    """Changes a password: a user their own (giving the current one), an admin anyone's; every
+    other token of the user is revoked."""
+    principal = principal_of(request)
+    username = request.match_info["username"]
+    body = parse(PasswordBody, await read_json(request))
+    store = store_of(request)
+    own = principal.name == username
+    if not (own or principal.is_admin):
+        raise forbidden("a user may change only their own password (admins: anyone's)")
+    if own and not principal.is_admin:
+        if body.old_password is None:
+            raise bad_request("old_password: the current password is required", path="old_password")
+        if not await auth.check_password(store, username, body.old_password):
+            raise forbidden("old_password: that is not the current password")
+    keep = auth.bearer(request) if own else None
+    if not await auth.change_password(store, username, body.password, keep_token=keep):
+        raise not_found(f"no user {username!r}")
+    log.info("password changed", username=username, by=principal.name)
+    return web.json_response({"username": username})
+
+
+def _activation(active: bool) -> Any:
+    verb = "activate" if active else "deactivate"
+
+    async def handler(request: web.Request) -> web.Response:
+        principal = principal_of(request)
+        username = request.match_info["username"]
+        parse(EmptyBody, await read_json(request))
+        if not active and username == principal.name:
+            raise conflict("an admin cannot deactivate themself")
+        before = await auth.set_active(store_of(request), username, active)
+        if before is None:
+            raise not_found(f"no user {username!r}")
+        if before != active:
+            log.info(f"user {verb}d", username=username, by=principal.name)
+        return web.json_response(
+            {"username": username, "active": active, "changed": before != active}
+        )
+
+    handler.__name__ = f"{verb}_user"
+    handler.__doc__ = (
+        f"{verb.capitalize()}s a user (admin); a deactivated user can neither log in nor use "
+        "a token issued before."
+    )
+    return handler
+
+
+class EmptyBody(BaseModel):
+    """No fields."""
+
+    model_config = {"extra": "forbid"}
+
+
+for _active in (True, False):
+    routes.post(
+        f"/api/v1/users/{{username}}/{'activate' if _active else 'deactivate'}",
+        allow=ADMINS,
+        body=EmptyBody,
+        response=ActiveResponse,
+    )(_activation(_active))

@@ -108,11 +108,25 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         """,
     ),
     (
-        "0006_integer_trial_ids",
+        "0006_trial_status",
+        # Like progress, the status text a trial shows is its latest report, not a fact.
+        """CREATE TABLE IF NOT EXISTS trial_status (
+               trial_id    text PRIMARY KEY,
+               status      text NOT NULL,
+               updated_at  timestamptz NOT NULL DEFAULT now()
+           );""",
+    ),
+    (
+        "0007_user_active",
+        # A deactivated user can neither log in nor use a token issued before.
+        "ALTER TABLE api_users ADD COLUMN active boolean NOT NULL DEFAULT true;",
+    ),
+    (
+        "0008_integer_trial_ids",
         # Trial ids became integers; legacy "E.N" rows get the id the upcasters give them.
         "\n".join(
             f"ALTER TABLE {table} ALTER COLUMN trial_id TYPE bigint USING {sql_trial_id('trial_id')};"
-            for table in ("trial_progress", "task_logs")
+            for table in ("trial_progress", "task_logs", "trial_status")
         ),
     ),
 )

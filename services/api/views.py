@@ -32,6 +32,11 @@ from events.types import (
     AgentRegistered,
     CheckpointSaved,
     ExperimentArchived,
+    ExperimentContinued,
+    ExperimentDescribed,
+    ExperimentLabelsChanged,
+    ExperimentRenamed,
+    ExperimentResourcesChanged,
     ExperimentStateChanged,
     ExperimentSubmitted,
     KillRequested,
@@ -60,6 +65,11 @@ EXPERIMENT_FACTS = (
     "ExperimentSubmitted",
     "ExperimentStateChanged",
     "ExperimentArchived",
+    "ExperimentRenamed",
+    "ExperimentDescribed",
+    "ExperimentLabelsChanged",
+    "ExperimentResourcesChanged",
+    "ExperimentContinued",
     "TrialRequested",
 )
 TRIAL_FACTS = (
@@ -207,6 +217,12 @@ class ExperimentView:
         return searcher if isinstance(searcher, dict) else {}
 
     @property
+    def resources(self) -> dict[str, Any]:
+        """The config's ``resources`` section (empty when absent)."""
+        resources = self.config.get("resources")
+        return resources if isinstance(resources, dict) else {}
+
+    @property
     def smaller_is_better(self) -> bool:
         """Whether a smaller searcher metric is better (the searcher's default: yes)."""
         return bool(self.searcher.get("smaller_is_better", True))
@@ -244,6 +260,9 @@ class ExperimentView:
             "name": self.config.get("name"),
             "description": self.config.get("description"),
             "labels": labels if isinstance(labels, list) else [],
+            "priority": self.resources.get("priority"),
+            "weight": self.resources.get("weight"),
+            "max_slots": self.resources.get("max_slots"),
             "archived": self.archived,
             "num_trials": len(self.trials),
             "searcher_metric": self.searcher.get("metric"),
@@ -267,6 +286,12 @@ def iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+SettingsChange = (
+    ExperimentRenamed | ExperimentDescribed | ExperimentLabelsChanged | ExperimentResourcesChanged
+)
+"""A user's change of an experiment's name, description, labels or resources."""
+
+
 def fold_experiment(experiment_id: int, events: Iterable[RecordedEvent]) -> ExperimentView:
     """Folds an experiment stream."""
     view = ExperimentView(experiment_id)
@@ -286,10 +311,39 @@ def fold_experiment(experiment_id: int, events: Iterable[RecordedEvent]) -> Expe
                 view.ended_at = recorded.recorded_at
         elif isinstance(event, ExperimentArchived):
             view.archived = event.archived
+        elif isinstance(event, SettingsChange):
+            view.config = apply_settings(view.config, event)
+        elif isinstance(event, ExperimentContinued):
+            if view.state in lifecycle.TERMINAL:
+                view.state = lifecycle.ACTIVE
+                view.ended_at = None
+                view.config = dict(event.config)
+                requested = view.trials.get(event.trial_id)
+                if requested is not None:
+                    view.trials[event.trial_id] = requested.model_copy(
+                        update={"hparams": dict(event.hparams)}
+                    )
         elif isinstance(event, TrialRequested):
             view.trials[event.trial_id] = event
             view.requested_at[event.trial_id] = recorded.recorded_at
     return view
+
+
+def apply_settings(config: dict[str, Any], event: SettingsChange) -> dict[str, Any]:
+    """The config with a user's change of name, description, labels or resources applied (a
+    new dict; ``config`` is left as it is)."""
+    out = dict(config)
+    if isinstance(event, ExperimentRenamed):
+        out["name"] = event.name
+    elif isinstance(event, ExperimentDescribed):
+        out["description"] = event.description
+    elif isinstance(event, ExperimentLabelsChanged):
+        out["labels"] = list(event.labels)
+    else:
+        resources = out.get("resources")
+        out["resources"] = {**(resources if isinstance(resources, dict) else {})}
+        out["resources"].update(event.resources)
+    return out
 
 
 async def load_experiment(

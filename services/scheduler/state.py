@@ -29,6 +29,8 @@ TYPES = frozenset(
     {
         "ExperimentSubmitted",
         "ExperimentStateChanged",
+        "ExperimentResourcesChanged",
+        "ExperimentContinued",
         "TrialRequested",
         "TrialStopRequested",
         "SlotsAllocated",
@@ -200,6 +202,42 @@ def _experiment_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
         exp.state = p["state"]
 
 
+def _resources_changed(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    exp = s.experiments.get(p["experiment_id"])
+    if exp is None:
+        return
+    changes = p.get("resources") or {}
+    if "priority" in changes:
+        priority = changes["priority"]
+        exp.priority = int(priority) if priority is not None else 42
+    if "weight" in changes:
+        exp.weight = float(changes["weight"] or 1.0)
+    if "max_slots" in changes:
+        max_slots = changes["max_slots"]
+        exp.max_slots = int(max_slots) if max_slots is not None else None
+
+
+def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    """An ended experiment is ACTIVE again and its trial starts over as a fresh request would
+    (no stop, kill or early exit pending, its restart budget whole)."""
+    exp = s.experiments.get(p["experiment_id"])
+    if exp is None or exp.state not in _ENDED:
+        return
+    exp.state = "ACTIVE"
+    max_restarts = (p.get("config") or {}).get("max_restarts")
+    if max_restarts is not None:
+        exp.max_restarts = int(max_restarts)
+    trial = s.trials.get(p["trial_id"])
+    if trial is not None:
+        trial.stop_requested = False
+        trial.kill_requested = False
+        trial.early_exit = None
+        trial.restarts = 0
+
+
+_ENDED = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+
+
 def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:
     trial = Trial(trial_id=p["trial_id"], experiment_id=p["experiment_id"], order=pos)
     s.trials[trial.trial_id] = trial
@@ -331,6 +369,8 @@ def _agent_lost(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
 _HANDLERS = {
     "ExperimentSubmitted": _submitted,
     "ExperimentStateChanged": _experiment_state,
+    "ExperimentResourcesChanged": _resources_changed,
+    "ExperimentContinued": _continued,
     "TrialRequested": _requested,
     "TrialStopRequested": _stop_requested,
     "SlotsAllocated": _allocated,

@@ -18,10 +18,22 @@ from events.config import ExperimentConfig, HalvingSearcher, ReproducibilityConf
 from services.searcher.methods import make_method
 from services.searcher.methods.adaptive_asha import AdaptiveASHAStrategy
 from services.searcher.methods.asha import ASHAStrategy
-from services.searcher.methods.base import Create, Operation, SearchMethod, Shutdown, Stop
+from services.searcher.methods.base import (
+    Create,
+    Operation,
+    SearcherError,
+    SearchMethod,
+    Shutdown,
+    Stop,
+)
 
 MAX_EVENTS = 1_000_000
+"""Most simulated validations of one preview; a bigger search is refused before it runs."""
 DEFAULT_PREVIEW_SEED = 0
+
+
+class PreviewTooLargeError(SearcherError):
+    """The search would take more than :data:`MAX_EVENTS` simulated validations to preview."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,10 @@ class _Simulation:
         while self.queue and not self.done:
             events += 1
             if events > MAX_EVENTS:
-                raise RuntimeError("preview did not finish; the search looks unbounded")
+                raise PreviewTooLargeError(
+                    f"preview stopped after {MAX_EVENTS} simulated validations; the search "
+                    "looks unbounded"
+                )
             when, _, request_id, step = heapq.heappop(self.queue)
             if request_id not in self.start:
                 continue
@@ -160,14 +175,33 @@ class _Simulation:
                     self._close(request_id)
 
 
+def _validations_bound(sim: _Simulation) -> int:
+    """Most validations the simulation can run: each trial validates once per rung at most."""
+    if sim.brackets:
+        return sum(b.max_trials * b.num_rungs for b in sim.brackets)
+    return 0  # one validation per trial, and a search has at most MAX_TRIALS trials
+
+
 def preview_search(config: ExperimentConfig) -> PreviewResult:
-    """Simulates the whole search for ``config`` (see the module docstring for assumptions)."""
+    """Simulates the whole search for ``config`` (see the module docstring for assumptions).
+
+    Raises:
+        PreviewTooLargeError: The search needs more than :data:`MAX_EVENTS` simulated
+            validations.
+    """
     seed = config.reproducibility.experiment_seed
     if seed is None:
         seed = DEFAULT_PREVIEW_SEED
         repro = ReproducibilityConfig(experiment_seed=seed)
         config = config.model_copy(update={"reproducibility": repro})
     sim = _Simulation(config, seed)
+    bound = _validations_bound(sim)
+    if bound > MAX_EVENTS:
+        raise PreviewTooLargeError(
+            f"the search may need up to {bound} validations (trials x rungs), more than "
+            f"preview-search simulates ({MAX_EVENTS}); preview a smaller searcher.max_trials "
+            "or fewer rungs"
+        )
     sim.run()
     searcher = config.searcher
     lengths = Counter(sim.trained.values())

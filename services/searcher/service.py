@@ -54,6 +54,7 @@ TYPES = frozenset(
     {
         "ExperimentSubmitted",
         "ExperimentStateChanged",
+        "ExperimentContinued",
         "ValidationReported",
         "TrialEarlyExited",
         "TrialStateChanged",
@@ -198,6 +199,9 @@ class SearcherConsumer(Consumer):
             if search is not None:
                 search.state = p["state"]
             return
+        if event.type == "ExperimentContinued":
+            self._continued(p)
+            return
         if event.type == "TrialRequested":
             self._requested(int(p["experiment_id"]), str(p["request_id"]), int(p["trial_id"]))
             return
@@ -241,6 +245,26 @@ class SearcherConsumer(Consumer):
         search = Search(exp_id, config, method, state=state)
         self.searches[exp_id] = search
         self._run(search, method.initial_operations())
+
+    def _continued(self, p: dict[str, Any]) -> None:
+        """A user continued the ended experiment's trial: the search is open again until that
+        trial closes once more (the gateway only continues single-trial experiments)."""
+        search = self.searches.get(int(p["experiment_id"]))
+        trial_id = int(p["trial_id"])
+        if search is None or search.state not in lifecycle.TERMINAL:
+            return  # refused by the experiment's state machine too
+        request_id = search.request_of.get(trial_id)
+        if request_id is None:
+            return
+        try:
+            search.method.on_trial_continued(request_id)
+        except SearcherError as exc:
+            log.error("continued trial not reopened", trial=trial_id, error=str(exc))
+            return
+        search.state = "ACTIVE"
+        search.shut_down = False
+        search.closed.discard(trial_id)
+        search.early.pop(trial_id, None)
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
         stream = experiment_stream(search.experiment_id)

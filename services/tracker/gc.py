@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import structlog
@@ -317,7 +317,7 @@ class GCConsumer(Consumer):
 
     name = NAME
     subjects = (f"{EVENTS_PREFIX}.experiment.>",)
-    types = frozenset({"ExperimentStateChanged"})
+    types = frozenset({"ExperimentStateChanged", "CheckpointsDeleteRequested"})
 
     def __init__(self, default_root: Path) -> None:
         self.default_root = default_root
@@ -329,6 +329,9 @@ class GCConsumer(Consumer):
             ConcurrencyError: the experiment's stream moved meanwhile (the page is retried).
             EventsError: the database refused a statement.
         """
+        if event.type == "CheckpointsDeleteRequested":
+            await self._delete_requested(tx, event)
+            return
         state = str(event.payload.get("state", ""))
         if state not in TERMINAL and state != DELETING:
             return
@@ -344,6 +347,26 @@ class GCConsumer(Consumer):
                     await self._collect(tx, facts)
         except asyncpg.PostgresError as exc:
             raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
+
+    async def _delete_requested(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Deletes the checkpoints a user asked for that the experiment still has."""
+        experiment_id = int(event.payload["experiment_id"])
+        wanted = {str(u) for u in event.payload.get("uuids") or []}
+        try:
+            with translate_errors():
+                facts = await read_experiment(tx, experiment_id)
+                doomed = wanted.intersection(c.uuid for c in facts.live)
+                if not doomed:
+                    return
+                removal = await asyncio.to_thread(remove_directories, self.root_of(facts), doomed)
+                for uuid, error in removal.failed.items():
+                    log.error("checkpoint not deleted", uuid=uuid, error=error)
+                if removal.deleted:
+                    await self._append(tx, facts, self._deleted(facts, removal, "user"))
+        except asyncpg.PostgresError as exc:
+            raise EventsError(
+                f"deleting checkpoints of experiment {experiment_id} failed: {exc}"
+            ) from exc
 
     def root_of(self, facts: ExperimentCheckpoints) -> Path:
         """Where the experiment's checkpoint directories are."""
@@ -385,7 +408,11 @@ class GCConsumer(Consumer):
         await self._append(tx, facts, events)
 
     @staticmethod
-    def _deleted(facts: ExperimentCheckpoints, removal: Removal, reason: str) -> list[Event]:
+    def _deleted(
+        facts: ExperimentCheckpoints,
+        removal: Removal,
+        reason: Literal["gc", "experiment deleted", "user"],
+    ) -> list[Event]:
         deleted = removal.deleted
         missing = set(removal.missing)
         chunks = [deleted[i : i + UUIDS_PER_EVENT] for i in range(0, len(deleted), UUIDS_PER_EVENT)]
@@ -394,7 +421,7 @@ class GCConsumer(Consumer):
                 experiment_id=facts.experiment_id,
                 uuids=chunk,
                 missing=sorted(missing.intersection(chunk)),
-                reason="gc" if reason == "gc" else "experiment deleted",
+                reason=reason,
             )
             for chunk in chunks
         ]

@@ -34,6 +34,11 @@ from events.types import (
     CheckpointSaved,
     CheckpointsDeleted,
     ExperimentArchived,
+    ExperimentContinued,
+    ExperimentDescribed,
+    ExperimentLabelsChanged,
+    ExperimentRenamed,
+    ExperimentResourcesChanged,
     ExperimentStateChanged,
     ExperimentSubmitted,
     MetricsReported,
@@ -59,6 +64,11 @@ TYPES = frozenset(
         "ExperimentSubmitted",
         "ExperimentStateChanged",
         "ExperimentArchived",
+        "ExperimentRenamed",
+        "ExperimentDescribed",
+        "ExperimentLabelsChanged",
+        "ExperimentResourcesChanged",
+        "ExperimentContinued",
         "TrialRequested",
         "TrialStateChanged",
         "TrialRestarted",
@@ -118,6 +128,16 @@ async def apply(conn: Connection, event: Event, at: datetime, position: int) -> 
             event.experiment_id,
             event.archived,
         )
+    elif isinstance(
+        event,
+        ExperimentRenamed
+        | ExperimentDescribed
+        | ExperimentLabelsChanged
+        | ExperimentResourcesChanged,
+    ):
+        await _experiment_settings(conn, event)
+    elif isinstance(event, ExperimentContinued):
+        await _experiment_continued(conn, event)
     elif isinstance(event, TrialRequested):
         await _trial_requested(conn, event, at)
     elif isinstance(event, TrialStateChanged):
@@ -260,6 +280,68 @@ async def _experiment_state(conn: Connection, e: ExperimentStateChanged, at: dat
         e.state,
         sorted(TERMINAL),
         at,
+    )
+
+
+async def _experiment_settings(
+    conn: Connection,
+    e: ExperimentRenamed
+    | ExperimentDescribed
+    | ExperimentLabelsChanged
+    | ExperimentResourcesChanged,
+) -> None:
+    """A user's change of name, description, labels or resources: the columns and the config."""
+    if isinstance(e, ExperimentRenamed):
+        column, path, value = "name", ["name"], e.name
+    elif isinstance(e, ExperimentDescribed):
+        column, path, value = "description", ["description"], e.description
+    elif isinstance(e, ExperimentLabelsChanged):
+        await conn.execute(
+            """UPDATE tr_experiments
+               SET labels = $2, config = jsonb_set(config, '{labels}', $2)
+               WHERE experiment_id = $1""",
+            e.experiment_id,
+            list(e.labels),
+        )
+        return
+    else:
+        await conn.execute(
+            """UPDATE tr_experiments
+               SET config = jsonb_set(config, '{resources}',
+                                      coalesce(config->'resources', '{}'::jsonb) || $2::jsonb)
+               WHERE experiment_id = $1""",
+            e.experiment_id,
+            dict(e.resources),
+        )
+        return
+    await conn.execute(
+        f"""UPDATE tr_experiments
+            SET {column} = $2, config = jsonb_set(config, $3::text[], to_jsonb($2::text))
+            WHERE experiment_id = $1""",
+        e.experiment_id,
+        value,
+        path,
+    )
+
+
+async def _experiment_continued(conn: Connection, e: ExperimentContinued) -> None:
+    """An ended experiment is ACTIVE again with its new config, and its trial's hparams."""
+    current = await conn.fetchval(
+        "SELECT state FROM tr_experiments WHERE experiment_id = $1", e.experiment_id
+    )
+    if current is None or current not in TERMINAL:
+        return  # the folds refuse it too: never applied
+    await conn.execute(
+        """UPDATE tr_experiments SET state = 'ACTIVE', ended_at = NULL, config = $2,
+               name = $3, description = $4
+           WHERE experiment_id = $1""",
+        e.experiment_id,
+        e.config,
+        str(e.config.get("name") or ""),
+        str(e.config.get("description") or ""),
+    )
+    await conn.execute(
+        "UPDATE tr_trials SET hparams = $2 WHERE trial_id = $1", e.trial_id, e.hparams
     )
 
 

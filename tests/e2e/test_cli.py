@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -301,3 +302,170 @@ def test_pause_activate_kill_wait_delete(cluster: Env) -> None:
     assert "CANCELED" in waited.stdout
     assert cli(cluster, "experiment", "delete", exp_id).returncode == 2  # no tty, no --yes
     assert "DELETING" in ok(cluster, "experiment", "delete", exp_id, "--yes").stdout
+
+
+# --------------------------------------------------------------------------- changing things
+
+
+def as_user(env: Env, home: Path, user: str, password: str, *args: str) -> Any:
+    """Runs the CLI as ``user`` (logging in by itself from its own home) against the cluster."""
+    extra = {"CAIRN_USER": user, "CAIRN_PASSWORD": password}
+    return run_cli("-m", env.api_url, *args, home=home, extra=extra)
+
+
+def test_config_set_and_label(cluster: Env, finished: dict[str, Any], tmp_path: Path) -> None:
+    """config prints YAML; set name/description/priority/weight/max-slots and label add/remove
+    change what describe, config and list show; another user may not (exit 5), bad values
+    exit 2 or name the field."""
+    exp_id = str(finished["id"])
+    config = yaml.safe_load(ok(cluster, "experiment", "config", exp_id).stdout)
+    assert config["searcher"]["name"] == "single"
+    ok(cluster, "experiment", "set", "name", exp_id, "renamed-by-cli")
+    ok(cluster, "e", "set", "description", exp_id, "described by the cli")
+    ok(cluster, "e", "set", "priority", exp_id, "12")
+    ok(cluster, "e", "set", "weight", exp_id, "2.5")
+    ok(cluster, "e", "set", "max-slots", exp_id, "2")
+    ok(cluster, "e", "set", "max-slots", exp_id, "none")
+    ok(cluster, "experiment", "label", "add", exp_id, "keep")
+    ok(cluster, "experiment", "label", "add", exp_id, "drop")
+    assert "keep" in ok(cluster, "experiment", "label", "remove", exp_id, "drop").stdout
+    exp = as_json(cluster, "experiment", "describe", exp_id)
+    assert (exp["name"], exp["description"], exp["labels"]) == (
+        "renamed-by-cli",
+        "described by the cli",
+        ["keep"],
+    )
+    assert (exp["priority"], exp["weight"], exp["max_slots"]) == (12, 2.5, None)
+    shown = yaml.safe_load(ok(cluster, "e", "config", exp_id).stdout)
+    assert shown["name"] == "renamed-by-cli" and shown["resources"]["priority"] == 12
+    assert eventually(
+        lambda: any(
+            e["name"] == "renamed-by-cli" for e in as_json(cluster, "e", "list")["experiments"]
+        )
+    )
+    assert cli(cluster, "e", "set", "priority", exp_id, "high").returncode == 2
+    bad = cli(cluster, "e", "set", "priority", exp_id, "0")
+    assert bad.returncode == 1 and "resources.priority" in bad.stderr
+
+    ok(cluster, "user", "create", "mallory", "--password", "pw-m")
+    other = as_user(cluster, tmp_path / "m", "mallory", "pw-m", "e", "set", "name", exp_id, "x")
+    assert other.returncode == 5, other.stderr
+
+
+def test_experiment_and_trial_download(
+    cluster: Env, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    """experiment download --top-n unpacks the best checkpoints under -o; trial download
+    --latest and --best unpack one; a trial download needs one of its flags (exit 2)."""
+    exp_id, trial_id = str(finished["id"]), finished["exp"]["trials"][0]["trial_id"]
+    eventually(lambda: as_json(cluster, "e", "lc", exp_id)["checkpoints"])
+    got = as_json(cluster, "e", "download", exp_id, "--top-n", "1", "-o", str(tmp_path / "e"))
+    [best] = got["checkpoints"]
+    assert (tmp_path / "e" / best["uuid"] / "state.json").exists()
+    latest = as_json(cluster, "trial", "download", trial_id, "--latest", "-o", str(tmp_path / "l"))
+    state = json.loads((tmp_path / "l" / "state.json").read_text())
+    assert state["steps"] == latest["steps_completed"] == 20
+    best_one = as_json(cluster, "t", "download", trial_id, "--best", "-o", str(tmp_path / "b"))
+    assert best_one["uuid"] == best["uuid"]
+    assert cli(cluster, "trial", "download", trial_id).returncode == 2
+
+
+def test_continue_resumes_from_the_latest_checkpoint_then_delete_it(
+    cluster: Env, finished: dict[str, Any]
+) -> None:
+    """continue trains the ended single-trial experiment on from its step-20 checkpoint to the
+    new step count and it completes again, leaving a log without findings; checkpoint delete
+    then removes a checkpoint."""
+    exp_id, trial_id = str(finished["id"]), finished["exp"]["trials"][0]["trial_id"]
+    before = as_json(cluster, "trial", "describe", trial_id)["latest_checkpoint"]
+    done = cli(
+        cluster, "experiment", "continue", exp_id, "--config", "hyperparameters.steps=30", "-f",
+        timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "COMPLETED" in done.stdout.splitlines()[-1]
+    logs = ok(cluster, "trial", "logs", trial_id).stdout
+    assert f"resumed from checkpoint {before} at step 20" in logs
+    assert "done at step 30" in logs
+    trial = as_json(cluster, "trial", "describe", trial_id)
+    assert trial["state"] == "COMPLETED" and len(trial["allocations"]) == 2
+    refused = cli(cluster, "e", "continue", exp_id, "--config", "searcher.metric=x")
+    assert refused.returncode == 1 and "searcher.metric" in refused.stderr
+    dsn = json.loads((cluster.home / "cluster.json").read_text())["dsn"]
+    checked = subprocess.run(
+        [sys.executable, "-m", "events.check", dsn],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # the log is clean
+
+    uuid = eventually(lambda: as_json(cluster, "t", "describe", trial_id)["latest_checkpoint"])
+    assert cli(cluster, "checkpoint", "delete", uuid).returncode == 2  # no tty, no --yes
+    assert "deleting" in ok(cluster, "checkpoint", "delete", uuid, "--yes").stdout
+    assert eventually(
+        lambda: as_json(cluster, "checkpoint", "describe", uuid)["state"] == "DELETED"
+    )
+    assert cli(cluster, "checkpoint", "delete", "no-such-uuid", "--yes").returncode == 4
+
+
+def test_user_password_and_deactivation(cluster: Env, tmp_path: Path) -> None:
+    """A user changes their own password (old one required); an admin deactivates them, after
+    which they cannot log in (exit 3), and activates them again."""
+    ok(cluster, "user", "create", "dora", "--password", "pw-d")
+    home = tmp_path / "dora"
+    changed = as_user(
+        cluster, home, "dora", "pw-d", "user", "change-password",
+        "--old-password", "pw-d", "--password", "pw-d2",
+    )  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    other = as_user(
+        cluster, home, "dora", "pw-d2", "user", "change-password", "admin", "--password", "x"
+    )
+    assert other.returncode == 5
+    ok(cluster, "user", "deactivate", "dora")
+    assert any(
+        u["username"] == "dora" and not u["active"]
+        for u in as_json(cluster, "user", "list")["users"]
+    )
+    refused = as_user(cluster, tmp_path / "fresh", "dora", "pw-d2", "user", "whoami")
+    assert refused.returncode == 3 and "deactivated" in refused.stderr
+    ok(cluster, "user", "activate", "dora")
+    again = as_user(cluster, tmp_path / "again", "dora", "pw-d2", "--json", "user", "whoami")
+    assert again.returncode == 0 and json.loads(again.stdout)["username"] == "dora"
+
+
+def test_templates_and_create_with_template(cluster: Env, tmp_path: Path) -> None:
+    """template set/list/describe/remove; create --template merges the experiment's config over
+    the template's; an unknown template exits nonzero naming it."""
+    file = tmp_path / "tpl.yaml"
+    file.write_text("labels: [from-template]\nresources: {priority: 7}\nmax_restarts: 0\n")
+    assert "created" in ok(cluster, "template", "set", "defaults", str(file)).stdout
+    assert "defaults" in ok(cluster, "template", "list").stdout
+    assert yaml.safe_load(ok(cluster, "template", "describe", "defaults").stdout)["resources"] == {
+        "priority": 7
+    }
+    made = ok(
+        cluster, "e", "create", str(CONFIG), str(SCRIPTED), "--template", "defaults", "--paused"
+    )
+    exp_id = str(created_id(made.stdout))
+    config = yaml.safe_load(ok(cluster, "experiment", "config", exp_id).stdout)
+    assert config["labels"] == ["from-template"] and config["resources"]["priority"] == 7
+    assert config["max_restarts"] == 3  # the experiment's own value wins
+    ok(cluster, "experiment", "kill", exp_id)
+    missing = cli(cluster, "e", "create", str(CONFIG), str(SCRIPTED), "--template", "nope")
+    assert missing.returncode == 1 and "template" in missing.stderr
+    ok(cluster, "template", "remove", "defaults")
+    assert cli(cluster, "template", "describe", "defaults").returncode == 4
+
+
+def test_master_info_and_version(cluster: Env) -> None:
+    """master info shows the version, cluster id and uptime; version shows client and master."""
+    info = as_json(cluster, "master", "info")
+    assert info["version"] and info["cluster_id"] and info["uptime_seconds"] >= 0
+    assert "cluster id" in ok(cluster, "master", "info").stdout
+    versions = as_json(cluster, "version")
+    assert versions["client"]["version"] == versions["master"]["version"]
+    assert cli(cluster, "-m", "http://127.0.0.1:9", "version").returncode == 6

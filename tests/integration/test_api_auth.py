@@ -190,6 +190,18 @@ async def test_garbage_input_never_causes_a_500(api: Api, store: EventStore) -> 
             "items": [{**metric_with(steps=1), "idempotency_key": "k\u0000"}],
             "config": "name: \u0000",
         },
+        {  # the same with lone surrogates, which UTF-8 (and so PostgreSQL) cannot encode
+            "slots": [{"slot_id": "\ud800"}],
+            "running": ["\udfff"],
+            "lines": [{"line": "\ud800"}],
+            "idempotency_key": "k\ud800",
+            "agent_id": "gpu01",
+            "exit_code": 0,
+            "items": [{**metric_with(steps=1), "idempotency_key": "k\udc00"}],
+            "config": {"name": "\ud800", "searcher": {"name": "single", "metric": "m"}},
+            "username": "\ud800",
+            "password": "\ud800",
+        },
     ]
     ids = {
         "experiment_id": ["1", "x", "99999999999999999999"],

@@ -17,6 +17,7 @@ import pytest
 
 from cairn.local.servers import ServerProcess
 from events.bus import EVENTS_STREAM, POSITION_HEADER, STUB_HEADER, Bus, subject_for
+from events.config.limits import MAX_CONFIG_CHARS
 from events.consumer import ConsumerRunner
 from events.limits import MAX_EVENT_BYTES
 from events.relay import CHECKPOINT as RELAY_CHECKPOINT
@@ -86,16 +87,23 @@ async def create(api: Api, config: str, code: bytes | None = None) -> tuple[int,
     return await api.call("POST", "/api/v1/experiments", token=api.admin, json=body)
 
 
-async def test_two_mb_description_is_413_and_the_next_experiment_runs(cluster: Cluster) -> None:
-    """A 2 MB description gets 413 naming config.description, records nothing (not even the
-    code), and the next experiment is accepted, relayed whole and gets its trial requested."""
+@pytest.mark.parametrize("size", [700 * 1024, 2 * 1024 * 1024])
+async def test_big_description_is_413_and_the_next_experiment_runs(
+    cluster: Cluster, size: int
+) -> None:
+    """A description over the event limit (700 KB) or over the config limit too (2 MB) gets 413
+    naming config.description, records nothing (not even the code), and the next experiment is
+    accepted, relayed whole and gets its trial requested."""
     api, store = cluster.api, cluster.store
-    status, body = await create(api, config_with(description=BIG), gzip.compress(b"code"))
+    config = config_with(description="x" * size)
+    status, body = await create(api, config, gzip.compress(b"code"))
     assert status == 413, body
     error = body["error"]
-    assert "config.description" in error["message"] and "ExperimentSubmitted" in error["message"]
-    assert error["part"] == "config.description"
-    assert error["size"] > error["limit"] == MAX_EVENT_BYTES
+    assert error["part"] == "config.description", error
+    if size < MAX_CONFIG_CHARS:  # refused when the event is built, not by the config's limits
+        assert "config.description" in error["message"]
+        assert "ExperimentSubmitted" in error["message"]
+        assert error["size"] > error["limit"] == MAX_EVENT_BYTES
     assert await submitted(store) == []
     assert await store.pool.fetchval("SELECT count(*) FROM code_blobs") == 0
 

@@ -74,6 +74,8 @@ class ASHAStrategy(SearchStrategy):
         self.trial_rung: dict[str, int] = {}
         self.early_exits: list[str] = []
         self.stopped: list[str] = []
+        # Members of ``stopped`` or ``early_exits``, for constant-time membership tests.
+        self.finished: set[str] = set()
         self.completed = 0
         self.invalid = 0
 
@@ -117,7 +119,7 @@ class ASHAStrategy(SearchStrategy):
             raise SearcherError(f"{request_id!r} was not created by this bracket")
         if time_value is None:
             raise SearcherError(f"ASHA needs a time value with each validation ({request_id})")
-        if request_id in self.stopped or request_id in self.early_exits:
+        if request_id in self.finished:
             return []
         value = self._signed(metric)
         ops: list[Operation] = []
@@ -129,6 +131,7 @@ class ASHAStrategy(SearchStrategy):
             keep = max(int(len(self.values[rung]) / self.divisor), 1)
             if rung == self.num_rungs - 1 or index >= keep:
                 self.stopped.append(request_id)
+                self.finished.add(request_id)
                 ops.append(Stop(request_id))
                 break
         if ops and self._room():
@@ -139,9 +142,10 @@ class ASHAStrategy(SearchStrategy):
         """Drops an ``invalid_hp`` trial entirely; ranks any other early exit as worst."""
         if request_id not in self.trial_rung:
             raise SearcherError(f"{request_id!r} was not created by this bracket")
-        if request_id in self.stopped or request_id in self.early_exits:
+        if request_id in self.finished:
             return []
         self.early_exits.append(request_id)
+        self.finished.add(request_id)
         if reason == "invalid_hp":
             self.invalid += 1
             for rung in range(self.trial_rung[request_id] + 1):
@@ -196,5 +200,6 @@ class ASHAStrategy(SearchStrategy):
         self.trial_rung = {str(k): int(v) for k, v in state["trial_rung"].items()}
         self.early_exits = list(state["early_exits"])
         self.stopped = list(state["stopped"])
+        self.finished = {*self.early_exits, *self.stopped}
         self.completed = int(state["completed"])
         self.invalid = int(state["invalid"])

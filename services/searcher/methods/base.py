@@ -132,6 +132,11 @@ class SearchStrategy(ABC):
         """A trial exited for good (called once per trial)."""
         return []
 
+    def reopened(self, ctx: SearchContext, request_id: str) -> None:
+        """A closed trial was continued by a user and is live again (see
+        :meth:`SearchMethod.on_trial_continued`)."""
+        raise SearcherError(f"{type(self).__name__} cannot continue a closed trial")
+
     @abstractmethod
     def progress(self) -> float:
         """Fraction of the search done, in ``[0, 1]``."""
@@ -215,6 +220,22 @@ class SearchMethod:
         self._closed.append(request_id)
         self._closed_set.add(request_id)
         return self._finish(self._strategy.closed(self._ctx, request_id))
+
+    def on_trial_continued(self, request_id: str) -> None:
+        """A user continued the ended search's closed trial ``request_id``: it is live again and
+        the search is open until it closes once more (then ``Shutdown`` follows again).
+
+        Raises:
+            SearcherError: the trial is not closed, or the strategy cannot take it back.
+        """
+        self._known(request_id)
+        if request_id not in self._closed_set:
+            raise SearcherError(f"trial {request_id!r} is not closed")
+        self._strategy.reopened(self._ctx, request_id)
+        self._closed.remove(request_id)
+        self._closed_set.discard(request_id)
+        self._exits.pop(request_id, None)
+        self._shutdown = False
 
     # -- queries ----------------------------------------------------------------------------
 

@@ -73,6 +73,16 @@ class RandomStrategy(SearchStrategy):
         self.closed_ids.append(request_id)
         return self._fill(ctx)
 
+    def reopened(self, ctx: SearchContext, request_id: str) -> None:
+        """A continued trial is live again and holds its budget place once more."""
+        if request_id in self.closed_ids:
+            self.closed_ids.remove(request_id)
+        if request_id in self.invalid:
+            self.invalid.remove(request_id)
+            self.budget_used += 1
+        self.live.append(request_id)
+        self.fraction.pop(request_id, None)
+
     def progress(self) -> float:
         """Mean over the budget of 1 per closed valid trial, else its trained fraction."""
         invalid = set(self.invalid)

@@ -1,0 +1,102 @@
+"""``cairn template``: list, describe, set and remove config templates.
+
+A template is a partial experiment config; ``cairn experiment create --template NAME`` merges
+the experiment's config over it (the experiment's values win).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from cairn.cli import auth_store
+from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.errors import UsageError
+
+
+def register(sub: Any) -> None:
+    """Adds the ``template`` verb group."""
+    group = sub.add_parser("template", aliases=["tpl"], help="manage config templates")
+    group.set_defaults(group_parser=group)
+    verbs = group.add_subparsers(metavar="VERB")
+
+    ls = verbs.add_parser("list", aliases=["ls"], help="list templates")
+    ls.add_argument("-d", "--details", action="store_true", help="show each template's config")
+    add_json_flag(ls)
+    ls.set_defaults(handler=cmd_list)
+
+    describe = verbs.add_parser("describe", help="print a template's config as YAML")
+    describe.add_argument("name")
+    add_json_flag(describe)
+    describe.set_defaults(handler=cmd_describe)
+
+    setter = verbs.add_parser("set", help="create or replace a template from a YAML file")
+    setter.add_argument("name")
+    setter.add_argument("template_file", metavar="FILE", type=Path, help="partial config YAML")
+    add_json_flag(setter)
+    setter.set_defaults(handler=cmd_set)
+
+    remove = verbs.add_parser("remove", aliases=["rm"], help="remove a template")
+    remove.add_argument("name")
+    add_json_flag(remove)
+    remove.set_defaults(handler=cmd_remove)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Lists templates (``-d``: with their configs)."""
+    from events.config import dump_yaml
+
+    data = auth_store.connect(args).list_templates()
+    if wants_json(args):
+        print_json(data)
+        return 0
+    templates = data.get("templates") or []
+    if args.details:
+        for tpl in templates:
+            print(f"{tpl.get('name')} (owner {tpl.get('owner')}):")
+            for line in dump_yaml(tpl.get("config") or {}).splitlines():
+                print(f"  {line}")
+        return 0
+    table(
+        ["NAME", "OWNER", "UPDATED"],
+        [[t.get("name"), t.get("owner"), when(t.get("updated_at"))] for t in templates],
+    )
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    """Prints one template's config as YAML."""
+    from events.config import dump_yaml
+
+    template = auth_store.connect(args).get_template(args.name)
+    if wants_json(args):
+        print_json(template)
+    else:
+        print(dump_yaml(template.get("config") or {}), end="")
+    return 0
+
+
+def cmd_set(args: argparse.Namespace) -> int:
+    """Creates or replaces a template from a YAML file (validated by the master)."""
+    try:
+        text = args.template_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.template_file}: {exc.strerror or exc}") from None
+    result = auth_store.connect(args).set_template(args.name, text)
+    if wants_json(args):
+        print_json(result)
+    else:
+        verb = "created" if result.get("created") else "replaced"
+        print(f"template {args.name} {verb}")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    """Removes a template."""
+    result = auth_store.connect(args).remove_template(args.name)
+    if wants_json(args):
+        print_json(result)
+    else:
+        print(f"template {args.name} removed")
+    return 0
