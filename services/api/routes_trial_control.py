@@ -250,8 +250,8 @@ async def kill_trial(request: web.Request) -> web.Response:
     (owner or admin; 409 when the trial has ended)."""
     principal = principal_of(request)
     trial_id = trial_id_of(request.match_info["trial_id"])
-    experiment_id = await experiment_of(store_of(request), trial_id)
     parse(KillBody, await read_json(request))
+    experiment_id = await experiment_of(store_of(request), trial_id)
 
     async def decide(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, trial_id=trial_id)
