@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from cairn.local.servers import ServerProcess
+from events import names
 from events.check import check_log
 from events.store import EventStore
-from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
+from tests.e2e.harness import Cluster, events_of, experiment_state, trial_ids, wait_for
 from tests.e2e.test_cli import CONFIG, created_id, eventually, run_cli
 from tests.e2e.test_trials import SCRIPTED, scripted
 
@@ -47,7 +48,12 @@ async def test_agent_sigkilled_and_restarted_loses_and_restarts_both_runs(
     config["searcher"] = {"name": "grid", "metric": "validation_loss", "max_concurrent_trials": 2}
     config["hyperparameters"]["report_every"] = {"type": "categorical", "vals": [5, 10]}
     exp = await cluster.submit(config, SCRIPTED)
-    trials = [f"{exp}.1", f"{exp}.2"]
+
+    async def both_requested() -> bool:
+        return len(await trial_ids(store, exp)) == 2
+
+    await wait_for(cluster, both_requested)
+    trials = await trial_ids(store, exp)
 
     async def both_checkpointed() -> bool:
         saved = {e.payload["trial_id"] for e in await events_of(store, "CheckpointSaved")}
@@ -64,7 +70,7 @@ async def test_agent_sigkilled_and_restarted_loses_and_restarts_both_runs(
 
     await wait_for(cluster, completed, timeout=120)
     for trial in trials:
-        events = await store.read_stream(f"trial-{trial}")
+        events = await store.read_stream(names.trial_stream(trial))
         exits = [e.payload for e in events if e.type == "TrialExited"]
         assert [(x["run_id"], x["outcome"]) for x in exits] == [(1, "lost"), (2, "completed")]
         assert exits[0]["message"] == "agent restarted"
@@ -79,11 +85,20 @@ async def test_agent_sigkilled_and_restarted_loses_and_restarts_both_runs(
     assert await check_log(store) == []
 
 
-async def trial_stream(dsn: str, trial_id: str) -> list[Any]:
+async def trial_stream(dsn: str, trial_id: int) -> list[Any]:
     """The trial's events, read straight from the embedded cluster's log."""
     store = await EventStore.connect(dsn)
     try:
-        return list(await store.read_stream(f"trial-{trial_id}"))
+        return list(await store.read_stream(names.trial_stream(trial_id)))
+    finally:
+        await store.close()
+
+
+async def requested_trials(dsn: str, experiment_id: int) -> list[int]:
+    """The experiment's trial ids so far, read straight from the embedded cluster's log."""
+    store = await EventStore.connect(dsn)
+    try:
+        return await trial_ids(store, experiment_id)
     finally:
         await store.close()
 
@@ -102,7 +117,9 @@ def test_down_then_up_mid_trial_completes_the_experiment() -> None:
         overrides = [a for h in hp for a in ("--config", f"hyperparameters.{h}")]
         created = run_cli("experiment", "create", str(CONFIG), str(SCRIPTED), *overrides, home=home)
         assert created.returncode == 0, created.stderr
-        trial = f"{created_id(created.stdout)}.1"
+        exp = int(created_id(created.stdout))
+        assert eventually(lambda: asyncio.run(requested_trials(dsn, exp)), timeout=60)
+        trial = asyncio.run(requested_trials(dsn, exp))[0]
 
         def checkpointed() -> bool:
             events = asyncio.run(trial_stream(dsn, trial))
