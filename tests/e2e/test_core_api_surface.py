@@ -137,7 +137,7 @@ async def test_determined_037_script_uses_the_whole_core_api_and_completes(
         operation = await cluster.request("GET", f"/trials/{trial}/searcher/operation")
         assert operation["completed"], "a finished trial has no operation left"
 
-        tensorboard = storage / "tensorboard" / "experiment" / str(exp) / "trial" / trial
+        tensorboard = storage / "tensorboard" / "experiment" / str(exp) / "trial" / str(trial)
         assert scalars(tensorboard, "training/loss") == [
             (steps, round(1 / (1 + steps * inc), 6)) for steps in (5, 10, 15, 20)
         ]
