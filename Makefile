@@ -4,9 +4,28 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench demo up down clean
+.PHONY: install test test-fast lint bench demo up down clean browser web-assets screenshot
 
-install: $(STAMP)
+# The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
+# node_modules into the directory the API serves (services/api/web/vendor, not committed).
+WEB_VENDOR := services/api/web/vendor
+WEB_STAMP  := $(WEB_VENDOR)/.installed-$(shell cat package-lock.json 2>/dev/null | cksum | cut -d' ' -f1)
+
+install: $(STAMP) $(WEB_STAMP)
+
+web-assets: $(WEB_STAMP)
+
+$(WEB_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@mkdir -p $(WEB_VENDOR)
+	@rm -f $(WEB_VENDOR)/.installed-*
+	cp node_modules/uplot/dist/uPlot.esm.js node_modules/uplot/dist/uPlot.min.css \
+	   node_modules/echarts/dist/echarts.esm.min.js $(WEB_VENDOR)/
+	@touch $@
+
+# Debian's Chromium for the browser tests (Playwright drives it; it never downloads a browser).
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
 
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +34,7 @@ $(STAMP):
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
-test: install
+test: install browser
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: install
@@ -23,9 +42,13 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy events services
 
-bench: install
+bench: install browser
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	$(PY) -m bench
+
+# The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
+screenshot: install browser
+	$(PY) -m tests.browser.screenshot --out docs/webui-experiment.png
 
 demo: install
 	$(VENV)/bin/cairn demo

@@ -55,13 +55,16 @@ def run(args: argparse.Namespace) -> int:
     if state is None or not state.api_url:
         raise CairnError("the cluster did not record its API address")
     client = Client(state.api_url)
-    client.login("admin", os.environ.get("CAIRN_ADMIN_PASSWORD", "admin"))
+    password = os.environ.get("CAIRN_ADMIN_PASSWORD", "admin")
+    client.login("admin", password)
     print(f"==> submitting {args.config} (code: {args.code})")
     exp_id = client.create_experiment(args.config.read_text(), args.code)
     print(f"==> experiment {exp_id} submitted; following it")
+    print(_web_ui(state.api_url, exp_id, password))
     summary = _follow(client, exp_id, args.timeout)
     ok = _report(client, summary)
     print()
+    print(_web_ui(state.api_url, exp_id, password))
     print(f"API:        {state.api_url}/api/v1/openapi.json (log in: POST /api/v1/auth/login)")
     print(f"Events:     {state.api_url}/api/v1/events/stream?experiment_id={exp_id} (SSE)")
     print(
@@ -76,6 +79,15 @@ def run(args: argparse.Namespace) -> int:
             f"The cluster is still running: `cairn status --data-dir {data_dir}`; stop it with `cairn down`."
         )
     return 0 if ok else 1
+
+
+def _web_ui(api_url: str, exp_id: int, password: str) -> str:
+    """The lines telling where the web UI is and how to log in."""
+    shown = "admin" if password == "admin" else "$CAIRN_ADMIN_PASSWORD"
+    return (
+        f"Web UI:     {api_url}/#/experiments/{exp_id}  (log in as admin / {shown})\n"
+        f"            compare the best trials from the Trials tab; the cluster at {api_url}/#/cluster"
+    )
 
 
 def _follow(client: Client, exp_id: int, timeout: float) -> dict[str, Any]:

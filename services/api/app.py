@@ -15,15 +15,18 @@ from services.api import (
     routes_allocations,
     routes_auth,
     routes_checkpoints,
+    routes_cluster,
     routes_events,
     routes_experiment_settings,
     routes_experiments,
     routes_master,
     routes_searcher,
+    routes_series,
     routes_templates,
     routes_trial_control,
     routes_trials,
     routes_users,
+    routes_webui,
     tables,
 )
 from services.api.auth import agent_token, auth_middleware, ensure_admin
@@ -46,11 +49,13 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_users.routes,
     routes_events.routes,
     openapi.routes,
+    routes_series.routes,
+    routes_cluster.routes,
 )
 
 
 def all_routes() -> list[Route]:
-    """Every route the gateway serves."""
+    """Every API route the gateway serves (the web UI's file routes aside)."""
     return [route for table in ROUTE_TABLES for route in table.routes]
 
 
@@ -81,7 +86,7 @@ def create_app(
     app[STATE] = state
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
     routes_master.mark_started(app)
-    for route in all_routes():
+    for route in [*all_routes(), *routes_webui.routes.routes]:
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route
     app.on_startup.append(_startup)

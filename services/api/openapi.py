@@ -35,7 +35,7 @@ def build(
     all_routes: Iterable[Route], *, title: str = "cairn API", version: str = "1"
 ) -> dict[str, Any]:
     """Builds the OpenAPI 3.1 document describing ``all_routes``."""
-    route_list = list(all_routes)
+    route_list = [route for route in all_routes if not route.hidden]
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [(ErrorBody, "serialization")]
     for route in route_list:
         if route.body is not None:

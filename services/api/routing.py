@@ -47,6 +47,7 @@ class Route:
         raw_response: media type of a non-JSON response (e.g. ``application/gzip``).
         max_body: the largest request body it reads, in bytes (``None``:
             :data:`services.api.limits.DEFAULT_MAX_BODY`).
+        hidden: left out of the OpenAPI document (the web UI's files).
     """
 
     method: str
@@ -61,6 +62,7 @@ class Route:
     multipart: bool = False
     raw_response: str | None = None
     max_body: int | None = None
+    hidden: bool = False
 
 
 @dataclass

@@ -54,6 +54,7 @@ def test_demo_runs_a_real_asha_search_and_reports_a_best_trial_above_baseline() 
         assert "COMPLETED, 4 trials" in out
         assert "best trial 1." in out and "hyperparameters: " in out and "lr=" in out
         assert "beats the 0.90 accuracy baseline" in out
+        assert "Web UI:     http://" in out and "/#/experiments/1  (log in as admin / admin)" in out
     finally:
         subprocess.run(
             [sys.executable, "-m", "cairn", "down", "--data-dir", str(scratch / "cluster")],

@@ -1,0 +1,261 @@
+"""The web UI at scale: an experiment of 1,000 trials x 1,000 validation points per trial.
+
+The log holds the experiment and its 1,000 ``TrialRequested`` facts, projected by the tracker;
+the 2,000,000 metric rows (validation and training, 1,000 steps each) are inserted straight into
+the tracker's ``tr_metrics`` table, because what is measured is the read path, not ingest
+(``bench/ingest.py`` measures that). The API runs as its own process.
+
+Figures (as opens per second, so that higher is better; seconds are in the notes):
+
+1. ``experiment page``: in headless Chromium (Debian's, driven by Playwright), from navigation
+   to the experiment page until its learning-curve chart has drawn all 1,000 trials (the page's
+   own ``performance.now()``), median of a few opens, beside the time the same data takes
+   through the REST API alone: the experiment, then every trial's validation metrics
+   (``GET /api/v1/trials/{id}/metrics?group=validation``, 8 requests at a time).
+2. ``series endpoint``: the downsampled series request alone, beside the same REST baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+
+from bench.common import BenchContext, Measure, Report, progress
+from cairn.local.servers import free_port
+from events.config import parse_config
+from events.store import EventStore
+from events.types import ExperimentSubmitted, TrialRequested
+from services.api import tables
+from services.tracker import schema as tracker_schema
+from services.tracker.service import catch_up
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+CONFIG = """
+name: webui-scale
+entrypoint: python3 train.py
+searcher: {name: random, metric: validation_loss, max_trials: 1000, max_length: {batches: 1000}}
+hyperparameters:
+  lr: {type: log, base: 10, minval: -4, maxval: -1}
+  width: {type: int, minval: 16, maxval: 256}
+"""
+OPENS = 3
+
+
+class FineMeasure(Measure):
+    """Printed with two decimals."""
+
+    decimals = 2
+
+
+async def _load(dsn: str, trials: int, points: int) -> None:
+    """The experiment and its trials through the log and the tracker; the metric rows copied."""
+    store = await EventStore.connect(dsn)
+    try:
+        await tables.migrate(store)
+        await tracker_schema.migrate(store)
+        config = parse_config(CONFIG, default_seed=7).model_dump(mode="json")
+        await store.append(
+            "experiment-1", [ExperimentSubmitted(experiment_id=1, config=config, owner="admin")]
+        )
+        requested = [
+            TrialRequested(
+                experiment_id=1,
+                trial_id=f"1.{i}",
+                request_id=f"r{i}",
+                hparams={"lr": 10 ** (-4 + 3 * i / trials), "width": 16 + (i * 37) % 240},
+                trial_seed=i,
+            )
+            for i in range(1, trials + 1)
+        ]
+        for start in range(0, trials, 200):
+            await store.append(
+                "experiment-1", requested[start : start + 200], expected_version=None
+            )
+        await catch_up(store)
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(dsn)
+    try:
+        # Curves that fall at 17 different rates, with a little noise, in both groups.
+        await conn.execute(
+            """INSERT INTO tr_metrics (trial_id, experiment_id, run_id, "group", steps_completed,
+                                       metrics, archived, reported_at)
+               SELECT '1.' || t, 1, 1, g, s,
+                      jsonb_build_object(CASE WHEN g = 'validation' THEN 'validation_loss'
+                                              ELSE 'loss' END,
+                                         2.0 / (1.0 + (0.002 + 0.01 * (t % 17) / 17.0) * s)
+                                         + 0.02 * ((s * t) % 7) / 7.0),
+                      false, now()
+               FROM generate_series(1, $1::int) t, generate_series(1, $2::int) s,
+                    unnest(ARRAY['validation', 'training']) g""",
+            trials,
+            points,
+        )
+        await conn.execute(
+            """UPDATE tr_trials t SET best_metric = m.best, steps_completed = $1
+               FROM (SELECT trial_id, min((metrics->>'validation_loss')::float8) AS best
+                     FROM tr_metrics WHERE "group" = 'validation' GROUP BY trial_id) m
+               WHERE m.trial_id = t.trial_id""",
+            points,
+        )
+        await conn.execute("ANALYZE tr_metrics; ANALYZE tr_trials")
+    finally:
+        await conn.close()
+
+
+async def _rest_baseline(url: str, token: str, trials: int) -> float:
+    """Seconds to read the experiment and every trial's validation metrics, 8 at a time."""
+    headers = {"Authorization": f"Bearer {token}"}
+    started = time.perf_counter()
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async with http.get(f"{url}/api/v1/experiments/1") as resp:
+            assert resp.status == 200, resp.status
+            await resp.json()
+        gate = asyncio.Semaphore(8)
+
+        async def one(i: int) -> int:
+            async with gate, http.get(f"{url}/api/v1/trials/1.{i}/metrics?group=validation") as r:
+                body = await r.json()
+                return len(body["metrics"])
+
+        counts = await asyncio.gather(*(one(i) for i in range(1, trials + 1)))
+    assert sum(counts) > 0
+    return time.perf_counter() - started
+
+
+async def _series_seconds(url: str, token: str) -> float:
+    headers = {"Authorization": f"Bearer {token}"}
+    started = time.perf_counter()
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.get(f"{url}/api/v1/experiments/1/series?group=validation&buckets=400") as resp,
+    ):
+        assert resp.status == 200, resp.status
+        await resp.json()
+    return time.perf_counter() - started
+
+
+async def _browser_opens(url: str, token: str, trials: int) -> list[float]:
+    """Seconds from navigation to the drawn learning curves, as the page measures them."""
+    from playwright.async_api import async_playwright
+
+    seconds = []
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = await (await browser.new_context(viewport={"width": 1400, "height": 900})).new_page()
+        await page.goto(f"{url}/#/login")
+        await page.evaluate(
+            "([t]) => { localStorage.setItem('cairn.token', t);"
+            " localStorage.setItem('cairn.user', JSON.stringify({username: 'admin', admin: true})); }",
+            [token],
+        )
+        for _ in range(OPENS):
+            await page.goto("about:blank")
+            await page.goto(f"{url}/#/experiments/1")
+            await page.wait_for_function(
+                f"""() => {{ const el = document.querySelector('#learning-curves');
+                           return el && el.dataset.series === '{trials}' && el.dataset.drawn; }}""",
+                timeout=120_000,
+            )
+            seconds.append(await page.evaluate("performance.now()") / 1000.0)
+        await browser.close()
+    return seconds
+
+
+async def run(ctx: BenchContext) -> Report:
+    """Loads the experiment, starts the API, and times the page and the REST baseline."""
+    trials = ctx.scaled(1000, 10)
+    points = ctx.scaled(1000, 10)
+    if not await asyncio.to_thread(Path(CHROMIUM).exists):
+        raise RuntimeError(f"{CHROMIUM} is missing: `make browser` installs it")
+    dsn = await ctx.create_database("webui")
+    progress(f"webui: loading {trials} trials x {points} points")
+    await _load(dsn, trials, points)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CAIRN_DB": dsn, "CAIRN_NATS": ""}
+    log = open(ctx.tmp / "webui-api.log", "wb")  # noqa: SIM115 - closed in finally
+    api = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "services.api", "--db", dsn, "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        token = await _login(url)
+        await _series_seconds(url, token)  # warm the database's caches
+        rest = [await _rest_baseline(url, token, trials) for _ in range(2)]
+        series = [await _series_seconds(url, token) for _ in range(OPENS)]
+        opens = await _browser_opens(url, token, trials)
+    finally:
+        os.killpg(api.pid, signal.SIGKILL)
+        api.wait()
+        log.close()
+    page_s, rest_s, series_s = statistics.median(opens), min(rest), statistics.median(series)
+    label = f"REST alone ({trials + 1} requests, {rest_s:.2f}s)"
+    return Report(
+        measures=[
+            FineMeasure(
+                f"experiment page opens/s ({trials}x{points})",
+                1.0 / page_s,
+                1.0 / rest_s,
+                label,
+                unit="opens/s",
+                count=len(opens),
+                notes=f"navigation to drawn curves {page_s:.2f}s (median of {len(opens)})",
+            ),
+            FineMeasure(
+                "downsampled series request/s",
+                1.0 / series_s,
+                1.0 / rest_s,
+                label,
+                unit="requests/s",
+                count=len(series),
+                notes=f"{series_s:.2f}s",
+            ),
+        ],
+        details={"page_seconds": opens, "rest_seconds": rest, "series_seconds": series},
+        notes=[
+            f"experiment page: {page_s:.2f}s from navigation to {trials} drawn curves; "
+            f"the same points through the REST API alone: {rest_s:.2f}s",
+        ],
+    )
+
+
+async def _login(url: str) -> str:
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as http:
+        while True:
+            try:
+                async with http.post(
+                    f"{url}/api/v1/auth/login", json={"username": "admin", "password": "admin"}
+                ) as resp:
+                    if resp.status == 200:
+                        return str((await resp.json())["token"])
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API did not start")
+            await asyncio.sleep(0.2)

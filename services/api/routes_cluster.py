@@ -1,0 +1,194 @@
+"""The cluster as the web UI shows it: the queue of waiting trials and slot use over time.
+
+Agents and slots are shared by design (``docs/tracking.md``); the queue shows every waiting
+trial with its priority and position, but names another user's trial and experiment only to
+admins.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from services.api import projections_read as pr
+from services.api.auth import principal_of
+from services.api.errors import parse
+from services.api.routing import USERS, RouteTable, store_of
+
+routes = RouteTable("cluster")
+
+DEFAULT_PRIORITY = 42
+"""The priority of an experiment whose config names none (lower runs first)."""
+
+
+class QueueEntry(BaseModel):
+    """A trial waiting for slots; ``trial_id``/``experiment_id``/``name`` are ``null`` on
+    another user's entry unless the caller is an admin."""
+
+    position: int
+    trial_id: str | None
+    experiment_id: int | None
+    name: str | None
+    owner: str
+    priority: int
+    slots: int
+    resource_pool: str
+    requested_at: str | None
+
+
+class QueueResponse(BaseModel):
+    """The waiting trials, first to be placed first."""
+
+    queue: list[QueueEntry]
+
+
+class Holder(BaseModel):
+    """A live allocation and what it runs; ``trial_id``/``experiment_id`` are ``null`` on
+    another user's allocation unless the caller is an admin."""
+
+    allocation_id: str
+    trial_id: str | None
+    experiment_id: int | None
+    owner: str
+    state: str
+    agent_id: str | None
+
+
+class HoldersResponse(BaseModel):
+    """The allocations that hold slots now."""
+
+    allocations: list[Holder]
+
+
+class UtilisationQuery(BaseModel):
+    """The window to report, in minutes back from now."""
+
+    minutes: int = Field(60, ge=1, le=24 * 60)
+
+
+class UtilisationResponse(BaseModel):
+    """Busy slots per minute over the window, beside the slots the cluster has now."""
+
+    total_slots: int
+    minutes: list[str]
+    busy: list[float]
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except (TypeError, ValueError):
+        return default
+
+
+@routes.get("/api/v1/cluster/queue", allow=USERS, response=QueueResponse)
+async def queue(request: web.Request) -> web.Response:
+    """Trials of active experiments that hold no slots, in the order of their priority (lower
+    first) and request time."""
+    principal = principal_of(request)
+    rows = await pr.fetch(
+        store_of(request),
+        """SELECT t.trial_id, t.experiment_id, e.name, e.owner, e.resource_pool,
+                  e.config -> 'resources' ->> 'priority' AS priority,
+                  e.config -> 'resources' ->> 'slots_per_trial' AS slots, t.requested_at
+           FROM tr_trials t JOIN tr_experiments e USING (experiment_id)
+           WHERE e.state = 'ACTIVE' AND t.state = 'ACTIVE'
+             AND NOT EXISTS (SELECT 1 FROM tr_allocations a
+                             WHERE a.trial_id = t.trial_id AND a.state <> 'TERMINATED')
+           ORDER BY t.requested_at, t.trial_id
+           LIMIT 10000""",
+    )
+    entries = []
+    for row in rows:
+        mine = principal.is_admin or row["owner"] == principal.name
+        entries.append(
+            {
+                "trial_id": row["trial_id"] if mine else None,
+                "experiment_id": row["experiment_id"] if mine else None,
+                "name": row["name"] if mine else None,
+                "owner": row["owner"],
+                "priority": _int(row["priority"], DEFAULT_PRIORITY),
+                "slots": _int(row["slots"], 1),
+                "resource_pool": row["resource_pool"] or "default",
+                "requested_at": pr.as_dict(row)["requested_at"],
+            }
+        )
+    entries.sort(key=lambda e: e["priority"])  # stable: request order within a priority
+    for i, entry in enumerate(entries, start=1):
+        entry["position"] = i
+    return web.json_response({"queue": entries})
+
+
+@routes.get("/api/v1/cluster/allocations", allow=USERS, response=HoldersResponse)
+async def holders(request: web.Request) -> web.Response:
+    """The allocations not yet terminated: which trial holds the slots of each."""
+    principal = principal_of(request)
+    rows = await pr.fetch(
+        store_of(request),
+        """SELECT a.allocation_id, a.trial_id, a.experiment_id, a.state, a.agent_id, e.owner
+           FROM tr_allocations a JOIN tr_experiments e USING (experiment_id)
+           WHERE a.state <> 'TERMINATED' ORDER BY a.allocation_id LIMIT 10000""",
+    )
+    out = []
+    for row in rows:
+        mine = principal.is_admin or row["owner"] == principal.name
+        out.append(
+            {
+                "allocation_id": row["allocation_id"],
+                "trial_id": row["trial_id"] if mine else None,
+                "experiment_id": row["experiment_id"] if mine else None,
+                "owner": row["owner"],
+                "state": row["state"],
+                "agent_id": row["agent_id"],
+            }
+        )
+    return web.json_response({"allocations": out})
+
+
+def busy_per_minute(
+    allocations: list[tuple[datetime, datetime, int]], start: datetime, minutes: int
+) -> list[float]:
+    """Mean busy slots in each minute from ``start``, from ``(from, to, slots)`` intervals."""
+    busy = [0.0] * minutes
+    for begin, end, slots in allocations:
+        for i in range(minutes):
+            lo = start + timedelta(minutes=i)
+            hi = lo + timedelta(minutes=1)
+            overlap = (min(end, hi) - max(begin, lo)).total_seconds()
+            if overlap > 0:
+                busy[i] += slots * overlap / 60.0
+    return [round(b, 3) for b in busy]
+
+
+@routes.get(
+    "/api/v1/cluster/utilisation", allow=USERS, query=UtilisationQuery, response=UtilisationResponse
+)
+async def utilisation(request: web.Request) -> web.Response:
+    """Mean busy slots per minute over the last ``minutes`` minutes, from the allocations."""
+    query = parse(UtilisationQuery, dict(request.query))
+    store = store_of(request)
+    now = datetime.now(UTC)
+    start = (now - timedelta(minutes=query.minutes)).replace(second=0, microsecond=0)
+    rows = await pr.fetch(
+        store,
+        """SELECT coalesce(started_at, allocated_at) AS since, ended_at, placements
+           FROM tr_allocations WHERE ended_at IS NULL OR ended_at > $1""",
+        start,
+    )
+    spans = []
+    for row in rows:
+        placements = row["placements"] if isinstance(row["placements"], dict) else {}
+        slots = sum(len(v) for v in placements.values() if isinstance(v, list))
+        spans.append((row["since"], row["ended_at"] or now, slots))
+    minutes = query.minutes + 1
+    total = await pr.count(store, "SELECT count(*) FROM tr_slots WHERE enabled")
+    return web.json_response(
+        {
+            "total_slots": total,
+            "minutes": [(start + timedelta(minutes=i)).isoformat() for i in range(minutes)],
+            "busy": busy_per_minute(spans, start, minutes),
+        }
+    )

@@ -1,0 +1,104 @@
+// The single page: a hash router over the views, login, and error pages.
+import { ApiError, currentUser, login, logout, token } from "./api.js";
+import { h } from "./dom.js";
+
+const app = document.getElementById("app");
+let cleanup = null;
+
+const ROUTES = [
+  [/^\/experiments\/?$/, "experiments", () => import("./page_experiments.js")],
+  [/^\/experiments\/([^/]+)$/, "experiments", () => import("./page_experiment.js")],
+  [/^\/trials\/([^/]+)$/, "experiments", () => import("./page_trial.js")],
+  [/^\/compare\/?$/, "compare", () => import("./page_compare.js")],
+  [/^\/cluster\/?$/, "cluster", () => import("./page_cluster.js")],
+];
+
+function parseHash() {
+  const raw = location.hash.replace(/^#/, "") || "/experiments";
+  const [path, query = ""] = raw.split("?");
+  return { path, query: new URLSearchParams(query) };
+}
+
+function showUser() {
+  const el = document.getElementById("whoami");
+  const user = currentUser();
+  el.replaceChildren();
+  if (token() && user) {
+    el.append(`${user.username}${user.admin ? " (admin)" : ""}`,
+      h("button", { class: "small", onclick: async () => { await logout(); location.hash = "#/login"; render(); } }, "log out"));
+  }
+}
+
+/** Shows an error as a page: not allowed, not found, or the message. */
+export function errorPage(root, err) {
+  if (err instanceof ApiError && err.status === 403) {
+    root.replaceChildren(h("div", { class: "notice card", id: "page-error", dataset: { status: "403" } },
+      h("p", { class: "error" }, "Not allowed"), h("p", { class: "muted" }, err.message)));
+  } else if (err instanceof ApiError && err.status === 404) {
+    root.replaceChildren(h("div", { class: "notice card", id: "page-error", dataset: { status: "404" } },
+      h("p", { class: "error" }, "Not found"), h("p", { class: "muted" }, err.message)));
+  } else {
+    console.warn(err);
+    root.replaceChildren(h("div", { class: "notice card", id: "page-error" },
+      h("p", { class: "error" }, "Something went wrong"), h("p", { class: "muted" }, String(err.message || err))));
+  }
+}
+
+function loginPage(root, next) {
+  const user = h("input", { id: "username", name: "username", autocomplete: "username", required: true });
+  const pass = h("input", { id: "password", name: "password", type: "password", autocomplete: "current-password" });
+  const msg = h("p", { class: "error", id: "login-error", role: "alert" });
+  const form = h("form", { class: "card login", id: "login-form",
+    onsubmit: async (e) => {
+      e.preventDefault();
+      msg.textContent = "";
+      try {
+        await login(user.value, pass.value);
+        location.hash = next || "#/experiments";
+        render();
+      } catch (err) {
+        msg.textContent = err instanceof ApiError && err.status === 401 ? "Wrong username or password." : `Login failed: ${err.message}`;
+      }
+    } },
+  h("h1", {}, "Log in to cairn"),
+  h("label", { for: "username" }, "Username"), user,
+  h("label", { for: "password" }, "Password"), pass,
+  h("button", { type: "submit" }, "Log in"), msg);
+  root.replaceChildren(form);
+  user.focus();
+}
+
+async function render() {
+  if (cleanup) { try { cleanup(); } catch (err) { console.warn(err); } cleanup = null; }
+  showUser();
+  const { path, query } = parseHash();
+  if (path === "/login" || !token()) {
+    const next = path === "/login" ? query.get("next") : `#${path}${query.toString() ? `?${query}` : ""}`;
+    loginPage(app, next);
+    return;
+  }
+  for (const a of document.querySelectorAll("[data-nav]")) a.classList.remove("active");
+  const route = ROUTES.find(([re]) => re.test(path));
+  if (!route) { errorPage(app, new ApiError(404, `no page ${path}`)); return; }
+  const [re, nav, load] = route;
+  document.querySelector(`[data-nav="${nav}"]`)?.classList.add("active");
+  const params = path.match(re).slice(1).map(decodeURIComponent);
+  const root = h("div", { id: "page" });
+  app.replaceChildren(root);
+  const renderedFor = location.hash;
+  try {
+    const page = await load();
+    const result = await page.render(root, params, query);
+    if (location.hash !== renderedFor) { if (result) result(); return; }
+    cleanup = result || null;
+  } catch (err) {
+    errorPage(root, err);
+  }
+}
+
+window.addEventListener("hashchange", render);
+window.addEventListener("cairn:logged-out", () => {
+  const { path } = parseHash();
+  if (path !== "/login") location.hash = `#/login?next=${encodeURIComponent(location.hash)}`;
+});
+render();
