@@ -83,6 +83,8 @@ async def test_relay_killed_between_publish_and_checkpoint_republishes(
         await append_some(store, 21, 5)
         head = await store.head()
         await wait_until(lambda: _at(store, "effects", head))
+        # A wake-up reads to the head, so effects can get there before the last publish.
+        await wait_until(lambda: _at(store, RELAY_CHECKPOINT, head))
         logged = len(await store.read_all())
         assert await jetstream_count(nats_server.url) == logged, "republish deduplicated by id"
         counts = await effect_counts(store)

@@ -154,6 +154,7 @@ async def test_a_body_of_100000_nested_brackets_is_400_on_every_route(
             "allocation_id": "11.1",
             "trial_id": "11",
             "slot_id": "0",
+            "username": "admin",
         }.items():
             path = path.replace("{" + name + "}", value)
         for raw in (b"[" * 100_000, too_deep):
