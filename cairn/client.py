@@ -363,17 +363,17 @@ class Client:
 
     # ------------------------------------------------------------------ trials and checkpoints
 
-    def get_trial(self, trial_id: str) -> dict[str, Any]:
+    def get_trial(self, trial_id: int) -> dict[str, Any]:
         """One trial with its allocations, checkpoints and progress."""
-        return dict(self.get(f"/trials/{_quote(trial_id)}"))
+        return dict(self.get(f"/trials/{trial_id}"))
 
-    def trial_logs(self, trial_id: str, **query: Any) -> dict[str, Any]:
+    def trial_logs(self, trial_id: int, **query: Any) -> dict[str, Any]:
         """One page of a trial's logs: ``{"logs", "next_after_id", "done"}``."""
-        return dict(self.get(f"/trials/{_quote(trial_id)}/logs", **query))
+        return dict(self.get(f"/trials/{trial_id}/logs", **query))
 
-    def follow_trial_logs(self, trial_id: str, **query: Any) -> Iterator[dict[str, Any]]:
+    def follow_trial_logs(self, trial_id: int, **query: Any) -> Iterator[dict[str, Any]]:
         """A trial's logs as they are written, until it ends and they are drained."""
-        for line in self.stream_lines(f"/trials/{_quote(trial_id)}/logs", follow=True, **query):
+        for line in self.stream_lines(f"/trials/{trial_id}/logs", follow=True, **query):
             try:
                 item = json.loads(line)
             except ValueError:
@@ -381,9 +381,9 @@ class Client:
             if isinstance(item, dict):
                 yield item
 
-    def kill_trial(self, trial_id: str) -> dict[str, Any]:
+    def kill_trial(self, trial_id: int) -> dict[str, Any]:
         """Asks the scheduler to kill a trial."""
-        return dict(self.post(f"/trials/{_quote(trial_id)}/kill"))
+        return dict(self.post(f"/trials/{trial_id}/kill"))
 
     def get_checkpoint(self, uuid: str) -> dict[str, Any]:
         """One checkpoint."""

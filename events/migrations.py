@@ -70,6 +70,16 @@ CORE: Sequence[tuple[str, str]] = (
                            'TrialExited', 'TrialStateChanged');
         """,
     ),
+    (
+        "0004_trial_ids",
+        # Trial ids are cluster-wide integers taken by the searcher; the index finds the
+        # experiment of a trial id (the raw payload holds it as text: "17", legacy "9.1").
+        """
+        CREATE SEQUENCE trial_ids;
+        CREATE INDEX events_trial_requested ON events ((payload->>'trial_id'))
+            WHERE type = 'TrialRequested';
+        """,
+    ),
 )
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import psutil
 
 from cairn.local.servers import ServerProcess
 from events.consumer import Consumer
@@ -20,6 +23,38 @@ from events.envelope import RecordedEvent
 from events.store import EventStore, Transaction
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie left to a non-reaping init counts as gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live (not zombie) processes in process group ``pgid``."""
+    out = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+    return out
+
+
+def run_pids(allocation_id: str) -> list[int]:
+    """The live processes an agent started for ``allocation_id`` (found by the
+    ``CAIRN_ALLOCATION_ID`` in their environment)."""
+    out = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if (
+                proc.environ().get("CAIRN_ALLOCATION_ID") == allocation_id
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                out.append(proc.pid)
+    return out
 
 
 async def wait_until(

@@ -124,7 +124,7 @@ def _best_validation(client: Client, summary: dict[str, Any]) -> dict[str, Any] 
     """The best trial's validation row at its best searcher metric."""
     trial_id = summary.get("best_trial_id")
     metric = summary.get("searcher_metric") or "validation_loss"
-    if not trial_id:
+    if trial_id is None:
         return None
     rows = client.call("GET", f"/trials/{trial_id}/metrics?group=validation")["metrics"]
     scored = [r for r in rows if isinstance(r["metrics"].get(metric), int | float)]

@@ -381,7 +381,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     trials = sorted(exp.get("trials") or [], key=lambda t: (t.get("seq") or 0, t["trial_id"]))
     if not trials:
         raise CairnError(f"experiment {args.id} has no trials yet")
-    return print_logs(client, str(trials[0]["trial_id"]), args)
+    return print_logs(client, int(trials[0]["trial_id"]), args)
 
 
 # --------------------------------------------------------------------------- control

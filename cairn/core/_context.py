@@ -174,7 +174,7 @@ class Context:
 def _local_info(
     hparams: Mapping[str, Any] | None, storage: Path, latest: str | None
 ) -> ClusterInfo:
-    trial = TrialInfo(trial_id="local", experiment_id=0, hparams=dict(hparams or {}))
+    trial = TrialInfo(trial_id=0, experiment_id=0, hparams=dict(hparams or {}))
     return ClusterInfo(
         master_url="",
         token="",
@@ -294,6 +294,6 @@ def init(
     )
 
 
-def tensorboard_dir(experiment_id: int, trial_id: str) -> Path:
+def tensorboard_dir(experiment_id: int, trial_id: int) -> Path:
     """Where a trial's TensorBoard files go, relative to the checkpoint storage root."""
-    return Path("tensorboard", "experiment", str(experiment_id), "trial", trial_id)
+    return Path("tensorboard", "experiment", str(experiment_id), "trial", str(trial_id))

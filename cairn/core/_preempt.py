@@ -4,7 +4,8 @@ On a cluster a daemon thread long-polls
 ``GET /api/v1/allocations/{allocation_id}/signals/preemption?timeout_seconds=N`` and latches the
 answer; :meth:`PreemptContext.should_preempt` only reads the latch, so calling it every batch is
 cheap. Off-cluster it is always False. With several processes the :class:`PreemptMode` says which
-ranks poll and which ask the chief.
+ranks poll and which ask the chief. An answer saying the run is no longer current (it was declared
+lost, or has exited) ends the process (:mod:`cairn.core._run_gone`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 
 from cairn.core._distributed import DistributedContext, DummyDistributedContext
 from cairn.core._http import HTTPStatusError, Session
+from cairn.core._run_gone import RunGoneHandler, exit_run_gone
 
 log = logging.getLogger("cairn.core")
 
@@ -46,6 +48,8 @@ class PreemptContext:
         allocation_id: the allocation whose signal is polled.
         mode: which ranks ask whom (see :class:`PreemptMode`).
         distributed: this process's rank (a single process when omitted).
+        on_run_gone: called once the API says this run is no longer the trial's current run
+            (default: log and end the process).
     """
 
     def __init__(
@@ -54,11 +58,14 @@ class PreemptContext:
         allocation_id: str,
         mode: PreemptMode = PreemptMode.WorkersAskChief,
         distributed: DistributedContext | None = None,
+        on_run_gone: RunGoneHandler = exit_run_gone,
     ) -> None:
         self._session = session
+        self._allocation_id = allocation_id
         self._path = f"/allocations/{allocation_id}/signals/preemption"
         self.mode = PreemptMode(mode)
         self._distributed = distributed or DummyDistributedContext()
+        self._on_run_gone = on_run_gone
         self._flag = threading.Event()
         self._stop = threading.Event()
         self._acknowledged = False
@@ -95,6 +102,11 @@ class PreemptContext:
                 attempt = 0
                 if isinstance(answer, dict) and answer.get("preempt"):
                     self._flag.set()
+                    if answer.get("current") is False:
+                        self._on_run_gone(
+                            f"allocation {self._allocation_id} has ended: the platform "
+                            "declared it lost or recorded its exit"
+                        )
                     return
                 if time.monotonic() - started < 0.5:  # the server did not hold the poll
                     self._stop.wait(0.5)

@@ -5,6 +5,7 @@ The training loop only appends to a queue; a background thread posts the queue t
 with exponential backoff. Each item carries the idempotency key ``<allocation>:<seq>``, so a
 retried batch the server already applied is a no-op. :meth:`HTTPReporter.close` (called by
 ``Context.close()``, the context manager's exit and ``atexit``) flushes and waits, bounded.
+A refusal saying the run is no longer current ends the process (:mod:`cairn.core._run_gone`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from typing import Any
 
 from cairn.core._http import HTTPStatusError, Session
+from cairn.core._run_gone import RunGoneHandler, error_message, exit_run_gone, is_run_gone
 
 log = logging.getLogger("cairn.core")
 
@@ -71,22 +73,27 @@ class HTTPReporter(Reporter):
         allocation_id: prefix of the idempotency keys.
         flush_every: the longest an item waits before being sent, in seconds.
         max_batch: the most items per request (a full batch is sent at once).
+        on_run_gone: called once the API refuses a report because this run is no longer the
+            trial's current run (default: log and end the process).
     """
 
     def __init__(
         self,
         session: Session,
-        trial_id: str,
+        trial_id: int,
         allocation_id: str,
         *,
         flush_every: float = FLUSH_EVERY,
         max_batch: int = MAX_BATCH,
+        on_run_gone: RunGoneHandler = exit_run_gone,
     ) -> None:
         self._session = session
         self._path = f"/trials/{trial_id}/reports"
         self._prefix = allocation_id
         self._flush_every = flush_every
         self._max_batch = max_batch
+        self._on_run_gone = on_run_gone
+        self.run_gone = False
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[float, dict[str, Any]]] = collections.deque()
         self._inflight = 0
@@ -159,6 +166,16 @@ class HTTPReporter(Reporter):
             )
         return done and not self.dropped
 
+    def _run_is_gone(self, exc: HTTPStatusError, items: int) -> None:
+        """Nothing this run reports will be accepted again: drop what waits and stop."""
+        with self._cond:
+            self.run_gone = True
+            self.dropped += items + len(self._queue)
+            self._queue.clear()
+            self._closing = True
+            self._cond.notify_all()
+        self._on_run_gone(error_message(exc))
+
     def _atexit(self) -> None:
         self.close(timeout=CLOSE_TIMEOUT)
 
@@ -201,6 +218,9 @@ class HTTPReporter(Reporter):
                 self.delivered += len(batch)
                 return
             except HTTPStatusError as exc:
+                if is_run_gone(exc):
+                    self._run_is_gone(exc, len(batch))
+                    return
                 if not exc.retryable:
                     if len(batch) > 1:  # find the bad item(s); keep the good ones
                         for item in batch:

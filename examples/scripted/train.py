@@ -13,6 +13,8 @@ failures) in a fraction of a second. Hyperparameters (all optional):
   that reaches it; exit code 1).
 - ``exit_code`` (0): exit with this code after the last step.
 - ``invalid_hp`` (false): raise ``cairn.core.InvalidHP`` at once (early exit, exit code 0).
+- ``ignore_preemption`` (false): never ask ``should_preempt()`` (training code that only stops
+  when it is done, or when the platform ends its process).
 
 Off-cluster: ``python train.py steps=20 sleep=0.01 --checkpoint-dir DIR``; a second run with the
 same directory resumes from the latest checkpoint's ``steps_completed``.
@@ -38,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "crash_after": 0,
     "exit_code": 0,
     "invalid_hp": False,
+    "ignore_preemption": False,
 }
 
 
@@ -122,7 +125,7 @@ def train(ctx: cairn.core.Context) -> int:
             return 3
         if crash_after and steps == crash_after:
             raise RuntimeError(f"crash_after={crash_after} reached")
-        if ctx.preempt.should_preempt():
+        if not hp["ignore_preemption"] and ctx.preempt.should_preempt():
             if last_checkpoint != steps:
                 save(ctx, steps, trial_id)
             print(f"preempted at step {steps}; exiting", flush=True)

@@ -12,6 +12,13 @@ what it was given before, from one that carries on. Heartbeats are numbered with
 incarnation and list every allocation the agent knows of until its exit has been reported; an
 exit report the API cannot take yet is kept on disk (:mod:`services.agent.outbox`) and sent again,
 by a later incarnation if need be.
+
+Trial processes lead their own sessions, so they outlive an agent that is SIGKILLed. Each run's
+process groups are recorded on disk (:mod:`services.agent.leftovers`) until its exit is reported,
+and a new agent process SIGKILLs what is left of them before anything else, so a restarted run
+never trains beside its predecessor. When the agent itself shuts down (SIGTERM, ``cairn down``)
+it stops its runs and says so in their exit reports (``agent_shutdown``): the platform stopped
+them, so their ends do not count as the trials' failures.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from events.bus import COMMANDS_STREAM, Bus
 from events.commands import agent_subject
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
+from services.agent.leftovers import RunProcesses, kill_leftovers, record_of
 from services.agent.outbox import ExitReport, UnreportedExits
 from services.agent.runtime import (
     CodeCache,
@@ -84,6 +92,8 @@ class Allocation:
     preempt_requested: bool = False
     kill_requested: bool = False
     stop_reason: str = ""
+    agent_shutdown: bool = False
+    """The agent stopped the run because the agent itself is shutting down."""
     preempt_timeout: float | None = None
     retry: bool = False
     listed_from: int = 0
@@ -141,6 +151,7 @@ class Agent:
         self.code = CodeCache(self.client, config.work_dir / "code")
         self.executed = CommandLog(config.work_dir / "executed-commands")
         self.unreported = UnreportedExits(config.work_dir / "unreported-exits")
+        self.run_processes = RunProcesses(config.work_dir / "run-processes")
         self.allocations: dict[str, Allocation] = {}
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -155,6 +166,7 @@ class Agent:
         """Connects, registers, serves commands until ``stop`` is set, then shuts down cleanly."""
         log.info("agent starting", agent_id=self.id, slots=[s.to_json() for s in self.slots])
         try:
+            await self._stop_leftovers()
             bus = await self._connect_bus(stop)
             if bus is None:
                 return
@@ -172,6 +184,13 @@ class Agent:
                 await beats
         finally:
             await self._shutdown()
+
+    async def _stop_leftovers(self) -> None:
+        """SIGKILLs the run processes an earlier process of this agent left running (and waits
+        until they are gone): their runs are lost the moment this process registers."""
+        killed = await asyncio.to_thread(kill_leftovers, self.run_processes)
+        if killed:
+            log.warning("stopped runs left by an earlier agent process", allocations=killed)
 
     async def _until_stopped(self, coro: Any, stop: asyncio.Event) -> bool:
         task = asyncio.ensure_future(coro)
@@ -297,6 +316,8 @@ class Agent:
         if active:
             log.info("shutting down: stopping runs", allocations=[a.allocation_id for a in active])
         for alloc in active:
+            if alloc.procs is None or not alloc.procs.done:
+                alloc.agent_shutdown = True
             self._kill(alloc, "stopped by the agent's shutdown")
         lifecycles = [a.task for a in active if a.task is not None]
         if lifecycles:
@@ -454,7 +475,9 @@ class Agent:
         try:
             if alloc.kill_requested:
                 message = f"{alloc.stop_reason} before the process started"
-                await self._report_exit(aid, KILLED_BEFORE_START, message)
+                await self._report_exit(
+                    aid, KILLED_BEFORE_START, message, agent_shutdown=alloc.agent_shutdown
+                )
                 return
             try:
                 default_root = self.config.checkpoint_root or self.config.work_dir / "checkpoints"
@@ -470,6 +493,13 @@ class Agent:
                 shipper = LogShipper(self.client, aid, f"{self.id}:{self.incarnation}")
                 procs = TrialProcesses(aid, shipper, self.config.kill_grace)
                 await procs.launch(run.argv, work, envs)
+                try:
+                    record = record_of(aid, procs.pids)
+                    await asyncio.to_thread(self.run_processes.keep, record)
+                except OSError:
+                    procs.send_signal(signal.SIGKILL)  # never run what a restart could not find
+                    await procs.wait()
+                    raise
             except (ValueError, KeyError, TypeError, ApiError, OSError, tarfile.TarError) as exc:
                 log.error("cannot start the run", allocation_id=aid, error=str(exc))
                 status = 127 if isinstance(exc, FileNotFoundError) else 1
@@ -494,7 +524,9 @@ class Agent:
             log.info("run exited", allocation_id=aid, exit_code=status)
             # Kept at once: shipping the last logs and the started report may wait long on an
             # API that is down, and the agent may be killed meanwhile (``cairn down``).
-            report = await self._keep_exit(aid, status, alloc.stop_reason)
+            report = await self._keep_exit(
+                aid, status, alloc.stop_reason, agent_shutdown=alloc.agent_shutdown
+            )
             try:
                 await started  # the API must see TrialStarted before TrialExited
             except ApiError as exc:
@@ -506,12 +538,25 @@ class Agent:
             if work is not None:
                 await asyncio.to_thread(shutil.rmtree, work, True)
 
-    async def _report_exit(self, allocation_id: str, exit_code: int, message: str) -> None:
+    async def _report_exit(
+        self, allocation_id: str, exit_code: int, message: str, *, agent_shutdown: bool = False
+    ) -> None:
         """Reports a run's exit, kept on disk until the API answers (see ``_announce``)."""
-        await self._send_exit(await self._keep_exit(allocation_id, exit_code, message))
+        report = await self._keep_exit(
+            allocation_id, exit_code, message, agent_shutdown=agent_shutdown
+        )
+        await self._send_exit(report)
 
-    async def _keep_exit(self, allocation_id: str, exit_code: int, message: str) -> ExitReport:
-        report = ExitReport(allocation_id, exit_code, message, f"exited:{allocation_id}:{self.id}")
+    async def _keep_exit(
+        self, allocation_id: str, exit_code: int, message: str, *, agent_shutdown: bool = False
+    ) -> ExitReport:
+        report = ExitReport(
+            allocation_id,
+            exit_code,
+            message,
+            f"exited:{allocation_id}:{self.id}",
+            agent_shutdown=agent_shutdown,
+        )
         await asyncio.to_thread(self.unreported.keep, report)
         return report
 
@@ -519,9 +564,17 @@ class Agent:
         await faults.point("agent.before_exit_report")
         aid = report.allocation_id
         try:
-            await self.client.exited(aid, self.id, report.exit_code, report.message, report.key)
+            await self.client.exited(
+                aid,
+                self.id,
+                report.exit_code,
+                report.message,
+                report.key,
+                agent_shutdown=report.agent_shutdown,
+            )
         except ApiError as exc:  # refused for good (retryable failures are retried forever)
             log.error("exit report refused", allocation_id=aid, error=str(exc))
         else:
             log.info("exit reported", allocation_id=aid, exit_code=report.exit_code)
         self.unreported.done(aid)
+        self.run_processes.done(aid)

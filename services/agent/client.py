@@ -206,15 +206,25 @@ class ApiClient:
         )
 
     async def exited(
-        self, allocation_id: str, agent_id: str, exit_code: int, message: str, key: str
+        self,
+        allocation_id: str,
+        agent_id: str,
+        exit_code: int,
+        message: str,
+        key: str,
+        *,
+        agent_shutdown: bool = False,
     ) -> Any:
-        """``POST /allocations/{id}/exited`` (retried until it lands)."""
-        body = {
+        """``POST /allocations/{id}/exited`` (retried until it lands); ``agent_shutdown``: the
+        agent stopped the run because it is shutting down."""
+        body: dict[str, Any] = {
             "agent_id": agent_id,
             "exit_code": exit_code,
             "message": message,
             "idempotency_key": key,
         }
+        if agent_shutdown:
+            body["agent_shutdown"] = True
         return await self.request(
             "POST", f"/allocations/{_seg(allocation_id)}/exited", body=body, retry_for=None
         )

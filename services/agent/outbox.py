@@ -24,12 +24,16 @@ log = structlog.get_logger("agent")
 
 @dataclass(frozen=True)
 class ExitReport:
-    """``POST /allocations/{allocation_id}/exited`` as the agent sends it."""
+    """``POST /allocations/{allocation_id}/exited`` as the agent sends it.
+
+    ``agent_shutdown`` is absent from reports kept by older agents; it defaults to False.
+    """
 
     allocation_id: str
     exit_code: int
     message: str
     key: str
+    agent_shutdown: bool = False
 
 
 class UnreportedExits:

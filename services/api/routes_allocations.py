@@ -13,6 +13,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events.envelope import Event, new
+from events.names import trial_stream
 from events.store import Transaction
 from events.types import SlotsReleased, TrialExited, TrialStarted
 from services.api import tables
@@ -34,7 +35,6 @@ from services.api.views import (
     load_trial,
     refresh_trial,
     trial_of,
-    trial_stream,
 )
 
 log = structlog.get_logger("api")
@@ -55,7 +55,7 @@ class SpecResponse(BaseModel):
 
     active: bool
     allocation_id: str
-    trial_id: str
+    trial_id: int
     experiment_id: int
     run_id: int
     entrypoint: str | list[str] | None
@@ -86,12 +86,17 @@ class StartedBody(BaseModel):
 
 
 class ExitedBody(BaseModel):
-    """The run's process ended with ``exit_code``."""
+    """The run's process ended with ``exit_code``.
+
+    ``agent_shutdown`` says the agent stopped the run because the agent itself was shutting
+    down (absent from older agents' reports): the platform ended the run, not the trial.
+    """
 
     agent_id: str
     exit_code: int
     message: str = ""
     idempotency_key: str | None = None
+    agent_shutdown: bool = False
 
 
 class ReportResponse(BaseModel):
@@ -132,12 +137,15 @@ class PreemptionQuery(BaseModel):
 
 
 class PreemptionResponse(BaseModel):
-    """Whether the run should checkpoint and exit."""
+    """Whether the run should checkpoint and exit, and whether it is still the trial's current
+    run (``current: false``: it was declared lost or has exited, so nothing it reports is
+    accepted and it should stop at once)."""
 
     preempt: bool
+    current: bool = True
 
 
-def _allocation(request: web.Request) -> tuple[str, str]:
+def _allocation(request: web.Request) -> tuple[str, int]:
     allocation_id = request.match_info["allocation_id"]
     trial_id = trial_of(allocation_id)
     check_trial(principal_of(request), trial_id)
@@ -157,7 +165,9 @@ async def spec(request: web.Request) -> web.Response:
     state = state_of(request)
     trial = await load_trial(state.store, trial_id)
     alloc = trial.allocation(allocation_id)
-    experiment = await load_experiment(state.store, experiment_of(trial_id), trial_id=trial_id)
+    experiment = await load_experiment(
+        state.store, await experiment_of(state.store, trial_id), trial_id=trial_id
+    )
     device = "cpu"
     agent_id = query.agent_id or (
         next(iter(alloc.placements)) if len(alloc.placements) == 1 else None
@@ -229,7 +239,7 @@ async def exited(request: web.Request) -> web.Response:
     def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
         if alloc.exited:
             return [], {"outcome": None}
-        outcome: Outcome = exit_outcome(alloc, body.exit_code)
+        outcome: Outcome = exit_outcome(alloc, body.exit_code, agent_shutdown=body.agent_shutdown)
         events: list[Event] = [
             TrialExited(
                 trial_id=trial_id,
@@ -257,7 +267,7 @@ async def _report_once(
     request: web.Request,
     source: str,
     allocation_id: str,
-    trial_id: str,
+    trial_id: int,
     body: StartedBody | ExitedBody,
     build: Callable[[TrialView, AllocationView], tuple[list[Event], dict[str, Any]]],
 ) -> dict[str, Any]:
@@ -349,10 +359,12 @@ async def preemption(request: web.Request) -> web.Response:
     trial.allocation(allocation_id)
     while True:
         alloc = trial.allocations[allocation_id]
-        if alloc.preempt or alloc.kill or not trial.is_current(allocation_id):
-            return web.json_response({"preempt": True})
+        if not trial.is_current(allocation_id):
+            return web.json_response({"preempt": True, "current": False})
+        if alloc.preempt or alloc.kill:
+            return web.json_response({"preempt": True, "current": True})
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return web.json_response({"preempt": False})
+            return web.json_response({"preempt": False, "current": True})
         await asyncio.sleep(min(POLL_EVERY, remaining))
         await refresh_trial(store, trial)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from events import lifecycle
 from events.config.storage import checkpoint_root
 from events.envelope import new
+from events.names import experiment_stream
 from events.store import Transaction
 from events.types import CheckpointsDeleteRequested
 from services.api import projections_read as pr
@@ -26,7 +27,7 @@ from services.api.auth import principal_of
 from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
-from services.api.views import check_owner, experiment_stream, load_experiment
+from services.api.views import check_owner, load_experiment
 
 log = structlog.get_logger("api")
 routes = RouteTable("checkpoints")

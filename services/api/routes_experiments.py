@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, field_validator
 from events import lifecycle
 from events.config import ConfigError, ConfigTooLargeError, ConfigWarning, parse_config
 from events.envelope import new
+from events.names import experiment_stream
 from events.store import Transaction
 from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
 from services.api import projections_read as pr
@@ -42,7 +43,6 @@ from services.api.views import (
     TERMINAL_STATES,
     ExperimentView,
     check_owner,
-    experiment_stream,
     load_experiment,
 )
 

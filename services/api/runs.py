@@ -8,6 +8,9 @@ accepted, and anything from a finished trial's token, or naming a run that never
 exited, is refused with a 409. Log lines are output, not results: the agent may still ship a
 run's last lines after it exited, so logs only need an allocation the scheduler made.
 
+Every such 409 carries ``"reason": "run_not_current"`` in its error object: training code (the Core
+API) stops its process when it sees it, since nothing that process reports will be accepted again.
+
 Checked in the transaction that appends, after :meth:`~events.store.Transaction.lock_appends`,
 so no ``TrialExited`` can be committed between the check and the append.
 """
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 
 from events import lifecycle
 from events.db import translate_errors
+from events.names import experiment_stream, trial_stream
 from events.store import Transaction, row_to_event
 from services.api.errors import ApiError, conflict, not_found
 from services.api.views import (
@@ -26,9 +30,7 @@ from services.api.views import (
     Reader,
     TrialView,
     experiment_of,
-    experiment_stream,
     fold_trial,
-    trial_stream,
 )
 
 # The literal type list matches the partial index ``events_lifecycle`` (core migration 0003).
@@ -40,6 +42,15 @@ _LIFECYCLE_SQL = """
       AND type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'SlotsAllocated',
                    'TrialExited', 'TrialStateChanged')
     ORDER BY position"""
+
+
+RUN_NOT_CURRENT = "run_not_current"
+"""The ``reason`` of a 409 refusing a report because its run may no longer report."""
+
+
+def not_current(message: str, path: str | None = None) -> ApiError:
+    """A 409 refusing a report from a run that is not (or no longer) the trial's current run."""
+    return ApiError(409, message, path=path, details={"reason": RUN_NOT_CURRENT})
 
 
 @dataclass
@@ -57,7 +68,7 @@ class RunState:
     experiment_state: str
 
     @property
-    def trial_id(self) -> str:
+    def trial_id(self) -> int:
         """The trial's id."""
         return self.trial.trial_id
 
@@ -68,17 +79,17 @@ class RunState:
             ApiError: 409 when the trial or its experiment has ended, or no run is live.
         """
         if self.trial_state in lifecycle.TERMINAL:
-            raise conflict(f"trial {self.trial_id} has ended ({self.trial_state})")
+            raise not_current(f"trial {self.trial_id} has ended ({self.trial_state})")
         if self.experiment_state in TERMINAL_STATES:
-            raise conflict(
+            raise not_current(
                 f"trial {self.trial_id}'s experiment has ended ({self.experiment_state})"
             )
         latest = self.trial.latest_allocation
         if latest is None:
-            raise conflict(f"trial {self.trial_id} has no run: it was never allocated slots")
+            raise not_current(f"trial {self.trial_id} has no run: it was never allocated slots")
         alloc = self.trial.allocations[latest]
         if alloc.exited:
-            raise conflict(f"trial {self.trial_id} has no live run: run {alloc.run_id} exited")
+            raise not_current(f"trial {self.trial_id} has no live run: run {alloc.run_id} exited")
         return alloc
 
     def check_run(self, run_id: int, path: str) -> None:
@@ -87,11 +98,10 @@ class RunState:
         if run_id != current.run_id:
             known = any(a.run_id == run_id for a in self.trial.allocations.values())
             what = "has exited" if known else "never existed"
-            raise ApiError(
-                409,
+            raise not_current(
                 f"{path}: run {run_id} of trial {self.trial_id} {what}; "
                 f"its current run is {current.run_id}",
-                path=path,
+                path,
             )
 
     def check_allocation(self, allocation_id: str, *, live: bool) -> None:
@@ -100,13 +110,13 @@ class RunState:
         if allocation_id not in self.trial.allocations:
             raise conflict(f"no allocation {allocation_id} was made for trial {self.trial_id}")
         if live and self.current().allocation_id != allocation_id:
-            raise conflict(f"allocation {allocation_id} is not trial {self.trial_id}'s live run")
+            raise not_current(f"allocation {allocation_id} is not trial {self.trial_id}'s live run")
 
 
-async def load_run_state(reader: Reader, trial_id: str) -> RunState:
+async def load_run_state(reader: Reader, trial_id: int) -> RunState:
     """Folds the lifecycle facts of ``trial_id`` and its experiment; 404 for a trial that has
     no stream."""
-    streams = [trial_stream(trial_id), experiment_stream(experiment_of(trial_id))]
+    streams = [trial_stream(trial_id), experiment_stream(await experiment_of(reader, trial_id))]
     conn = reader.conn if isinstance(reader, Transaction) else reader.pool
     with translate_errors():
         rows = await conn.fetch(_LIFECYCLE_SQL, streams)

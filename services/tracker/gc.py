@@ -32,6 +32,7 @@ from events.db import translate_errors
 from events.envelope import Event, RecordedEvent, new
 from events.errors import EventsError
 from events.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
+from events.names import coerce_trial_id, experiment_stream, trial_stream
 from events.store import Transaction
 from events.types import CheckpointsDeleted, ExperimentStateChanged
 from services.tracker.projections import metric_value
@@ -85,7 +86,7 @@ class CheckpointInfo:
     """
 
     uuid: str
-    trial_id: str
+    trial_id: int
     steps_completed: int
     searcher_metric: float | None = None
 
@@ -122,8 +123,8 @@ def select_for_deletion(
         c.uuid: sign * c.searcher_metric for c in unique.values() if c.searcher_metric is not None
     }
     experiment_values = sorted(signed.values())
-    trial_values: dict[str, list[float]] = {}
-    trial_steps: dict[str, list[int]] = {}
+    trial_values: dict[int, list[float]] = {}
+    trial_steps: dict[int, list[int]] = {}
     for c in unique.values():
         if c.uuid in signed:
             trial_values.setdefault(c.trial_id, []).append(signed[c.uuid])
@@ -194,7 +195,7 @@ async def read_experiment(
         experiment_id: the experiment.
         upto_version: fold the experiment's state only up to this stream version.
     """
-    stream = f"experiment-{experiment_id}"
+    stream = experiment_stream(experiment_id)
     version = await tx.stream_version(stream)
     events = await tx.read_stream(stream)
     facts = ExperimentCheckpoints(experiment_id=experiment_id, version=version)
@@ -206,7 +207,7 @@ async def read_experiment(
         if e.type == "ExperimentSubmitted" and isinstance(e.payload.get("config"), Mapping):
             facts.config = dict(e.payload["config"])
         elif e.type == "TrialRequested":
-            trial_streams.append(f"trial-{e.payload['trial_id']}")
+            trial_streams.append(trial_stream(int(e.payload["trial_id"])))
         elif e.type == "CheckpointsDeleted":
             facts.deleted.update(str(u) for u in e.payload.get("uuids", []))
     rows = await tx.conn.fetch(
@@ -217,11 +218,11 @@ async def read_experiment(
         ["CheckpointSaved", "ValidationReported"],
     )
     metric = str(facts.searcher.get("metric") or "")
-    saved: list[tuple[str, str, int]] = []
-    validations: dict[tuple[str, int], float | None] = {}
+    saved: list[tuple[str, int, int]] = []
+    validations: dict[tuple[int, int], float | None] = {}
     for row in rows:
-        p = row["payload"]
-        trial_id, steps = str(p["trial_id"]), int(p["steps_completed"])
+        p = row["payload"]  # raw, as stored: a legacy "E.N" trial id is mapped here
+        trial_id, steps = coerce_trial_id(p["trial_id"]), int(p["steps_completed"])
         if row["type"] == "CheckpointSaved":
             saved.append((str(p["uuid"]), trial_id, steps))
         else:  # the latest validation at these steps wins
@@ -260,7 +261,7 @@ async def warm_starts(tx: Transaction, facts: ExperimentCheckpoints) -> frozense
     used = set()
     for row in rows:
         owner = facts.checkpoints[row["uuid"]].trial_id
-        if row["trial_id"] is None or row["trial_id"] != owner:
+        if row["trial_id"] is None or coerce_trial_id(row["trial_id"]) != owner:
             used.add(str(row["uuid"]))
     return frozenset(used)
 
@@ -428,7 +429,7 @@ class GCConsumer(Consumer):
     @staticmethod
     async def _append(tx: Transaction, facts: ExperimentCheckpoints, events: list[Event]) -> None:
         await tx.append(
-            f"experiment-{facts.experiment_id}",
+            experiment_stream(facts.experiment_id),
             [new(e, actor=ACTOR) for e in events],
             expected_version=facts.version,
         )
