@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,13 @@ import asyncpg
 import structlog
 
 from events.bus import EVENTS_PREFIX
+from events.checkpoint_storage import (
+    CheckpointStorage,
+    DirectoryStorage,
+    StorageError,
+    open_storage,
+    safe_uuid,
+)
 from events.checkpoints import checkpoint_owners
 from events.config.storage import checkpoint_root
 from events.consumer import Consumer
@@ -280,32 +286,27 @@ class Removal:
         return sorted(self.removed + self.missing)
 
 
-def _safe_component(uuid: str) -> bool:
-    return bool(uuid) and uuid not in (".", "..") and "/" not in uuid and "\\" not in uuid
+def remove_checkpoints(storage: CheckpointStorage, uuids: Iterable[str]) -> Removal:
+    """Removes each checkpoint's files from ``storage``; an absent one (or a uuid that is not
+    a plain path component, which cannot name a checkpoint) is ``missing``, any other error is
+    ``failed``."""
+    result = Removal()
+    for uuid in sorted(set(uuids)):
+        if not safe_uuid(uuid):
+            result.missing.append(uuid)
+            continue
+        try:
+            found = storage.delete(uuid)
+        except StorageError as exc:
+            result.failed[uuid] = str(exc)
+        else:
+            (result.removed if found else result.missing).append(uuid)
+    return result
 
 
 def remove_directories(root: Path, uuids: Iterable[str]) -> Removal:
-    """Removes ``<root>/<uuid>`` for each uuid; an absent one (or a uuid that is not a plain
-    path component, which cannot name a directory under ``root``) is ``missing``, any other
-    error is ``failed``."""
-    result = Removal()
-    for uuid in sorted(set(uuids)):
-        if not _safe_component(uuid):
-            result.missing.append(uuid)
-            continue
-        path = root / uuid
-        try:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        except FileNotFoundError:
-            result.missing.append(uuid)
-        except OSError as exc:
-            result.failed[uuid] = f"{path}: {exc.strerror or exc}"
-        else:
-            result.removed.append(uuid)
-    return result
+    """:func:`remove_checkpoints` of the directories ``<root>/<uuid>``."""
+    return remove_checkpoints(DirectoryStorage(root), uuids)
 
 
 class GCConsumer(Consumer):
@@ -358,7 +359,7 @@ class GCConsumer(Consumer):
                 doomed = wanted.intersection(c.uuid for c in facts.live)
                 if not doomed:
                     return
-                removal = await asyncio.to_thread(remove_directories, self.root_of(facts), doomed)
+                removal = await self._remove(facts, doomed)
                 for uuid, error in removal.failed.items():
                     log.error("checkpoint not deleted", uuid=uuid, error=error)
                 if removal.deleted:
@@ -369,8 +370,22 @@ class GCConsumer(Consumer):
             ) from exc
 
     def root_of(self, facts: ExperimentCheckpoints) -> Path:
-        """Where the experiment's checkpoint directories are."""
+        """Where the experiment's checkpoint directories are (when they are directories)."""
         return checkpoint_root(facts.config.get("checkpoint_storage"), self.default_root)
+
+    def storage_of(self, facts: ExperimentCheckpoints) -> CheckpointStorage:
+        """The storage of the experiment's checkpoints (a directory or an S3 bucket)."""
+        return open_storage(facts.config.get("checkpoint_storage"), self.default_root)
+
+    async def _remove(self, facts: ExperimentCheckpoints, uuids: Iterable[str]) -> Removal:
+        def work() -> Removal:
+            try:
+                storage = self.storage_of(facts)
+            except StorageError as exc:
+                return Removal(failed={uuid: str(exc) for uuid in sorted(set(uuids))})
+            return remove_checkpoints(storage, uuids)
+
+        return await asyncio.to_thread(work)
 
     async def _collect(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
         policy = GCPolicy.from_storage(facts.config.get("checkpoint_storage"))
@@ -382,7 +397,7 @@ class GCConsumer(Consumer):
         )
         if not doomed:
             return
-        removal = await asyncio.to_thread(remove_directories, self.root_of(facts), doomed)
+        removal = await self._remove(facts, doomed)
         for uuid, error in removal.failed.items():
             log.error("checkpoint not deleted", uuid=uuid, error=error)
         if removal.deleted:
@@ -390,7 +405,7 @@ class GCConsumer(Consumer):
 
     async def _delete_all(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
         live = [c.uuid for c in facts.live]
-        removal = await asyncio.to_thread(remove_directories, self.root_of(facts), live)
+        removal = await self._remove(facts, live)
         events: list[Event] = []
         if removal.deleted:
             events.extend(self._deleted(facts, removal, "experiment deleted"))
