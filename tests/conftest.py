@@ -108,7 +108,7 @@ class S3Server:
             region_name="us-east-1",
         )
 
-    def keys(self) -> list[str]:
+    def object_keys(self) -> list[str]:
         """Every object key in the bucket."""
         pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
         return sorted(item["Key"] for page in pages for item in page.get("Contents", []))

@@ -48,7 +48,7 @@ def test_s3_storage_stores_lists_reads_and_deletes_objects(
     (source / "sub" / "a.txt").write_text("hi")
     storage.upload(source, "u1", ["w.bin", "sub/a.txt"])
     storage.put_bytes("u1", "metadata.json", b"{}")
-    assert s3_server.keys() == [
+    assert s3_server.object_keys() == [
         "team/ckpts/u1/metadata.json",
         "team/ckpts/u1/sub/a.txt",
         "team/ckpts/u1/w.bin",
@@ -64,7 +64,7 @@ def test_s3_storage_stores_lists_reads_and_deletes_objects(
     assert storage.files("u1") == {"metadata.json": 2, "sub/a.txt": 2}
     assert storage.delete("u1") is True
     assert storage.delete("u1") is False
-    assert s3_server.keys() == []
+    assert s3_server.object_keys() == []
 
 
 def test_s3_credentials_come_from_the_environment_when_the_config_has_none(
@@ -76,7 +76,7 @@ def test_s3_credentials_come_from_the_environment_when_the_config_has_none(
     config = {"type": "s3", "bucket": s3_server.bucket, "endpoint_url": s3_server.url}
     storage = open_storage(config, tmp_path)
     storage.put_bytes("u2", "metadata.json", b"{}")
-    assert s3_server.keys() == ["u2/metadata.json"]
+    assert s3_server.object_keys() == ["u2/metadata.json"]
     credentials = storage._client._request_signer._credentials  # type: ignore[attr-defined]
     assert credentials.access_key == s3_server.ACCESS_KEY
 
@@ -103,7 +103,7 @@ def test_core_api_checkpoints_round_trip_through_s3(s3_server: S3Server, tmp_pat
             (path / "opt").mkdir()
             (path / "opt" / "state.pt").write_bytes(b"o" * 8)
         assert not path.exists()  # the scratch directory is gone; the bucket holds the files
-        assert s3_server.keys() == [
+        assert s3_server.object_keys() == [
             f"team/ckpts/{uuid}/metadata.json",
             f"team/ckpts/{uuid}/model.pt",
             f"team/ckpts/{uuid}/opt/state.pt",
@@ -131,21 +131,24 @@ def test_core_api_checkpoints_round_trip_through_s3(s3_server: S3Server, tmp_pat
     with cairn.core.init(checkpoint_storage=config) as ctx:
         assert ctx.info.latest_checkpoint == uuid  # most steps wins, found in the bucket
         ctx.checkpoint.delete(earlier)
-    assert all(earlier not in key for key in s3_server.keys())
+    assert all(earlier not in key for key in s3_server.object_keys())
 
 
 def test_failed_store_path_uploads_nothing(s3_server: S3Server) -> None:
     """An exception inside store_path leaves no object in the bucket and reports nothing."""
     with cairn.core.init(checkpoint_storage=s3_config(s3_server)) as ctx:
         before = len(ctx._reporter.items)  # type: ignore[attr-defined]
-        with pytest.raises(RuntimeError), ctx.checkpoint.store_path({"steps_completed": 1}) as (
-            path,
-            _,
+        with (
+            pytest.raises(RuntimeError),
+            ctx.checkpoint.store_path({"steps_completed": 1}) as (
+                path,
+                _,
+            ),
         ):
             (path / "half.pt").write_bytes(b"h")
             raise RuntimeError("crash while writing")
         assert len(ctx._reporter.items) == before  # type: ignore[attr-defined]
-    assert s3_server.keys() == []
+    assert s3_server.object_keys() == []
 
 
 def test_tracker_removal_deletes_s3_checkpoints_and_counts_missing_ones(
@@ -159,7 +162,7 @@ def test_tracker_removal_deletes_s3_checkpoints_and_counts_missing_ones(
     removal = remove_checkpoints(storage, ["gone", "never-there", "../escape"])
     assert removal.removed == ["gone"]
     assert sorted(removal.missing) == ["../escape", "never-there"]
-    assert s3_server.keys() == ["team/ckpts/keep/metadata.json"]
+    assert s3_server.object_keys() == ["team/ckpts/keep/metadata.json"]
 
 
 def test_directory_storage_keeps_the_directory_layout(tmp_path: Path) -> None:
