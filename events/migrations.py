@@ -80,6 +80,17 @@ CORE: Sequence[tuple[str, str]] = (
             WHERE type = 'TrialRequested';
         """,
     ),
+    (
+        "0005_lifecycle_index_continued",
+        # ExperimentContinued is a lifecycle fact too (it reopens an ended experiment); the
+        # partial index must cover every type the run-state query reads, or it is not used.
+        """
+        DROP INDEX IF EXISTS events_lifecycle;
+        CREATE INDEX events_lifecycle ON events (stream_id, stream_version)
+            WHERE type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'ExperimentContinued',
+                           'SlotsAllocated', 'TrialExited', 'TrialStateChanged');
+        """,
+    ),
 )
 
 

@@ -39,8 +39,8 @@ _LIFECYCLE_SQL = """
            metadata, recorded_at
     FROM events
     WHERE stream_id = ANY($1::text[])
-      AND type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'SlotsAllocated',
-                   'TrialExited', 'TrialStateChanged')
+      AND type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'ExperimentContinued',
+                   'SlotsAllocated', 'TrialExited', 'TrialStateChanged')
     ORDER BY position"""
 
 

@@ -253,7 +253,7 @@ async def test_preemption_poll_says_when_the_run_is_no_longer_current(
         "run_id": 1,
     }
     status, body = await api.call(
-        "POST", "/api/v1/trials/1.1/reports", token=token, json={"items": [item]}
+        "POST", "/api/v1/trials/11/reports", token=token, json={"items": [item]}
     )
     assert status == 409 and body["error"]["reason"] == "run_not_current", body
 
