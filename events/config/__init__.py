@@ -41,6 +41,7 @@ from events.config.searcher import (
     RandomSearcher,
     SearcherConfig,
     SingleSearcher,
+    TPESearcher,
 )
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "SearcherConfig",
     "SharedFSStorage",
     "SingleSearcher",
+    "TPESearcher",
     "apply_overrides",
     "dump_yaml",
     "load_yaml",

@@ -1,4 +1,5 @@
-"""Searcher configs, one model per ``name``: single, random, grid, async_halving, adaptive_asha."""
+"""Searcher configs, one model per ``name``: single, random, grid, async_halving, adaptive_asha,
+tpe."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from events.config.common import (
     field_error,
     length_from_int,
 )
-from events.config.limits import MAX_DIVISOR, MAX_ID, MAX_RUNGS, MAX_TRIALS
+from events.config.limits import MAX_DIVISOR, MAX_ID, MAX_RUNGS, MAX_TPE_TRIALS, MAX_TRIALS
 
 LegacyLength = Annotated[Length, BeforeValidator(length_from_int)]
 """Deprecated ``max_length``: ``{batches|records|epochs: N}`` or a bare integer of batches."""
 
-SEARCHER_NAMES = ("single", "random", "grid", "async_halving", "adaptive_asha")
+SEARCHER_NAMES = ("single", "random", "grid", "async_halving", "adaptive_asha", "tpe")
 
 MaxTrials = Annotated[int, Field(ge=1, le=MAX_TRIALS)]
 MaxConcurrentTrials = Annotated[int, Field(ge=0, le=MAX_TRIALS)]
@@ -107,8 +108,33 @@ class AdaptiveASHASearcher(_HalvingBase):
     bracket_rungs: list[Rungs] = Field(default_factory=list, max_length=MAX_RUNGS)
 
 
+class TPESearcher(_SearcherBase):
+    """Tree-structured Parzen estimator search: each new trial's hyperparameters are suggested
+    from the searcher metric of the trials closed so far (random for the first
+    ``n_startup_trials``)."""
+
+    name: Literal["tpe"]
+    max_trials: Annotated[int, Field(ge=1, le=MAX_TPE_TRIALS)]
+    max_concurrent_trials: MaxConcurrentTrials = 16
+    n_startup_trials: Annotated[int, Field(ge=1, le=MAX_TPE_TRIALS)] = 10
+
+    @model_validator(mode="after")
+    def _startup_fits(self) -> TPESearcher:
+        if self.n_startup_trials > self.max_trials:
+            raise field_error(
+                "n_startup_trials",
+                f"must be at most max_trials ({self.max_trials}), got {self.n_startup_trials}",
+            )
+        return self
+
+
 SearcherConfig = Annotated[
-    SingleSearcher | RandomSearcher | GridSearcher | AsyncHalvingSearcher | AdaptiveASHASearcher,
+    SingleSearcher
+    | RandomSearcher
+    | GridSearcher
+    | AsyncHalvingSearcher
+    | AdaptiveASHASearcher
+    | TPESearcher,
     Field(discriminator="name"),
 ]
 """Any searcher config, chosen by its ``name``."""

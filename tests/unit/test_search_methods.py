@@ -444,6 +444,7 @@ SEARCHERS = {
         "mode": "conservative",
         "max_length": 16,
     },
+    "tpe": {"name": "tpe", "max_trials": 9, "max_concurrent_trials": 3, "n_startup_trials": 3},
 }
 GRID_HPS = {
     "lr": {"type": "log", "minval": -4, "maxval": -1, "count": 3},
@@ -474,7 +475,7 @@ def test_same_seed_and_calls_give_identical_trials_and_snapshots(kind: str) -> N
     assert first.shutdown is not None
 
 
-@pytest.mark.parametrize("kind", ["random", "asha", "adaptive"])
+@pytest.mark.parametrize("kind", ["random", "asha", "adaptive", "tpe"])
 def test_a_different_seed_samples_different_trials(kind: str) -> None:
     """The experiment seed drives hyperparameters and trial seeds."""
     one, two = scripted(kind, seed=1).run(), scripted(kind, seed=2).run()

@@ -12,6 +12,7 @@ from events.config import (
     GridSearcher,
     RandomSearcher,
     SingleSearcher,
+    TPESearcher,
 )
 from services.searcher.methods.adaptive_asha import (
     AdaptiveASHAStrategy,
@@ -37,6 +38,7 @@ from services.searcher.methods.base import (
 from services.searcher.methods.grid import GridStrategy
 from services.searcher.methods.random_search import RandomStrategy
 from services.searcher.methods.single import SingleStrategy
+from services.searcher.methods.tpe import TPEStrategy
 
 __all__ = [
     "EXIT_REASONS",
@@ -54,6 +56,7 @@ __all__ = [
     "Shutdown",
     "SingleStrategy",
     "Stop",
+    "TPEStrategy",
     "adaptive_brackets",
     "make_method",
     "make_strategy",
@@ -91,6 +94,15 @@ def make_strategy(config: ExperimentConfig) -> SearchStrategy:
         return SingleStrategy(target_units=target)
     if isinstance(searcher, RandomSearcher):
         return RandomStrategy(searcher.max_trials, searcher.max_concurrent_trials, target)
+    if isinstance(searcher, TPESearcher):
+        return TPEStrategy(
+            config.hyperparameters,
+            max_trials=searcher.max_trials,
+            max_concurrent_trials=searcher.max_concurrent_trials,
+            n_startup_trials=searcher.n_startup_trials,
+            smaller_is_better=searcher.smaller_is_better,
+            target_units=target,
+        )
     if isinstance(searcher, GridSearcher):
         return GridStrategy(config.hyperparameters, searcher.max_concurrent_trials, target)
     if isinstance(searcher, AsyncHalvingSearcher):
