@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from events.check import check_log
@@ -15,6 +16,7 @@ from events.types import (
     TrialStateChanged,
     ValidationReported,
 )
+from services.searcher.methods import TPEStrategy
 from services.searcher.service import SearcherConsumer
 
 CONFIG: dict[str, Any] = {
@@ -46,12 +48,15 @@ async def simulate(
     store: EventStore,
     restart_at: set[int] = frozenset(),  # type: ignore[assignment]
     wake_ups: bool = False,
+    config: dict[str, Any] = CONFIG,
+    on_rebuild: Callable[[SearcherConsumer], None] | None = None,
 ) -> list[tuple[Any, ...]]:
     """Drives the experiment to the end with scripted metrics; returns every searcher decision.
 
     With ``wake_ups`` each round is driven like the bus does: one catch-up per new position,
-    below the searcher's own decisions of the previous round, and each twice."""
-    await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config=CONFIG)])
+    below the searcher's own decisions of the previous round, and each twice. ``on_rebuild``
+    sees each restarted consumer right after its replay."""
+    await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config=config)])
     consumer = SearcherConsumer(store)
     runner = ConsumerRunner(store, None, consumer)
     progress: dict[str, int] = {}
@@ -59,6 +64,8 @@ async def simulate(
         if round_no in restart_at:
             consumer = SearcherConsumer(store)  # a fresh process: it knows only the log
             await consumer.rebuild()
+            if on_rebuild is not None:
+                on_rebuild(consumer)
             runner = ConsumerRunner(store, None, consumer)
         if wake_ups:
             for position in range(await store.checkpoint("searcher") + 1, await store.head() + 1):
@@ -195,3 +202,61 @@ async def test_search_end_overtaken_by_a_user_kill_is_not_appended(store: EventS
     ]
     assert states == ["STOPPING_KILLED"]
     assert await check_log(store) == []
+
+
+TPE_CONFIG: dict[str, Any] = {
+    **CONFIG,
+    "name": "tpe",
+    "searcher": {
+        "name": "tpe",
+        "metric": "validation_loss",
+        "max_trials": 10,
+        "max_concurrent_trials": 2,
+        "n_startup_trials": 3,
+    },
+}
+
+
+async def _fresh_store(pg_server: Any, name: str) -> EventStore:
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_server.url)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    return await EventStore.connect(pg_server.url.rsplit("/", 1)[0] + f"/{name}")
+
+
+async def test_restarted_tpe_searcher_suggests_what_an_unbroken_one_would(
+    db_url: str, pg_server: Any
+) -> None:
+    """A TPE searcher restarted mid-search (after TPE took over from the startup trials) rebuilds
+    its sampler from the log and requests exactly the hyperparameters a fault-free run requests."""
+    told_at_restart: list[int] = []
+
+    def told(consumer: SearcherConsumer) -> None:
+        strategy = consumer.searches[1].method.strategy
+        assert isinstance(strategy, TPEStrategy)
+        told_at_restart.append(len(strategy.told))
+
+    results = []
+    for restarts in (set(), {5, 40, 60, 75}):
+        store = await _fresh_store(pg_server, f"tpe_{len(results)}_{abs(hash(db_url)) % 10_000}")
+        results.append(
+            await simulate(
+                store, restarts, config=TPE_CONFIG, on_rebuild=told if restarts else None
+            )
+        )
+        assert await check_log(store) == []
+        await store.close()
+    assert told_at_restart[0] < 3 <= told_at_restart[-1], (
+        f"restarts hit both the startup and the TPE phase: {told_at_restart}"
+    )
+    straight, restarted = results
+    assert [d for d in restarted if d[0] == "TrialRequested"] == [
+        d for d in straight if d[0] == "TrialRequested"
+    ]
+    assert restarted == straight
+    requested = [d for d in straight if d[0] == "TrialRequested"]
+    assert len(requested) == 10 and len({d[1] for d in requested}) == 10
+    assert straight[-1][0] == "ExperimentStateChanged" and straight[-1][4] == "STOPPING_COMPLETED"

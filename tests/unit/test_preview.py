@@ -93,3 +93,33 @@ def test_grid_and_random_previews_count_trials_times_length() -> None:
     )
     assert plain.total_trials == 5 and plain.total_units is None
     assert "chosen by the code" in render_preview(plain)
+
+
+TPE_YAML = """\
+name: tpe-demo
+entrypoint: python3 train.py
+hyperparameters:
+  lr: {type: log, minval: -4, maxval: -1}
+  width: {type: int, minval: 8, maxval: 64}
+searcher:
+  name: tpe
+  metric: loss
+  max_trials: 20
+  max_concurrent_trials: 4
+  n_startup_trials: 5
+  max_length: {batches: 100}
+"""
+
+
+def test_cli_previews_a_tpe_search_and_names_a_bad_tpe_knob(tmp_path: Path) -> None:
+    """A tpe search previews as max_trials trials of max_length; a bad knob is named by path."""
+    path = tmp_path / "tpe.yaml"
+    path.write_text(TPE_YAML)
+    done = cli("preview-search", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "Search: tpe on 'loss'" in done.stdout
+    assert "This search will create a total of 20 trial(s)." in done.stdout
+    assert "Total training: 2000 batches." in done.stdout
+    bad = cli("preview-search", str(path), "--config", "searcher.n_startup_trials=21")
+    assert bad.returncode != 0 and bad.stdout == ""
+    assert "searcher.n_startup_trials: must be at most max_trials (20), got 21" in bad.stderr
