@@ -25,8 +25,8 @@ MAX_COUNT = 2**53 - 1
 reader (a browser's included) holds exactly, and far beyond any real length or count."""
 MAX_TRIALS = 100_000
 """Most trials of one search (``max_trials``, ``max_concurrent_trials``, grid points, ``count``)."""
-MAX_TPE_TRIALS = 2_000
-"""Most trials of one ``tpe`` search: each suggestion costs time linear in the trials before it,
+MAX_TPE_TRIALS = 1_000
+"""Most trials of one ``tpe`` search: each suggestion costs time linear in the trials before it
 and the searcher replays every suggestion when it restarts."""
 MAX_SLOTS_PER_TRIAL = 4096
 MAX_SLOTS = 1_000_000
