@@ -74,7 +74,9 @@ class Search:
     """One experiment's search: its method and the trial <-> request mapping.
 
     ``trials`` counts the trials the method created (the next one's ``seq``); ``trial_of`` maps
-    a request id to the trial id recorded for it.
+    a request id to the trial id recorded for it. ``replayed`` holds, during replay, the
+    hyperparameters the method chose again for requests whose ``TrialRequested`` is still ahead,
+    to check them against the recorded ones.
     """
 
     experiment_id: int
@@ -87,6 +89,7 @@ class Search:
     early: dict[int, str] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
     shut_down: bool = False
+    replayed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -204,6 +207,7 @@ class SearcherConsumer(Consumer):
             return
         if event.type == "TrialRequested":
             self._requested(int(p["experiment_id"]), str(p["request_id"]), int(p["trial_id"]))
+            self._check_replayed(p)
             return
         trial_id = int(p["trial_id"])
         experiment_id = self.experiment_of.get(trial_id)
@@ -232,6 +236,23 @@ class SearcherConsumer(Consumer):
             if reason is not None:
                 self._run(search, search.method.on_trial_exited_early(request_id, reason))
             self._run(search, search.method.on_trial_closed(request_id))
+
+    def _check_replayed(self, p: dict[str, Any]) -> None:
+        """Logs an error when the method, replayed, chose other hyperparameters than recorded
+        (its code or a library it samples with changed under a running search): the recorded
+        trial stands, but later decisions no longer match a run that never restarted."""
+        search = self.searches.get(int(p["experiment_id"]))
+        if search is None:
+            return
+        chosen = search.replayed.pop(str(p["request_id"]), None)
+        if chosen is not None and chosen != p["hparams"]:
+            log.error(
+                "replayed search diverges from the log",
+                experiment=search.experiment_id,
+                request=p["request_id"],
+                recorded=p["hparams"],
+                replayed=chosen,
+            )
 
     def _submitted(self, p: dict[str, Any]) -> None:
         exp_id = int(p["experiment_id"])
@@ -273,6 +294,8 @@ class SearcherConsumer(Consumer):
                 continue  # a stopping experiment starts nothing new
             if isinstance(op, Create):
                 search.trials += 1
+                if self.replaying:
+                    search.replayed[op.request_id] = op.hparams
                 self._emit(
                     stream,
                     _NewTrial(

@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from structlog.testing import capture_logs
+
 from events.check import check_log
 from events.consumer import ConsumerRunner
 from events.names import trial_stream
@@ -13,6 +15,7 @@ from events.store import EventStore
 from events.types import (
     ExperimentStateChanged,
     ExperimentSubmitted,
+    TrialRequested,
     TrialStateChanged,
     ValidationReported,
 )
@@ -260,3 +263,41 @@ async def test_restarted_tpe_searcher_suggests_what_an_unbroken_one_would(
     requested = [d for d in straight if d[0] == "TrialRequested"]
     assert len(requested) == 10 and len({d[1] for d in requested}) == 10
     assert straight[-1][0] == "ExperimentStateChanged" and straight[-1][4] == "STOPPING_COMPLETED"
+
+
+async def test_replay_that_chooses_other_hparams_than_recorded_is_reported(
+    store: EventStore,
+) -> None:
+    """A recorded TrialRequested whose hparams the replayed method does not choose again (as after
+    a sampler upgrade under a running search) is logged as a divergence; the recorded trial stands."""
+    await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config=TPE_CONFIG)])
+    runner = ConsumerRunner(store, None, SearcherConsumer(store))
+    await runner.catch_up()
+    first = next(e for e in await store.read_all() if e.type == "TrialRequested")
+    forged = {**first.payload["hparams"], "hidden": first.payload["hparams"]["hidden"] + 1}
+    await store.append(
+        "experiment-2",
+        [ExperimentSubmitted(experiment_id=2, config=TPE_CONFIG)],
+    )
+    await store.append(
+        "experiment-2",
+        [
+            TrialRequested(
+                experiment_id=2,
+                trial_id=99,
+                seq=1,
+                request_id=first.payload["request_id"],
+                hparams=forged,
+                trial_seed=first.payload["trial_seed"],
+            )
+        ],
+    )
+    async with store.transaction() as tx:
+        await tx.set_checkpoint("searcher", await store.head())
+    consumer = SearcherConsumer(store)
+    with capture_logs() as logs:
+        await consumer.rebuild()
+    diverged = [e for e in logs if e["event"] == "replayed search diverges from the log"]
+    assert [(e["experiment"], e["request"]) for e in diverged] == [(2, first.payload["request_id"])]
+    assert diverged[0]["recorded"] == forged
+    assert consumer.searches[2].trial_of[first.payload["request_id"]] == 99
