@@ -230,7 +230,7 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
         n_batches = ctx.scaled(1000)
         singles: list[Event] = [
             ValidationReported(
-                trial_id=f"1.{k % 100}",
+                trial_id=1 + k % 100,
                 run_id=1,
                 steps_completed=100 * k,
                 metrics=_metrics(rng, k),
