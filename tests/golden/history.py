@@ -77,12 +77,14 @@ def normalise(events: list[RecordedEvent], replace: dict[str, str]) -> list[dict
     """Rows of ``events`` with what differs between runs made stable, consistently.
 
     Event ids become sequential uuids (and so do their mentions in payloads and metadata, e.g.
-    causation ids); ``recorded_at`` is shifted so the first event is at :data:`EPOCH` (the gaps
-    between events are kept); each ``replace`` key (a scratch path, a port) becomes its value;
-    ``pid``, ``hostname`` and lease ``holder`` (host:pid) values become placeholders. Everything else, including the ids the
-    services derive (allocations, request ids, checkpoint uuids), is kept as recorded.
+    causation ids), other random uuids (checkpoints) another sequence, in order of first
+    mention; ``recorded_at`` is shifted so the first event is at :data:`EPOCH` (the gaps between
+    events are kept); each ``replace`` key (a scratch path, a port) becomes its value;
+    ``pid``, ``hostname`` and lease ``holder`` (host:pid) values become placeholders. Everything
+    else, including the ids the services derive (allocations, request ids, slot ids), is kept.
     """
     ids = {str(e.event_id): f"00000000-0000-4000-8000-{n:012d}" for n, e in enumerate(events, 1)}
+    randoms: dict[str, str] = {}
     pids: dict[int, int] = {}
     start = events[0].recorded_at if events else EPOCH
 
@@ -90,7 +92,7 @@ def normalise(events: list[RecordedEvent], replace: dict[str, str]) -> list[dict
         text = json.dumps(value, sort_keys=True)
         for old, new in replace.items():
             text = text.replace(old, new)
-        text = _UUID.sub(lambda m: ids.get(m.group(0), m.group(0)), text)
+        text = _UUID.sub(lambda m: _stable(m.group(0), ids, randoms), text)
         return _placeholders(json.loads(text), pids)
 
     return [
@@ -107,6 +109,16 @@ def normalise(events: list[RecordedEvent], replace: dict[str, str]) -> list[dict
         }
         for e in events
     ]
+
+
+def _stable(found: str, ids: dict[str, str], randoms: dict[str, str]) -> str:
+    """An event id's placeholder; for any other random (version 4) uuid, e.g. a checkpoint's,
+    the next free placeholder of its own series; derived (version 5) uuids stay as they are."""
+    if found in ids:
+        return ids[found]
+    if found[14] != "4":
+        return found
+    return randoms.setdefault(found, f"00000000-0000-4000-9000-{len(randoms) + 1:012d}")
 
 
 def _placeholders(value: Any, pids: dict[int, int]) -> Any:
