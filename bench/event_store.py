@@ -238,7 +238,7 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
             for k in range(n_single)
         ]
         batches: list[list[Event]] = [
-            [_training_event(rng, f"2.{b % 100}", 100 * (b // 100) + i) for i in range(100)]
+            [_training_event(rng, 201 + b % 100, 100 * (b // 100) + i) for i in range(100)]
             for b in range(n_batches)
         ]
         # warm up both paths (connections, prepared statements, first pages of the indexes)
@@ -251,7 +251,7 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
         versions: dict[str, int] = {}
         with timed() as t:
             for k, event in enumerate(singles):
-                stream = f"trial-1.{k % 100}"
+                stream = f"trial-{1 + k % 100}"
                 recorded = await store.append(
                     stream, [event], expected_version=versions.get(stream, 0)
                 )
@@ -321,7 +321,7 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
         versions = {}
         with timed() as t:
             for b, batch in enumerate(batches):
-                stream = f"trial-2.{b % 100}"
+                stream = f"trial-{201 + b % 100}"
                 recorded = await store.append(
                     stream, batch, expected_version=versions.get(stream, 0)
                 )
