@@ -594,17 +594,9 @@ def full_plan(rng: random.Random) -> list[Fault]:
 
 
 def short_plan(rng: random.Random) -> list[Fault]:
-    """One fault per component class: a decider, the projections, the gateway, the agent, a
-    trial, the bus and the database (all SIGKILLs), in a seeded random order."""
-    plan = [
-        Fault("kill", rng.choice(DECIDERS)),
-        Fault("kill", "tracker"),
-        Fault("kill", "api"),
-        Fault("kill", "agent"),
-        Fault("kill-trial", "trial"),
-        Fault("kill", "nats"),
-        Fault("kill", "postgres"),
-    ]
+    """A SIGKILL of every supervised process and of a trial, in a seeded random order: each
+    component class (deciders, projections, gateway, agent, trial, bus, database) once."""
+    plan = [Fault("kill", name) for name in KILLED] + [Fault("kill-trial", "trial")]
     rng.shuffle(plan)
     return plan
 
