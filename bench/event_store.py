@@ -85,7 +85,7 @@ def _metrics(rng: random.Random, step: int) -> dict[str, float]:
     return {"loss": round(loss, 6), "accuracy": round(1 - loss / 2.5, 6), "lr": 0.001}
 
 
-def _training_event(rng: random.Random, trial_id: str, k: int) -> Event:
+def _training_event(rng: random.Random, trial_id: int, k: int) -> Event:
     """One of the frequent in-run events of a trial (workloads, validations, checkpoints)."""
     steps = 100 * (k + 1)
     match k % 4:
@@ -114,7 +114,7 @@ def _trial_payload(rng: random.Random, exp: int, trial: int, step: int) -> tuple
     A trial stream: allocation, start, 96 training events, exit, release. Odd trials' exits are
     stored as the historic v1 payload, so replay also runs the TrialExited v1 -> v2 upcaster.
     """
-    trial_id = f"{exp}.{trial}"
+    trial_id = exp * 1000 + trial
     alloc = f"alloc-{exp}-{trial}-1"
     placements = {f"agent-{trial % 8}": [f"slot-{trial % 4}"]}
     event: Event
@@ -126,7 +126,9 @@ def _trial_payload(rng: random.Random, exp: int, trial: int, step: int) -> tuple
         )
     elif step == EVENTS_PER_STREAM - 2:
         if trial % 2:
-            v1 = {"trial_id": trial_id, "run_id": 1, "allocation_id": alloc, "failed": False}
+            # As cairn first stored it: the trial named "<experiment>.<n>", ``failed`` a bool.
+            legacy = f"{exp}.{trial}"
+            v1 = {"trial_id": legacy, "run_id": 1, "allocation_id": alloc, "failed": False}
             return "TrialExited", 1, _dumps(v1)
         event = TrialExited(trial_id=trial_id, run_id=1, allocation_id=alloc, outcome="completed")
     elif step == EVENTS_PER_STREAM - 1:
@@ -153,7 +155,8 @@ def _experiment_payload(rng: random.Random, exp: int, step: int) -> tuple[str, i
     else:
         event = TrialRequested(
             experiment_id=exp,
-            trial_id=f"{exp}.{step}",
+            trial_id=exp * 1000 + step,
+            seq=step,
             request_id=str(uuid.UUID(int=rng.getrandbits(128))),
             hparams={"lr": 10 ** rng.uniform(-5, -1), "batch_size": 32, "layers": 4},
             trial_seed=rng.getrandbits(31),

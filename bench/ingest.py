@@ -40,6 +40,7 @@ from bench.common import BenchContext, Measure, Report, per_second, progress
 from cairn.core._http import Session
 from cairn.core._reporter import MAX_BATCH, HTTPReporter
 from events.config import parse_config
+from events.names import allocation_id, trial_stream
 from events.store import EventStore
 from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
 from services.api.auth import trial_token
@@ -51,8 +52,8 @@ METRICS_PER_POINT = 4
 MLFLOW_BATCH_METRICS = 1000
 """MLflow's limit on metrics per ``log_batch`` call."""
 WARMUP_POINTS = 500
-TRIAL_ID = "1.1"
-WARMUP_TRIAL_ID = "1.2"
+TRIAL_ID = 1
+WARMUP_TRIAL_ID = 2
 CONFIG = """
 name: ingest-bench
 entrypoint: python train.py
@@ -128,7 +129,7 @@ async def _wait_for(
 
 
 async def _seed(store: EventStore) -> None:
-    """Experiment 1 with trials 1.1 and 1.2, each allocated: what the searcher and scheduler
+    """Experiment 1 with trials 1 and 2, each allocated: what the searcher and scheduler
     would have appended before the training code starts reporting."""
     config = parse_config(CONFIG, default_seed=7).model_dump(mode="json")
     await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config=config)])
@@ -139,6 +140,7 @@ async def _seed(store: EventStore) -> None:
                 TrialRequested(
                     experiment_id=1,
                     trial_id=trial_id,
+                    seq=trial_id,
                     request_id=f"r-{trial_id}",
                     hparams={"lr": 0.1},
                     trial_seed=42,
@@ -146,11 +148,11 @@ async def _seed(store: EventStore) -> None:
             ],
         )
         await store.append(
-            f"trial-{trial_id}",
+            trial_stream(trial_id),
             [
                 SlotsAllocated(
                     trial_id=trial_id,
-                    allocation_id=f"{trial_id}.1",
+                    allocation_id=allocation_id(trial_id, 1),
                     placements={"bench": ["0"]},
                     run_id=1,
                 )
@@ -158,10 +160,11 @@ async def _seed(store: EventStore) -> None:
         )
 
 
-def _report_points(url: str, token: str, trial_id: str, n: int) -> float:
+def _report_points(url: str, token: str, trial_id: int, n: int) -> float:
     """Sends ``n`` training points through ``cairn.core``'s reporter; returns the seconds from
     the first submit until all are acknowledged."""
-    reporter = HTTPReporter(Session(url, token), trial_id, f"{trial_id}.1", max_batch=MAX_BATCH)
+    alloc = allocation_id(trial_id, 1)
+    reporter = HTTPReporter(Session(url, token), trial_id, alloc, max_batch=MAX_BATCH)
     t0 = time.perf_counter()
     for step in range(1, n + 1):
         reporter.submit(
@@ -221,7 +224,7 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
         )
         events = await store.pool.fetchval(
             "SELECT count(*) FROM events WHERE stream_id = $1 AND type = 'WorkloadCompleted'",
-            f"trial-{TRIAL_ID}",
+            trial_stream(TRIAL_ID),
         )
         if events != n:
             raise RuntimeError(f"the log holds {events} WorkloadCompleted of the {n} points")

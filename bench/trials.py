@@ -44,6 +44,7 @@ from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
 from events.config import load_yaml
 from events.envelope import RecordedEvent
+from events.names import experiment_stream, trial_stream
 from events.store import EventStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -243,15 +244,15 @@ async def _cairn_noop(
     done = await _wait_terminal(store, cluster, experiment_id, timeout=120)
     seconds = (done.recorded_at - posted).total_seconds()
 
-    requested: dict[str, datetime] = {}
-    for event in await store.read_stream(f"experiment-{experiment_id}"):
+    requested: dict[int, datetime] = {}
+    for event in await store.read_stream(experiment_stream(experiment_id)):
         if event.type == "TrialRequested":
             requested[event.payload["trial_id"]] = event.recorded_at
     if len(requested) != n:
         raise RuntimeError(f"{len(requested)} trials requested, expected {n}")
     latencies, runs, waits = [], [], []
     for trial_id, t_requested in requested.items():
-        events = await store.read_stream(f"trial-{trial_id}")
+        events = await store.read_stream(trial_stream(trial_id))
         exits = [e for e in events if e.type == "TrialExited"]
         starts = [e for e in events if e.type == "TrialStarted"]
         if not exits or exits[-1].payload["outcome"] != "completed":
@@ -347,8 +348,12 @@ async def _cairn_digits(
     config["max_restarts"] = 0
     experiment_id = await cluster.submit(config, _code_tarball(DIGITS))
     done = await _wait_terminal(store, cluster, experiment_id, timeout=300)
-    trial_id = f"{experiment_id}.1"
-    events = await store.read_stream(f"trial-{trial_id}")
+    (trial_id,) = [
+        int(e.payload["trial_id"])
+        for e in await store.read_stream(experiment_stream(experiment_id))
+        if e.type == "TrialRequested"
+    ]
+    events = await store.read_stream(trial_stream(trial_id))
     started = next(e for e in events if e.type == "TrialStarted")
     exited = [e for e in events if e.type == "TrialExited"][-1]
     last = f"batch {batches}:"

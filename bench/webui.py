@@ -80,7 +80,8 @@ async def _load(dsn: str, trials: int, points: int) -> None:
         requested = [
             TrialRequested(
                 experiment_id=1,
-                trial_id=f"1.{i}",
+                trial_id=i,
+                seq=i,
                 request_id=f"r{i}",
                 hparams={"lr": 10 ** (-4 + 3 * i / trials), "width": 16 + (i * 37) % 240},
                 trial_seed=i,
@@ -100,7 +101,7 @@ async def _load(dsn: str, trials: int, points: int) -> None:
         await conn.execute(
             """INSERT INTO tr_metrics (trial_id, experiment_id, run_id, "group", steps_completed,
                                        metrics, archived, reported_at)
-               SELECT '1.' || t, 1, 1, g, s,
+               SELECT t, 1, 1, g, s,
                       jsonb_build_object(CASE WHEN g = 'validation' THEN 'validation_loss'
                                               ELSE 'loss' END,
                                          2.0 / (1.0 + (0.002 + 0.01 * (t % 17) / 17.0) * s)
@@ -134,7 +135,7 @@ async def _rest_baseline(url: str, token: str, trials: int) -> float:
         gate = asyncio.Semaphore(8)
 
         async def one(i: int) -> int:
-            async with gate, http.get(f"{url}/api/v1/trials/1.{i}/metrics?group=validation") as r:
+            async with gate, http.get(f"{url}/api/v1/trials/{i}/metrics?group=validation") as r:
                 body = await r.json()
                 return len(body["metrics"])
 

@@ -306,12 +306,24 @@ class Client:
     ) -> int:
         """Submits a config (YAML text or a mapping) with the code directory, merged over
         ``template`` if given; returns the id."""
+        answer = self.submit_experiment(config, code_dir, activate=activate, template=template)
+        return int(answer["id"])
+
+    def submit_experiment(
+        self,
+        config: str | dict[str, Any],
+        code_dir: Path,
+        *,
+        activate: bool = True,
+        template: str | None = None,
+    ) -> dict[str, Any]:
+        """Like :meth:`create_experiment`, but returns the whole answer: ``id``, ``code_ref``
+        and ``warnings`` (``{path, message}`` for each setting accepted but ignored)."""
         code = base64.b64encode(code_tarball(code_dir)).decode()
         body: dict[str, Any] = {"config": config, "code": code, "activate": activate}
         if template is not None:
             body["template"] = template
-        data = self.call("POST", "/experiments", body)
-        return int(data["id"])
+        return dict(self.call("POST", "/experiments", body))
 
     def patch_experiment(self, experiment_id: int, changes: dict[str, Any]) -> dict[str, Any]:
         """Changes an experiment's name, description, labels or resources."""
@@ -351,17 +363,17 @@ class Client:
 
     # ------------------------------------------------------------------ trials and checkpoints
 
-    def get_trial(self, trial_id: str) -> dict[str, Any]:
+    def get_trial(self, trial_id: int) -> dict[str, Any]:
         """One trial with its allocations, checkpoints and progress."""
-        return dict(self.get(f"/trials/{_quote(trial_id)}"))
+        return dict(self.get(f"/trials/{trial_id}"))
 
-    def trial_logs(self, trial_id: str, **query: Any) -> dict[str, Any]:
+    def trial_logs(self, trial_id: int, **query: Any) -> dict[str, Any]:
         """One page of a trial's logs: ``{"logs", "next_after_id", "done"}``."""
-        return dict(self.get(f"/trials/{_quote(trial_id)}/logs", **query))
+        return dict(self.get(f"/trials/{trial_id}/logs", **query))
 
-    def follow_trial_logs(self, trial_id: str, **query: Any) -> Iterator[dict[str, Any]]:
+    def follow_trial_logs(self, trial_id: int, **query: Any) -> Iterator[dict[str, Any]]:
         """A trial's logs as they are written, until it ends and they are drained."""
-        for line in self.stream_lines(f"/trials/{_quote(trial_id)}/logs", follow=True, **query):
+        for line in self.stream_lines(f"/trials/{trial_id}/logs", follow=True, **query):
             try:
                 item = json.loads(line)
             except ValueError:
@@ -369,9 +381,9 @@ class Client:
             if isinstance(item, dict):
                 yield item
 
-    def kill_trial(self, trial_id: str) -> dict[str, Any]:
+    def kill_trial(self, trial_id: int) -> dict[str, Any]:
         """Asks the scheduler to kill a trial."""
-        return dict(self.post(f"/trials/{_quote(trial_id)}/kill"))
+        return dict(self.post(f"/trials/{trial_id}/kill"))
 
     def get_checkpoint(self, uuid: str) -> dict[str, Any]:
         """One checkpoint."""

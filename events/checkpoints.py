@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from events.db import Connection, translate_errors
+from events.names import coerce_trial_id
 
 
-async def checkpoint_owners(conn: Connection, uuids: Iterable[str]) -> dict[str, str]:
+async def checkpoint_owners(conn: Connection, uuids: Iterable[str]) -> dict[str, int]:
     """The owning trial id of each of ``uuids`` that the log has recorded (others are absent).
 
     Args:
@@ -37,4 +38,5 @@ async def checkpoint_owners(conn: Connection, uuids: Iterable[str]) -> dict[str,
                ORDER BY payload->>'uuid', position""",
             wanted,
         )
-    return {str(r["uuid"]): str(r["trial_id"]) for r in rows}
+    # Raw payloads: a legacy "E.N" id reads as the integer its upcaster gives it.
+    return {str(r["uuid"]): coerce_trial_id(r["trial_id"]) for r in rows}

@@ -21,7 +21,7 @@ class Command:
     command_id: str
     kind: str
     allocation_id: str
-    trial_id: str
+    trial_id: int
     position: int
 
     @property
@@ -63,7 +63,7 @@ def derive(event: RecordedEvent) -> list[Command]:
                 f"start:{alloc}:{agent}",
                 "start",
                 alloc,
-                str(payload["trial_id"]),
+                int(payload["trial_id"]),
                 event.position,
             )
             for agent in sorted(payload["placements"])
@@ -77,7 +77,7 @@ def derive(event: RecordedEvent) -> list[Command]:
                 f"{kind}:{alloc}:{agent}",
                 kind,
                 alloc,
-                str(payload["trial_id"]),
+                int(payload["trial_id"]),
                 event.position,
             )
             for agent in sorted(payload.get("agent_ids", []))

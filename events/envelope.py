@@ -46,8 +46,9 @@ class NewEvent(BaseModel):
 class RecordedEvent(BaseModel):
     """An event as stored in the log, with its global position and stream version.
 
-    ``payload`` is the raw JSON as stored (possibly an old schema version); :meth:`decode` upcasts
-    and validates it into the current model.
+    ``payload`` is the JSON as stored, upcast (by :func:`events.store.row_to_event`) to the
+    current schema version when its type has upcasters from the stored one; :meth:`decode`
+    validates it into the current model.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -75,7 +76,7 @@ class RecordedEvent(BaseModel):
 
 
 def stream_type_of(stream_id: str) -> str:
-    """Returns the category of a stream id (``trial-42.7`` -> ``trial``)."""
+    """Returns the category of a stream id (``trial-42`` -> ``trial``)."""
     head, _, _ = stream_id.partition("-")
     return head
 

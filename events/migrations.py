@@ -70,6 +70,27 @@ CORE: Sequence[tuple[str, str]] = (
                            'TrialExited', 'TrialStateChanged');
         """,
     ),
+    (
+        "0004_trial_ids",
+        # Trial ids are cluster-wide integers taken by the searcher; the index finds the
+        # experiment of a trial id (the raw payload holds it as text: "17", legacy "9.1").
+        """
+        CREATE SEQUENCE trial_ids;
+        CREATE INDEX events_trial_requested ON events ((payload->>'trial_id'))
+            WHERE type = 'TrialRequested';
+        """,
+    ),
+    (
+        "0005_lifecycle_index_continued",
+        # ExperimentContinued is a lifecycle fact too (it reopens an ended experiment); the
+        # partial index must cover every type the run-state query reads, or it is not used.
+        """
+        DROP INDEX IF EXISTS events_lifecycle;
+        CREATE INDEX events_lifecycle ON events (stream_id, stream_version)
+            WHERE type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'ExperimentContinued',
+                           'SlotsAllocated', 'TrialExited', 'TrialStateChanged');
+        """,
+    ),
 )
 
 

@@ -72,6 +72,27 @@ def upcast(event_type: str, schema_version: int, payload: Payload) -> Payload:
     return data
 
 
+def to_current(event_type: str, schema_version: int, payload: Payload) -> tuple[int, Payload]:
+    """The payload upcast to its type's current version, and that version (the read boundary).
+
+    A payload that cannot be upcast here (an unknown type, a newer version, a failing
+    upcaster) comes back unchanged with its own version; :func:`decode` reports why.
+    """
+    model = model_for_or_none(event_type)
+    if model is None or schema_version >= model.schema_version:
+        return schema_version, payload
+    try:
+        return model.schema_version, upcast(event_type, schema_version, payload)
+    except UnknownEventError:
+        return schema_version, payload
+
+
+def model_for_or_none(event_type: str) -> type[Event] | None:
+    """The current model of ``event_type``, or ``None`` for a type nobody registered."""
+    _ensure_loaded()
+    return _models.get(event_type)
+
+
 def decode(event_type: str, schema_version: int, payload: Payload) -> Event:
     """Upcasts and validates a stored payload into the current model of its type."""
     model = model_for(event_type)

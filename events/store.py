@@ -18,7 +18,7 @@ from events.db import Connection, Pool, create_pool, translate_errors
 from events.envelope import Event, Metadata, NewEvent, RecordedEvent
 from events.errors import ConcurrencyError, EventTooLargeError, FencedError
 from events.limits import MAX_EVENT_BYTES, encoded, largest_part
-from events.registry import encode
+from events.registry import encode, to_current
 
 NOTIFY_CHANNEL = "cairn_events"
 _COLUMNS = (
@@ -41,18 +41,23 @@ def lease_stream(lease: str) -> str:
 
 
 def row_to_event(row: Any) -> RecordedEvent:
-    """A ``RecordedEvent`` from a row of the ``events`` table (columns as in ``SELECT *``)."""
+    """A ``RecordedEvent`` from a row of the ``events`` table (columns as in ``SELECT *``).
+
+    Its payload is upcast to the type's current schema version here, the read boundary, so
+    every fold sees one shape of each type whatever version the log holds.
+    """
     # Rows come from our own table, written through ``append``: constructing without
     # re-validation is safe and halves the cost of a replay.
     meta = row["metadata"]
+    version, payload = to_current(row["type"], row["schema_version"], row["payload"])
     return RecordedEvent.model_construct(
         position=row["position"],
         stream_id=row["stream_id"],
         stream_version=row["stream_version"],
         event_id=row["event_id"],
         type=row["type"],
-        schema_version=row["schema_version"],
-        payload=row["payload"],
+        schema_version=version,
+        payload=payload,
         metadata=Metadata.model_construct(**meta) if meta else Metadata(),
         recorded_at=row["recorded_at"],
     )
@@ -117,7 +122,7 @@ class Transaction:
         """Appends ``events`` to ``stream_id`` atomically with the rest of this transaction.
 
         Args:
-            stream_id: target stream, e.g. ``trial-42.7``.
+            stream_id: target stream, e.g. ``trial-42``.
             events: payloads (or payloads with ids and metadata) in order.
             expected_version: the version the stream must be at (0: must not exist yet);
                 ``None`` appends whatever the version is.
@@ -225,6 +230,13 @@ class Transaction:
     async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
         """Reads one stream's events after ``after_version`` in version order."""
         return await _read_stream(self.conn, stream_id, after_version)
+
+    async def next_trial_id(self) -> int:
+        """Takes a new cluster-wide trial id from sequence ``trial_ids`` (never reused; a
+        rolled-back transaction leaves a gap)."""
+        with translate_errors():
+            value = await self.conn.fetchval("SELECT nextval('trial_ids')")
+        return int(value)
 
     async def lock_checkpoint(self, name: str) -> int:
         """Locks consumer ``name``'s checkpoint row until commit and returns its position."""

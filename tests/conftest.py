@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +83,67 @@ def service_env() -> Callable[..., dict[str, str]]:
         return env
 
     return make
+
+
+class S3Server:
+    """A local S3-compatible server (moto's, a real HTTP server in its own process) with one
+    empty bucket per test; the credentials are fake but must be given."""
+
+    ACCESS_KEY = "cairn-test-access"
+    SECRET_KEY = "cairn-test-secret-0123456789"
+
+    def __init__(self, url: str, bucket: str) -> None:
+        self.url = url
+        self.bucket = bucket
+
+    def client(self) -> Any:
+        """A boto3 client for the server."""
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id=self.ACCESS_KEY,
+            aws_secret_access_key=self.SECRET_KEY,
+            region_name="us-east-1",
+        )
+
+    def object_keys(self) -> list[str]:
+        """Every object key in the bucket."""
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+
+@pytest.fixture(scope="session")
+def s3_process(scratch: Path) -> Iterator[str]:
+    """A moto S3 server process on a free loopback port for the session; yields its URL."""
+    from cairn.local.servers import free_port
+    from tests.helpers import wait_until_sync
+
+    port = free_port()
+    log = (scratch / "moto.log").open("wb")
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+    def listening() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_until_sync(listening, timeout=60, detail=lambda: f"moto exited: {proc.poll()}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def s3_server(s3_process: str) -> S3Server:
+    """The session's S3 server with a fresh, empty bucket for this test."""
+    server = S3Server(s3_process, f"cairn-{uuid.uuid4().hex[:12]}")
+    server.client().create_bucket(Bucket=server.bucket)
+    return server

@@ -25,6 +25,7 @@ from cairn.local.state import (
     STOPPING,
     ClusterState,
     read_state,
+    remember_cluster,
     state_path,
 )
 
@@ -145,6 +146,10 @@ def _up_background(args: argparse.Namespace, options: cluster.ClusterOptions) ->
         if other is not None:  # another `cairn up` won the race for this data directory
             return _already_running(args, data_dir, other)
     if state is not None and state.status == HEALTHY:
+        if (
+            data_dir.name == cluster.DEFAULT_DIR_NAME
+        ):  # the default place: the CLI finds it from anywhere
+            remember_cluster(data_dir)
         report = cluster.describe(data_dir)
         _print_report(args, report)
         _say(args, "cluster healthy")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -67,18 +68,34 @@ def run(args: argparse.Namespace) -> int:
     print(_web_ui(state.api_url, exp_id, password))
     print(f"API:        {state.api_url}/api/v1/openapi.json (log in: POST /api/v1/auth/login)")
     print(f"Events:     {state.api_url}/api/v1/events/stream?experiment_id={exp_id} (SSE)")
+    cli = cairn_command()
     print(
-        f"Try:        cairn experiment describe {exp_id}; cairn experiment list-trials {exp_id}; "
-        f"cairn experiment list-checkpoints {exp_id}; cairn agent list"
+        f"Try:        {cli} experiment describe {exp_id}; {cli} experiment list-trials {exp_id}; "
+        f"{cli} experiment list-checkpoints {exp_id}; {cli} agent list"
     )
+    if cli != "cairn":
+        print(f"            (or put cairn on your PATH: export PATH={Path(cli).parent}:$PATH)")
     print(f"Data dir:   {data_dir} (logs in {data_dir / 'logs'})")
+    # ``cairn up`` notes a cluster in the default place, so the CLI finds it from anywhere.
+    where = "" if data_dir.name == cluster.DEFAULT_DIR_NAME else f" --data-dir {data_dir}"
     if args.stop:
         _cli("down", "--data-dir", str(data_dir))
     else:
         print(
-            f"The cluster is still running: `cairn status --data-dir {data_dir}`; stop it with `cairn down`."
+            f"The cluster is still running: `{cli} status{where}`; stop it with "
+            f"`{cli} down{where}`."
         )
     return 0 if ok else 1
+
+
+def cairn_command() -> str:
+    """How to run this CLI from a shell: ``cairn`` when that name on the PATH is this very
+    program, else the full path of the ``cairn`` script beside this Python."""
+    script = Path(sys.executable).parent / "cairn"
+    found = shutil.which("cairn")
+    if found is not None and script.exists() and Path(found).resolve() == script.resolve():
+        return "cairn"
+    return str(script) if script.exists() else f"{sys.executable} -m cairn"
 
 
 def _web_ui(api_url: str, exp_id: int, password: str) -> str:
@@ -124,7 +141,7 @@ def _best_validation(client: Client, summary: dict[str, Any]) -> dict[str, Any] 
     """The best trial's validation row at its best searcher metric."""
     trial_id = summary.get("best_trial_id")
     metric = summary.get("searcher_metric") or "validation_loss"
-    if not trial_id:
+    if trial_id is None:
         return None
     rows = client.call("GET", f"/trials/{trial_id}/metrics?group=validation")["metrics"]
     scored = [r for r in rows if isinstance(r["metrics"].get(metric), int | float)]

@@ -156,7 +156,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.model_dir}: not a directory")
     client = auth_store.connect(args)
     try:
-        exp_id = client.create_experiment(
+        answer = client.submit_experiment(
             config, args.model_dir, activate=not args.paused, template=args.template
         )
     except ApiError as exc:
@@ -167,9 +167,13 @@ def cmd_create(args: argparse.Namespace) -> int:
                 print(f"  {where or '<config>'}: {message}", file=sys.stderr)
             return 1
         raise
+    exp_id = int(answer["id"])
+    warnings = answer.get("warnings") or []
+    for warning in warnings:
+        print(f"warning: {warning.get('path')}: {warning.get('message')}", file=sys.stderr)
     if not args.follow:
         if wants_json(args):
-            print_json({"id": exp_id})
+            print_json({"id": exp_id, "warnings": warnings})
         else:
             print(f"created experiment {exp_id}")
         return 0
@@ -377,7 +381,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     trials = sorted(exp.get("trials") or [], key=lambda t: (t.get("seq") or 0, t["trial_id"]))
     if not trials:
         raise CairnError(f"experiment {args.id} has no trials yet")
-    return print_logs(client, str(trials[0]["trial_id"]), args)
+    return print_logs(client, int(trials[0]["trial_id"]), args)
 
 
 # --------------------------------------------------------------------------- control

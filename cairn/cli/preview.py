@@ -1,4 +1,9 @@
-"""``cairn preview-search CONFIG``: show what a hyperparameter search would run, offline."""
+"""``cairn preview-search CONFIG``: show what a hyperparameter search would run, offline.
+
+Given a directory, it checks every ``*.yaml``/``*.yml`` config under it instead and prints one
+line per file: accepted, accepted with warnings (the ignored paths), or refused (the path and
+what is wrong).
+"""
 
 from __future__ import annotations
 
@@ -24,7 +29,11 @@ def register(sub: Any) -> None:
             "creates and how long each trains (per rung for ASHA searchers)."
         ),
     )
-    parser.add_argument("config_file", metavar="CONFIG", help="experiment config (YAML)")
+    parser.add_argument(
+        "config_file",
+        metavar="CONFIG",
+        help="experiment config (YAML), or a directory of configs to check one line per file",
+    )
     parser.add_argument(
         "--config",
         dest="overrides",
@@ -36,9 +45,71 @@ def register(sub: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+CONFIG_SUFFIXES = (".yaml", ".yml")
+
+
+def check_file(path: Path, overrides: list[str]) -> tuple[str, str]:
+    """Parses one config file.
+
+    Returns:
+        ``(verdict, detail)``: ``accepted`` (no detail), ``warnings`` (the ignored paths) or
+        ``refused`` (the first problem's path and message; a file that cannot be read too).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return "refused", f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+    try:
+        config = parse_config(text, overrides, default_seed=DEFAULT_PREVIEW_SEED)
+    except ConfigError as exc:
+        where, message = exc.errors[0] if exc.errors else ("<config>", "invalid config")
+        more = f" (+{len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""
+        return "refused", f"{where}: {message}{more}"
+    if config.warnings:
+        return "warnings", ", ".join(w.path for w in config.warnings)
+    return "accepted", ""
+
+
+def run_directory(directory: Path, overrides: list[str], as_json: bool) -> int:
+    """Checks every config under ``directory``; returns 1 when any is refused."""
+    files = sorted(
+        p for p in directory.rglob("*") if p.is_file() and p.suffix.lower() in CONFIG_SUFFIXES
+    )
+    if not files:
+        raise UsageError(f"{directory}: no *.yaml or *.yml files")
+    results = [(p, *check_file(p, overrides)) for p in files]
+    if as_json:
+        rows = [
+            {"file": str(p.relative_to(directory)), "verdict": v, "detail": d}
+            for p, v, d in results
+        ]
+        print(json.dumps(rows, indent=2))
+    else:
+        width = max(len(str(p.relative_to(directory))) for p in files)
+        for path, verdict, detail in results:
+            name = str(path.relative_to(directory)).ljust(width)
+            if verdict == "accepted":
+                print(f"{name}  accepted")
+            elif verdict == "warnings":
+                print(f"{name}  accepted with warnings: ignored {detail}")
+            else:
+                print(f"{name}  refused: {detail}")
+        counts = {v: sum(1 for _, got, _ in results if got == v) for v in _VERDICTS}
+        print(
+            f"{len(results)} configs: {counts['accepted']} accepted, "
+            f"{counts['warnings']} accepted with warnings, {counts['refused']} refused"
+        )
+    return 1 if any(v == "refused" for _, v, _ in results) else 0
+
+
+_VERDICTS = ("accepted", "warnings", "refused")
+
+
 def run(args: argparse.Namespace) -> int:
     """Handles ``preview-search``; returns 1 (errors on stderr) for an invalid config."""
     path = Path(args.config_file)
+    if path.is_dir():
+        return run_directory(path, args.overrides, bool(getattr(args, "json", False)))
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -50,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         for where, message in exc.errors:
             print(f"  {where}: {message}", file=sys.stderr)
         return 1
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     try:
         result = preview_search(config)
     except SearcherError as exc:

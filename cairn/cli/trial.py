@@ -13,6 +13,7 @@ from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, fields, print_json, table, wants_json, when
 from cairn.client import Client
 from cairn.errors import CairnError, UnreachableError, UsageError
+from events.names import TrialIdError, parse_trial_id
 
 LOG_PAGE = 1000
 RECONNECTS = 5
@@ -25,19 +26,19 @@ def register(sub: Any) -> None:
     verbs = group.add_subparsers(metavar="VERB")
 
     describe = verbs.add_parser("describe", help="show a trial, its runs and its checkpoints")
-    describe.add_argument("trial_id")
+    describe.add_argument("trial_id", type=trial_id_arg, help="the trial's id, e.g. 17")
     add_json_flag(describe)
     describe.set_defaults(handler=cmd_describe)
 
     logs = verbs.add_parser("logs", help="print a trial's logs")
-    logs.add_argument("trial_id")
+    logs.add_argument("trial_id", type=trial_id_arg, help="the trial's id, e.g. 17")
     logs.add_argument("-f", "--follow", action="store_true", help="stream until the trial ends")
     logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     add_json_flag(logs)
     logs.set_defaults(handler=cmd_logs)
 
     download = verbs.add_parser("download", help="download a trial's best or latest checkpoint")
-    download.add_argument("trial_id")
+    download.add_argument("trial_id", type=trial_id_arg, help="the trial's id, e.g. 17")
     which = download.add_mutually_exclusive_group(required=True)
     which.add_argument("--best", action="store_true", help="the best by the searcher metric")
     which.add_argument("--latest", action="store_true", help="the one with the most steps")
@@ -49,9 +50,17 @@ def register(sub: Any) -> None:
     download.set_defaults(handler=cmd_download)
 
     kill = verbs.add_parser("kill", help="kill a trial (it ends CANCELED)")
-    kill.add_argument("trial_id")
+    kill.add_argument("trial_id", type=trial_id_arg, help="the trial's id, e.g. 17")
     add_json_flag(kill)
     kill.set_defaults(handler=cmd_kill)
+
+
+def trial_id_arg(text: str) -> int:
+    """An argparse type: a trial id (an integer, e.g. ``17``; a legacy trial also ``9.1``)."""
+    try:
+        return parse_trial_id(text)
+    except TrialIdError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def trial_rows(trials: list[dict[str, Any]]) -> None:
@@ -159,7 +168,7 @@ def _line(entry: dict[str, Any]) -> str:
     return str(entry.get("line", "")).rstrip("\n")
 
 
-def _follow(client: Client, trial_id: str, args: argparse.Namespace) -> None:
+def _follow(client: Client, trial_id: int, args: argparse.Namespace) -> None:
     """Streams the NDJSON logs; after a dropped connection, resumes after the last id seen."""
     after_id: int | None = None
     failures = 0
@@ -183,7 +192,7 @@ def _follow(client: Client, trial_id: str, args: argparse.Namespace) -> None:
             time.sleep(min(2.0**failures, 10.0))
 
 
-def print_logs(client: Client, trial_id: str, args: argparse.Namespace) -> int:
+def print_logs(client: Client, trial_id: int, args: argparse.Namespace) -> int:
     """Prints a trial's logs (``args.tail``, ``args.follow``, ``--json``); returns 0."""
     if args.tail is not None and args.tail < 0:
         raise UsageError("--tail must not be negative")

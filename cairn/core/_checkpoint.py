@@ -1,9 +1,12 @@
-"""Checkpoints on a shared file system (mirrors ``det.core.CheckpointContext``).
+"""Checkpoints on a shared file system or in an S3 bucket (mirrors ``det.core.CheckpointContext``).
 
 A checkpoint is the directory ``<root>/<uuid>/`` holding the user's files plus ``metadata.json``.
 The root is ``CAIRN_CHECKPOINT_DIR`` on a cluster (a shared_fs/directory storage every agent
-mounts) or a local directory off-cluster. When a checkpoint is complete the chief reports it
-(``kind: checkpoint`` with ``resources`` = {relative path: bytes}).
+mounts) or a local directory off-cluster. With ``checkpoint_storage: {type: s3}`` the files are
+objects ``<prefix>/<uuid>/<file>`` instead: a checkpoint is written into a local scratch
+directory and uploaded when complete (``metadata.json`` last), and read back by downloading.
+When a checkpoint is complete the chief reports it (``kind: checkpoint`` with ``resources`` =
+{relative path: bytes}).
 
 Sharded checkpoints (``shard=True``) are a collective: every rank calls, the chief's uuid is
 broadcast, each rank contributes its files, and the ranks' metadata dicts are merged. A file two
@@ -29,6 +32,8 @@ from typing import Any
 
 from cairn.core._distributed import DistributedContext
 from cairn.core._reporter import Reporter
+from events.checkpoint_storage import CheckpointStorage
+from events.errors import EventsError
 
 log = logging.getLogger("cairn.core")
 
@@ -123,10 +128,12 @@ class CheckpointContext:
     """Stores, restores, lists and deletes checkpoints under one storage root.
 
     Args:
-        root: the storage root (created on first use).
+        root: the storage root (created on first use); with a remote ``storage``, a local
+            directory for what is not a checkpoint (TensorBoard files).
         reporter: where completed checkpoints are reported.
         distributed: this process's rank (only the chief stores unsharded checkpoints).
         run_id: the trial run the checkpoints belong to.
+        storage: a storage that is not a mounted directory (an S3 bucket); ``None``: ``root``.
     """
 
     def __init__(
@@ -135,11 +142,26 @@ class CheckpointContext:
         reporter: Reporter,
         distributed: DistributedContext,
         run_id: int,
+        storage: CheckpointStorage | None = None,
     ) -> None:
         self.root = Path(root).expanduser().absolute()
         self._reporter = reporter
         self._distributed = distributed
         self._run_id = run_id
+        self._remote = storage if storage is not None and storage.local_root() is None else None
+
+    @property
+    def location(self) -> str:
+        """Where the checkpoints are (a directory, or ``s3://bucket/prefix``)."""
+        return self._remote.location if self._remote is not None else str(self.root)
+
+    def _remote_files(self, storage_id: str) -> dict[str, int]:
+        assert self._remote is not None
+        self._path(storage_id)  # refuses what is not a checkpoint id
+        files = self._remote.files(storage_id)
+        if not files:
+            raise FileNotFoundError(f"checkpoint {storage_id} not found in {self.location}")
+        return files
 
     def _path(self, storage_id: str) -> Path:
         name = str(storage_id)
@@ -152,14 +174,32 @@ class CheckpointContext:
         """The rank of this process."""
         return self._distributed
 
-    def _complete(self, path: Path, storage_id: str, meta: dict[str, Any]) -> None:
-        (path / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    def _complete(
+        self,
+        path: Path,
+        storage_id: str,
+        meta: dict[str, Any],
+        uploaded: Mapping[str, int] | None = None,
+    ) -> None:
+        """Writes ``metadata.json`` (last: it marks the checkpoint complete) and reports it.
+
+        ``uploaded`` lists the files already in remote storage; ``None``: the storage is the
+        directory ``path``.
+        """
+        text = json.dumps(meta, indent=2, sort_keys=True)
+        if self._remote is not None and uploaded is not None:
+            data = text.encode()
+            self._remote.put_bytes(storage_id, METADATA_FILE, data)
+            resources = dict(sorted({**uploaded, METADATA_FILE: len(data)}.items()))
+        else:
+            (path / METADATA_FILE).write_text(text)
+            resources = _resources(path)
         self._reporter.submit(
             {
                 "kind": "checkpoint",
                 "uuid": storage_id,
                 "steps_completed": meta["steps_completed"],
-                "resources": _resources(path),
+                "resources": resources,
                 "metadata": meta,
                 "run_id": self._run_id,
             }
@@ -192,6 +232,9 @@ class CheckpointContext:
         storage_id = str(uuidlib.uuid4())
         if shard:
             storage_id = str(dist.broadcast(storage_id))
+        if self._remote is not None:
+            yield from self._store_remote(storage_id, meta, shard)
+            return
         path = self._path(storage_id)
         path.mkdir(parents=True, exist_ok=shard)
         try:
@@ -204,6 +247,36 @@ class CheckpointContext:
             dist.allgather(None)  # every rank has finished writing
         if dist.is_chief:
             self._complete(path, storage_id, meta)
+
+    def _store_remote(
+        self, storage_id: str, meta: dict[str, Any], shard: bool
+    ) -> Iterator[tuple[Path, str]]:
+        """``store_path`` for remote storage: each rank writes into its own scratch directory
+        and uploads its files; the chief adds ``metadata.json`` once every rank has."""
+        assert self._remote is not None
+        dist = self._distributed
+        scratch = Path(tempfile.mkdtemp(prefix=f"cairn-store-{storage_id}-"))
+        try:
+            yield scratch, storage_id
+            mine = {k: v for k, v in _resources(scratch).items() if k != METADATA_FILE}
+            failed = ""
+            try:
+                self._remote.upload(scratch, storage_id, list(mine))
+            except (OSError, EventsError) as exc:
+                failed = f"rank {dist.rank}: {exc}"
+            everyone: list[Any] = dist.allgather((mine, failed)) if shard else [(mine, failed)]
+            failures = [f for _, f in everyone if f]
+            if failures:
+                if dist.is_chief:
+                    self._remote.delete(storage_id)
+                raise RuntimeError(f"checkpoint upload failed: {'; '.join(failures)}")
+            if dist.is_chief:
+                uploaded: dict[str, int] = {}
+                for files, _ in everyone:
+                    uploaded.update(files)
+                self._complete(scratch, storage_id, meta, uploaded)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     @contextlib.contextmanager
     def restore_path(
@@ -228,6 +301,13 @@ class CheckpointContext:
             ValueError: ``download_mode`` is not a :class:`DownloadMode`.
         """
         DownloadMode(download_mode)
+        if self._remote is not None:
+            files = self._remote_files(storage_id)
+            with tempfile.TemporaryDirectory(prefix=f"cairn-restore-{storage_id}-") as scratch:
+                keep = [n for n in files if selector is None or selector(n)]
+                self._remote.download(storage_id, Path(scratch), keep)
+                yield Path(scratch)
+            return
         path = self._path(storage_id)
         if not path.is_dir():
             raise FileNotFoundError(f"checkpoint {storage_id} not found under {self.root}")
@@ -281,6 +361,17 @@ class CheckpointContext:
             meta = _checked(metadata)
             names = [n for n in _resources(source, selector) if n != METADATA_FILE]
             storage_id = str(uuidlib.uuid4())
+            if self._remote is not None:
+                try:
+                    self._remote.upload(source, storage_id, names)
+                    sizes = _resources(source, selector)
+                    uploaded = {n: sizes[n] for n in names}
+                    self._complete(source, storage_id, meta, uploaded)
+                except BaseException:
+                    with contextlib.suppress(OSError, EventsError):
+                        self._remote.delete(storage_id)
+                    raise
+                return storage_id
             path = self._path(storage_id)
             path.mkdir(parents=True)
             try:
@@ -335,23 +426,34 @@ class CheckpointContext:
             )
         meta = self._merged(metadata)
         path = self._path(storage_id)
-        if dist.is_chief:
+        remote = self._remote
+        if dist.is_chief and remote is None:
             path.mkdir(parents=True)
         dist.allgather(None)  # the directory exists
         mine_to_copy = [n for n in mine if min(givers[n]) == dist.rank]
         failed = ""
         if source is not None:
             try:
-                _copy_files(source, path, mine_to_copy)
-            except OSError as exc:
+                if remote is not None:
+                    remote.upload(source, storage_id, mine_to_copy)
+                else:
+                    _copy_files(source, path, mine_to_copy)
+            except (OSError, EventsError) as exc:
                 failed = f"rank {dist.rank}: {exc}"
         failures = [f for f in dist.allgather(failed) if f]
         if failures:
             if dist.is_chief:
-                shutil.rmtree(path, ignore_errors=True)
+                if remote is not None:
+                    with contextlib.suppress(OSError, EventsError):
+                        remote.delete(storage_id)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
             raise RuntimeError(f"sharded checkpoint upload failed: {'; '.join(failures)}")
         if dist.is_chief:
-            self._complete(path, storage_id, meta)
+            uploaded: dict[str, int] = {}
+            for files in everyone:
+                uploaded.update(files)
+            self._complete(path, storage_id, meta, uploaded if remote is not None else None)
         return storage_id
 
     def download(
@@ -375,15 +477,25 @@ class CheckpointContext:
             FileNotFoundError: no such checkpoint.
         """
         DownloadMode(download_mode)
+        target = Path(ckpt_dir)
+        if self._remote is not None:
+            files = self._remote_files(storage_id)
+            target.mkdir(parents=True, exist_ok=True)
+            keep = [n for n in files if selector is None or selector(n)]
+            self._remote.download(storage_id, target, keep)
+            return
         path = self._path(storage_id)
         if not path.is_dir():
             raise FileNotFoundError(f"checkpoint {storage_id} not found under {self.root}")
-        target = Path(ckpt_dir)
         target.mkdir(parents=True, exist_ok=True)
         _copy_files(path, target, list(_resources(path, selector)))
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The ``metadata.json`` of checkpoint ``storage_id``."""
+        if self._remote is not None:
+            self._path(storage_id)
+            loaded: dict[str, Any] = json.loads(self._remote.read_bytes(storage_id, METADATA_FILE))
+            return loaded
         with self.restore_path(storage_id) as path:
             data: dict[str, Any] = json.loads((path / METADATA_FILE).read_text())
             return data
@@ -400,11 +512,23 @@ class CheckpointContext:
         if not self._distributed.is_chief:
             return
         path = self._path(storage_id)
+        if isinstance(globs, str):
+            globs = [globs]
+        if self._remote is not None:
+            if globs is None:
+                self._remote.delete(storage_id)
+                return
+            doomed = [
+                name
+                for name in self._remote.files(storage_id)
+                if name != METADATA_FILE and any(fnmatch.fnmatchcase(name, g) for g in globs)
+            ]
+            if doomed:
+                self._remote.delete(storage_id, doomed)
+            return
         if globs is None:
             shutil.rmtree(path, ignore_errors=True)
             return
-        if isinstance(globs, str):
-            globs = [globs]
         if not path.is_dir():
             return
         for name in _resources(path):
@@ -414,6 +538,15 @@ class CheckpointContext:
     def checkpoints(self) -> list[tuple[str, dict[str, Any]]]:
         """Complete checkpoints under the root as ``(uuid, metadata)``, oldest step first."""
         found: list[tuple[int, float, str, dict[str, Any]]] = []
+        if self._remote is not None:
+            for name in self._remote.uuids():
+                try:
+                    meta = json.loads(self._remote.read_bytes(name, METADATA_FILE))
+                    found.append((int(meta.get("steps_completed", 0)), 0.0, name, meta))
+                except (FileNotFoundError, ValueError, TypeError, AttributeError):
+                    continue
+            found.sort(key=lambda f: f[0])
+            return [(name, meta) for _, _, name, meta in found]
         if not self.root.is_dir():
             return []
         for child in self.root.iterdir():

@@ -25,6 +25,7 @@ from cairn.core._train import (
     TrainContext,
     default_tensorboard_path,
 )
+from events.checkpoint_storage import CheckpointStorage, S3Storage
 
 log = logging.getLogger("cairn.core")
 
@@ -174,7 +175,7 @@ class Context:
 def _local_info(
     hparams: Mapping[str, Any] | None, storage: Path, latest: str | None
 ) -> ClusterInfo:
-    trial = TrialInfo(trial_id="local", experiment_id=0, hparams=dict(hparams or {}))
+    trial = TrialInfo(trial_id=0, experiment_id=0, hparams=dict(hparams or {}))
     return ClusterInfo(
         master_url="",
         token="",
@@ -188,6 +189,13 @@ def _local_info(
         task_id="local",
         container_slot_counts=[1],
     )
+
+
+def _remote_storage(checkpoint_storage: Any) -> CheckpointStorage | None:
+    """The S3 storage an ``{type: s3, ...}`` config names (``None`` for anything else)."""
+    if isinstance(checkpoint_storage, Mapping) and checkpoint_storage.get("type") == "s3":
+        return S3Storage.from_config(checkpoint_storage)
+    return None
 
 
 def _storage_path(checkpoint_storage: str | os.PathLike[str] | Mapping[str, Any]) -> Path:
@@ -240,9 +248,14 @@ def init(
     dist = distributed or DistributedContext.from_env()
     cluster = get_cluster_info()
     if cluster is None:
-        root = _storage_path(checkpoint_storage or DEFAULT_LOCAL_STORAGE)
+        remote = _remote_storage(checkpoint_storage)
+        root = (
+            Path(DEFAULT_LOCAL_STORAGE)
+            if remote is not None
+            else _storage_path(checkpoint_storage or DEFAULT_LOCAL_STORAGE)
+        )
         reporter: Reporter = LocalReporter()
-        checkpoint = CheckpointContext(root, reporter, dist, run_id=1)
+        checkpoint = CheckpointContext(root, reporter, dist, run_id=1, storage=remote)
         info = _local_info(hparams, checkpoint.root, checkpoint.latest())
         return Context(
             info=info,
@@ -259,7 +272,12 @@ def init(
         if dist.is_chief
         else Reporter()
     )
-    if checkpoint_storage is not None:
+    remote = _remote_storage(
+        checkpoint_storage
+        if checkpoint_storage is not None
+        else cluster.trial.config.get("checkpoint_storage")
+    )
+    if checkpoint_storage is not None and remote is None:
         root = _storage_path(checkpoint_storage)
     elif cluster.checkpoint_dir:
         root = Path(cluster.checkpoint_dir)
@@ -269,7 +287,7 @@ def init(
     preempt = PreemptContext(session, cluster.allocation_id, preempt_mode, dist)
     preempt.start()
     trial = cluster.trial
-    checkpoint = CheckpointContext(root, reporter, dist, run_id=run_id)
+    checkpoint = CheckpointContext(root, reporter, dist, run_id=run_id, storage=remote)
     train = TrainContext(
         reporter,
         dist,
@@ -294,6 +312,6 @@ def init(
     )
 
 
-def tensorboard_dir(experiment_id: int, trial_id: str) -> Path:
+def tensorboard_dir(experiment_id: int, trial_id: int) -> Path:
     """Where a trial's TensorBoard files go, relative to the checkpoint storage root."""
-    return Path("tensorboard", "experiment", str(experiment_id), "trial", trial_id)
+    return Path("tensorboard", "experiment", str(experiment_id), "trial", str(trial_id))

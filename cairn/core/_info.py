@@ -28,7 +28,7 @@ class TrialInfo:
     """The trial this process runs.
 
     Attributes:
-        trial_id: the trial id, ``"<experiment>.<n>"`` (``"local"`` off-cluster).
+        trial_id: the trial's cluster-wide integer id, as in Determined (0 off-cluster).
         experiment_id: the experiment id (0 off-cluster).
         hparams: the trial's hyperparameters.
         trial_seed: the trial's random seed.
@@ -37,7 +37,7 @@ class TrialInfo:
         config: the experiment config as plain JSON data.
     """
 
-    trial_id: str
+    trial_id: int
     experiment_id: int
     hparams: dict[str, Any]
     trial_seed: int = 0
@@ -65,7 +65,7 @@ class ClusterInfo:
         master_url: the API gateway URL (``CAIRN_MASTER``).
         token: the bearer token scoped to this trial (``CAIRN_TOKEN``).
         agent_id: the agent that started this process.
-        allocation_id: ``"<trial_id>.<run_id>"``.
+        allocation_id: ``"<trial_id>.<run_id>"`` (e.g. ``"17.1"``).
         slot_ids: the slots of this allocation on this agent (a GPU slot's id is its UUID).
         latest_checkpoint: the checkpoint uuid to resume from, or ``None``.
         checkpoint_dir: the shared_fs/directory root of this trial's checkpoints.
@@ -187,7 +187,7 @@ def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | Non
     if not all(env.get(name) for name in _REQUIRED):
         return None
     trial = TrialInfo(
-        trial_id=env["CAIRN_TRIAL_ID"],
+        trial_id=_int("CAIRN_TRIAL_ID", 0, env),
         experiment_id=_int("CAIRN_EXPERIMENT_ID", 0, env),
         hparams=dict(_json("CAIRN_HPARAMS", {}, env)),
         trial_seed=_int("CAIRN_TRIAL_SEED", 0, env),
@@ -207,7 +207,7 @@ def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | Non
         checkpoint_dir=env.get("CAIRN_CHECKPOINT_DIR") or None,
         trial=trial,
         cluster_id=env.get("CAIRN_CLUSTER_ID", ""),
-        task_id=env.get("CAIRN_TASK_ID") or trial.trial_id,
+        task_id=env.get("CAIRN_TASK_ID") or str(trial.trial_id),
         user=env.get("CAIRN_USER", ""),
         container_addrs=addrs,
         container_rank=rank,

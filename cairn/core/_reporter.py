@@ -80,7 +80,7 @@ class HTTPReporter(Reporter):
     def __init__(
         self,
         session: Session,
-        trial_id: str,
+        trial_id: int,
         allocation_id: str,
         *,
         flush_every: float = FLUSH_EVERY,

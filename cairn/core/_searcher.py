@@ -145,7 +145,7 @@ class SearcherContext:
         config: Mapping[str, Any],
         *,
         session: Session | None = None,
-        trial_id: str = "",
+        trial_id: int = 0,
     ) -> None:
         self._train = train
         self._distributed = distributed

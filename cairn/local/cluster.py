@@ -56,6 +56,8 @@ from cairn.local.state import (
     pid_alive,
     process_create_time,
     read_state,
+    remembered_cluster,
+    state_path,
     write_state,
 )
 from events.redact import redact_url
@@ -104,9 +106,20 @@ class ClusterOptions:
     stop_timeout: float = STOP_TIMEOUT
 
 
+DEFAULT_DIR_NAME = ".cairn"
+
+
 def default_data_dir() -> Path:
-    """``$CAIRN_HOME`` or ``./.cairn``, absolute."""
-    return Path(os.environ.get("CAIRN_HOME") or ".cairn").expanduser().resolve()
+    """``$CAIRN_HOME``; else ``./.cairn`` if a cluster was started there; else the cluster the
+    user started last (wherever that was), if its data directory is still there; else
+    ``./.cairn``. Absolute."""
+    home = os.environ.get("CAIRN_HOME")
+    if home:
+        return Path(home).expanduser().resolve()
+    here = Path(DEFAULT_DIR_NAME).resolve()
+    if state_path(here).exists():
+        return here
+    return remembered_cluster() or here
 
 
 def logs_dir(data_dir: Path) -> Path:

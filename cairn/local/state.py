@@ -131,6 +131,27 @@ class ClusterState:
         return state
 
 
+LAST_CLUSTER = Path("~/.cairn/last-cluster")
+"""Where ``cairn up`` notes the data directory of the cluster it started, so that the CLI finds
+that cluster from any working directory."""
+
+
+def remember_cluster(data_dir: Path) -> None:
+    """Notes ``data_dir`` as the user's most recently started cluster."""
+    write_private(LAST_CLUSTER.expanduser(), f"{data_dir.resolve()}\n")
+
+
+def remembered_cluster() -> Path | None:
+    """The data directory of the user's most recently started cluster, if it still has a state
+    file (``None`` otherwise)."""
+    try:
+        text = LAST_CLUSTER.expanduser().read_text().strip()
+    except OSError:
+        return None
+    data_dir = Path(text)
+    return data_dir if text and data_dir.is_absolute() and state_path(data_dir).exists() else None
+
+
 def state_path(data_dir: Path) -> Path:
     """Where the state file of the cluster on ``data_dir`` lives."""
     return data_dir / STATE_FILE

@@ -190,8 +190,9 @@ def _format(
         key = key if key.isidentifier() else "type"
         tagged = join_path([*path, key])
     if kind == "union_tag_invalid":
-        # A nested group is not something a user names in ``type``.
-        tags = str(ctx.get("expected_tags", "")).replace(", 'group'", "")
+        # A nested group (or the cluster default storage) is not something a user names in
+        # ``type``.
+        tags = str(ctx.get("expected_tags", "")).replace(", 'group'", "").replace(", 'default'", "")
         return [(tagged, None, f"must be one of {tags}, got {show(ctx.get('tag'))}")]
     if kind == "union_tag_not_found":
         return [(tagged, None, "required field missing")]

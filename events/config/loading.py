@@ -31,6 +31,53 @@ VOCABULARY = _vocabulary()
 """Every field name of the schema, used to suggest a fix for an unknown key."""
 
 
+# Sections whose values are the user's own data, where ``null`` is a value, not "unset".
+_VERBATIM = {("data",), ("hyperparameters",), ("environment", "pod_spec")}
+
+EOL_SEARCHERS = {
+    "custom": "the custom searcher",
+    "adaptive": "the adaptive searcher",
+    "adaptive_simple": "the adaptive_simple searcher",
+    "sync_halving": "the sync_halving searcher",
+}
+"""Searchers Determined's schema still parses but refuses for new experiments (removed)."""
+
+
+def drop_nulls(node: Any, path: tuple[str, ...] = ()) -> Any:
+    """``node`` without the mapping keys whose value is ``null``.
+
+    In Determined's schema every field may be ``null``, meaning "use the default"; dropping
+    them lets the default apply. The user's own data (``data``, hyperparameter values, a pod
+    spec) is kept as written.
+    """
+    if path in _VERBATIM:
+        return node
+    if isinstance(node, dict):
+        return {
+            key: drop_nulls(value, (*path, str(key)))
+            for key, value in node.items()
+            if value is not None
+        }
+    if isinstance(node, list):
+        return [drop_nulls(item, path) for item in node]
+    return node
+
+
+def _refuse_removed_searcher(doc: dict[str, Any]) -> None:
+    searcher = doc.get("searcher")
+    name = searcher.get("name") if isinstance(searcher, dict) else None
+    if isinstance(name, str) and name in EOL_SEARCHERS:
+        raise ConfigError(
+            [
+                (
+                    "searcher.name",
+                    f"{EOL_SEARCHERS[name]} was removed in Determined 0.38 and is not valid for "
+                    "new experiments; use single, random, grid, async_halving or adaptive_asha",
+                )
+            ]
+        )
+
+
 def _fill_seed(doc: dict[str, Any], default_seed: int | None) -> None:
     repro = doc.get("reproducibility")
     if repro is None:
@@ -72,6 +119,8 @@ def parse_config(
         doc = apply_overrides(doc, overrides)
         check_size(doc)
     check_storable(doc)
+    doc = drop_nulls(doc)
+    _refuse_removed_searcher(doc)
     _fill_seed(doc, default_seed)
     if "hyperparameters" in doc:
         doc["hyperparameters"] = normalize_hyperparameters(doc["hyperparameters"])

@@ -6,7 +6,17 @@ import posixpath
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, JsonValue, Tag, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Discriminator,
+    Field,
+    JsonValue,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from events.config.common import (
     ConfigModel,
@@ -22,6 +32,7 @@ from events.config.hyperparameters import (
     grid_issues,
     normalize_hyperparameters,
 )
+from events.config.ignored import ConfigWarning, ignored_fields
 from events.config.limits import (
     MAX_PORT,
     MAX_RESTARTS,
@@ -90,6 +101,8 @@ class ResourcesConfig(ConfigModel):
     devices: list[DeviceConfig] = Field(default_factory=list)
     is_single_node: bool | None = None
     native_parallel: bool = False
+    agent_label: str | None = None
+    slots: int | None = None
 
     @model_validator(mode="after")
     def _slots_fit(self) -> ResourcesConfig:
@@ -140,23 +153,121 @@ class DirectoryStorage(_GCPolicy):
     container_path: AbsPath
 
 
-CheckpointStorage = Annotated[SharedFSStorage | DirectoryStorage, Field(discriminator="type")]
+def _prefix(value: str | None) -> str | None:
+    if value is not None and ".." in value.split("/"):
+        raise ValueError(f"must not contain a '..' component, got {value!r}")
+    return value
+
+
+Prefix = Annotated[str | None, AfterValidator(_prefix)]
+
+
+class S3Storage(_GCPolicy):
+    """Checkpoints in an S3-compatible bucket, under ``prefix`` (credentials from the config or,
+    when absent, from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)."""
+
+    type: Literal["s3"]
+    bucket: str = Field(min_length=1)
+    access_key: str | None = None
+    secret_key: str | None = None
+    endpoint_url: str | None = None
+    prefix: Prefix = None
+
+
+class GCSStorage(_GCPolicy):
+    """Google Cloud Storage: accepted, not supported (the cluster default storage is used)."""
+
+    type: Literal["gcs"]
+    bucket: str = Field(min_length=1)
+    prefix: Prefix = None
+
+
+class AzureStorage(_GCPolicy):
+    """Azure Blob Storage: accepted, not supported (the cluster default storage is used)."""
+
+    type: Literal["azure"]
+    container: str = Field(min_length=1)
+    connection_string: str | None = None
+    account_url: str | None = None
+    credential: str | None = None
+
+    @model_validator(mode="after")
+    def _one_way_in(self) -> AzureStorage:
+        if (self.connection_string is None) == (self.account_url is None):
+            raise field_error(None, "exactly one of connection_string or account_url must be set")
+        if self.connection_string is not None and self.credential is not None:
+            raise field_error("credential", "must not be set together with connection_string")
+        return self
+
+
+class ClusterDefaultStorage(_GCPolicy):
+    """No ``type``: the cluster's default storage, with this GC policy (as Determined fills in
+    the master's ``checkpoint_storage``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy_only(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            extra = sorted(k for k in value if k not in _GCPolicy.model_fields)
+            if extra:
+                raise field_error(
+                    "type",
+                    f"required with {', '.join(map(str, extra))} (one of shared_fs, directory, "
+                    "s3, gcs, azure); without type only the save_* fields may be set",
+                )
+        return value
+
+
+def _storage_tag(value: Any) -> str | None:
+    if isinstance(value, dict):
+        kind = value.get("type")
+        return "default" if kind is None else kind if isinstance(kind, str) else None
+    if isinstance(value, BaseModel):
+        kind = getattr(value, "type", None)
+        return "default" if kind is None else str(kind)
+    return None
+
+
+CheckpointStorage = Annotated[
+    Annotated[SharedFSStorage, Tag("shared_fs")]
+    | Annotated[DirectoryStorage, Tag("directory")]
+    | Annotated[S3Storage, Tag("s3")]
+    | Annotated[GCSStorage, Tag("gcs")]
+    | Annotated[AzureStorage, Tag("azure")]
+    | Annotated[ClusterDefaultStorage, Tag("default")],
+    Discriminator(_storage_tag),
+]
+"""A ``checkpoint_storage`` config, chosen by its ``type`` (none: the cluster default)."""
+
+
+def _gpu_is_cuda(value: Any) -> Any:
+    """Determined's older key ``gpu`` means ``cuda`` (used only when ``cuda`` is absent)."""
+    if isinstance(value, dict) and "gpu" in value:
+        value = dict(value)
+        gpu = value.pop("gpu")
+        if value.get("cuda") is None:
+            value["cuda"] = gpu
+    return value
 
 
 class ImagePerDevice(ConfigModel):
-    """A container image per device type."""
+    """A container image per device type (``gpu`` is read as ``cuda``)."""
 
     cpu: str | None = None
     cuda: str | None = None
     rocm: str | None = None
 
+    _gpu = model_validator(mode="before")(_gpu_is_cuda)
+
 
 class EnvVarsPerDevice(ConfigModel):
-    """Environment variables (``KEY=VALUE``) per device type."""
+    """Environment variables (``KEY=VALUE``) per device type (``gpu`` is read as ``cuda``)."""
 
     cpu: list[EnvVar] = Field(default_factory=list)
     cuda: list[EnvVar] = Field(default_factory=list)
     rocm: list[EnvVar] = Field(default_factory=list)
+
+    _gpu = model_validator(mode="before")(_gpu_is_cuda)
 
 
 Image = Annotated[
@@ -230,12 +341,120 @@ class OptimizationsConfig(ConfigModel):
     auto_tune_tensor_fusion: bool = False
 
 
+LogAction = Literal["exclude_node", "cancel_retries"]
+
+
+class LegacyLogAction(ConfigModel):
+    """The older form of a log policy's action: ``{type: cancel_retries}``."""
+
+    type: LogAction
+
+
 class LogPolicy(ConfigModel):
-    """A regex over trial logs and what to do when it matches."""
+    """A regex over trial logs and what to do when it matches.
+
+    The current form names the policy (``name``; ``pattern: null`` disables a default one); the
+    older form has no name and needs ``pattern`` and ``action`` (an action as ``{type: ...}``).
+    """
 
     name: str | None = None
     pattern: str | None = None
-    action: Literal["exclude_node", "cancel_retries"] | None = None
+    action: (
+        Annotated[
+            Annotated[LogAction, Tag("str")] | Annotated[LegacyLogAction, Tag("map")],
+            shape_union("'exclude_node', 'cancel_retries' or a mapping {type: <one of them>}"),
+        ]
+        | None
+    ) = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_or_legacy(cls, value: Any) -> Any:
+        legacy = isinstance(value, dict) and value.get("name") is None
+        if legacy and (value.get("pattern") is None or value.get("action") is None):
+            raise field_error(None, "must set name, or (the older form) both pattern and action")
+        return value
+
+
+class RetentionPolicy(ConfigModel):
+    """How long trial logs are kept."""
+
+    log_retention_days: int | None = Field(None, ge=-1, le=32767)
+
+
+class SlurmConfig(ConfigModel):
+    """Slurm launcher options (Determined's HPC launcher)."""
+
+    slots_per_node: PositiveInt | None = None
+    gpu_type: str | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+
+
+class PBSConfig(ConfigModel):
+    """PBS launcher options (Determined's HPC launcher)."""
+
+    slots_per_node: PositiveInt | None = None
+    pbsbatch_args: list[str] = Field(default_factory=list)
+
+
+class KerberosConfig(ConfigModel):
+    """Kerberos settings of the long-unused ``security`` section."""
+
+    config_file: str
+
+
+class SecurityConfig(ConfigModel):
+    """The long-unused ``security`` section."""
+
+    kerberos: KerberosConfig | None = None
+
+
+class PachydermPachd(ConfigModel):
+    """Where pachd is."""
+
+    host: str
+    port: int
+
+
+class PachydermProxy(ConfigModel):
+    """The proxy in front of pachd."""
+
+    scheme: str
+    host: str
+    port: int
+
+
+class PachydermDataset(ConfigModel):
+    """The Pachyderm commit an experiment trains on."""
+
+    project: str
+    repo: str
+    commit: str
+    branch: str
+    token: str
+
+
+class PachydermConfig(ConfigModel):
+    """A Pachyderm integration."""
+
+    pachd: PachydermPachd
+    proxy: PachydermProxy
+    dataset: PachydermDataset
+
+
+class WebhooksConfig(ConfigModel):
+    """Which webhooks fire for the experiment."""
+
+    webhook_id: list[int] | None = None
+    webhook_name: list[str] | None = None
+    exclude: bool | None = None
+
+
+class IntegrationsConfig(ConfigModel):
+    """Third-party integrations."""
+
+    pachyderm: PachydermConfig | None = None
+    webhooks: WebhooksConfig | None = None
 
 
 class ExperimentConfig(ConfigModel):
@@ -267,11 +486,25 @@ class ExperimentConfig(ConfigModel):
     debug: bool = False
     preemption_timeout: NonNegInt | None = None
     log_policies: list[LogPolicy] = Field(default_factory=list)
+    retention_policy: RetentionPolicy | None = None
+    integrations: IntegrationsConfig | None = None
+    tensorboard_storage: dict[str, JsonValue] | None = None
+    data_layer: dict[str, JsonValue] | None = None
+    slurm: SlurmConfig | None = None
+    pbs: PBSConfig | None = None
+    security: SecurityConfig | None = None
+
+    _warnings: tuple[ConfigWarning, ...] = PrivateAttr(default=())
 
     @field_validator("hyperparameters", mode="before")
     @classmethod
     def _shorthand(cls, value: Any) -> Any:
         return normalize_hyperparameters(value)
+
+    @property
+    def warnings(self) -> tuple[ConfigWarning, ...]:
+        """What this config sets that cairn accepts but ignores, one warning per path."""
+        return self._warnings
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
@@ -280,6 +513,7 @@ class ExperimentConfig(ConfigModel):
             issues += [(("hyperparameters", *p), m) for p, m in grid_issues(self.hyperparameters)]
         if issues:
             raise issues_error(issues)
+        self._warnings = tuple(ignored_fields(self))
         return self
 
     def to_dict(self) -> dict[str, Any]:

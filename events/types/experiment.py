@@ -6,31 +6,51 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from events.config.ignored import ConfigWarning
 from events.envelope import Event
 from events.registry import register, upcaster
+from events.types.legacy import integer_trial_id, legacy_ordinal
 
 
 @register
 class ExperimentSubmitted(Event):
-    """A validated experiment config (and its code, by content address) was accepted."""
+    """A validated experiment config (and its code, by content address) was accepted.
+
+    ``warnings`` names what the config sets that cairn accepted but ignores, as the submitter
+    was told (version 2; a version 1 payload had none recorded).
+    """
 
     event_type = "ExperimentSubmitted"
+    schema_version = 2
 
     experiment_id: int
     config: dict[str, Any]
     code_ref: str | None = None
     owner: str = "admin"
     activate: bool = True
+    warnings: list[ConfigWarning] = Field(default_factory=list)
+
+
+@upcaster("ExperimentSubmitted", 1)
+def _experiment_submitted_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "warnings": []}
 
 
 @register
 class TrialRequested(Event):
-    """The searcher decided to run a trial with these hyperparameters and this seed."""
+    """The searcher decided to run a trial with these hyperparameters and this seed.
+
+    ``trial_id`` is the trial's cluster-wide integer id, taken from a sequence when the searcher
+    decided (see :mod:`events.names`); ``seq`` numbers the experiment's trials 1, 2, ... in the
+    order they were requested. v1 stored ``trial_id`` as ``"<experiment>.<seq>"``.
+    """
 
     event_type = "TrialRequested"
+    schema_version = 2
 
     experiment_id: int
-    trial_id: str
+    trial_id: int
+    seq: int = Field(ge=0)
     request_id: str
     hparams: dict[str, Any]
     trial_seed: int
@@ -38,14 +58,26 @@ class TrialRequested(Event):
 
 @register
 class TrialStopRequested(Event):
-    """The searcher (or a user) asked a trial to stop at its next checkpoint boundary."""
+    """The searcher (or a user) asked a trial to stop at its next checkpoint boundary.
+
+    v1 stored ``trial_id`` as ``"<experiment>.<n>"``.
+    """
 
     event_type = "TrialStopRequested"
+    schema_version = 2
 
     experiment_id: int
-    trial_id: str
+    trial_id: int
     request_id: str
     reason: str = "searcher"
+
+
+@upcaster("TrialRequested", 1)
+def _trial_requested_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**integer_trial_id(payload), "seq": legacy_ordinal(payload.get("trial_id"))}
+
+
+upcaster("TrialStopRequested", 1)(integer_trial_id)
 
 
 @register

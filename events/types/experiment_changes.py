@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from events.envelope import Event
-from events.registry import register
+from events.registry import register, upcaster
+from events.types.legacy import integer_trial_id
 
 ResourceField = Literal["priority", "weight", "max_slots"]
 
@@ -85,12 +86,16 @@ class CheckpointsDeleteRequested(Event):
 class ExperimentContinued(Event):
     """A user continued an ended single-trial experiment: it is ACTIVE again, with ``config`` as
     its config from now on, and its trial ``trial_id`` trains on from its latest checkpoint with
-    ``hparams``."""
+    ``hparams``. v1 stored ``trial_id`` as ``"<experiment>.<n>"``."""
 
     event_type = "ExperimentContinued"
+    schema_version = 2
 
     experiment_id: int
-    trial_id: str
+    trial_id: int
     config: dict[str, Any]
     hparams: dict[str, Any]
     actor: str = ""
+
+
+upcaster("ExperimentContinued", 1)(integer_trial_id)

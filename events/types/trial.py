@@ -1,4 +1,9 @@
-"""Facts on a trial's stream (``trial-<experiment>.<n>``)."""
+"""Facts on a trial's stream (``trial-<id>``, see :mod:`events.names`).
+
+Every type here stored ``trial_id`` as a string ``"<experiment>.<n>"`` before trial ids were
+integers; its next schema version holds the integer, and the upcaster maps an old id with
+:func:`events.types.legacy.integer_trial_id`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from pydantic import Field
 
 from events.envelope import Event
 from events.registry import register, upcaster
+from events.types.legacy import integer_trial_id
 
 
 @register
@@ -15,8 +21,9 @@ class SlotsAllocated(Event):
     """The scheduler placed a trial's run: all its slots at once (gang), maybe on several agents."""
 
     event_type = "SlotsAllocated"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     allocation_id: str
     placements: dict[str, list[str]] = Field(description="agent id -> slot ids")
     run_id: int = 1
@@ -33,9 +40,9 @@ class TrialStarted(Event):
     """
 
     event_type = "TrialStarted"
-    schema_version = 2
+    schema_version = 3
 
-    trial_id: str
+    trial_id: int
     allocation_id: str
     run_id: int
     agent_id: str
@@ -54,8 +61,9 @@ class WorkloadCompleted(Event):
     """A training workload finished: summary training metrics at ``steps_completed``."""
 
     event_type = "WorkloadCompleted"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     run_id: int
     steps_completed: int
     metrics: dict[str, float]
@@ -66,8 +74,9 @@ class ValidationReported(Event):
     """A validation finished: validation metrics at ``steps_completed``."""
 
     event_type = "ValidationReported"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     run_id: int
     steps_completed: int
     metrics: dict[str, float]
@@ -78,8 +87,9 @@ class CheckpointSaved(Event):
     """A checkpoint directory was written and is complete."""
 
     event_type = "CheckpointSaved"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     run_id: int
     uuid: str
     steps_completed: int
@@ -95,9 +105,9 @@ class TrialExited(Event):
     """
 
     event_type = "TrialExited"
-    schema_version = 2
+    schema_version = 3
 
-    trial_id: str
+    trial_id: int
     run_id: int
     allocation_id: str
     outcome: Literal["completed", "failed", "killed", "preempted", "lost"]
@@ -110,8 +120,9 @@ class SlotsReleased(Event):
     """The slots of an allocation are free again."""
 
     event_type = "SlotsReleased"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     allocation_id: str
     placements: dict[str, list[str]]
 
@@ -129,8 +140,9 @@ class TrialStateChanged(Event):
     """A trial moved to a new state (ACTIVE, PAUSED, STOPPING_*, COMPLETED, CANCELED, ERROR)."""
 
     event_type = "TrialStateChanged"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     state: str
     reason: str = ""
 
@@ -140,8 +152,9 @@ class TrialRestarted(Event):
     """A failed or lost run will be retried from the latest checkpoint; ``restarts`` counts failures."""
 
     event_type = "TrialRestarted"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     restarts: int
     latest_checkpoint: str | None = None
     reason: str = ""
@@ -152,8 +165,9 @@ class PreemptionRequested(Event):
     """An allocation was asked to checkpoint and exit (pause, cancel, searcher stop, priority)."""
 
     event_type = "PreemptionRequested"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     allocation_id: str
     reason: str
     agent_ids: list[str] = Field(default_factory=list)
@@ -164,8 +178,9 @@ class KillRequested(Event):
     """An allocation is to be terminated now (SIGTERM, then SIGKILL)."""
 
     event_type = "KillRequested"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     allocation_id: str
     reason: str
     agent_ids: list[str] = Field(default_factory=list)
@@ -176,8 +191,9 @@ class TrialEarlyExited(Event):
     """The training code ended the trial early (invalid hyperparameters or its own decision)."""
 
     event_type = "TrialEarlyExited"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     reason: Literal["invalid_hp", "user_requested_stop", "errored"]
 
 
@@ -186,8 +202,9 @@ class TrialKillRequested(Event):
     """A user asked to kill one trial; it ends CANCELED whatever its experiment does."""
 
     event_type = "TrialKillRequested"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     actor: str = ""
 
 
@@ -196,8 +213,9 @@ class MetricsReported(Event):
     """Metrics of a group other than ``training`` and ``validation`` (e.g. ``inference``)."""
 
     event_type = "MetricsReported"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     run_id: int
     group: str
     steps_completed: int
@@ -209,9 +227,30 @@ class TrialAlerted(Event):
     """The training code raised an alert (``ctx.alert(title, description, level)``)."""
 
     event_type = "TrialAlerted"
+    schema_version = 2
 
-    trial_id: str
+    trial_id: int
     run_id: int
     title: str = ""
     description: str = ""
     level: Literal["warn", "info", "debug", "error"] = "info"
+
+
+for _model in (
+    SlotsAllocated,
+    TrialStarted,
+    WorkloadCompleted,
+    ValidationReported,
+    CheckpointSaved,
+    TrialExited,
+    SlotsReleased,
+    TrialStateChanged,
+    TrialRestarted,
+    PreemptionRequested,
+    KillRequested,
+    TrialEarlyExited,
+    TrialKillRequested,
+    MetricsReported,
+    TrialAlerted,
+):
+    upcaster(_model.event_type, _model.schema_version - 1)(integer_trial_id)

@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {"increment_by": 1, "batches": 100, "sleep": 0.01, "f
 
 
 def load_state(
-    core_context: det.core.Context, latest_checkpoint: str, trial_id: str
+    core_context: det.core.Context, latest_checkpoint: str, trial_id: int | None
 ) -> tuple[int, int]:
     """``(x, batches completed)`` from a checkpoint; a checkpoint of another trial (a warm
     start) keeps ``x`` but starts counting batches from zero."""
@@ -111,7 +111,7 @@ if __name__ == "__main__":
         hparams = {**DEFAULTS, **info.trial.hparams}
         latest_checkpoint = info.latest_checkpoint
         provenance = {
-            "trial_id": info.trial.trial_id,
+            "trial_id": int(info.trial.trial_id),
             "experiment_id": info.trial.experiment_id,
             "run_id": info.trial.trial_run_id,
             "hparams": info.trial.hparams,
@@ -120,6 +120,6 @@ if __name__ == "__main__":
         }
     else:
         hparams, latest_checkpoint = off_cluster_hparams(sys.argv[1:]), None
-        provenance = {"trial_id": "off-cluster", "resumed_from": None}
+        provenance = {"trial_id": None, "resumed_from": None}
     with det.core.init() as core_context:
         sys.exit(main(core_context, hparams, latest_checkpoint, provenance))

@@ -93,7 +93,7 @@ class RunSpec:
     """One run as the agent launches it (built from ``GET /allocations/{id}/spec``)."""
 
     allocation_id: str
-    trial_id: str
+    trial_id: int
     experiment_id: int
     run_id: int
     argv: list[str]
@@ -129,7 +129,7 @@ class RunSpec:
         config = dict(spec.get("config") or {})
         return cls(
             allocation_id=str(spec["allocation_id"]),
-            trial_id=str(spec["trial_id"]),
+            trial_id=int(spec["trial_id"]),
             experiment_id=int(spec.get("experiment_id") or 0),
             run_id=int(spec.get("run_id") or 1),
             argv=entrypoint_argv(spec.get("entrypoint")),
@@ -195,7 +195,7 @@ def trial_environment(
             "CAIRN_MASTER": api_url.rstrip("/"),
             "CAIRN_TOKEN": run.token,
             "CAIRN_EXPERIMENT_ID": str(run.experiment_id),
-            "CAIRN_TRIAL_ID": run.trial_id,
+            "CAIRN_TRIAL_ID": str(run.trial_id),
             "CAIRN_RUN_ID": str(run.run_id),
             "CAIRN_ALLOCATION_ID": run.allocation_id,
             "CAIRN_AGENT_ID": agent_id,

@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from events.names import parse_trial_id, trial_label
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
 from services.api.errors import forbidden, not_found
@@ -25,13 +26,13 @@ from services.api.routing import store_of
 from services.api.views import ExperimentView, check_owner, experiment_of, load_experiment
 
 
-def check_read(principal: Principal, owner: str, *, trial_id: str | None = None) -> None:
+def check_read(principal: Principal, owner: str, *, trial_id: int | None = None) -> None:
     """Raises 403 unless ``principal`` may read an experiment of ``owner`` (or, with
     ``trial_id``, that trial of it)."""
     if principal.kind == "agent":
         return
     if principal.kind == "trial":
-        if trial_id is None or principal.name != trial_id:
+        if trial_id is None or principal.name != trial_label(trial_id):
             raise forbidden(f"this token is scoped to trial {principal.name}")
         return
     check_owner(principal, owner)
@@ -55,20 +56,22 @@ async def searcher_readable_experiment(
     """The experiment, if the caller may read its searcher state: whoever may read the
     experiment, and the trial token of any of its trials (a trial asks how the search is going,
     ``get_experiment_best_validation()``); 404 unknown, 403 otherwise."""
-    view = await load_experiment(store_of(request), experiment_id, with_trials=with_trials)
+    store = store_of(request)
+    view = await load_experiment(store, experiment_id, with_trials=with_trials)
     principal = principal_of(request)
     if principal.kind == "trial":
-        if experiment_of(principal.name) != experiment_id:
+        if await experiment_of(store, parse_trial_id(principal.name)) != experiment_id:
             raise forbidden(f"this token is scoped to trial {principal.name}")
         return view
     check_read(principal, view.owner)
     return view
 
 
-async def readable_trial(request: web.Request, trial_id: str) -> ExperimentView:
+async def readable_trial(request: web.Request, trial_id: int) -> ExperimentView:
     """The experiment of ``trial_id`` (with only that trial requested), if the caller may read
     the trial; 404 for an unknown experiment or trial, 403 for one that is not theirs."""
-    view = await load_experiment(store_of(request), experiment_of(trial_id), trial_id=trial_id)
+    store = store_of(request)
+    view = await load_experiment(store, await experiment_of(store, trial_id), trial_id=trial_id)
     check_read(principal_of(request), view.owner, trial_id=trial_id)
     if trial_id not in view.trials:
         raise not_found(f"no trial {trial_id}")
@@ -88,5 +91,5 @@ async def readable_checkpoint(
     if row is None:
         raise not_found(f"no checkpoint {uuid}")
     view = await load_experiment(store, int(row["experiment_id"]), with_trials=False)
-    check_read(principal_of(request), view.owner, trial_id=str(row["trial_id"]))
+    check_read(principal_of(request), view.owner, trial_id=int(row["trial_id"]))
     return row, view

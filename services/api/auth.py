@@ -5,7 +5,9 @@ Three kinds of bearer token are accepted:
 - user tokens, from ``POST /api/v1/auth/login``; only their SHA-256 is stored (``api_tokens``);
 - the agent token: ``CAIRN_AGENT_TOKEN`` when set, otherwise one generated once and kept in
   ``api_secrets`` (read it with :func:`agent_token`);
-- trial tokens, ``trial:<trial_id>:<hex>`` where ``<hex>`` is HMAC-SHA256 of ``trial:<trial_id>``
+- trial tokens, ``trial:<label>:<hex>`` where ``<label>`` names the trial as
+  :func:`events.names.trial_label` does (``17``; a legacy trial ``9.1``, so tokens minted before
+  trial ids were integers stay valid) and ``<hex>`` is HMAC-SHA256 of ``trial:<label>``
   under the cluster secret (created by the first migration); they are checked without touching
   the database and only open their own trial and its allocations.
 """
@@ -24,6 +26,7 @@ import structlog
 from aiohttp import web
 
 from events.db import translate_errors
+from events.names import parse_trial_id, trial_label
 from events.store import EventStore
 from services.api import tables
 from services.api.errors import forbidden, unauthorized
@@ -61,7 +64,7 @@ class Principal:
         if self.kind == "user":
             return {"kind": "user", "username": self.name, "admin": self.admin}
         if self.kind == "trial":
-            return {"kind": "trial", "trial_id": self.name}
+            return {"kind": "trial", "trial_id": parse_trial_id(self.name)}
         return {"kind": "agent"}
 
 
@@ -99,29 +102,34 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def sign_trial_token(secret: bytes, trial_id: str) -> str:
+def sign_trial_token(secret: bytes, trial_id: int) -> str:
     """Mints the token that lets a trial's processes call the API for that trial only.
 
     Args:
         secret: the cluster secret (:func:`cluster_secret`).
-        trial_id: e.g. ``"7.3"``.
+        trial_id: e.g. ``17``.
 
     Returns:
-        ``trial:<trial_id>:<HMAC-SHA256(secret, "trial:<trial_id>") hex>``.
+        ``trial:<label>:<HMAC-SHA256(secret, "trial:<label>") hex>``.
     """
-    mac = hmac.new(secret, f"{TRIAL_PREFIX}{trial_id}".encode(), hashlib.sha256).hexdigest()
-    return f"{TRIAL_PREFIX}{trial_id}:{mac}"
+    return _sign(secret, trial_label(trial_id))
+
+
+def _sign(secret: bytes, label: str) -> str:
+    mac = hmac.new(secret, f"{TRIAL_PREFIX}{label}".encode(), hashlib.sha256).hexdigest()
+    return f"{TRIAL_PREFIX}{label}:{mac}"
 
 
 def verify_trial_token(secret: bytes, token: str) -> str | None:
-    """Returns the trial id a trial token was minted for, or ``None`` if it is not valid."""
+    """Returns the label of the trial a trial token was minted for (``"17"``), or ``None`` if
+    it is not valid."""
     if not token.startswith(TRIAL_PREFIX):
         return None
-    trial_id, sep, _ = token[len(TRIAL_PREFIX) :].rpartition(":")
-    if not sep or not trial_id:
+    label, sep, _ = token[len(TRIAL_PREFIX) :].rpartition(":")
+    if not sep or not label:
         return None
-    expected = sign_trial_token(secret, trial_id)
-    return trial_id if hmac.compare_digest(expected.encode(), token.encode()) else None
+    expected = _sign(secret, label)
+    return label if hmac.compare_digest(expected.encode(), token.encode()) else None
 
 
 # --- stored credentials ---------------------------------------------------------------------
@@ -135,7 +143,7 @@ async def cluster_secret(store: EventStore) -> bytes:
     return bytes.fromhex(str(value))
 
 
-async def trial_token(store: EventStore, trial_id: str) -> str:
+async def trial_token(store: EventStore, trial_id: int) -> str:
     """Mints trial ``trial_id``'s scoped token (for code outside the gateway, e.g. launchers)."""
     return sign_trial_token(await cluster_secret(store), trial_id)
 
@@ -341,9 +349,9 @@ def principal_of(request: web.Request) -> Principal:
     return principal
 
 
-def check_trial(principal: Principal, trial_id: str) -> None:
+def check_trial(principal: Principal, trial_id: int) -> None:
     """Raises 403 when a trial token reaches for another trial than its own."""
-    if principal.kind == "trial" and principal.name != trial_id:
+    if principal.kind == "trial" and principal.name != trial_label(trial_id):
         raise forbidden(f"this token is scoped to trial {principal.name}, not {trial_id}")
 
 

@@ -54,7 +54,7 @@ class ExperimentSummary(BaseModel):
     smaller_is_better: bool
     num_trials: int
     max_trials: int | None
-    best_trial_id: str | None
+    best_trial_id: int | None
     best_metric: float | None
     resource_pool: str | None
     submitted_at: str | None
@@ -65,7 +65,7 @@ class ExperimentSummary(BaseModel):
 class TrialSummary(BaseModel):
     """One trial as projected (``tr_trials``)."""
 
-    trial_id: str
+    trial_id: int
     experiment_id: int
     seq: int
     state: str
@@ -86,7 +86,7 @@ class Allocation(BaseModel):
     """One run of a trial on its slots (``tr_allocations``)."""
 
     allocation_id: str
-    trial_id: str
+    trial_id: int
     experiment_id: int
     run_id: int
     placements: dict[str, list[str]]
@@ -104,7 +104,7 @@ class Checkpoint(BaseModel):
     same steps, ``searcher_metric`` its searcher metric."""
 
     uuid: str
-    trial_id: str
+    trial_id: int
     experiment_id: int
     run_id: int
     steps_completed: int
@@ -306,7 +306,7 @@ async def list_trials(
     return await where.page(store, _TRIAL_COLUMNS, "tr_trials", order, limit, offset)
 
 
-async def trial_row(store: EventStore, trial_id: str) -> dict[str, Any] | None:
+async def trial_row(store: EventStore, trial_id: int) -> dict[str, Any] | None:
     """One trial's summary from the projection, or ``None``."""
     row = await fetchrow(
         store, f"SELECT {_TRIAL_COLUMNS} FROM tr_trials WHERE trial_id = $1", trial_id
@@ -314,7 +314,7 @@ async def trial_row(store: EventStore, trial_id: str) -> dict[str, Any] | None:
     return as_dict(row) if row is not None else None
 
 
-async def allocations_of(store: EventStore, trial_id: str) -> list[dict[str, Any]]:
+async def allocations_of(store: EventStore, trial_id: int) -> list[dict[str, Any]]:
     """A trial's allocations by run."""
     rows = await fetch(
         store,
@@ -326,7 +326,7 @@ async def allocations_of(store: EventStore, trial_id: str) -> list[dict[str, Any
     return [as_dict(r) for r in rows]
 
 
-async def trial_progress(store: EventStore, trial_id: str) -> float | None:
+async def trial_progress(store: EventStore, trial_id: int) -> float | None:
     """The trial's last reported progress (gateway table ``trial_progress``), or ``None``."""
     row = await fetchrow(store, "SELECT progress FROM trial_progress WHERE trial_id = $1", trial_id)
     return float(row["progress"]) if row is not None else None
@@ -345,7 +345,7 @@ async def list_checkpoints(
     store: EventStore,
     *,
     experiment_id: int | None = None,
-    trial_id: str | None = None,
+    trial_id: int | None = None,
     state: CheckpointState = "all",
     by_metric: bool = False,
     smaller_is_better: bool = True,

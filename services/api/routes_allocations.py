@@ -13,6 +13,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events.envelope import Event, new
+from events.names import trial_stream
 from events.store import Transaction
 from events.types import SlotsReleased, TrialExited, TrialStarted
 from services.api import tables
@@ -34,7 +35,6 @@ from services.api.views import (
     load_trial,
     refresh_trial,
     trial_of,
-    trial_stream,
 )
 
 log = structlog.get_logger("api")
@@ -55,7 +55,7 @@ class SpecResponse(BaseModel):
 
     active: bool
     allocation_id: str
-    trial_id: str
+    trial_id: int
     experiment_id: int
     run_id: int
     entrypoint: str | list[str] | None
@@ -145,7 +145,7 @@ class PreemptionResponse(BaseModel):
     current: bool = True
 
 
-def _allocation(request: web.Request) -> tuple[str, str]:
+def _allocation(request: web.Request) -> tuple[str, int]:
     allocation_id = request.match_info["allocation_id"]
     trial_id = trial_of(allocation_id)
     check_trial(principal_of(request), trial_id)
@@ -165,7 +165,9 @@ async def spec(request: web.Request) -> web.Response:
     state = state_of(request)
     trial = await load_trial(state.store, trial_id)
     alloc = trial.allocation(allocation_id)
-    experiment = await load_experiment(state.store, experiment_of(trial_id), trial_id=trial_id)
+    experiment = await load_experiment(
+        state.store, await experiment_of(state.store, trial_id), trial_id=trial_id
+    )
     device = "cpu"
     agent_id = query.agent_id or (
         next(iter(alloc.placements)) if len(alloc.placements) == 1 else None
@@ -265,7 +267,7 @@ async def _report_once(
     request: web.Request,
     source: str,
     allocation_id: str,
-    trial_id: str,
+    trial_id: int,
     body: StartedBody | ExitedBody,
     build: Callable[[TrialView, AllocationView], tuple[list[Event], dict[str, Any]]],
 ) -> dict[str, Any]:

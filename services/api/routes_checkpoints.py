@@ -16,17 +16,18 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events import lifecycle
-from events.config.storage import checkpoint_root
+from events.checkpoint_storage import CheckpointStorage, StorageError, open_storage, safe_uuid
 from events.envelope import new
+from events.names import experiment_stream
 from events.store import Transaction
 from events.types import CheckpointsDeleteRequested
 from services.api import projections_read as pr
 from services.api.access import readable_checkpoint
 from services.api.auth import principal_of
-from services.api.errors import conflict, not_found, parse, read_json
+from services.api.errors import ApiError, conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
-from services.api.views import check_owner, experiment_stream, load_experiment
+from services.api.views import check_owner, load_experiment
 
 log = structlog.get_logger("api")
 routes = RouteTable("checkpoints")
@@ -89,17 +90,34 @@ class _Chunks:
                 continue
 
 
-def _archive(directory: Path, out: _Chunks) -> None:
-    """Writes ``directory``'s contents (paths relative to it) as a tar.gz into ``out``."""
+def _archive(storage: CheckpointStorage, uuid: str, out: _Chunks) -> None:
+    """Writes the checkpoint's files (paths relative to it) as a tar.gz into ``out``."""
     try:
         with tarfile.open(fileobj=out, mode="w|gz") as tar:  # type: ignore[call-overload]
-            for child in sorted(directory.iterdir()):
-                tar.add(child, arcname=child.name)
+            root = storage.local_root()
+            if root is not None:
+                directory = root / uuid
+                for child in sorted(directory.iterdir()):
+                    tar.add(child, arcname=child.name)
+            else:
+                for name, size in storage.files(uuid).items():
+                    info = tarfile.TarInfo(name)
+                    info.size = size
+                    info.mode = 0o644
+                    with storage.open(uuid, name) as body:
+                        tar.addfile(info, body)
         out.flush()
         out.put(None)
     except BaseException as exc:  # handed to the handler, which logs it
         with contextlib.suppress(OSError):
             out.put(exc)
+
+
+def _has_files(storage: CheckpointStorage, uuid: str) -> bool:
+    root = storage.local_root()
+    if root is not None:
+        return (root / uuid).is_dir()
+    return bool(storage.files(uuid))
 
 
 @routes.get("/api/v1/checkpoints/{uuid}/download", allow=USERS, raw_response="application/gzip")
@@ -110,13 +128,19 @@ async def download_checkpoint(request: web.Request) -> web.StreamResponse:
     uuid = str(row["uuid"])
     if row["state"] != "COMPLETED":
         raise not_found(f"checkpoint {uuid} was deleted")
-    root = checkpoint_root(config.get("checkpoint_storage"), request.app[CHECKPOINT_ROOT])
-    directory = root / uuid
-    if Path(uuid).name != uuid or uuid in (".", "..") or not directory.is_dir():
-        raise not_found(f"checkpoint {uuid} has no files at {directory}")
+    if not safe_uuid(uuid):
+        raise not_found(f"checkpoint {uuid} has no files")
+    try:
+        storage = open_storage(config.get("checkpoint_storage"), request.app[CHECKPOINT_ROOT])
+        present = await asyncio.to_thread(_has_files, storage, uuid)
+    except StorageError as exc:
+        log.warning("checkpoint storage unavailable", uuid=uuid, error=str(exc))
+        raise ApiError(503, f"checkpoint storage unavailable: {exc}") from None
+    if not present:
+        raise not_found(f"checkpoint {uuid} has no files in {storage.location}")
     chunks = _Chunks()
     worker = threading.Thread(
-        target=_archive, args=(directory, chunks), name=f"download-{uuid}", daemon=True
+        target=_archive, args=(storage, uuid, chunks), name=f"download-{uuid}", daemon=True
     )
     response = web.StreamResponse(
         headers={

@@ -29,7 +29,7 @@ class QueueEntry(BaseModel):
     another user's entry unless the caller is an admin."""
 
     position: int
-    trial_id: str | None
+    trial_id: int | None
     experiment_id: int | None
     name: str | None
     owner: str
@@ -50,7 +50,7 @@ class Holder(BaseModel):
     another user's allocation unless the caller is an admin."""
 
     allocation_id: str
-    trial_id: str | None
+    trial_id: int | None
     experiment_id: int | None
     owner: str
     state: str

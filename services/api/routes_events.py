@@ -15,15 +15,17 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
+from events.config.secrets import CONFIG_EVENTS, mask_payload
 from events.db import translate_errors
 from events.errors import StoreUnavailableError
+from events.names import coerce_trial_id, experiment_stream, trial_stream
 from events.registry import known_types
 from events.store import EventStore, row_to_event
 from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import bad_request, forbidden, parse
 from services.api.routing import USERS, RouteTable, store_of
-from services.api.views import MAX_ID, experiment_stream
+from services.api.views import MAX_ID
 
 log = structlog.get_logger("api")
 routes = RouteTable("events")
@@ -70,24 +72,39 @@ async def _page(
     store: EventStore, after: int, types: list[str] | None, experiment_id: int | None
 ) -> list[tuple[int, str, str]]:
     """The next events after ``after``: ``(position, type, RecordedEvent JSON)``."""
-    stream = experiment_stream(experiment_id) if experiment_id is not None else None
+    # One snapshot: a trial requested after the list of trials was read cannot have events in
+    # the page, which would otherwise be skipped for good.
     with translate_errors():
-        rows = await store.pool.fetch(
-            """SELECT position, stream_id, stream_version, event_id, type, schema_version,
-                      payload, metadata, recorded_at
-               FROM events
-               WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
-                 AND ($3::text IS NULL OR stream_id = $3 OR stream_id LIKE $4)
-               ORDER BY position LIMIT $5""",
-            after,
-            types,
-            stream,
-            f"trial-{experiment_id}.%",
-            BATCH,
-        )
+        async with (
+            store.pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            streams: list[str] | None = None
+            if experiment_id is not None:
+                stream = experiment_stream(experiment_id)
+                requested = await conn.fetch(
+                    """SELECT payload->>'trial_id' AS t FROM events
+                           WHERE stream_id = $1 AND type = 'TrialRequested'""",
+                    stream,
+                )
+                streams = [stream, *(trial_stream(coerce_trial_id(r["t"])) for r in requested)]
+            rows = await conn.fetch(
+                """SELECT position, stream_id, stream_version, event_id, type,
+                              schema_version, payload, metadata, recorded_at
+                       FROM events
+                       WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
+                         AND ($3::text[] IS NULL OR stream_id = ANY($3))
+                       ORDER BY position LIMIT $4""",
+                after,
+                types,
+                streams,
+                BATCH,
+            )
     out = []
     for row in rows:
         event = row_to_event(row)
+        if event.type in CONFIG_EVENTS:
+            event = event.model_copy(update={"payload": mask_payload(event.type, event.payload)})
         out.append((event.position, event.type, event.model_dump_json()))
     return out
 

@@ -19,6 +19,7 @@ from events import lifecycle
 from events.config import ConfigError, parse_config
 from events.config.merge import changed_paths, merge_under
 from events.envelope import new
+from events.names import experiment_stream, trial_stream
 from events.store import Transaction
 from events.types import (
     CheckpointsDeleted,
@@ -41,12 +42,10 @@ from services.api.views import (
     SettingsChange,
     apply_settings,
     check_owner,
-    experiment_stream,
     load_experiment,
     load_trial,
     load_trial_control,
     read_facts,
-    trial_stream,
 )
 
 log = structlog.get_logger("api")
@@ -157,7 +156,7 @@ class ContinueResponse(BaseModel):
 
     id: int
     state: str
-    trial_id: str
+    trial_id: int
     latest_checkpoint: str | None
 
 

@@ -17,8 +17,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, Field, field_validator
 
 from events import lifecycle
-from events.config import ConfigError, ConfigTooLargeError, parse_config
+from events.config import ConfigError, ConfigTooLargeError, ConfigWarning, parse_config
 from events.envelope import new
+from events.names import experiment_stream
 from events.store import Transaction
 from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
 from services.api import projections_read as pr
@@ -42,7 +43,6 @@ from services.api.views import (
     TERMINAL_STATES,
     ExperimentView,
     check_owner,
-    experiment_stream,
     load_experiment,
 )
 
@@ -75,10 +75,11 @@ class CreateExperimentBody(BaseModel):
 
 
 class CreateExperimentResponse(BaseModel):
-    """The new experiment's id."""
+    """The new experiment's id, and what its config sets that cairn accepts but ignores."""
 
     id: int
     code_ref: str | None = None
+    warnings: list[ConfigWarning] = []
 
 
 class ActionBody(BaseModel):
@@ -125,6 +126,7 @@ class ExperimentDetail(pr.ExperimentSummary):
     weight: float | None = None
     max_slots: int | None = None
     trials: list[pr.TrialSummary]
+    warnings: list[ConfigWarning] = []
 
 
 class EmptyBody(BaseModel):
@@ -190,12 +192,15 @@ async def _visible(request: web.Request, *, with_trials: bool = False) -> Experi
     return await readable_experiment(request, _id(request), with_trials=with_trials)
 
 
-def _parse_config(raw: str | dict[str, Any]) -> dict[str, Any]:
-    return parse_config(raw).model_dump(mode="json")
+def _parse_config(raw: str | dict[str, Any]) -> tuple[dict[str, Any], list[ConfigWarning]]:
+    config = parse_config(raw)
+    return config.model_dump(mode="json"), list(config.warnings)
 
 
-async def _validate_config(raw: str | dict[str, Any]) -> dict[str, Any]:
-    """The validated config as JSON, parsed on :data:`_CONFIG_WORKERS` within
+async def _validate_config(
+    raw: str | dict[str, Any],
+) -> tuple[dict[str, Any], list[ConfigWarning]]:
+    """The validated config as JSON and its warnings, parsed on :data:`_CONFIG_WORKERS` within
     :data:`CONFIG_TIMEOUT_S`; an invalid config is a 400 (413 when too large) naming its path."""
     work = asyncio.get_running_loop().run_in_executor(_CONFIG_WORKERS, _parse_config, raw)
     try:
@@ -275,7 +280,7 @@ async def create_experiment(request: web.Request) -> web.Response:
     raw_config = body.config
     if body.template is not None:
         raw_config = await with_template(store_of(request), body.template, raw_config)
-    config = await _validate_config(raw_config)
+    config, warnings = await _validate_config(raw_config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)
     experiment_id = await store.next_experiment_id()
@@ -294,12 +299,24 @@ async def create_experiment(request: web.Request) -> web.Response:
             code_ref=code_ref,
             owner=principal.name,
             activate=body.activate,
+            warnings=warnings,
         )
         await tx.append(
             experiment_stream(experiment_id), [new(event, actor=principal.name)], expected_version=0
         )
-    log.info("experiment submitted", experiment_id=experiment_id, owner=principal.name)
-    return web.json_response({"id": experiment_id, "code_ref": code_ref})
+    log.info(
+        "experiment submitted",
+        experiment_id=experiment_id,
+        owner=principal.name,
+        ignored=[w.path for w in warnings],
+    )
+    return web.json_response(
+        {
+            "id": experiment_id,
+            "code_ref": code_ref,
+            "warnings": [w.model_dump() for w in warnings],
+        }
+    )
 
 
 @routes.get(

@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from events.db import translate_errors
+from events.names import experiment_stream, trial_stream
 from events.store import row_to_event
 from events.types import TrialStopRequested, ValidationReported
 from services.api.access import readable_trial, searcher_readable_experiment
@@ -23,10 +24,9 @@ from services.api.routing import ANYONE, RouteTable, store_of
 from services.api.views import (
     MAX_ID,
     TERMINAL_STATES,
-    experiment_stream,
     load_trial_control,
     read_facts,
-    trial_stream,
+    trial_id_of,
 )
 
 routes = RouteTable("searcher")
@@ -37,7 +37,7 @@ class BestValidationResponse(BaseModel):
     before the first), and which trial reported it."""
 
     metric: float | None
-    trial_id: str | None
+    trial_id: int | None
     searcher_metric: str
     smaller_is_better: bool
 
@@ -97,7 +97,7 @@ async def best_validation(request: web.Request) -> web.Response:
             streams,
         )
     sign = 1.0 if view.smaller_is_better else -1.0
-    best: tuple[float, str] | None = None
+    best: tuple[float, int] | None = None
     for row in rows:
         event = row_to_event(row).decode()
         assert isinstance(event, ValidationReported)
@@ -124,7 +124,7 @@ async def best_validation(request: web.Request) -> web.Response:
 async def searcher_operation(request: web.Request) -> web.Response:
     """The trial's searcher operation: its searcher length, or ``completed`` once the searcher
     asked it to stop or it or its experiment has ended."""
-    trial_id = request.match_info["trial_id"]
+    trial_id = trial_id_of(request.match_info["trial_id"])
     view = await readable_trial(request, trial_id)
     store = store_of(request)
     length, unit = searcher_length(view.config)

@@ -23,7 +23,7 @@ from services.api.access import readable_experiment, readable_trial
 from services.api.downsample import append_points, bucket_count, bucket_points, bucket_width
 from services.api.errors import bad_request, parse
 from services.api.routing import USERS, RouteTable, store_of
-from services.api.views import MAX_ID
+from services.api.views import MAX_ID, trial_id_of
 from services.tracker.projections import NAME as TRACKER
 
 routes = RouteTable("charts")
@@ -52,7 +52,7 @@ class Series(BaseModel):
 class TrialSeries(Series):
     """One trial's series of the requested metric."""
 
-    trial_id: str
+    trial_id: int
 
 
 class ExperimentSeriesResponse(BaseModel):
@@ -84,7 +84,7 @@ class NamedSeries(Series):
 class TrialSeriesResponse(BaseModel):
     """Every metric of every group of one trial, downsampled."""
 
-    trial_id: str
+    trial_id: int
     buckets: int
     position: int
     series: list[NamedSeries]
@@ -102,7 +102,7 @@ class ExperimentLogEntry(BaseModel):
     """One line of a trial's output."""
 
     id: int
-    trial_id: str
+    trial_id: int
     allocation_id: str
     rank: int | None
     stream: str
@@ -227,9 +227,9 @@ async def experiment_series(request: web.Request) -> web.Response:
         metric,
         width,
     )
-    series: dict[str, TrialSeries] = {}
+    series: dict[int, TrialSeries] = {}
     for row in rows:
-        trial_id = str(row["trial_id"])
+        trial_id = int(row["trial_id"])
         entry = series.get(trial_id)
         if entry is None:
             entry = series[trial_id] = TrialSeries(trial_id=trial_id, steps=[], values=[])
@@ -255,7 +255,7 @@ async def experiment_series(request: web.Request) -> web.Response:
 async def trial_series(request: web.Request) -> web.Response:
     """Every metric of every group of one trial, downsampled per bucket of steps."""
     query = parse(TrialSeriesQuery, dict(request.query))
-    trial_id = request.match_info["trial_id"]
+    trial_id = trial_id_of(request.match_info["trial_id"])
     await readable_trial(request, trial_id)
     store = store_of(request)
     position = await tracker_position(store)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from events.envelope import RecordedEvent, new
 from events.errors import StoreUnavailableError
+from events.names import trial_stream
 from events.store import EventStore, Transaction
 from events.types import TrialAlerted, TrialKillRequested
 from services.api import projections_read as pr
@@ -29,7 +30,7 @@ from services.api.views import (
     load_experiment,
     load_trial_control,
     read_facts,
-    trial_stream,
+    trial_id_of,
 )
 
 log = structlog.get_logger("api")
@@ -100,14 +101,14 @@ class KillBody(BaseModel):
 class KillResponse(BaseModel):
     """The trial's state now, and whether a kill was newly requested."""
 
-    trial_id: str
+    trial_id: int
     state: str
     changed: bool
 
 
-async def _visible_trial(request: web.Request) -> tuple[str, ExperimentView]:
+async def _visible_trial(request: web.Request) -> tuple[int, ExperimentView]:
     """The trial id of the path and its experiment; 404 unknown, 403 another user's."""
-    trial_id = request.match_info["trial_id"]
+    trial_id = trial_id_of(request.match_info["trial_id"])
     return trial_id, await readable_trial(request, trial_id)
 
 
@@ -158,7 +159,7 @@ def _log_entry(row: Any) -> dict[str, Any]:
 
 
 async def _read_logs(
-    store: EventStore, trial_id: str, after_id: int, limit: int, *, tail: bool = False
+    store: EventStore, trial_id: int, after_id: int, limit: int, *, tail: bool = False
 ) -> list[dict[str, Any]]:
     """Lines after ``after_id`` in id order: the first ``limit``, or with ``tail`` the last."""
     rows = await tables.fetch(
@@ -173,12 +174,12 @@ async def _read_logs(
     return entries[::-1] if tail else entries
 
 
-async def _trial_finished(store: EventStore, trial_id: str) -> bool:
+async def _trial_finished(store: EventStore, trial_id: int) -> bool:
     """Whether the trial has ended (its own state, or its experiment's having ended)."""
     control = await load_trial_control(store, trial_id)
     if control.terminal:
         return True
-    view = await load_experiment(store, experiment_of(trial_id), with_trials=False)
+    view = await load_experiment(store, await experiment_of(store, trial_id), with_trials=False)
     return view.state in TERMINAL_STATES
 
 
@@ -207,7 +208,7 @@ def _gone(request: web.Request) -> bool:
 
 
 async def _follow(
-    request: web.Request, store: EventStore, trial_id: str, query: LogsQuery
+    request: web.Request, store: EventStore, trial_id: int, query: LogsQuery
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
@@ -248,9 +249,9 @@ async def kill_trial(request: web.Request) -> web.Response:
     """Appends TrialKillRequested; the scheduler kills the trial's run and ends it CANCELED
     (owner or admin; 409 when the trial has ended)."""
     principal = principal_of(request)
-    trial_id = request.match_info["trial_id"]
-    experiment_id = experiment_of(trial_id)
+    trial_id = trial_id_of(request.match_info["trial_id"])
     parse(KillBody, await read_json(request))
+    experiment_id = await experiment_of(store_of(request), trial_id)
 
     async def decide(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, trial_id=trial_id)

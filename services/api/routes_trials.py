@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from events.checkpoints import checkpoint_owners
 from events.envelope import Event, NewEvent, new
+from events.names import trial_label, trial_stream
 from events.store import Transaction
 from events.types import (
     CheckpointSaved,
@@ -29,7 +30,7 @@ from services.api.inbox import claim_many
 from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
 from services.api.runs import load_run_state
-from services.api.views import experiment_of, trial_stream
+from services.api.views import trial_id_of
 
 log = structlog.get_logger("api")
 routes = RouteTable("trials")
@@ -164,13 +165,12 @@ class MetricsRow(BaseModel):
 class MetricsResponse(BaseModel):
     """A trial's metric series, by steps then run."""
 
-    trial_id: str
+    trial_id: int
     metrics: list[MetricsRow]
 
 
-def _trial_id(request: web.Request) -> str:
-    trial_id = request.match_info["trial_id"]
-    experiment_of(trial_id)
+def _trial_id(request: web.Request) -> int:
+    trial_id = trial_id_of(request.match_info["trial_id"])
     check_trial(principal_of(request), trial_id)
     return trial_id
 
@@ -232,7 +232,7 @@ def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _event_for(item: ItemBase, trial_id: str, run_id: int) -> Event | None:
+def _event_for(item: ItemBase, trial_id: int, run_id: int) -> Event | None:
     """The event of one accepted item (``run_id``: the current run, which every item names or
     defaults to); progress and status have none."""
     if isinstance(item, MetricsItem):
@@ -280,7 +280,7 @@ def _event_for(item: ItemBase, trial_id: str, run_id: int) -> Event | None:
 
 
 async def ingest(
-    tx: Transaction, trial_id: str, items: list[ItemBase], actor: str
+    tx: Transaction, trial_id: int, items: list[ItemBase], actor: str
 ) -> dict[str, int]:
     """Applies a batch of report items in ``tx``: new keys only, one append (metrics become events,
     which the tracker projects), progress into table ``trial_progress``, status into table
@@ -299,7 +299,7 @@ async def ingest(
     unique: dict[str, ItemBase] = {}
     for item in items:
         unique.setdefault(item.idempotency_key, item)
-    fresh_keys = await claim_many(tx, f"api.trial-report.{trial_id}", list(unique))
+    fresh_keys = await claim_many(tx, f"api.trial-report.{trial_label(trial_id)}", list(unique))
     fresh = [item for key, item in unique.items() if key in fresh_keys]
     counts = {"accepted": len(fresh), "duplicates": len(items) - len(fresh), "events": 0}
     if not fresh:
@@ -343,7 +343,7 @@ async def ingest(
 
 
 async def _check_checkpoint_owners(
-    tx: Transaction, trial_id: str, fresh: list[ItemBase], position: dict[int, int]
+    tx: Transaction, trial_id: int, fresh: list[ItemBase], position: dict[int, int]
 ) -> None:
     """Raises a 409 when a checkpoint item names a uuid another trial recorded first."""
     checkpoints = [item for item in fresh if isinstance(item, CheckpointItem)]
@@ -387,7 +387,7 @@ async def metrics(request: web.Request) -> web.Response:
     """A trial's reported metrics (the tracker's ``tr_metrics``), optionally one group and
     downsampled, by steps then run (the experiment's owner, an admin, the trial's own token or
     an agent)."""
-    trial_id = request.match_info["trial_id"]
+    trial_id = trial_id_of(request.match_info["trial_id"])
     await readable_trial(request, trial_id)
     query = parse(MetricsQuery, dict(request.query))
     # Row i (0-based, by steps) of a series of n > m points is kept iff some k in 0..m-1 has

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from events import lifecycle
 from events.db import translate_errors
+from events.names import experiment_stream, trial_stream
 from events.store import Transaction, row_to_event
 from services.api.errors import ApiError, conflict, not_found
 from services.api.views import (
@@ -29,9 +30,7 @@ from services.api.views import (
     Reader,
     TrialView,
     experiment_of,
-    experiment_stream,
     fold_trial,
-    trial_stream,
 )
 
 # The literal type list matches the partial index ``events_lifecycle`` (core migration 0003).
@@ -40,8 +39,8 @@ _LIFECYCLE_SQL = """
            metadata, recorded_at
     FROM events
     WHERE stream_id = ANY($1::text[])
-      AND type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'SlotsAllocated',
-                   'TrialExited', 'TrialStateChanged')
+      AND type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'ExperimentContinued',
+                   'SlotsAllocated', 'TrialExited', 'TrialStateChanged')
     ORDER BY position"""
 
 
@@ -69,7 +68,7 @@ class RunState:
     experiment_state: str
 
     @property
-    def trial_id(self) -> str:
+    def trial_id(self) -> int:
         """The trial's id."""
         return self.trial.trial_id
 
@@ -114,10 +113,10 @@ class RunState:
             raise not_current(f"allocation {allocation_id} is not trial {self.trial_id}'s live run")
 
 
-async def load_run_state(reader: Reader, trial_id: str) -> RunState:
+async def load_run_state(reader: Reader, trial_id: int) -> RunState:
     """Folds the lifecycle facts of ``trial_id`` and its experiment; 404 for a trial that has
     no stream."""
-    streams = [trial_stream(trial_id), experiment_stream(experiment_of(trial_id))]
+    streams = [trial_stream(trial_id), experiment_stream(await experiment_of(reader, trial_id))]
     conn = reader.conn if isinstance(reader, Transaction) else reader.pool
     with translate_errors():
         rows = await conn.fetch(_LIFECYCLE_SQL, streams)

@@ -12,6 +12,7 @@ from typing import Any
 
 from events import migrations
 from events.db import translate_errors
+from events.names import sql_trial_id
 from events.store import EventStore
 from services.tracker import schema as tracker_schema
 
@@ -119,6 +120,14 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         "0007_user_active",
         # A deactivated user can neither log in nor use a token issued before.
         "ALTER TABLE api_users ADD COLUMN active boolean NOT NULL DEFAULT true;",
+    ),
+    (
+        "0008_integer_trial_ids",
+        # Trial ids became integers; legacy "E.N" rows get the id the upcasters give them.
+        "\n".join(
+            f"ALTER TABLE {table} ALTER COLUMN trial_id TYPE bigint USING {sql_trial_id('trial_id')};"
+            for table in ("trial_progress", "task_logs", "trial_status")
+        ),
     ),
 )
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from events.config import ConfigError, ExperimentConfig, load_yaml
 from events.config.merge import merge_under
+from events.config.secrets import mask_secrets
 from events.db import translate_errors
 from events.store import EventStore, row_to_event
 from events.types import TemplateRemoved, TemplateSet
@@ -41,7 +42,7 @@ class TemplateView:
         return {
             "name": self.name,
             "owner": self.owner,
-            "config": self.config,
+            "config": mask_secrets(self.config),
             "updated_at": self.updated_at.isoformat() if self.updated_at else None,
         }
 

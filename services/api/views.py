@@ -10,15 +10,23 @@ the view's version fails if anything at all was appended since.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from events import lifecycle
+from events.config.secrets import mask_secrets
 from events.db import Connection, translate_errors
 from events.envelope import RecordedEvent
+from events.names import (
+    TrialIdError,
+    experiment_stream,
+    parse_allocation_id,
+    parse_trial_id,
+    trial_label,
+    trial_stream,
+)
 from events.store import EventStore, Transaction, row_to_event
 from events.types import (
     AgentLost,
@@ -50,8 +58,6 @@ from services.api.errors import forbidden, not_found
 TERMINAL_STATES = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED"})
 MAX_ID = 2**63 - 1
 """Largest id a ``bigint`` column holds; larger ids in a path are simply unknown (404)."""
-_TRIAL_ID = re.compile(r"^(\d+)\.(\d+)$", re.ASCII)
-_ALLOCATION_ID = re.compile(r"^(\d+\.\d+)\.(\d+)$", re.ASCII)
 
 
 Reader = EventStore | Transaction
@@ -97,7 +103,7 @@ async def read_facts(
     types: Sequence[str],
     *,
     after_version: int = 0,
-    trial_id: str | None = None,
+    trial_id: int | None = None,
 ) -> tuple[list[RecordedEvent], int]:
     """Reads one stream's events of ``types`` after ``after_version``, and its head version.
 
@@ -126,7 +132,7 @@ async def read_facts(
                 stream_id,
                 after_version,
                 list(types),
-                trial_id,
+                None if trial_id is None else trial_label(trial_id),
             )
     head = int(rows[0]["head"]) if rows else 0
     events = [row_to_event(r) for r in rows if r["position"] is not None]
@@ -143,30 +149,36 @@ def check_owner(principal: Principal, owner: str) -> None:
 # --- ids ------------------------------------------------------------------------------------
 
 
-def experiment_of(trial_id: str) -> int:
-    """The experiment id of a trial id (``7.3`` -> 7); an invalid id is a 404."""
-    match = _TRIAL_ID.match(trial_id)
-    if match is None or int(match.group(1)) > MAX_ID or len(trial_id) > 60:
-        raise not_found(f"no trial {trial_id!r} (trial ids look like 7.3)")
-    return int(match.group(1))
+def trial_id_of(text: str) -> int:
+    """The trial id a path names (``17``; a legacy trial also as ``9.1``); else a 404."""
+    try:
+        return parse_trial_id(text)
+    except TrialIdError as exc:
+        raise not_found(f"no trial {text[:40]!r}: {exc}") from None
 
 
-def trial_of(allocation_id: str) -> str:
-    """The trial id of an allocation id (``7.3.2`` -> ``7.3``); an invalid id is a 404."""
-    match = _ALLOCATION_ID.match(allocation_id)
-    if match is None:
-        raise not_found(f"no allocation {allocation_id!r} (allocation ids look like 7.3.2)")
-    return match.group(1)
+def trial_of(allocation: str) -> int:
+    """The trial of an allocation id (``17.2`` -> 17); an invalid id is a 404."""
+    try:
+        return parse_allocation_id(allocation)[0]
+    except TrialIdError as exc:
+        raise not_found(f"no allocation {allocation[:40]!r}: {exc}") from None
 
 
-def trial_stream(trial_id: str) -> str:
-    """The stream id of a trial."""
-    return f"trial-{trial_id}"
-
-
-def experiment_stream(experiment_id: int) -> str:
-    """The stream id of an experiment."""
-    return f"experiment-{experiment_id}"
+async def experiment_of(reader: Reader, trial_id: int) -> int:
+    """The experiment that requested ``trial_id``; a trial never requested is a 404."""
+    async with _connection(reader) as conn:
+        with translate_errors():
+            value = await conn.fetchval(
+                # Raw payloads: the text of the stored id is the trial's label (events.names).
+                """SELECT (payload->>'experiment_id')::bigint FROM events
+                   WHERE type = 'TrialRequested' AND payload->>'trial_id' = $1
+                   ORDER BY position LIMIT 1""",
+                trial_label(trial_id),
+            )
+    if value is None:
+        raise not_found(f"no trial {trial_id}")
+    return int(value)
 
 
 def agent_stream(agent_id: str) -> str:
@@ -186,13 +198,14 @@ class ExperimentView:
     submitted: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     code_ref: str | None = None
+    warnings: list[dict[str, str]] = field(default_factory=list)
     owner: str = ""
     state: str = "ACTIVE"
     archived: bool = False
     submitted_at: datetime | None = None
     ended_at: datetime | None = None
-    trials: dict[str, TrialRequested] = field(default_factory=dict)
-    requested_at: dict[str, datetime] = field(default_factory=dict)
+    trials: dict[int, TrialRequested] = field(default_factory=dict)
+    requested_at: dict[int, datetime] = field(default_factory=dict)
 
     @property
     def exists(self) -> bool:
@@ -216,13 +229,13 @@ class ExperimentView:
         """Whether a smaller searcher metric is better (the searcher's default: yes)."""
         return bool(self.searcher.get("smaller_is_better", True))
 
-    def requested_trial(self, trial_id: str, state: str = lifecycle.ACTIVE) -> dict[str, Any]:
+    def requested_trial(self, trial_id: int, state: str = lifecycle.ACTIVE) -> dict[str, Any]:
         """A trial summary from its ``TrialRequested`` alone (before the projection has it)."""
         requested = self.trials[trial_id]
         return {
             "trial_id": trial_id,
             "experiment_id": self.experiment_id,
-            "seq": int(trial_id.rsplit(".", 1)[1]),
+            "seq": requested.seq,
             "state": state,
             "hparams": requested.hparams,
             "trial_seed": requested.trial_seed,
@@ -245,7 +258,8 @@ class ExperimentView:
             "state": self.state,
             "owner": self.owner,
             "code_ref": self.code_ref,
-            "config": self.config,
+            "config": mask_secrets(self.config),
+            "warnings": self.warnings,
             "name": self.config.get("name"),
             "description": self.config.get("description"),
             "labels": labels if isinstance(labels, list) else [],
@@ -259,7 +273,12 @@ class ExperimentView:
             "submitted_at": iso(self.submitted_at),
             "ended_at": iso(self.ended_at),
             "trials": [
-                {"trial_id": t.trial_id, "hparams": t.hparams, "trial_seed": t.trial_seed}
+                {
+                    "trial_id": t.trial_id,
+                    "seq": t.seq,
+                    "hparams": t.hparams,
+                    "trial_seed": t.trial_seed,
+                }
                 for t in self.trials.values()
             ],
         }
@@ -286,6 +305,7 @@ def fold_experiment(experiment_id: int, events: Iterable[RecordedEvent]) -> Expe
             view.submitted = True
             view.config = event.config
             view.code_ref = event.code_ref
+            view.warnings = [w.model_dump() for w in event.warnings]
             view.owner = event.owner
             view.state = "ACTIVE" if event.activate else "PAUSED"
             view.submitted_at = recorded.recorded_at
@@ -331,7 +351,7 @@ def apply_settings(config: dict[str, Any], event: SettingsChange) -> dict[str, A
 
 
 async def load_experiment(
-    reader: Reader, experiment_id: int, *, trial_id: str | None = None, with_trials: bool = True
+    reader: Reader, experiment_id: int, *, trial_id: int | None = None, with_trials: bool = True
 ) -> ExperimentView:
     """Loads an experiment; a missing one is a 404.
 
@@ -372,7 +392,7 @@ class AllocationView:
 class TrialView:
     """A trial's stream folded: its allocations, latest checkpoint and state."""
 
-    trial_id: str
+    trial_id: int
     version: int = 0
     allocations: dict[str, AllocationView] = field(default_factory=dict)
     latest_allocation: str | None = None
@@ -400,7 +420,7 @@ class TrialView:
         return self.allocations[self.latest_allocation].run_id
 
 
-def fold_trial(trial_id: str, events: Iterable[RecordedEvent]) -> TrialView:
+def fold_trial(trial_id: int, events: Iterable[RecordedEvent]) -> TrialView:
     """Folds a trial stream."""
     view = TrialView(trial_id)
     for recorded in events:
@@ -436,9 +456,8 @@ def apply_trial(view: TrialView, recorded: RecordedEvent) -> None:
         view.early_exited = True
 
 
-async def load_trial(reader: Reader, trial_id: str) -> TrialView:
+async def load_trial(reader: Reader, trial_id: int) -> TrialView:
     """Loads a trial; one with no events yet is a 404."""
-    experiment_of(trial_id)
     events, head = await read_facts(reader, trial_stream(trial_id), TRIAL_FACTS)
     view = fold_trial(trial_id, events)
     view.version = head
@@ -461,7 +480,7 @@ async def refresh_trial(reader: Reader, view: TrialView) -> None:
 class TrialControlView:
     """A trial's lifecycle state and whether a user's kill is pending, for ``kill`` and logs."""
 
-    trial_id: str
+    trial_id: int
     version: int = 0
     state: str = lifecycle.ACTIVE
     kill_pending: bool = False
@@ -472,7 +491,7 @@ class TrialControlView:
         return self.state in lifecycle.TERMINAL
 
 
-async def load_trial_control(reader: Reader, trial_id: str) -> TrialControlView:
+async def load_trial_control(reader: Reader, trial_id: int) -> TrialControlView:
     """Folds a trial's state changes and kill requests (a trial with no stream yet is ACTIVE)."""
     events, head = await read_facts(reader, trial_stream(trial_id), TRIAL_CONTROL_FACTS)
     view = TrialControlView(trial_id, version=head)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from events.envelope import Event
+from events.names import allocation_id, experiment_stream, trial_stream
 from events.types import (
     AgentLost,
     ExperimentStateChanged,
@@ -78,11 +79,6 @@ class Reports:
 
     agents: Mapping[str, Report] = field(default_factory=dict)
     exits_unfolded: frozenset[str] = frozenset()
-
-
-def trial_stream(trial_id: str) -> str:
-    """The stream of a trial's facts."""
-    return f"trial-{trial_id}"
 
 
 def plan(state: ClusterState, settings: Settings, reports: Reports | None = None) -> list[Decision]:
@@ -275,7 +271,7 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
     by_request: dict[str, Trial] = {}
     for trial in pending:
         exp = state.experiments[trial.experiment_id]
-        request_id = f"{trial.trial_id}.{trial.run_id + 1}"
+        request_id = allocation_id(trial.trial_id, trial.run_id + 1)
         by_request[request_id] = trial
         requests.append(
             PendingRequest(
@@ -315,7 +311,7 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
             decisions.append((trial_stream(trial.trial_id), event))
         elif isinstance(decision, Preempt):
             victim = running[decision.request_id]
-            trial_id = decision.request_id.rsplit(".", 1)[0]
+            trial_id = state.allocations[decision.request_id]
             decisions.append(
                 (
                     trial_stream(trial_id),
@@ -340,7 +336,7 @@ def _finish_experiments(state: ClusterState) -> list[Decision]:
             continue
         final = _STOPPED[exp.state]
         event = ExperimentStateChanged(experiment_id=exp_id, state=final, reason="all trials done")
-        decisions.append((f"experiment-{exp_id}", event))
+        decisions.append((experiment_stream(exp_id), event))
     return decisions
 
 

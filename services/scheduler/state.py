@@ -80,7 +80,7 @@ class Run:
 class Trial:
     """What the scheduler knows of one trial."""
 
-    trial_id: str
+    trial_id: int
     experiment_id: int
     order: int
     state: str = "ACTIVE"
@@ -116,7 +116,7 @@ class Experiment:
     max_slots: int | None = None
     pool: str = ""
     max_restarts: int = 5
-    trials: list[str] = field(default_factory=list)
+    trials: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -145,10 +145,12 @@ class ClusterState:
     """Experiments, trials and agents as of ``position``, and the version of each stream seen."""
 
     experiments: dict[int, Experiment] = field(default_factory=dict)
-    trials: dict[str, Trial] = field(default_factory=dict)
+    trials: dict[int, Trial] = field(default_factory=dict)
     agents: dict[str, AgentInfo] = field(default_factory=dict)
     position: int = 0
     versions: dict[str, int] = field(default_factory=dict)
+    allocations: dict[str, int] = field(default_factory=dict)
+    """Allocation id -> its trial, for every allocation ever made (ids are read, not parsed)."""
 
     def apply(self, event: RecordedEvent) -> None:
         """Folds one event (or the bare envelope of one on a stream in :data:`STREAMS`)."""
@@ -164,8 +166,8 @@ class ClusterState:
 
     def run_of(self, allocation_id: str) -> tuple[Trial, Run] | None:
         """The trial and run of ``allocation_id`` if it is the trial's current run."""
-        trial_id = allocation_id.rsplit(".", 1)[0]
-        trial = self.trials.get(trial_id)
+        trial_id = self.allocations.get(allocation_id)
+        trial = self.trials.get(trial_id) if trial_id is not None else None
         if trial is None or trial.run is None or trial.run.allocation_id != allocation_id:
             return None
         return trial, trial.run
@@ -256,6 +258,7 @@ def _allocated(s: ClusterState, p: dict[str, Any], pos: int) -> None:
         return
     trial.run_id = int(p.get("run_id", trial.run_id + 1))
     trial.run = Run(p["allocation_id"], trial.run_id, dict(p["placements"]), order=pos)
+    s.allocations[trial.run.allocation_id] = trial.trial_id
     trial.requeue = False
 
 

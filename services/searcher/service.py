@@ -17,6 +17,10 @@ so the check would fail on every retry. The one decision that can be overtaken, 
 stopping state, is checked at append time instead: under the store's append lock the experiment's
 state is folded from its stream, and a change the state machine refuses (the user killed the
 experiment after the input event) is dropped, not appended.
+
+A new trial's id is taken from the ``trial_ids`` sequence in the transaction that appends its
+``TrialRequested``. Replay never takes one: the searcher also reads its own ``TrialRequested``
+facts and learns each request's trial id from them, as recorded.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from events import lifecycle
 from events.config import ConfigError, ExperimentConfig, parse_config
 from events.consumer import Consumer
 from events.envelope import Event, RecordedEvent
+from events.names import experiment_stream
 from events.store import EventStore, Transaction
 from events.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
 from services.searcher.methods import (
@@ -53,6 +58,7 @@ TYPES = frozenset(
         "ValidationReported",
         "TrialEarlyExited",
         "TrialStateChanged",
+        "TrialRequested",
     }
 )
 TERMINAL_TRIAL = frozenset({"COMPLETED", "CANCELED", "ERROR"})
@@ -65,18 +71,44 @@ _EARLY_REASON = {
 
 @dataclass
 class Search:
-    """One experiment's search: its method and the trial <-> request mapping."""
+    """One experiment's search: its method and the trial <-> request mapping.
+
+    ``trials`` counts the trials the method created (the next one's ``seq``); ``trial_of`` maps
+    a request id to the trial id recorded for it.
+    """
 
     experiment_id: int
     config: ExperimentConfig
     method: SearchMethod
     state: str = "ACTIVE"
     trials: int = 0
-    trial_of: dict[str, str] = field(default_factory=dict)
-    request_of: dict[str, str] = field(default_factory=dict)
-    early: dict[str, str] = field(default_factory=dict)
-    closed: set[str] = field(default_factory=set)
+    trial_of: dict[str, int] = field(default_factory=dict)
+    request_of: dict[int, str] = field(default_factory=dict)
+    early: dict[int, str] = field(default_factory=dict)
+    closed: set[int] = field(default_factory=set)
     shut_down: bool = False
+
+
+@dataclass(frozen=True)
+class _NewTrial:
+    """A ``Create`` decided by a method, waiting for its trial id (taken at append time)."""
+
+    experiment_id: int
+    request_id: str
+    hparams: dict[str, Any]
+    trial_seed: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class _StopTrial:
+    """A ``Stop`` decided by a method; its trial id is looked up at append time."""
+
+    experiment_id: int
+    request_id: str
+
+
+_Pending = Event | _NewTrial | _StopTrial
 
 
 class SearcherConsumer(Consumer):
@@ -88,12 +120,14 @@ class SearcherConsumer(Consumer):
     def __init__(self, store: EventStore) -> None:
         self.store = store
         self.searches: dict[int, Search] = {}
+        self.experiment_of: dict[int, int] = {}
         self.replaying = False
-        self._pending: list[tuple[str, Event]] = []
+        self._pending: list[tuple[str, _Pending]] = []
 
     async def rebuild(self) -> None:
         """Replays the log up to the checkpoint, rebuilding every method without appending."""
         self.searches = {}
+        self.experiment_of = {}
         checkpoint = await self.store.checkpoint(self.name)
         self.replaying = True
         try:
@@ -111,12 +145,48 @@ class SearcherConsumer(Consumer):
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
         self.apply(event)
         pending, self._pending = self._pending, []
-        for stream_id, fact in pending:
+        for stream_id, item in pending:
+            fact = await self._decided(tx, item)
+            if fact is None:
+                continue
             if isinstance(fact, ExperimentStateChanged) and not await _still_legal(
                 tx, stream_id, fact
             ):
                 continue
             await tx.append(stream_id, [fact])
+
+    async def _decided(self, tx: Transaction, item: _Pending) -> Event | None:
+        """The fact to append for a queued decision; a new trial takes its id here."""
+        if isinstance(item, _NewTrial):
+            trial_id = await tx.next_trial_id()
+            self._requested(item.experiment_id, item.request_id, trial_id)
+            return TrialRequested(
+                experiment_id=item.experiment_id,
+                trial_id=trial_id,
+                seq=item.seq,
+                request_id=item.request_id,
+                hparams=item.hparams,
+                trial_seed=item.trial_seed,
+            )
+        if isinstance(item, _StopTrial):
+            search = self.searches.get(item.experiment_id)
+            stopped = search.trial_of.get(item.request_id) if search else None
+            if stopped is None:
+                log.error("stop for a request with no trial", request=item.request_id)
+                return None
+            return TrialStopRequested(
+                experiment_id=item.experiment_id, trial_id=stopped, request_id=item.request_id
+            )
+        return item
+
+    def _requested(self, experiment_id: int, request_id: str, trial_id: int) -> None:
+        """Records which trial id request ``request_id`` of ``experiment_id`` got."""
+        search = self.searches.get(experiment_id)
+        if search is None:
+            return
+        search.trial_of[request_id] = trial_id
+        search.request_of[trial_id] = request_id
+        self.experiment_of[trial_id] = experiment_id
 
     def apply(self, event: RecordedEvent) -> None:
         """Advances the methods by one log event; operations are queued for appending."""
@@ -132,8 +202,12 @@ class SearcherConsumer(Consumer):
         if event.type == "ExperimentContinued":
             self._continued(p)
             return
-        trial_id = str(p.get("trial_id", ""))
-        search = self.searches.get(int(trial_id.split(".", 1)[0])) if trial_id else None
+        if event.type == "TrialRequested":
+            self._requested(int(p["experiment_id"]), str(p["request_id"]), int(p["trial_id"]))
+            return
+        trial_id = int(p["trial_id"])
+        experiment_id = self.experiment_of.get(trial_id)
+        search = self.searches.get(experiment_id) if experiment_id is not None else None
         if search is None or trial_id not in search.request_of or trial_id in search.closed:
             return
         request_id = search.request_of[trial_id]
@@ -176,7 +250,7 @@ class SearcherConsumer(Consumer):
         """A user continued the ended experiment's trial: the search is open again until that
         trial closes once more (the gateway only continues single-trial experiments)."""
         search = self.searches.get(int(p["experiment_id"]))
-        trial_id = str(p["trial_id"])
+        trial_id = int(p["trial_id"])
         if search is None or search.state not in lifecycle.TERMINAL:
             return  # refused by the experiment's state machine too
         request_id = search.request_of.get(trial_id)
@@ -193,34 +267,24 @@ class SearcherConsumer(Consumer):
         search.early.pop(trial_id, None)
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
-        stream = f"experiment-{search.experiment_id}"
+        stream = experiment_stream(search.experiment_id)
         for op in ops:
             if isinstance(op, Create) and search.state not in ("ACTIVE", "PAUSED"):
                 continue  # a stopping experiment starts nothing new
             if isinstance(op, Create):
                 search.trials += 1
-                trial_id = f"{search.experiment_id}.{search.trials}"
-                search.trial_of[op.request_id] = trial_id
-                search.request_of[trial_id] = op.request_id
                 self._emit(
                     stream,
-                    TrialRequested(
+                    _NewTrial(
                         experiment_id=search.experiment_id,
-                        trial_id=trial_id,
                         request_id=op.request_id,
                         hparams=op.hparams,
                         trial_seed=op.trial_seed,
+                        seq=search.trials,
                     ),
                 )
             elif isinstance(op, Stop):
-                self._emit(
-                    stream,
-                    TrialStopRequested(
-                        experiment_id=search.experiment_id,
-                        trial_id=search.trial_of[op.request_id],
-                        request_id=op.request_id,
-                    ),
-                )
+                self._emit(stream, _StopTrial(search.experiment_id, op.request_id))
             elif isinstance(op, Shutdown) and not search.shut_down:
                 search.shut_down = True
                 if search.state in ("ACTIVE", "PAUSED"):
@@ -241,7 +305,7 @@ class SearcherConsumer(Consumer):
                         ),
                     )
 
-    def _emit(self, stream_id: str, fact: Event) -> None:
+    def _emit(self, stream_id: str, fact: _Pending) -> None:
         if not self.replaying:
             self._pending.append((stream_id, fact))
 

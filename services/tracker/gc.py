@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,13 @@ import asyncpg
 import structlog
 
 from events.bus import EVENTS_PREFIX
+from events.checkpoint_storage import (
+    CheckpointStorage,
+    DirectoryStorage,
+    StorageError,
+    open_storage,
+    safe_uuid,
+)
 from events.checkpoints import checkpoint_owners
 from events.config.storage import checkpoint_root
 from events.consumer import Consumer
@@ -32,6 +38,7 @@ from events.db import translate_errors
 from events.envelope import Event, RecordedEvent, new
 from events.errors import EventsError
 from events.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
+from events.names import coerce_trial_id, experiment_stream, trial_stream
 from events.store import Transaction
 from events.types import CheckpointsDeleted, ExperimentStateChanged
 from services.tracker.projections import metric_value
@@ -85,7 +92,7 @@ class CheckpointInfo:
     """
 
     uuid: str
-    trial_id: str
+    trial_id: int
     steps_completed: int
     searcher_metric: float | None = None
 
@@ -122,8 +129,8 @@ def select_for_deletion(
         c.uuid: sign * c.searcher_metric for c in unique.values() if c.searcher_metric is not None
     }
     experiment_values = sorted(signed.values())
-    trial_values: dict[str, list[float]] = {}
-    trial_steps: dict[str, list[int]] = {}
+    trial_values: dict[int, list[float]] = {}
+    trial_steps: dict[int, list[int]] = {}
     for c in unique.values():
         if c.uuid in signed:
             trial_values.setdefault(c.trial_id, []).append(signed[c.uuid])
@@ -194,7 +201,7 @@ async def read_experiment(
         experiment_id: the experiment.
         upto_version: fold the experiment's state only up to this stream version.
     """
-    stream = f"experiment-{experiment_id}"
+    stream = experiment_stream(experiment_id)
     version = await tx.stream_version(stream)
     events = await tx.read_stream(stream)
     facts = ExperimentCheckpoints(experiment_id=experiment_id, version=version)
@@ -206,7 +213,7 @@ async def read_experiment(
         if e.type == "ExperimentSubmitted" and isinstance(e.payload.get("config"), Mapping):
             facts.config = dict(e.payload["config"])
         elif e.type == "TrialRequested":
-            trial_streams.append(f"trial-{e.payload['trial_id']}")
+            trial_streams.append(trial_stream(int(e.payload["trial_id"])))
         elif e.type == "CheckpointsDeleted":
             facts.deleted.update(str(u) for u in e.payload.get("uuids", []))
     rows = await tx.conn.fetch(
@@ -217,11 +224,11 @@ async def read_experiment(
         ["CheckpointSaved", "ValidationReported"],
     )
     metric = str(facts.searcher.get("metric") or "")
-    saved: list[tuple[str, str, int]] = []
-    validations: dict[tuple[str, int], float | None] = {}
+    saved: list[tuple[str, int, int]] = []
+    validations: dict[tuple[int, int], float | None] = {}
     for row in rows:
-        p = row["payload"]
-        trial_id, steps = str(p["trial_id"]), int(p["steps_completed"])
+        p = row["payload"]  # raw, as stored: a legacy "E.N" trial id is mapped here
+        trial_id, steps = coerce_trial_id(p["trial_id"]), int(p["steps_completed"])
         if row["type"] == "CheckpointSaved":
             saved.append((str(p["uuid"]), trial_id, steps))
         else:  # the latest validation at these steps wins
@@ -260,7 +267,7 @@ async def warm_starts(tx: Transaction, facts: ExperimentCheckpoints) -> frozense
     used = set()
     for row in rows:
         owner = facts.checkpoints[row["uuid"]].trial_id
-        if row["trial_id"] is None or row["trial_id"] != owner:
+        if row["trial_id"] is None or coerce_trial_id(row["trial_id"]) != owner:
             used.add(str(row["uuid"]))
     return frozenset(used)
 
@@ -279,32 +286,27 @@ class Removal:
         return sorted(self.removed + self.missing)
 
 
-def _safe_component(uuid: str) -> bool:
-    return bool(uuid) and uuid not in (".", "..") and "/" not in uuid and "\\" not in uuid
+def remove_checkpoints(storage: CheckpointStorage, uuids: Iterable[str]) -> Removal:
+    """Removes each checkpoint's files from ``storage``; an absent one (or a uuid that is not
+    a plain path component, which cannot name a checkpoint) is ``missing``, any other error is
+    ``failed``."""
+    result = Removal()
+    for uuid in sorted(set(uuids)):
+        if not safe_uuid(uuid):
+            result.missing.append(uuid)
+            continue
+        try:
+            found = storage.delete(uuid)
+        except StorageError as exc:
+            result.failed[uuid] = str(exc)
+        else:
+            (result.removed if found else result.missing).append(uuid)
+    return result
 
 
 def remove_directories(root: Path, uuids: Iterable[str]) -> Removal:
-    """Removes ``<root>/<uuid>`` for each uuid; an absent one (or a uuid that is not a plain
-    path component, which cannot name a directory under ``root``) is ``missing``, any other
-    error is ``failed``."""
-    result = Removal()
-    for uuid in sorted(set(uuids)):
-        if not _safe_component(uuid):
-            result.missing.append(uuid)
-            continue
-        path = root / uuid
-        try:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-        except FileNotFoundError:
-            result.missing.append(uuid)
-        except OSError as exc:
-            result.failed[uuid] = f"{path}: {exc.strerror or exc}"
-        else:
-            result.removed.append(uuid)
-    return result
+    """:func:`remove_checkpoints` of the directories ``<root>/<uuid>``."""
+    return remove_checkpoints(DirectoryStorage(root), uuids)
 
 
 class GCConsumer(Consumer):
@@ -357,7 +359,7 @@ class GCConsumer(Consumer):
                 doomed = wanted.intersection(c.uuid for c in facts.live)
                 if not doomed:
                     return
-                removal = await asyncio.to_thread(remove_directories, self.root_of(facts), doomed)
+                removal = await self._remove(facts, doomed)
                 for uuid, error in removal.failed.items():
                     log.error("checkpoint not deleted", uuid=uuid, error=error)
                 if removal.deleted:
@@ -368,8 +370,22 @@ class GCConsumer(Consumer):
             ) from exc
 
     def root_of(self, facts: ExperimentCheckpoints) -> Path:
-        """Where the experiment's checkpoint directories are."""
+        """Where the experiment's checkpoint directories are (when they are directories)."""
         return checkpoint_root(facts.config.get("checkpoint_storage"), self.default_root)
+
+    def storage_of(self, facts: ExperimentCheckpoints) -> CheckpointStorage:
+        """The storage of the experiment's checkpoints (a directory or an S3 bucket)."""
+        return open_storage(facts.config.get("checkpoint_storage"), self.default_root)
+
+    async def _remove(self, facts: ExperimentCheckpoints, uuids: Iterable[str]) -> Removal:
+        def work() -> Removal:
+            try:
+                storage = self.storage_of(facts)
+            except StorageError as exc:
+                return Removal(failed={uuid: str(exc) for uuid in sorted(set(uuids))})
+            return remove_checkpoints(storage, uuids)
+
+        return await asyncio.to_thread(work)
 
     async def _collect(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
         policy = GCPolicy.from_storage(facts.config.get("checkpoint_storage"))
@@ -381,7 +397,7 @@ class GCConsumer(Consumer):
         )
         if not doomed:
             return
-        removal = await asyncio.to_thread(remove_directories, self.root_of(facts), doomed)
+        removal = await self._remove(facts, doomed)
         for uuid, error in removal.failed.items():
             log.error("checkpoint not deleted", uuid=uuid, error=error)
         if removal.deleted:
@@ -389,7 +405,7 @@ class GCConsumer(Consumer):
 
     async def _delete_all(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
         live = [c.uuid for c in facts.live]
-        removal = await asyncio.to_thread(remove_directories, self.root_of(facts), live)
+        removal = await self._remove(facts, live)
         events: list[Event] = []
         if removal.deleted:
             events.extend(self._deleted(facts, removal, "experiment deleted"))
@@ -428,7 +444,7 @@ class GCConsumer(Consumer):
     @staticmethod
     async def _append(tx: Transaction, facts: ExperimentCheckpoints, events: list[Event]) -> None:
         await tx.append(
-            f"experiment-{facts.experiment_id}",
+            experiment_stream(facts.experiment_id),
             [new(e, actor=ACTOR) for e in events],
             expected_version=facts.version,
         )

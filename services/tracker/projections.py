@@ -205,13 +205,11 @@ async def apply(conn: Connection, event: Event, at: datetime, position: int) -> 
         )
 
 
-def experiment_of_trial(trial_id: str) -> int | None:
-    """The experiment id in a trial id ``<experiment>.<n>`` (``None`` if malformed)."""
-    head, _, _ = trial_id.partition(".")
-    try:
-        return int(head)
-    except ValueError:
-        return None
+async def experiment_of_trial(conn: Connection, trial_id: int) -> int | None:
+    """The experiment of a projected trial (``None``: its ``TrialRequested`` was not projected,
+    e.g. its experiment was deleted)."""
+    value = await conn.fetchval("SELECT experiment_id FROM tr_trials WHERE trial_id = $1", trial_id)
+    return None if value is None else int(value)
 
 
 def metric_value(metrics: Mapping[str, Any], name: str | None) -> float | None:
@@ -362,8 +360,6 @@ async def delete_experiment(conn: Connection, experiment_id: int) -> None:
 
 
 async def _trial_requested(conn: Connection, e: TrialRequested, at: datetime) -> None:
-    _, _, tail = e.trial_id.rpartition(".")
-    seq = int(tail) if tail.isdigit() else 0
     await conn.execute(
         """WITH ins AS (
                INSERT INTO tr_trials (trial_id, experiment_id, seq, state, hparams, trial_seed,
@@ -375,7 +371,7 @@ async def _trial_requested(conn: Connection, e: TrialRequested, at: datetime) ->
            FROM ins WHERE x.experiment_id = ins.experiment_id""",
         e.trial_id,
         e.experiment_id,
-        seq,
+        e.seq,
         e.hparams,
         e.trial_seed,
         at,
@@ -399,7 +395,7 @@ async def _trial_state(conn: Connection, e: TrialStateChanged, at: datetime) -> 
 
 
 async def _slots_allocated(conn: Connection, e: SlotsAllocated, at: datetime) -> None:
-    experiment_id = experiment_of_trial(e.trial_id)
+    experiment_id = await experiment_of_trial(conn, e.trial_id)
     if experiment_id is None:
         return
     await conn.execute(
@@ -469,7 +465,7 @@ async def _metrics(
     e: WorkloadCompleted | ValidationReported | MetricsReported,
     at: datetime,
 ) -> None:
-    experiment_id = experiment_of_trial(e.trial_id)
+    experiment_id = await experiment_of_trial(conn, e.trial_id)
     if experiment_id is None:
         return
     # One statement: upsert the point (a repeat un-archives it), apply Determined's rollback
@@ -544,7 +540,7 @@ async def _metrics(
 
 
 async def _checkpoint_saved(conn: Connection, e: CheckpointSaved, at: datetime) -> None:
-    experiment_id = experiment_of_trial(e.trial_id)
+    experiment_id = await experiment_of_trial(conn, e.trial_id)
     if experiment_id is None:
         return
     validation = await conn.fetchrow(

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from events import migrations
 from events.db import Connection, translate_errors
+from events.names import sql_trial_id
 from events.store import EventStore
 
 NAMESPACE = "tracker"
@@ -154,6 +155,21 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         CREATE INDEX tr_metrics_series ON tr_metrics (trial_id, "group", steps_completed);
         CREATE INDEX tr_metrics_experiment ON tr_metrics (experiment_id);
         """,
+    ),
+    (
+        "0002_integer_trial_ids",
+        # Trial ids became integers; rows projected from legacy "E.N" ids get the integer the
+        # upcasters give them (events.names), so re-projecting the log would write the same.
+        "\n".join(
+            f"ALTER TABLE {table} ALTER COLUMN {column} TYPE bigint USING {sql_trial_id(column)};"
+            for table, column in (
+                ("tr_experiments", "best_trial_id"),
+                ("tr_trials", "trial_id"),
+                ("tr_allocations", "trial_id"),
+                ("tr_checkpoints", "trial_id"),
+                ("tr_metrics", "trial_id"),
+            )
+        ),
     ),
 )
 

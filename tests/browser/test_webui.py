@@ -191,8 +191,10 @@ def test_trial_page_follows_log_filters_and_downloads(admin: Session, live: Live
     """The trial page draws a chart per metric and a log that follows the running trial and
     filters by text and level."""
     slow = live.extra["slow"]
+    trials = wait(lambda: live.api.call("GET", f"/experiments/{slow}")["trials"], 60, "a trial")
+    trial_id = trials[0]["trial_id"]
     page = admin.page
-    admin.go(f"/trials/{slow}.1")
+    admin.go(f"/trials/{trial_id}")
     page.wait_for_selector("#trial-charts canvas", timeout=60_000)
     wait(lambda: "step 5 loss" in page.inner_text(".logs"), 60, "log lines")
     seen = page.inner_text(".log-count")
@@ -205,7 +207,7 @@ def test_trial_page_follows_log_filters_and_downloads(admin: Session, live: Live
     page.select_option(".log-level", "")
     with page.expect_download() as download:
         page.click(".log-download")
-    assert download.value.suggested_filename == f"trial-{slow}.1.log"
+    assert download.value.suggested_filename == f"trial-{trial_id}.log"
     charts = page.locator("#trial-charts [data-metric]").evaluate_all(
         "els => els.map(e => e.dataset.metric)"
     )

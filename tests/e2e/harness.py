@@ -12,6 +12,7 @@ import aiohttp
 
 from cairn.client import code_tarball as client_tarball
 from cairn.local.processes import ProcessCluster
+from events.names import experiment_stream
 from events.store import EventStore
 from tests.helpers import wait_until
 
@@ -88,6 +89,23 @@ class Cluster(ProcessCluster):
 async def events_of(store: EventStore, *types: str) -> list[Any]:
     """Every event of these types, in log order."""
     return await store.read_all(limit=1_000_000, types=list(types) or None)
+
+
+async def trial_ids(store: EventStore, experiment_id: int) -> list[int]:
+    """The trials the searcher requested for ``experiment_id`` so far, in their ``seq`` order."""
+    stream = await store.read_stream(experiment_stream(experiment_id))
+    requested = [e.payload for e in stream if e.type == "TrialRequested"]
+    return [int(p["trial_id"]) for p in sorted(requested, key=lambda p: p["seq"])]
+
+
+async def first_trial(cluster: Cluster, store: EventStore, experiment_id: int) -> int:
+    """The id of the experiment's first trial, once the searcher has requested it."""
+
+    async def requested() -> bool:
+        return bool(await trial_ids(store, experiment_id))
+
+    await wait_for(cluster, requested)
+    return (await trial_ids(store, experiment_id))[0]
 
 
 async def experiment_state(store: EventStore, experiment_id: int) -> str | None:

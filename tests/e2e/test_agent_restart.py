@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from cairn.local.servers import ServerProcess
+from events import names
 from events.check import check_log
 from events.store import EventStore
-from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
+from tests.e2e.harness import Cluster, events_of, experiment_state, first_trial, trial_ids, wait_for
 from tests.e2e.test_cli import CONFIG, created_id, run_cli
 from tests.e2e.test_trials import SCRIPTED, scripted
 from tests.helpers import group_pids, process_alive, run_pids, wait_until, wait_until_sync
@@ -49,7 +50,12 @@ async def test_agent_sigkilled_and_restarted_loses_and_restarts_both_runs(
     config["searcher"] = {"name": "grid", "metric": "validation_loss", "max_concurrent_trials": 2}
     config["hyperparameters"]["report_every"] = {"type": "categorical", "vals": [5, 10]}
     exp = await cluster.submit(config, SCRIPTED)
-    trials = [f"{exp}.1", f"{exp}.2"]
+
+    async def both_requested() -> bool:
+        return len(await trial_ids(store, exp)) == 2
+
+    await wait_for(cluster, both_requested)
+    trials = await trial_ids(store, exp)
 
     async def both_checkpointed() -> bool:
         saved = {e.payload["trial_id"] for e in await events_of(store, "CheckpointSaved")}
@@ -66,7 +72,7 @@ async def test_agent_sigkilled_and_restarted_loses_and_restarts_both_runs(
 
     await wait_for(cluster, completed, timeout=120)
     for trial in trials:
-        events = await store.read_stream(f"trial-{trial}")
+        events = await store.read_stream(names.trial_stream(trial))
         exits = [e.payload for e in events if e.type == "TrialExited"]
         assert [(x["run_id"], x["outcome"]) for x in exits] == [(1, "lost"), (2, "completed")]
         assert exits[0]["message"] == "agent restarted"
@@ -81,9 +87,9 @@ async def test_agent_sigkilled_and_restarted_loses_and_restarts_both_runs(
     assert await check_log(store) == []
 
 
-async def first_allocation(store: EventStore, trial_id: str) -> str:
+async def first_allocation(store: EventStore, trial_id: int) -> str:
     """The allocation id of the trial's first run, as the scheduler recorded it."""
-    events = await store.read_stream(f"trial-{trial_id}")
+    events = await store.read_stream(names.trial_stream(trial_id))
     return str(next(e.payload["allocation_id"] for e in events if e.type == "SlotsAllocated"))
 
 
@@ -105,10 +111,12 @@ async def test_orphaned_run_of_a_sigkilled_agent_is_killed_before_the_restart_re
     # dies of BrokenPipeError at its next line; one that logs elsewhere trains on.
     config["entrypoint"] = ["sh", "-c", "exec python3 train.py > train.out 2>&1"]
     exp = await cluster.submit(config, SCRIPTED)
-    trial = f"{exp}.1"
+    trial = await first_trial(cluster, store, exp)
 
     async def checkpointed() -> bool:
-        return any(e.type == "CheckpointSaved" for e in await store.read_stream(f"trial-{trial}"))
+        return any(
+            e.type == "CheckpointSaved" for e in await store.read_stream(names.trial_stream(trial))
+        )
 
     await wait_for(cluster, checkpointed, timeout=90)
     allocation = await first_allocation(store, trial)
@@ -140,7 +148,7 @@ async def test_orphaned_run_of_a_sigkilled_agent_is_killed_before_the_restart_re
         return await experiment_state(store, exp) == "COMPLETED"
 
     await wait_for(cluster, completed, timeout=120)
-    events = await store.read_stream(f"trial-{trial}")
+    events = await store.read_stream(names.trial_stream(trial))
     exits = [e.payload for e in events if e.type == "TrialExited"]
     assert [(x["run_id"], x["outcome"]) for x in exits] == [(1, "lost"), (2, "completed")]
     assert await check_log(store) == []
@@ -155,10 +163,12 @@ async def test_agent_sigterm_mid_run_is_not_the_trials_failure(
     config = scripted(tmp_path / "ckpt", steps=300, sleep=0.03, report_every=5, checkpoint_every=20)
     config["max_restarts"] = 0
     exp = await cluster.submit(config, SCRIPTED)
-    trial = f"{exp}.1"
+    trial = await first_trial(cluster, store, exp)
 
     async def checkpointed() -> bool:
-        return any(e.type == "CheckpointSaved" for e in await store.read_stream(f"trial-{trial}"))
+        return any(
+            e.type == "CheckpointSaved" for e in await store.read_stream(names.trial_stream(trial))
+        )
 
     await wait_for(cluster, checkpointed, timeout=90)
     agent = cluster.procs["agent-a"]
@@ -167,7 +177,7 @@ async def test_agent_sigterm_mid_run_is_not_the_trials_failure(
     assert agent.returncode == 0, cluster.logs()
 
     async def exited() -> bool:
-        events = await store.read_stream(f"trial-{trial}")
+        events = await store.read_stream(names.trial_stream(trial))
         return any(e.type == "TrialExited" for e in events)
 
     await wait_for(cluster, exited, timeout=30)
@@ -177,7 +187,7 @@ async def test_agent_sigterm_mid_run_is_not_the_trials_failure(
         return await experiment_state(store, exp) == "COMPLETED"
 
     await wait_for(cluster, completed, timeout=120)
-    events = await store.read_stream(f"trial-{trial}")
+    events = await store.read_stream(names.trial_stream(trial))
     exits = [e.payload for e in events if e.type == "TrialExited"]
     first, *between, last = exits
     assert (first["run_id"], first["outcome"], first["exit_code"]) == (
@@ -193,11 +203,20 @@ async def test_agent_sigterm_mid_run_is_not_the_trials_failure(
     assert await check_log(store) == []
 
 
-async def trial_stream(dsn: str, trial_id: str) -> list[Any]:
+async def trial_stream(dsn: str, trial_id: int) -> list[Any]:
     """The trial's events, read straight from the embedded cluster's log."""
     store = await EventStore.connect(dsn)
     try:
-        return list(await store.read_stream(f"trial-{trial_id}"))
+        return list(await store.read_stream(names.trial_stream(trial_id)))
+    finally:
+        await store.close()
+
+
+async def requested_trials(dsn: str, experiment_id: int) -> list[int]:
+    """The experiment's trial ids so far, read straight from the embedded cluster's log."""
+    store = await EventStore.connect(dsn)
+    try:
+        return await trial_ids(store, experiment_id)
     finally:
         await store.close()
 
@@ -216,7 +235,9 @@ def test_down_then_up_mid_trial_completes_the_experiment() -> None:
         overrides = [a for h in hp for a in ("--config", f"hyperparameters.{h}")]
         created = run_cli("experiment", "create", str(CONFIG), str(SCRIPTED), *overrides, home=home)
         assert created.returncode == 0, created.stderr
-        trial = f"{created_id(created.stdout)}.1"
+        exp = int(created_id(created.stdout))
+        assert wait_until_sync(lambda: asyncio.run(requested_trials(dsn, exp)), timeout=60)
+        trial = asyncio.run(requested_trials(dsn, exp))[0]
 
         def checkpointed() -> bool:
             events = asyncio.run(trial_stream(dsn, trial))

@@ -203,14 +203,17 @@ def test_reads_with_json(cluster: Env, finished: dict[str, Any]) -> None:
     assert checkpoints and all(c["experiment_id"] == exp_id for c in checkpoints)
     best = as_json(cluster, "e", "list-checkpoints", str(exp_id), "--best", "1")["checkpoints"]
     assert len(best) == 1
-    assert trials[0]["trial_id"] in ok(cluster, "experiment", "describe", str(exp_id)).stdout
+    assert str(trials[0]["trial_id"]) in ok(cluster, "experiment", "describe", str(exp_id)).stdout
 
 
 def test_trial_describe_and_logs(cluster: Env, finished: dict[str, Any]) -> None:
-    """trial describe shows the trial; logs (plain, --tail, -f) print its output; kill is 409."""
-    trial_id = finished["exp"]["trials"][0]["trial_id"]
+    """trial describe shows the trial; logs (plain, --tail, -f) print its output; kill is 409;
+    trial ids are plain integers (``cairn trial logs 17``), anything else is a usage error."""
+    number = finished["exp"]["trials"][0]["trial_id"]
+    assert type(number) is int and number > 0
+    trial_id = str(number)
     trial = as_json(cluster, "trial", "describe", trial_id)
-    assert trial["trial_id"] == trial_id and trial["state"] == "COMPLETED"
+    assert trial["trial_id"] == number and trial["state"] == "COMPLETED"
     assert trial["allocations"]
     assert trial_id in ok(cluster, "t", "describe", trial_id).stdout
 
@@ -221,6 +224,8 @@ def test_trial_describe_and_logs(cluster: Env, finished: dict[str, Any]) -> None
     assert "done at step 20" in followed  # the stream ends: the trial is terminal
     assert "done at step 20" in ok(cluster, "experiment", "logs", str(finished["id"])).stdout
     assert cli(cluster, "trial", "kill", trial_id).returncode == 5  # it has ended
+    refused = cli(cluster, "trial", "logs", f"{finished['id']}.x")
+    assert refused.returncode == 2 and "not a trial id" in refused.stderr
 
 
 def test_checkpoint_describe_and_download(
@@ -347,7 +352,7 @@ def test_experiment_and_trial_download(
 ) -> None:
     """experiment download --top-n unpacks the best checkpoints under -o; trial download
     --latest and --best unpack one; a trial download needs one of its flags (exit 2)."""
-    exp_id, trial_id = str(finished["id"]), finished["exp"]["trials"][0]["trial_id"]
+    exp_id, trial_id = str(finished["id"]), str(finished["exp"]["trials"][0]["trial_id"])
     wait_until_sync(lambda: as_json(cluster, "e", "lc", exp_id)["checkpoints"])
     got = as_json(cluster, "e", "download", exp_id, "--top-n", "1", "-o", str(tmp_path / "e"))
     [best] = got["checkpoints"]
@@ -366,7 +371,7 @@ def test_continue_resumes_from_the_latest_checkpoint_then_delete_it(
     """continue trains the ended single-trial experiment on from its step-20 checkpoint to the
     new step count and it completes again, leaving a log without findings; checkpoint delete
     then removes a checkpoint."""
-    exp_id, trial_id = str(finished["id"]), finished["exp"]["trials"][0]["trial_id"]
+    exp_id, trial_id = str(finished["id"]), str(finished["exp"]["trials"][0]["trial_id"])
     before = as_json(cluster, "trial", "describe", trial_id)["latest_checkpoint"]
     done = cli(
         cluster, "experiment", "continue", exp_id, "--config", "hyperparameters.steps=30", "-f",

@@ -16,8 +16,9 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cairn.local.servers import ServerProcess
+from events.names import trial_stream
 from events.store import EventStore
-from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
+from tests.e2e.harness import Cluster, events_of, experiment_state, trial_ids, wait_for
 from tests.helpers import ROOT
 
 SEARCHER_OPS = ROOT / "examples" / "searcher_ops"
@@ -37,7 +38,7 @@ async def cluster(
         c.stop()
 
 
-def describe(cluster: Cluster, trial_id: str) -> str:
+def describe(cluster: Cluster, trial_id: int) -> str:
     """What ``cairn trial describe`` prints for the trial."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
     env.update(
@@ -48,7 +49,7 @@ def describe(cluster: Cluster, trial_id: str) -> str:
         CAIRN_PASSWORD="admin",
     )
     done = subprocess.run(
-        [sys.executable, "-m", "cairn.cli", "trial", "describe", trial_id],
+        [sys.executable, "-m", "cairn.cli", "trial", "describe", str(trial_id)],
         env=env,
         capture_output=True,
         text=True,
@@ -86,8 +87,8 @@ async def test_determined_037_script_uses_the_whole_core_api_and_completes(
     await wait_for(cluster, ended, timeout=360)
     if await experiment_state(store, exp) != "COMPLETED":
         logs = []
-        for n in (1, 2):
-            body = await cluster.request("GET", f"/trials/{exp}.{n}/logs")
+        for trial_id in await trial_ids(store, exp):
+            body = await cluster.request("GET", f"/trials/{trial_id}/logs")
             logs += [entry["line"] for entry in body["logs"]]
         raise AssertionError(f"experiment {exp} did not complete:\n" + "\n".join(logs))
 
@@ -105,7 +106,7 @@ async def test_determined_037_script_uses_the_whole_core_api_and_completes(
 
     seen_best: list[float] = []
     for trial, loss in losses.items():
-        events = await store.read_stream(f"trial-{trial}")
+        events = await store.read_stream(trial_stream(trial))
         validations = [e.payload for e in events if e.type == "ValidationReported"]
         assert [(v["steps_completed"], v["metrics"]["loss"]) for v in validations] == [
             (20, pytest.approx(loss))
@@ -136,7 +137,7 @@ async def test_determined_037_script_uses_the_whole_core_api_and_completes(
         operation = await cluster.request("GET", f"/trials/{trial}/searcher/operation")
         assert operation["completed"], "a finished trial has no operation left"
 
-        tensorboard = storage / "tensorboard" / "experiment" / str(exp) / "trial" / trial
+        tensorboard = storage / "tensorboard" / "experiment" / str(exp) / "trial" / str(trial)
         assert scalars(tensorboard, "training/loss") == [
             (steps, round(1 / (1 + steps * inc), 6)) for steps in (5, 10, 15, 20)
         ]

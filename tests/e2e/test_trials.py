@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from cairn.local.servers import ServerProcess
+from events.names import trial_stream
 from events.store import EventStore
-from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
+from tests.e2e.harness import Cluster, events_of, experiment_state, first_trial, trial_ids, wait_for
 from tests.helpers import ROOT
 
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -43,8 +44,8 @@ async def cluster(
         c.stop()
 
 
-async def trial_events(store: EventStore, trial_id: str) -> list[Any]:
-    return await store.read_stream(f"trial-{trial_id}")
+async def trial_events(store: EventStore, trial_id: int) -> list[Any]:
+    return await store.read_stream(trial_stream(trial_id))
 
 
 async def test_trial_runs_reports_and_completes(
@@ -52,8 +53,9 @@ async def test_trial_runs_reports_and_completes(
 ) -> None:
     """A submitted experiment's trial is scheduled, runs as a process, reports metrics and checkpoints, completes."""
     exp = await cluster.submit(scripted(tmp_path / "ckpt", steps=40, sleep=0.01), SCRIPTED)
+    trial = await first_trial(cluster, store, exp)
     await wait_for(cluster, lambda: _is(store, exp, "COMPLETED"))
-    types = [e.type for e in await trial_events(store, f"{exp}.1")]
+    types = [e.type for e in await trial_events(store, trial)]
     for expected in (
         "SlotsAllocated",
         "TrialStarted",
@@ -63,7 +65,7 @@ async def test_trial_runs_reports_and_completes(
         "TrialExited",
     ):
         assert expected in types
-    exited = [e for e in await trial_events(store, f"{exp}.1") if e.type == "TrialExited"]
+    exited = [e for e in await trial_events(store, trial) if e.type == "TrialExited"]
     assert exited[-1].payload["outcome"] == "completed"
 
 
@@ -73,8 +75,9 @@ async def test_crash_restarts_from_checkpoint(
     """A run that exits non-zero restarts with a new run id from its latest checkpoint, not from zero."""
     config = scripted(tmp_path / "ckpt", steps=60, sleep=0.01, checkpoint_every=20, fail_at_step=45)
     exp = await cluster.submit(config, SCRIPTED)
+    trial = await first_trial(cluster, store, exp)
     await wait_for(cluster, lambda: _is(store, exp, "COMPLETED"))
-    events = await trial_events(store, f"{exp}.1")
+    events = await trial_events(store, trial)
     exits = [e.payload for e in events if e.type == "TrialExited"]
     assert [(x["run_id"], x["outcome"], x["exit_code"]) for x in exits] == [
         (1, "failed", 3),
@@ -99,8 +102,9 @@ async def test_max_restarts_exhausted_errors_the_trial(
     config = scripted(tmp_path / "ckpt", steps=10, sleep=0.0, exit_code=5)
     config["max_restarts"] = 1
     exp = await cluster.submit(config, SCRIPTED)
+    trial = await first_trial(cluster, store, exp)
     await wait_for(cluster, lambda: _is(store, exp, "ERROR"))
-    exits = [e.payload for e in await trial_events(store, f"{exp}.1") if e.type == "TrialExited"]
+    exits = [e.payload for e in await trial_events(store, trial) if e.type == "TrialExited"]
     assert [x["outcome"] for x in exits] == ["failed", "failed"]
 
 
@@ -110,7 +114,7 @@ async def test_pause_and_activate_resume_from_checkpoint(
     """Pausing preempts the running trial (it checkpoints and exits 0); activating resumes it from that checkpoint."""
     config = scripted(tmp_path / "ckpt", steps=300, sleep=0.02, checkpoint_every=1000)
     exp = await cluster.submit(config, SCRIPTED)
-    trial = f"{exp}.1"
+    trial = await first_trial(cluster, store, exp)
 
     async def reported() -> bool:
         return any(e.type == "WorkloadCompleted" for e in await trial_events(store, trial))
@@ -135,14 +139,15 @@ async def test_pause_and_activate_resume_from_checkpoint(
 async def test_kill_cancels_experiment(cluster: Cluster, store: EventStore, tmp_path: Path) -> None:
     """Killing an experiment terminates its running trial and ends CANCELED."""
     exp = await cluster.submit(scripted(tmp_path / "ckpt", steps=10_000, sleep=0.05), SCRIPTED)
+    trial = await first_trial(cluster, store, exp)
 
     async def started() -> bool:
-        return any(e.type == "TrialStarted" for e in await trial_events(store, f"{exp}.1"))
+        return any(e.type == "TrialStarted" for e in await trial_events(store, trial))
 
     await wait_for(cluster, started)
     await cluster.action(exp, "kill")
     await wait_for(cluster, lambda: _is(store, exp, "CANCELED"))
-    exits = [e.payload for e in await trial_events(store, f"{exp}.1") if e.type == "TrialExited"]
+    exits = [e.payload for e in await trial_events(store, trial) if e.type == "TrialExited"]
     assert exits[-1]["outcome"] == "killed"
 
 
@@ -165,7 +170,7 @@ async def test_higher_priority_experiment_preempts(
     high_id = await cluster.submit(high, SCRIPTED)
     await wait_for(cluster, lambda: _is(store, high_id, "COMPLETED"), timeout=90)
     preempted = [e.payload for e in await events_of(store, "PreemptionRequested")]
-    assert len(preempted) == 1 and preempted[0]["trial_id"].startswith(f"{low_id}.")
+    assert len(preempted) == 1 and preempted[0]["trial_id"] in await trial_ids(store, low_id)
     await cluster.action(low_id, "kill")
 
 
@@ -175,7 +180,7 @@ async def test_agent_killed_mid_trial_reschedules_elsewhere(
     """SIGKILL the agent during a trial: the trial is lost, restarted on another agent from its checkpoint, and completes."""
     config = scripted(tmp_path / "ckpt", steps=120, sleep=0.03, checkpoint_every=20)
     exp = await cluster.submit(config, SCRIPTED)
-    trial = f"{exp}.1"
+    trial = await first_trial(cluster, store, exp)
 
     async def checkpointed() -> bool:
         return any(e.type == "CheckpointSaved" for e in await trial_events(store, trial))
@@ -213,9 +218,10 @@ async def test_determined_style_script_runs_with_cluster_info_and_resumes(
 
     await wait_for(cluster, ended, timeout=90)
     if await experiment_state(store, exp) != "COMPLETED":
-        logs = await cluster.request("GET", f"/trials/{exp}.1/logs")
+        first = await first_trial(cluster, store, exp)
+        logs = await cluster.request("GET", f"/trials/{first}/logs")
         lines = "\n".join(entry["line"] for entry in logs["logs"])
-        raise AssertionError(f"experiment {exp} did not complete; trial {exp}.1 logged:\n{lines}")
+        raise AssertionError(f"experiment {exp} did not complete; trial {first} logged:\n{lines}")
     requested = {
         e.payload["hparams"]["increment_by"]: e.payload
         for e in await events_of(store, "TrialRequested")

@@ -49,11 +49,11 @@ async def test_writer_killed_mid_transaction_leaves_no_partial_batch(
 ) -> None:
     """SIGKILL between INSERT and COMMIT: none of the batch is visible and the next append works."""
     env = service_env("store.before_commit=120")
-    proc = spawn("tests.fault.procs.append_writer", db_url, "trial-9.1", "500", env=env)
+    proc = spawn("tests.fault.procs.append_writer", db_url, "trial-91", "500", env=env)
     await asyncio.to_thread(wait_for_line, proc, "FAULT-POINT store.before_commit")
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    assert await store.read_stream("trial-9.1") == []
+    assert await store.read_stream("trial-91") == []
     await asyncio.wait_for(append_some(store, 1, 1), 15)  # the table lock was released
     events = await store.read_all()
     assert [e.stream_id for e in events] == ["experiment-1"]

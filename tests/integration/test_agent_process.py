@@ -22,6 +22,7 @@ import psutil
 import pytest
 from aiohttp import web
 
+from events import names
 from events.bus import Bus
 from events.commands import Command
 from events.envelope import RecordedEvent
@@ -149,27 +150,28 @@ class Cluster:
         entrypoint: str = "python3 train.py",
         slots: int = 1,
         slot_ids: list[str] | None = None,
-    ) -> tuple[str, str]:
+    ) -> tuple[int, str]:
         """Submits an experiment, requests its trial and places it; returns (trial, allocation)."""
         hp = hparams or {}
         experiment_id = await self.submit(hp, entrypoint)
-        trial_id = f"{experiment_id}.1"
+        trial_id = experiment_id * 10 + 1
         await self.store.append(
             f"experiment-{experiment_id}",
             [
                 TrialRequested(
                     experiment_id=experiment_id,
                     trial_id=trial_id,
+                    seq=1,
                     request_id=f"r-{trial_id}",
                     hparams=hp,
                     trial_seed=7,
                 )
             ],
         )
-        allocation_id = f"{trial_id}.1"
+        allocation_id = names.allocation_id(trial_id, 1)
         slot_ids = slot_ids or [s.slot_id for s in cpu_slots(agent_id, slots)]
         await self.store.append(
-            f"trial-{trial_id}",
+            names.trial_stream(trial_id),
             [
                 SlotsAllocated(
                     trial_id=trial_id,
@@ -191,19 +193,19 @@ class Cluster:
     ) -> None:
         """Publishes a command on the agent's subject, as the relay would."""
         cid = command_id or f"{kind}:{allocation_id}:{agent_id}"
-        trial_id = allocation_id.rsplit(".", 1)[0]
+        trial_id = names.parse_allocation_id(allocation_id)[0]
         cmd = Command(agent_id, cid, kind, allocation_id, trial_id, 1)
         await self.bus.publish_command(cmd.subject, cmd.payload(), msg_id or cid)
 
-    async def events(self, trial_id: str) -> list[RecordedEvent]:
+    async def events(self, trial_id: int) -> list[RecordedEvent]:
         """The trial's stream."""
-        return list(await self.store.read_stream(f"trial-{trial_id}"))
+        return list(await self.store.read_stream(names.trial_stream(trial_id)))
 
-    async def of_type(self, trial_id: str, event_type: str) -> list[dict[str, Any]]:
+    async def of_type(self, trial_id: int, event_type: str) -> list[dict[str, Any]]:
         """Payloads of one event type on the trial's stream."""
         return [e.payload for e in await self.events(trial_id) if e.type == event_type]
 
-    async def exited(self, trial_id: str, timeout: float = 30.0) -> dict[str, Any]:
+    async def exited(self, trial_id: int, timeout: float = 30.0) -> dict[str, Any]:
         """Waits for the run's TrialExited and returns it."""
 
         async def seen() -> bool:
@@ -375,7 +377,7 @@ async def test_preempt_makes_the_trial_checkpoint_and_exit_zero(cluster: Cluster
 
     await wait_until(reporting, timeout=20)
     await cluster.store.append(
-        f"trial-{trial}",
+        names.trial_stream(trial),
         [PreemptionRequested(trial_id=trial, allocation_id=alloc, reason="test", agent_ids=["p1"])],
     )
     await cluster.command("p1", "preempt", alloc)
@@ -394,7 +396,7 @@ async def test_preempted_trial_that_ignores_the_signal_is_terminated(cluster: Cl
     await cluster.command("p2", "start", alloc)
     await wait_until(lambda: (cluster.tmp / "child.pid").exists(), timeout=20)
     await cluster.store.append(
-        f"trial-{trial}",
+        names.trial_stream(trial),
         [PreemptionRequested(trial_id=trial, allocation_id=alloc, reason="test", agent_ids=["p2"])],
     )
     await cluster.command("p2", "preempt", alloc)
@@ -413,7 +415,7 @@ async def test_kill_escalates_to_sigkill_for_the_whole_process_group(cluster: Cl
     grandchild = int(pid_file.read_text())
     started = time.monotonic()
     await cluster.store.append(
-        f"trial-{trial}",
+        names.trial_stream(trial),
         [KillRequested(trial_id=trial, allocation_id=alloc, reason="test", agent_ids=["k1"])],
     )
     await cluster.command("k1", "kill", alloc)
@@ -441,11 +443,11 @@ async def test_inactive_allocation_is_not_started(cluster: Cluster) -> None:
     trial, alloc = await cluster.allocate("i1", {"steps": 1})
     slot_ids = [s.slot_id for s in cpu_slots("i1", 1)]
     await cluster.store.append(
-        f"trial-{trial}",
+        names.trial_stream(trial),
         [
             SlotsAllocated(
                 trial_id=trial,
-                allocation_id=f"{trial}.2",
+                allocation_id=names.allocation_id(trial, 2),
                 placements={"i1": slot_ids},
                 run_id=2,
             )

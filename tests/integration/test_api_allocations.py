@@ -61,13 +61,13 @@ async def test_heartbeat_upserts_a_row(api: Api, store: EventStore) -> None:
     """A heartbeat writes agent_heartbeats (not the log) and the latest running list wins."""
     await api.ok("POST", "/api/v1/agents/gpu01/register", token=api.agent, json=SLOTS)
     head = await store.head()
-    for running in (["1.1.1"], ["1.1.1", "2.1.1"]):
+    for running in (["11.1"], ["11.1", "21.1"]):
         body = await api.ok(
             "POST", "/api/v1/agents/gpu01/heartbeat", token=api.agent, json={"running": running}
         )
         assert body == {"registered": True}
     row = await store.pool.fetchrow("SELECT * FROM agent_heartbeats WHERE agent_id = 'gpu01'")
-    assert row["running"] == ["1.1.1", "2.1.1"]
+    assert row["running"] == ["11.1", "21.1"]
     assert await store.head() == head
 
 
@@ -75,25 +75,25 @@ async def test_spec_folds_trial_experiment_and_checkpoint(api: Api, store: Event
     """The spec carries hparams, seed, config parts, latest checkpoint and a working trial token;
     it turns inactive once a newer allocation exists."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1", slots=("0", "1"))
+    alloc = await allocate(store, 11, slots=("0", "1"))
     await store.append(
-        "trial-1.1",
-        [CheckpointSaved(trial_id="1.1", run_id=1, uuid="ck-1", steps_completed=50)],
+        "trial-11",
+        [CheckpointSaved(trial_id=11, run_id=1, uuid="ck-1", steps_completed=50)],
     )
     spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec?agent_id=gpu01", token=api.agent)
     assert spec["active"] is True
-    assert (spec["trial_id"], spec["experiment_id"], spec["run_id"]) == ("1.1", 1, 1)
+    assert (spec["trial_id"], spec["experiment_id"], spec["run_id"]) == (11, 1, 1)
     assert spec["hparams"] == {"lr": 0.1} and spec["trial_seed"] == 42
     assert spec["entrypoint"] == "python train.py"
     assert spec["checkpoint_storage"]["host_path"] == "/tmp/ckpts"
     assert spec["environment_variables"] == {"FOO": "bar"}
     assert (spec["latest_checkpoint"], spec["steps_completed"]) == ("ck-1", 50)
     assert spec["slot_ids"] == ["0", "1"]
-    assert (await api.ok("GET", "/api/v1/me", token=spec["token"]))["trial_id"] == "1.1"
-    await allocate(store, "1.1", run_id=2, request=False)
+    assert (await api.ok("GET", "/api/v1/me", token=spec["token"]))["trial_id"] == 11
+    await allocate(store, 11, run_id=2, request=False)
     spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec", token=api.agent)
     assert spec["active"] is False
-    status, _ = await api.call("GET", "/api/v1/allocations/1.1.9/spec", token=api.agent)
+    status, _ = await api.call("GET", "/api/v1/allocations/11.9/spec", token=api.agent)
     assert status == 404
 
 
@@ -101,7 +101,7 @@ async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) ->
     """Repeating started/exited (same or new key) appends TrialStarted, TrialExited and
     SlotsReleased once each."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     base = f"/api/v1/allocations/{alloc}"
     for key in ("s1", "s1", "s2"):
         await api.ok(
@@ -121,7 +121,7 @@ async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) ->
             for _ in range(3)
         )
     )
-    events = await store.read_stream("trial-1.1")
+    events = await store.read_stream("trial-11")
     assert [e.type for e in events] == [
         "SlotsAllocated",
         "TrialStarted",
@@ -131,7 +131,7 @@ async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) ->
     assert events[2].payload["outcome"] == "completed"
     assert events[3].payload["placements"] == {"gpu01": ["0"]}
     status, _ = await api.call(
-        "POST", f"{base}/started", token=api.trial_token("1.1"), json={"agent_id": "gpu01"}
+        "POST", f"{base}/started", token=api.trial_token(11), json={"agent_id": "gpu01"}
     )
     assert status == 403
 
@@ -161,14 +161,14 @@ async def test_exit_outcome_follows_signals(
     lost when the agent stopped the run during its own shutdown (whatever the exit code), else
     completed or failed by the exit code; reports without ``agent_shutdown`` still work."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     if signal == "preempt":
         await store.append(
-            "trial-1.1", [PreemptionRequested(trial_id="1.1", allocation_id=alloc, reason="pause")]
+            "trial-11", [PreemptionRequested(trial_id=11, allocation_id=alloc, reason="pause")]
         )
     elif signal == "kill":
         await store.append(
-            "trial-1.1", [KillRequested(trial_id="1.1", allocation_id=alloc, reason="kill")]
+            "trial-11", [KillRequested(trial_id=11, allocation_id=alloc, reason="kill")]
         )
     body = await api.ok(
         "POST",
@@ -182,7 +182,7 @@ async def test_exit_outcome_follows_signals(
         },
     )
     assert body["outcome"] == outcome
-    [exited] = [e for e in await store.read_stream("trial-1.1") if e.type == "TrialExited"]
+    [exited] = [e for e in await store.read_stream("trial-11") if e.type == "TrialExited"]
     assert (exited.payload["outcome"], exited.payload["exit_code"]) == (outcome, exit_code)
 
 
@@ -192,7 +192,7 @@ async def test_exit_report_with_a_malformed_shutdown_flag_is_a_400(
     """An exit report whose ``agent_shutdown`` is not a boolean is refused, naming the field,
     and records nothing."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     status, body = await api.call(
         "POST",
         f"/api/v1/allocations/{alloc}/exited",
@@ -200,16 +200,16 @@ async def test_exit_report_with_a_malformed_shutdown_flag_is_a_400(
         json={"agent_id": "gpu01", "exit_code": 143, "agent_shutdown": {"x": 1}},
     )
     assert status == 400 and body["error"]["path"] == "agent_shutdown"
-    assert "TrialExited" not in await types_of(store, "trial-1.1")
+    assert "TrialExited" not in await types_of(store, "trial-11")
 
 
 async def test_preemption_long_poll_wakes_on_request(api: Api, store: EventStore) -> None:
     """The long poll answers false at its timeout, and true as soon as PreemptionRequested is
     appended while it waits (long before its own timeout)."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     path = f"/api/v1/allocations/{alloc}/signals/preemption"
-    token = api.trial_token("1.1")
+    token = api.trial_token(11)
     assert await api.ok("GET", f"{path}?timeout_seconds=0.3", token=token) == {
         "preempt": False,
         "current": True,
@@ -223,7 +223,7 @@ async def test_preemption_long_poll_wakes_on_request(api: Api, store: EventStore
     }
     assert not waiting.done()
     await store.append(
-        "trial-1.1", [PreemptionRequested(trial_id="1.1", allocation_id=alloc, reason="pause")]
+        "trial-11", [PreemptionRequested(trial_id=11, allocation_id=alloc, reason="pause")]
     )
     assert await asyncio.wait_for(waiting, 20) == {"preempt": True, "current": True}
     status, _ = await api.call("GET", f"{path}?timeout_seconds=-1", token=token)
@@ -236,12 +236,12 @@ async def test_preemption_poll_says_when_the_run_is_no_longer_current(
     """Once the run's exit is recorded (here: declared lost), the long poll answers at once
     that it is no longer current, and a report from it is a 409 with reason run_not_current."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     await store.append(
-        "trial-1.1",
-        [TrialExited(trial_id="1.1", run_id=1, allocation_id=alloc, outcome="lost")],
+        "trial-11",
+        [TrialExited(trial_id=11, run_id=1, allocation_id=alloc, outcome="lost")],
     )
-    token = api.trial_token("1.1")
+    token = api.trial_token(11)
     path = f"/api/v1/allocations/{alloc}/signals/preemption?timeout_seconds=30"
     assert await api.ok("GET", path, token=token) == {"preempt": True, "current": False}
     item = {
@@ -253,7 +253,7 @@ async def test_preemption_poll_says_when_the_run_is_no_longer_current(
         "run_id": 1,
     }
     status, body = await api.call(
-        "POST", "/api/v1/trials/1.1/reports", token=token, json={"items": [item]}
+        "POST", "/api/v1/trials/11/reports", token=token, json={"items": [item]}
     )
     assert status == 409 and body["error"]["reason"] == "run_not_current", body
 
@@ -261,7 +261,7 @@ async def test_preemption_poll_says_when_the_run_is_no_longer_current(
 async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None:
     """A log batch lands in task_logs; the same idempotency key again inserts nothing."""
     await submit_experiment(store)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     batch = {
         "idempotency_key": "log-1",
         "lines": [
@@ -270,7 +270,7 @@ async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None
         ],
     }
     path = f"/api/v1/allocations/{alloc}/logs"
-    assert await api.ok("POST", path, token=api.trial_token("1.1"), json=batch) == {"inserted": 2}
+    assert await api.ok("POST", path, token=api.trial_token(11), json=batch) == {"inserted": 2}
     assert await api.ok("POST", path, token=api.agent, json=batch) == {"inserted": 0}
     lines = await store.pool.fetch("SELECT line FROM task_logs ORDER BY seq")
     assert [r["line"] for r in lines] == ["hello", "world"]

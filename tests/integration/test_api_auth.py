@@ -70,16 +70,16 @@ async def test_logout_revokes_the_token(api: Api) -> None:
 async def test_trial_token_cannot_touch_another_trial(api: Api, store: EventStore) -> None:
     """A trial token reaches its own trial and allocation but gets 403 for any other."""
     await submit_experiment(store)
-    mine = await allocate(store, "1.1")
-    other = await allocate(store, "1.2")
-    token = api.trial_token("1.1")
-    assert (await api.ok("GET", "/api/v1/me", token=token))["trial_id"] == "1.1"
+    mine = await allocate(store, 11)
+    other = await allocate(store, 12)
+    token = api.trial_token(11)
+    assert (await api.ok("GET", "/api/v1/me", token=token))["trial_id"] == 11
     await api.ok("GET", f"/api/v1/allocations/{mine}/signals/preemption", token=token)
     status, _ = await api.call("GET", f"/api/v1/allocations/{other}/spec", token=token)
     assert status == 403
     item = {"kind": "progress", "idempotency_key": "p", "progress": 0.5}
     status, _ = await api.call(
-        "POST", "/api/v1/trials/1.2/reports", token=token, json={"items": [item]}
+        "POST", "/api/v1/trials/12/reports", token=token, json={"items": [item]}
     )
     assert status == 403
     status, _ = await api.call("POST", "/api/v1/agents/x/heartbeat", token=token, json={})
@@ -193,7 +193,7 @@ async def test_duplicate_event_is_a_409_not_a_503(store: EventStore) -> None:
 async def test_garbage_input_never_causes_a_500(api: Api, store: EventStore) -> None:
     """Every route answers malformed bodies, queries and ids with a 4xx JSON error, never a 500."""
     await submit_experiment(store)
-    await allocate(store, "1.1")
+    await allocate(store, 11)
     bodies: list[Any] = [
         None,
         [],
@@ -228,8 +228,8 @@ async def test_garbage_input_never_causes_a_500(api: Api, store: EventStore) -> 
     ids = {
         "experiment_id": ["1", "x", "99999999999999999999"],
         "agent_id": ["a", "%00", "."],
-        "allocation_id": ["1.1.1", "1.1", "x"],
-        "trial_id": ["1.1", "1", "x.y"],
+        "allocation_id": ["11.1", "11", "x"],
+        "trial_id": ["11", "1", "x.y"],
         "code_ref": ["sha256:00", "%00"],
     }
     query = "?timeout_seconds=nan&archived=maybe&group=%00&agent_id=%00"

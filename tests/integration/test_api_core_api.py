@@ -38,7 +38,7 @@ async def submit(store: EventStore, experiment_id: int, **searcher: Any) -> None
     )
 
 
-async def report(api: Api, trial_id: str, *items: dict[str, Any]) -> Any:
+async def report(api: Api, trial_id: int, *items: dict[str, Any]) -> Any:
     return await api.ok(
         "POST",
         f"/api/v1/trials/{trial_id}/reports",
@@ -60,12 +60,12 @@ def validation(key: str, steps: int, **values: float) -> dict[str, Any]:
 async def test_status_and_alerts_show_in_the_trial(api: Api, store: EventStore) -> None:
     """set_status's latest text and every alert (a TrialAlerted event) appear in GET /trials/{id}."""
     await submit(store, 1)
-    await allocate(store, "1.1")
-    detail = await api.ok("GET", "/api/v1/trials/1.1", token=api.admin)
+    await allocate(store, 11)
+    detail = await api.ok("GET", "/api/v1/trials/11", token=api.admin)
     assert (detail["status"], detail["alerts"]) == (None, [])
     await report(
         api,
-        "1.1",
+        11,
         {"kind": "status", "idempotency_key": "s1", "status": "loading data"},
         {
             "kind": "alert",
@@ -76,11 +76,11 @@ async def test_status_and_alerts_show_in_the_trial(api: Api, store: EventStore) 
         },
         {"kind": "status", "idempotency_key": "s2", "status": "training"},
     )
-    alerted = [e for e in await store.read_stream("trial-1.1") if e.type == "TrialAlerted"]
+    alerted = [e for e in await store.read_stream("trial-11") if e.type == "TrialAlerted"]
     assert [(e.payload["title"], e.payload["level"], e.payload["run_id"]) for e in alerted] == [
         ("slow", "warn", 1)
     ]
-    detail = await api.ok("GET", "/api/v1/trials/1.1", token=api.admin)
+    detail = await api.ok("GET", "/api/v1/trials/11", token=api.admin)
     assert detail["status"] == "training"
     assert [(a["title"], a["description"], a["level"]) for a in detail["alerts"]] == [
         ("slow", "io", "warn")
@@ -90,7 +90,7 @@ async def test_status_and_alerts_show_in_the_trial(api: Api, store: EventStore) 
 async def test_bad_status_and_alert_items_are_400(api: Api, store: EventStore) -> None:
     """An oversized status or an unknown alert level is a 400 naming the field; nothing is kept."""
     await submit(store, 1)
-    await allocate(store, "1.1")
+    await allocate(store, 11)
     cases = [
         ({"kind": "status", "idempotency_key": "s", "status": "x" * 5000}, "items[0].status"),
         ({"kind": "alert", "idempotency_key": "a", "level": "panic"}, "items[0].level"),
@@ -98,12 +98,12 @@ async def test_bad_status_and_alert_items_are_400(api: Api, store: EventStore) -
     for item, path in cases:
         status, body = await api.call(
             "POST",
-            "/api/v1/trials/1.1/reports",
-            token=api.trial_token("1.1"),
+            "/api/v1/trials/11/reports",
+            token=api.trial_token(11),
             json={"items": [item]},
         )
         assert status == 400 and body["error"]["path"] == path, body
-    assert [e.type for e in await store.read_stream("trial-1.1")] == ["SlotsAllocated"]
+    assert [e.type for e in await store.read_stream("trial-11")] == ["SlotsAllocated"]
 
 
 async def test_best_validation_follows_smaller_is_better_across_trials(
@@ -113,24 +113,24 @@ async def test_best_validation_follows_smaller_is_better_across_trials(
     just made counts at once), min or max by smaller_is_better; null before any."""
     await submit(store, 1)  # metric loss, smaller is better
     await submit(store, 2, metric="accuracy", smaller_is_better=False)
-    for trial_id in ("1.1", "1.2", "2.1", "2.2"):
+    for trial_id in (11, 12, 21, 22):
         await allocate(store, trial_id)
-    token = api.trial_token("1.1")
+    token = api.trial_token(11)
     assert (await api.ok("GET", BEST.format(1), token=token))["metric"] is None
-    await report(api, "1.1", validation("v1", 10, loss=0.5), validation("v2", 20, loss=0.4))
-    await report(api, "1.2", validation("v1", 10, loss=0.3, accuracy=0.99))
-    await report(api, "1.2", validation("v2", 20, other=0.0))
+    await report(api, 11, validation("v1", 10, loss=0.5), validation("v2", 20, loss=0.4))
+    await report(api, 12, validation("v1", 10, loss=0.3, accuracy=0.99))
+    await report(api, 12, validation("v2", 20, other=0.0))
     best = await api.ok("GET", BEST.format(1), token=token)
     assert best == {
         "metric": 0.3,
-        "trial_id": "1.2",
+        "trial_id": 12,
         "searcher_metric": "loss",
         "smaller_is_better": True,
     }
-    await report(api, "2.1", validation("v1", 10, accuracy=0.7))
-    await report(api, "2.2", validation("v1", 10, accuracy=0.9), validation("v2", 20, accuracy=0.8))
-    best = await api.ok("GET", BEST.format(2), token=api.trial_token("2.1"))
-    assert (best["metric"], best["trial_id"], best["smaller_is_better"]) == (0.9, "2.2", False)
+    await report(api, 21, validation("v1", 10, accuracy=0.7))
+    await report(api, 22, validation("v1", 10, accuracy=0.9), validation("v2", 20, accuracy=0.8))
+    best = await api.ok("GET", BEST.format(2), token=api.trial_token(21))
+    assert (best["metric"], best["trial_id"], best["smaller_is_better"]) == (0.9, 22, False)
     assert (await api.ok("GET", BEST.format(2), token=api.admin))["metric"] == 0.9
 
 
@@ -141,8 +141,8 @@ async def test_best_validation_is_closed_to_other_experiments_trials(
     (403); an unknown experiment is a 404."""
     await submit(store, 1)
     await submit(store, 2)
-    await allocate(store, "2.1")
-    status, body = await api.call("GET", BEST.format(1), token=api.trial_token("2.1"))
+    await allocate(store, 21)
+    status, body = await api.call("GET", BEST.format(1), token=api.trial_token(21))
     assert status == 403, body
     await api.ok(
         "POST",
@@ -166,32 +166,32 @@ async def test_searcher_operation_is_the_length_until_the_searcher_stops_the_tri
     """A trial's operation is the config's searcher length; after TrialStopRequested (ASHA) the
     trial has no operation left; another trial's token may not ask."""
     await submit(store, 1)
-    await allocate(store, "1.1")
-    await allocate(store, "1.2")
-    path = "/api/v1/trials/1.1/searcher/operation"
-    answer = await api.ok("GET", path, token=api.trial_token("1.1"))
+    await allocate(store, 11)
+    await allocate(store, 12)
+    path = "/api/v1/trials/11/searcher/operation"
+    answer = await api.ok("GET", path, token=api.trial_token(11))
     assert answer == {"completed": False, "length": 100, "unit": "batches"}
-    status, _ = await api.call("GET", path, token=api.trial_token("1.2"))
+    status, _ = await api.call("GET", path, token=api.trial_token(12))
     assert status == 403
     await store.append(
         "experiment-1",
-        [TrialStopRequested(experiment_id=1, trial_id="1.2", request_id="r-1.2")],
+        [TrialStopRequested(experiment_id=1, trial_id=12, request_id="r-12")],
     )
-    assert not (await api.ok("GET", path, token=api.trial_token("1.1")))["completed"]
+    assert not (await api.ok("GET", path, token=api.trial_token(11)))["completed"]
     await store.append(
         "experiment-1",
-        [TrialStopRequested(experiment_id=1, trial_id="1.1", request_id="r-1.1")],
+        [TrialStopRequested(experiment_id=1, trial_id=11, request_id="r-11")],
     )
-    answer = await api.ok("GET", path, token=api.trial_token("1.1"))
+    answer = await api.ok("GET", path, token=api.trial_token(11))
     assert answer == {"completed": True, "length": None, "unit": "batches"}
 
 
 async def lost_run(store: EventStore) -> str:
-    """Trial 1.1 whose first run the scheduler declared lost; returns its allocation id."""
+    """Trial 11 whose first run the scheduler declared lost; returns its allocation id."""
     await submit(store, 1)
-    allocation = await allocate(store, "1.1")
-    lost = TrialExited(trial_id="1.1", run_id=1, allocation_id=allocation, outcome="lost")
-    await store.append("trial-1.1", [lost])
+    allocation = await allocate(store, 11)
+    lost = TrialExited(trial_id=11, run_id=1, allocation_id=allocation, outcome="lost")
+    await store.append("trial-11", [lost])
     return allocation
 
 
@@ -203,8 +203,8 @@ async def test_reporter_of_a_run_no_longer_current_gives_up_its_process(
     rather than dropping item after item while training goes on."""
     allocation = await lost_run(store)
     gone: list[str] = []
-    session = Session(api.url, api.trial_token("1.1"))
-    reporter = HTTPReporter(session, "1.1", allocation, flush_every=0.05, on_run_gone=gone.append)
+    session = Session(api.url, api.trial_token(11))
+    reporter = HTTPReporter(session, 11, allocation, flush_every=0.05, on_run_gone=gone.append)
     metrics = {"kind": "metrics", "group": "training", "metrics": {"loss": 1.0}, "run_id": 1}
     try:
         for steps in (1, 2, 3):
@@ -212,9 +212,9 @@ async def test_reporter_of_a_run_no_longer_current_gives_up_its_process(
         await wait_until(lambda: gone, timeout=20)
     finally:
         reporter.close(timeout=1.0)
-    assert gone == ["trial 1.1 has no live run: run 1 exited"]
+    assert gone == ["trial 11 has no live run: run 1 exited"]
     assert reporter.run_gone and reporter.delivered == 0
-    assert not [e for e in await store.read_stream("trial-1.1") if e.type == "WorkloadCompleted"]
+    assert not [e for e in await store.read_stream("trial-11") if e.type == "WorkloadCompleted"]
 
 
 async def test_preemption_watcher_of_a_run_no_longer_current_gives_up_its_process(
@@ -224,7 +224,7 @@ async def test_preemption_watcher_of_a_run_no_longer_current_gives_up_its_proces
     (``current: false``) and calls the run-gone handler, naming the allocation."""
     allocation = await lost_run(store)
     gone: list[str] = []
-    session = Session(api.url, api.trial_token("1.1"))
+    session = Session(api.url, api.trial_token(11))
     watcher = PreemptContext(session, allocation, on_run_gone=gone.append)
     watcher.start()
     try:

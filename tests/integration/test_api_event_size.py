@@ -149,10 +149,10 @@ async def test_oversized_report_is_413_and_the_trial_reports_on(cluster: Cluster
     values) is 413; nothing is appended and the trial's next report is accepted."""
     api, store = cluster.api, cluster.store
     await submit_experiment(store)
-    await allocate(store, "1.1")
-    before = await store.read_stream("trial-1.1")
-    path = "/api/v1/trials/1.1/reports"
-    token = api.trial_token("1.1")
+    await allocate(store, 11)
+    before = await store.read_stream("trial-11")
+    path = "/api/v1/trials/11/reports"
+    token = api.trial_token(11)
     checkpoint = {
         "kind": "checkpoint",
         "idempotency_key": "c1",
@@ -171,7 +171,7 @@ async def test_oversized_report_is_413_and_the_trial_reports_on(cluster: Cluster
         status, body = await api.call("POST", path, token=token, json={"items": [item]})
         assert status == 413, body
         assert body["error"]["part"] == part
-        assert await store.read_stream("trial-1.1") == before
+        assert await store.read_stream("trial-11") == before
     small = {**metrics, "idempotency_key": "m2", "metrics": {"loss": 0.5}}
     status, body = await api.call("POST", path, token=token, json={"items": [small]})
     assert (status, body["events"]) == (200, 1)

@@ -67,7 +67,7 @@ async def test_stream_reads_and_resumes_after_last_event_id(api: Api, store: Eve
     """An admin reads events in position order; reconnecting with Last-Event-ID (which wins over
     ``after``) yields only later ones, including events appended while connected."""
     await submit_experiment(store, 1)
-    await allocate(store, "1.1")
+    await allocate(store, 11)
     first = await read_events(api, api.admin, 3)
     assert [int(e["id"]) for e in first] == [1, 2, 3]
     assert [e["event"] for e in first] == [
@@ -75,7 +75,7 @@ async def test_stream_reads_and_resumes_after_last_event_id(api: Api, store: Eve
         "TrialRequested",
         "SlotsAllocated",
     ]
-    assert first[2]["data"]["stream_id"] == "trial-1.1" and first[2]["data"]["position"] == 3
+    assert first[2]["data"]["stream_id"] == "trial-11" and first[2]["data"]["position"] == 3
 
     received: list[dict[str, Any]] = []
     reader = asyncio.create_task(
@@ -95,15 +95,15 @@ async def test_users_stream_only_their_own_experiment(api: Api, store: EventStor
     user's experiment or no experiment is 403; bad input is 400."""
     await submit_experiment(store, 1, owner="bob")
     await submit_experiment(store, 2, owner="admin")
-    await allocate(store, "2.1")
-    await allocate(store, "1.1")
+    await allocate(store, 21)
+    await allocate(store, 11)
     assert await create_user(store, "bob", "pw", admin=False)
     bob = await api.login("bob", "pw")
     own = await read_events(api, bob, 3, query="?experiment_id=1")
     assert [(e["data"]["stream_id"], e["event"]) for e in own] == [
         ("experiment-1", "ExperimentSubmitted"),
         ("experiment-1", "TrialRequested"),
-        ("trial-1.1", "SlotsAllocated"),
+        ("trial-11", "SlotsAllocated"),
     ]
     for query, expected in (
         ("?experiment_id=2", 403),

@@ -149,14 +149,14 @@ async def test_continue_reopens_an_ended_single_trial_experiment(
     """Continue is 409 while the experiment runs; once it ended it appends ExperimentContinued
     and the trial's ACTIVE state change, with new constant hparams; a repeat is 409 again."""
     await submit(store, 1)
-    await allocate(store, "1.1")
+    await allocate(store, 11)
     path = "/api/v1/experiments/1/continue"
     status, _ = await api.call("POST", path, token=api.admin, json={})
     assert status == 409
     await store.append(
-        "trial-1.1", [CheckpointSaved(trial_id="1.1", run_id=1, uuid="ck-1", steps_completed=10)]
+        "trial-11", [CheckpointSaved(trial_id=11, run_id=1, uuid="ck-1", steps_completed=10)]
     )
-    await end_trial(store, "1.1")
+    await end_trial(store, 11)
     await set_state(store, 1, "STOPPING_COMPLETED", "COMPLETED")
     bad = {"config": {"searcher": {"metric": "accuracy"}}}
     assert await error_path(api, "POST", path, api.admin, bad) == (400, "config.searcher.metric")
@@ -167,12 +167,12 @@ async def test_continue_reopens_an_ended_single_trial_experiment(
     body = await api.ok(
         "POST", path, token=api.admin, json={"config": {"hyperparameters": {"lr": 0.01}}}
     )
-    assert body == {"id": 1, "state": "ACTIVE", "trial_id": "1.1", "latest_checkpoint": "ck-1"}
+    assert body == {"id": 1, "state": "ACTIVE", "trial_id": 11, "latest_checkpoint": "ck-1"}
     [continued] = [
         e for e in await store.read_stream("experiment-1") if e.type == "ExperimentContinued"
     ]
     assert continued.payload["hparams"] == {"lr": 0.01}
-    trial_events = await store.read_stream("trial-1.1")
+    trial_events = await store.read_stream("trial-11")
     assert trial_events[-1].type == "TrialStateChanged"
     assert trial_events[-1].payload["state"] == "ACTIVE"
     shown = await api.ok("GET", "/api/v1/experiments/1", token=api.admin)
@@ -187,7 +187,7 @@ async def test_continue_refuses_multi_trial_and_deleted_checkpoints(
     """A multi-trial experiment cannot be continued (409 saying so), nor one whose latest
     checkpoint the user deleted."""
     await submit(store, 1)
-    for trial_id in ("1.1", "1.2"):
+    for trial_id in (11, 12):
         await allocate(store, trial_id)
         await end_trial(store, trial_id)
     await set_state(store, 1, "STOPPING_COMPLETED", "COMPLETED")
@@ -197,11 +197,11 @@ async def test_continue_refuses_multi_trial_and_deleted_checkpoints(
     assert status == 409 and "single-trial" in body["error"]["message"]
 
     await submit(store, 2)
-    await allocate(store, "2.1")
+    await allocate(store, 21)
     await store.append(
-        "trial-2.1", [CheckpointSaved(trial_id="2.1", run_id=1, uuid="ck-2", steps_completed=5)]
+        "trial-21", [CheckpointSaved(trial_id=21, run_id=1, uuid="ck-2", steps_completed=5)]
     )
-    await end_trial(store, "2.1")
+    await end_trial(store, 21)
     await set_state(store, 2, "STOPPING_COMPLETED", "COMPLETED")
     await catch_up(store, checkpoint_root=tmp_path / "checkpoints")
     await api.ok(
@@ -221,13 +221,13 @@ async def test_checkpoint_delete_rules_and_the_gc_records_it(
     CheckpointsDeleted(user)."""
     storage = tmp_path / "ckpts"
     await submit(store, 1, host_path=storage)
-    await allocate(store, "1.1")
+    await allocate(store, 11)
     for uuid, steps in (("ck-a", 5), ("ck-b", 10)):
         (storage / uuid).mkdir(parents=True)
         (storage / uuid / "state.json").write_text("{}")
         await store.append(
-            "trial-1.1",
-            [CheckpointSaved(trial_id="1.1", run_id=1, uuid=uuid, steps_completed=steps)],
+            "trial-11",
+            [CheckpointSaved(trial_id=11, run_id=1, uuid=uuid, steps_completed=steps)],
         )
     await catch_up(store)
     body = {"checkpoint_uuids": ["ck-a"]}
@@ -244,7 +244,7 @@ async def test_checkpoint_delete_rules_and_the_gc_records_it(
         api, "DELETE", "/api/v1/checkpoints", api.admin, {"checkpoint_uuids": []}
     ) == (400, "checkpoint_uuids")
 
-    await end_trial(store, "1.1")
+    await end_trial(store, 11)
     await set_state(store, 1, "STOPPING_COMPLETED", "COMPLETED")
     await catch_up(store)  # the GC policy removes ck-a and keeps the trial's latest, ck-b
     both = {"checkpoint_uuids": ["ck-a", "ck-b"]}

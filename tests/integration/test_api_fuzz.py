@@ -121,10 +121,12 @@ def _seed(api: LiveApi, dsn: str) -> None:
     )
     experiment_id = str(created["id"])
 
+    trial_id = int(experiment_id) * 10 + 1
+
     async def trial() -> str:
         store = await EventStore.connect(dsn)
         try:
-            return await allocate(store, f"{experiment_id}.1")
+            return await allocate(store, trial_id, experiment_id=int(experiment_id))
         finally:
             await store.close()
 
@@ -136,7 +138,7 @@ def _seed(api: LiveApi, dsn: str) -> None:
     )
     api.ids = {
         "experiment_id": [experiment_id],
-        "trial_id": [f"{experiment_id}.1"],
+        "trial_id": [str(trial_id)],
         "allocation_id": [allocation_id],
         "agent_id": ["gpu01"],
         "code_ref": [str(created["code_ref"])],

@@ -150,8 +150,8 @@ async def test_a_body_of_100000_nested_brackets_is_400_on_every_route(
         for name, value in {
             "experiment_id": "1",
             "agent_id": "gpu01",
-            "allocation_id": "1.1.1",
-            "trial_id": "1.1",
+            "allocation_id": "11.1",
+            "trial_id": "11",
             "slot_id": "0",
             "username": "admin",
         }.items():

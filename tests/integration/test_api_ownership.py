@@ -13,8 +13,14 @@ from typing import Any
 
 import pytest
 
+from events.names import trial_stream
 from events.store import EventStore
-from events.types import CheckpointSaved, ExperimentStateChanged, TrialKillRequested
+from events.types import (
+    CheckpointSaved,
+    ExperimentStateChanged,
+    TrialKillRequested,
+    TrialRequested,
+)
 from services.tracker.service import catch_up
 from tests.helpers import wait_until
 from tests.integration.test_api_queries import end_trial, set_state, submit, write_files
@@ -48,7 +54,7 @@ def checkpoint(key: str, uuid: str, steps: int = 10, run_id: int = 1) -> dict[st
     }
 
 
-async def post_report(api: Api, trial_id: str, *items: dict[str, Any]) -> tuple[int, Any]:
+async def post_report(api: Api, trial_id: int, *items: dict[str, Any]) -> tuple[int, Any]:
     return await api.call(
         "POST",
         f"/api/v1/trials/{trial_id}/reports",
@@ -57,10 +63,10 @@ async def post_report(api: Api, trial_id: str, *items: dict[str, Any]) -> tuple[
     )
 
 
-async def saved_uuids(store: EventStore, trial_id: str) -> list[str]:
+async def saved_uuids(store: EventStore, trial_id: int) -> list[str]:
     return [
         e.payload["uuid"]
-        for e in await store.read_stream(f"trial-{trial_id}")
+        for e in await store.read_stream(trial_stream(trial_id))
         if e.type == "CheckpointSaved"
     ]
 
@@ -83,8 +89,8 @@ async def two_users_two_experiments(api: Api, store: EventStore) -> tuple[str, s
     alice, bob = await login(api, ALICE), await login(api, BOB)
     await submit(store, 1, owner=ALICE, storage=False)
     await submit(store, 2, owner=BOB, storage=False)
-    await allocate(store, "1.1")
-    await allocate(store, "2.1")
+    await allocate(store, 11)
+    await allocate(store, 21)
     return alice, bob
 
 
@@ -95,19 +101,19 @@ async def test_claiming_another_users_checkpoint_is_409_and_deletion_spares_it(
     experiment leaves Alice's files, and she still downloads them."""
     alice, bob = await two_users_two_experiments(api, store)
     root = tmp_path / "checkpoints"
-    status, _ = await post_report(api, "1.1", checkpoint("a", "ck-alice"))
+    status, _ = await post_report(api, 11, checkpoint("a", "ck-alice"))
     assert status == 200
     write_files(root / "ck-alice", {"model.pt": b"alice's weights"})
-    before = await types_of(store, "trial-2.1")
+    before = await types_of(store, "trial-21")
 
-    status, body = await post_report(api, "2.1", checkpoint("b", "ck-alice"))
+    status, body = await post_report(api, 21, checkpoint("b", "ck-alice"))
     assert status == 409, body
     assert body["error"]["path"] == "items[0].uuid"
-    assert "1.1" not in body["error"]["message"]  # the owner is not disclosed
-    assert await types_of(store, "trial-2.1") == before
+    assert "11" not in body["error"]["message"]  # the owner is not disclosed
+    assert await types_of(store, "trial-21") == before
     # The refused batch claimed nothing: the same key is still new once the uuid is Bob's own.
-    assert (await post_report(api, "2.1", checkpoint("b", "ck-bob")))[0] == 200
-    assert await saved_uuids(store, "2.1") == ["ck-bob"]
+    assert (await post_report(api, 21, checkpoint("b", "ck-bob")))[0] == 200
+    assert await saved_uuids(store, 21) == ["ck-bob"]
 
     await catch_up(store, checkpoint_root=root)
     await set_state(store, 2, "STOPPING_CANCELED", "CANCELED")
@@ -124,15 +130,15 @@ async def test_gc_of_a_claiming_experiment_ignores_uuids_it_does_not_own(
     experiment's deletion remove the owner's directory; its own checkpoints still go."""
     alice, bob = await two_users_two_experiments(api, store)
     root = tmp_path / "checkpoints"
-    assert (await post_report(api, "1.1", checkpoint("a", "ck-alice")))[0] == 200
-    assert (await post_report(api, "2.1", checkpoint("b", "ck-bob")))[0] == 200
+    assert (await post_report(api, 11, checkpoint("a", "ck-alice")))[0] == 200
+    assert (await post_report(api, 21, checkpoint("b", "ck-bob")))[0] == 200
     write_files(root / "ck-alice", {"model.pt": b"alice's weights"})
     write_files(root / "ck-bob", {"model.pt": b"bob's weights"})
     await store.append(
-        "trial-2.1",
+        "trial-21",
         [
             CheckpointSaved(
-                trial_id="2.1",
+                trial_id=21,
                 run_id=1,
                 uuid="ck-alice",
                 steps_completed=20,
@@ -167,7 +173,7 @@ async def test_concurrent_claims_of_one_new_uuid_exactly_one_wins(
             await blocker.conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # the append lock
             calls = [
                 asyncio.create_task(post_report(api, trial_id, checkpoint(f"k{round_}", uuid)))
-                for trial_id in ("1.1", "2.1")
+                for trial_id in (11, 21)
             ]
 
             async def both_waiting() -> bool:
@@ -193,10 +199,10 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
     completed, its token's metrics, checkpoints, progress, early exit and logs are 409 and the
     experiment's best metric is unchanged (the agent may still ship the run's last log lines)."""
     await submit(store, 1)
-    alloc = await allocate(store, "1.1")
+    alloc = await allocate(store, 11)
     agent_report = {"agent_id": "gpu01", "idempotency_key": "s"}
     await api.ok("POST", f"/api/v1/allocations/{alloc}/started", token=api.agent, json=agent_report)
-    status, _ = await post_report(api, "1.1", metrics("v1", "validation", 10, loss=0.5))
+    status, _ = await post_report(api, 11, metrics("v1", "validation", 10, loss=0.5))
     assert status == 200
     await api.ok(
         "POST",
@@ -204,11 +210,11 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
         token=api.agent,
         json={"agent_id": "gpu01", "exit_code": 0},
     )
-    await end_trial(store, "1.1", "COMPLETED")
+    await end_trial(store, 11, "COMPLETED")
     await catch_up(store)
     best = await api.ok("GET", "/api/v1/experiments/1", token=api.admin)
     assert best["best_metric"] == 0.5
-    before = await types_of(store, "trial-1.1")
+    before = await types_of(store, "trial-11")
 
     without_run = metrics("v3", "validation", 20, loss=0.01)
     del without_run["run_id"]
@@ -220,22 +226,22 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
         {"kind": "progress", "idempotency_key": "p", "progress": 1.0},
         {"kind": "early_exit", "idempotency_key": "e", "reason": "errored"},
     ):
-        status, body = await post_report(api, "1.1", item)
+        status, body = await post_report(api, 11, item)
         assert status == 409, (item, body)
-        assert "1.1" in body["error"]["message"]
+        assert "trial 11" in body["error"]["message"]
     # A repeat of the accepted report is still answered as a duplicate, not refused.
-    status, body = await post_report(api, "1.1", metrics("v1", "validation", 10, loss=0.5))
+    status, body = await post_report(api, 11, metrics("v1", "validation", 10, loss=0.5))
     assert (status, body["duplicates"]) == (200, 1)
 
     lines = {"idempotency_key": "l", "lines": [{"line": "late"}]}
     status, _ = await api.call(
-        "POST", f"/api/v1/allocations/{alloc}/logs", token=api.trial_token("1.1"), json=lines
+        "POST", f"/api/v1/allocations/{alloc}/logs", token=api.trial_token(11), json=lines
     )
     assert status == 409
     await api.ok("POST", f"/api/v1/allocations/{alloc}/logs", token=api.agent, json=lines)
 
     await catch_up(store)
-    assert await types_of(store, "trial-1.1") == before
+    assert await types_of(store, "trial-11") == before
     after = await api.ok("GET", "/api/v1/experiments/1", token=api.admin)
     assert after["best_metric"] == 0.5
     assert await store.pool.fetchval("SELECT count(*) FROM trial_progress") == 0
@@ -245,14 +251,14 @@ async def test_reports_must_name_the_current_run(api: Api, store: EventStore) ->
     """A report naming a run that never existed, or one that exited, is 409 naming the field;
     an experiment that ended, a trial never allocated and an allocation never made are 409."""
     await submit(store, 1)
-    alloc = await allocate(store, "1.1")
-    status, body = await post_report(api, "1.1", metrics("m7", "training", 5, run_id=7))
+    alloc = await allocate(store, 11)
+    status, body = await post_report(api, 11, metrics("m7", "training", 5, run_id=7))
     assert status == 409 and body["error"]["path"] == "items[0].run_id", body
     assert "never existed" in body["error"]["message"]
-    assert (await post_report(api, "1.1", metrics("m1", "training", 5)))[0] == 200
+    assert (await post_report(api, 11, metrics("m1", "training", 5)))[0] == 200
     status, _ = await api.call(
         "POST",
-        "/api/v1/allocations/1.1.9/logs",
+        "/api/v1/allocations/11.9/logs",
         token=api.agent,
         json={"idempotency_key": "l", "lines": [{"line": "x"}]},
     )
@@ -264,21 +270,25 @@ async def test_reports_must_name_the_current_run(api: Api, store: EventStore) ->
         token=api.agent,
         json={"agent_id": "gpu01", "exit_code": 1},
     )
-    status, body = await post_report(api, "1.1", metrics("m1b", "training", 6))
+    status, body = await post_report(api, 11, metrics("m1b", "training", 6))
     assert status == 409 and "exited" in body["error"]["message"], body
-    await allocate(store, "1.1", run_id=2, request=False)
-    status, body = await post_report(api, "1.1", metrics("m1c", "training", 6, run_id=1))
+    await allocate(store, 11, run_id=2, request=False)
+    status, body = await post_report(api, 11, metrics("m1c", "training", 6, run_id=1))
     assert status == 409 and "has exited" in body["error"]["message"], body
-    assert (await post_report(api, "1.1", metrics("m2", "training", 6, run_id=2)))[0] == 200
+    assert (await post_report(api, 11, metrics("m2", "training", 6, run_id=2)))[0] == 200
 
-    await store.append("trial-1.2", [TrialKillRequested(trial_id="1.2", actor="admin")])
-    status, body = await post_report(api, "1.2", metrics("n", "training", 1))
+    requested = TrialRequested(
+        experiment_id=1, trial_id=12, seq=2, request_id="r-12", hparams={}, trial_seed=1
+    )
+    await store.append("experiment-1", [requested])
+    await store.append("trial-12", [TrialKillRequested(trial_id=12, actor="admin")])
+    status, body = await post_report(api, 12, metrics("n", "training", 1))
     assert status == 409 and "never allocated" in body["error"]["message"], body
 
     await store.append(
         "experiment-1", [ExperimentStateChanged(experiment_id=1, state="ERROR", reason="x")]
     )
-    status, body = await post_report(api, "1.1", metrics("m3", "training", 7, run_id=2))
+    status, body = await post_report(api, 11, metrics("m3", "training", 7, run_id=2))
     assert status == 409 and "experiment has ended" in body["error"]["message"], body
 
 
@@ -289,9 +299,9 @@ async def test_users_read_only_their_own_trials_checkpoints_and_events(
     and its event stream, and so does Bob's trial token; Alice, an admin, the agent and Alice's
     trial token read her metrics."""
     alice, bob = await two_users_two_experiments(api, store)
-    alloc = "1.1.1"
-    assert (await post_report(api, "1.1", metrics("m", "validation", 5, loss=0.3)))[0] == 200
-    assert (await post_report(api, "1.1", checkpoint("c", "ck-alice")))[0] == 200
+    alloc = "11.1"
+    assert (await post_report(api, 11, metrics("m", "validation", 5, loss=0.3)))[0] == 200
+    assert (await post_report(api, 11, checkpoint("c", "ck-alice")))[0] == 200
     await api.ok(
         "POST",
         f"/api/v1/allocations/{alloc}/logs",
@@ -301,10 +311,10 @@ async def test_users_read_only_their_own_trials_checkpoints_and_events(
     await catch_up(store)
 
     alices = [
-        "/api/v1/trials/1.1",
-        "/api/v1/trials/1.1/metrics",
-        "/api/v1/trials/1.1/metrics?group=validation",
-        "/api/v1/trials/1.1/logs",
+        "/api/v1/trials/11",
+        "/api/v1/trials/11/metrics",
+        "/api/v1/trials/11/metrics?group=validation",
+        "/api/v1/trials/11/logs",
         "/api/v1/checkpoints/ck-alice",
         "/api/v1/checkpoints/ck-alice/download",
         "/api/v1/experiments/1",
@@ -315,13 +325,13 @@ async def test_users_read_only_their_own_trials_checkpoints_and_events(
     for path in alices:
         status, body = await api.call("GET", path, token=bob)
         assert status == 403, (path, status, body)
-    for path in ("/api/v1/trials/1.1/metrics", "/api/v1/trials/1.1/metrics?group=validation"):
-        status, _ = await api.call("GET", path, token=api.trial_token("2.1"))
+    for path in ("/api/v1/trials/11/metrics", "/api/v1/trials/11/metrics?group=validation"):
+        status, _ = await api.call("GET", path, token=api.trial_token(21))
         assert status == 403, path
-    status, _ = await api.call("GET", "/api/v1/trials/1.7/metrics", token=alice)
+    status, _ = await api.call("GET", "/api/v1/trials/17/metrics", token=alice)
     assert status == 404
 
-    for token in (alice, api.admin, api.agent, api.trial_token("1.1")):
-        body = await api.ok("GET", "/api/v1/trials/1.1/metrics", token=token)
+    for token in (alice, api.admin, api.agent, api.trial_token(11)):
+        body = await api.ok("GET", "/api/v1/trials/11/metrics", token=token)
         assert [m["metrics"] for m in body["metrics"]] == [{"loss": 0.3}]
-    assert (await api.ok("GET", "/api/v1/checkpoints/ck-alice", token=alice))["trial_id"] == "1.1"
+    assert (await api.ok("GET", "/api/v1/checkpoints/ck-alice", token=alice))["trial_id"] == 11

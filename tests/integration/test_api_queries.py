@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from events.config import parse_config
+from events.names import trial_stream
 from events.store import EventStore
 from events.types import (
     CheckpointSaved,
@@ -74,9 +75,9 @@ async def set_state(store: EventStore, experiment_id: int, *states: str) -> None
     )
 
 
-async def end_trial(store: EventStore, trial_id: str, state: str = "COMPLETED") -> None:
+async def end_trial(store: EventStore, trial_id: int, state: str = "COMPLETED") -> None:
     """Appends the trial's terminal state change."""
-    await store.append(f"trial-{trial_id}", [TrialStateChanged(trial_id=trial_id, state=state)])
+    await store.append(trial_stream(trial_id), [TrialStateChanged(trial_id=trial_id, state=state)])
 
 
 async def user(api: Api, store: EventStore, name: str = "bob") -> str:
@@ -136,26 +137,26 @@ async def test_describe_adds_projection_fields_and_trials(api: Api, store: Event
     """Describe keeps the live fold and adds the projection's fields and trial summaries; another
     user's experiment is 403 and an unknown one 404."""
     await submit(store, 1)
-    await allocate(store, "1.1")
+    await allocate(store, 11)
     await store.append(
-        "trial-1.1",
-        [ValidationReported(trial_id="1.1", run_id=1, steps_completed=10, metrics={"loss": 0.5})],
+        "trial-11",
+        [ValidationReported(trial_id=11, run_id=1, steps_completed=10, metrics={"loss": 0.5})],
     )
     await catch_up(store)
     body = await api.ok("GET", "/api/v1/experiments/1", token=api.admin)
     assert body["state"] == "ACTIVE" and body["owner"] == "admin" and body["config"]["name"]
     assert body["name"] == "mnist" and body["archived"] is False and body["num_trials"] == 1
     assert body["searcher_metric"] == "loss" and body["smaller_is_better"] is True
-    assert body["best_trial_id"] == "1.1" and body["best_metric"] == 0.5
+    assert body["best_trial_id"] == 11 and body["best_metric"] == 0.5
     assert body["submitted_at"] and body["ended_at"] is None
     [trial] = body["trials"]
-    assert trial["trial_id"] == "1.1" and trial["hparams"] == {"lr": 0.1}
+    assert trial["trial_id"] == 11 and trial["hparams"] == {"lr": 0.1}
     assert trial["trial_seed"] == 42 and trial["best_metric"] == 0.5
     pr.TrialSummary.model_validate(trial)
 
-    await allocate(store, "1.2")  # not projected yet: a summary from the live fold
+    await allocate(store, 12)  # not projected yet: a summary from the live fold
     body = await api.ok("GET", "/api/v1/experiments/1", token=api.admin)
-    assert [t["trial_id"] for t in body["trials"]] == ["1.1", "1.2"]
+    assert [t["trial_id"] for t in body["trials"]] == [11, 12]
     assert body["trials"][1]["state"] == "ACTIVE"
 
     bob = await user(api, store)
@@ -214,12 +215,12 @@ async def test_trials_and_checkpoints_lists_and_trial_describe(api: Api, store: 
     """After catch_up an experiment lists its trials (by id or best metric) and checkpoints (by
     metric or steps, by state), and a trial describes its allocations and checkpoints."""
     await submit(store, 1)
-    for trial_id, losses in (("1.1", (0.9, 0.7)), ("1.2", (0.4,))):
+    for trial_id, losses in ((11, (0.9, 0.7)), (12, (0.4,))):
         await allocate(store, trial_id)
         for n, loss in enumerate(losses, start=1):
             steps = 10 * n
             await store.append(
-                f"trial-{trial_id}",
+                trial_stream(trial_id),
                 [
                     ValidationReported(
                         trial_id=trial_id, run_id=1, steps_completed=steps, metrics={"loss": loss}
@@ -234,52 +235,52 @@ async def test_trials_and_checkpoints_lists_and_trial_describe(api: Api, store: 
                     ),
                 ],
             )
-    await end_trial(store, "1.2")
+    await end_trial(store, 12)
     await catch_up(store)
 
     trials = await api.ok("GET", "/api/v1/experiments/1/trials", token=api.admin)
-    assert [t["trial_id"] for t in trials["trials"]] == ["1.1", "1.2"]
+    assert [t["trial_id"] for t in trials["trials"]] == [11, 12]
     assert trials["pagination"]["total"] == 2
     best = await api.ok("GET", "/api/v1/experiments/1/trials?order_by=best", token=api.admin)
-    assert [t["trial_id"] for t in best["trials"]] == ["1.2", "1.1"]
+    assert [t["trial_id"] for t in best["trials"]] == [12, 11]
     done = await api.ok("GET", "/api/v1/experiments/1/trials?state=COMPLETED", token=api.admin)
-    assert [t["trial_id"] for t in done["trials"]] == ["1.2"]
+    assert [t["trial_id"] for t in done["trials"]] == [12]
     paged = await api.ok("GET", "/api/v1/experiments/1/trials?limit=1&offset=1", token=api.admin)
-    assert [t["trial_id"] for t in paged["trials"]] == ["1.2"]
+    assert [t["trial_id"] for t in paged["trials"]] == [12]
 
     ckpts = await api.ok("GET", "/api/v1/experiments/1/checkpoints", token=api.admin)
-    assert [c["uuid"] for c in ckpts["checkpoints"]] == ["ck-1.2-10", "ck-1.1-20", "ck-1.1-10"]
+    assert [c["uuid"] for c in ckpts["checkpoints"]] == ["ck-12-10", "ck-11-20", "ck-11-10"]
     assert ckpts["checkpoints"][0]["searcher_metric"] == 0.4
     for checkpoint in ckpts["checkpoints"]:
         pr.Checkpoint.model_validate(checkpoint)
     by_steps = await api.ok(
         "GET", "/api/v1/experiments/1/checkpoints?sort_by=steps&limit=1", token=api.admin
     )
-    assert [c["uuid"] for c in by_steps["checkpoints"]] == ["ck-1.1-20"]
+    assert [c["uuid"] for c in by_steps["checkpoints"]] == ["ck-11-20"]
     assert by_steps["pagination"] == {"offset": 0, "limit": 1, "total": 3}
     deleted = await api.ok(
         "GET", "/api/v1/experiments/1/checkpoints?state=DELETED", token=api.admin
     )
     assert deleted["checkpoints"] == []
 
-    trial = await api.ok("GET", "/api/v1/trials/1.1", token=api.admin)
-    assert trial["trial_id"] == "1.1" and trial["latest_checkpoint"] == "ck-1.1-20"
-    assert [a["allocation_id"] for a in trial["allocations"]] == ["1.1.1"]
-    assert sorted(c["uuid"] for c in trial["checkpoints"]) == ["ck-1.1-10", "ck-1.1-20"]
+    trial = await api.ok("GET", "/api/v1/trials/11", token=api.admin)
+    assert trial["trial_id"] == 11 and trial["latest_checkpoint"] == "ck-11-20"
+    assert [a["allocation_id"] for a in trial["allocations"]] == ["11.1"]
+    assert sorted(c["uuid"] for c in trial["checkpoints"]) == ["ck-11-10", "ck-11-20"]
     assert trial["progress"] is None
-    one = await api.ok("GET", "/api/v1/checkpoints/ck-1.1-20", token=api.admin)
+    one = await api.ok("GET", "/api/v1/checkpoints/ck-11-20", token=api.admin)
     assert one["validation"] is not None and one["searcher_metric"] == 0.7
 
     bob = await user(api, store)
     for path in (
-        "/api/v1/trials/1.1",
+        "/api/v1/trials/11",
         "/api/v1/experiments/1/trials",
         "/api/v1/experiments/1/checkpoints",
-        "/api/v1/checkpoints/ck-1.1-20",
+        "/api/v1/checkpoints/ck-11-20",
     ):
         status, _ = await api.call("GET", path, token=bob)
         assert status == 403, path
-    for path in ("/api/v1/trials/1.9", "/api/v1/trials/nope", "/api/v1/checkpoints/nope"):
+    for path in ("/api/v1/trials/19", "/api/v1/trials/nope", "/api/v1/checkpoints/nope"):
         status, _ = await api.call("GET", path, token=api.admin)
         assert status == 404, path
     for bad in ("order_by=worst", "state=NOPE", "limit=1001"):
@@ -295,21 +296,21 @@ async def test_trial_kill_appends_request_and_refuses_ended_trials(
     """Kill appends TrialKillRequested on the trial's stream once; an ended trial is 409 and
     another user's trial 403."""
     await submit(store, 1)
-    await allocate(store, "1.1")
-    await allocate(store, "1.2")
-    body = await api.ok("POST", "/api/v1/trials/1.1/kill", token=api.admin)
-    assert body == {"trial_id": "1.1", "state": "ACTIVE", "changed": True}
-    assert (await api.ok("POST", "/api/v1/trials/1.1/kill", token=api.admin))["changed"] is False
-    [killed] = [e for e in await store.read_stream("trial-1.1") if e.type == "TrialKillRequested"]
-    assert killed.payload == {"trial_id": "1.1", "actor": "admin"}
+    await allocate(store, 11)
+    await allocate(store, 12)
+    body = await api.ok("POST", "/api/v1/trials/11/kill", token=api.admin)
+    assert body == {"trial_id": 11, "state": "ACTIVE", "changed": True}
+    assert (await api.ok("POST", "/api/v1/trials/11/kill", token=api.admin))["changed"] is False
+    [killed] = [e for e in await store.read_stream("trial-11") if e.type == "TrialKillRequested"]
+    assert killed.payload == {"trial_id": 11, "actor": "admin"}
 
-    await end_trial(store, "1.2", "CANCELED")
-    status, answer = await api.call("POST", "/api/v1/trials/1.2/kill", token=api.admin)
+    await end_trial(store, 12, "CANCELED")
+    status, answer = await api.call("POST", "/api/v1/trials/12/kill", token=api.admin)
     assert status == 409 and "error" in answer
     bob = await user(api, store)
-    status, _ = await api.call("POST", "/api/v1/trials/1.1/kill", token=bob)
+    status, _ = await api.call("POST", "/api/v1/trials/11/kill", token=bob)
     assert status == 403
-    status, _ = await api.call("POST", "/api/v1/trials/1.7/kill", token=api.admin)
+    status, _ = await api.call("POST", "/api/v1/trials/17/kill", token=api.admin)
     assert status == 404
 
 
@@ -327,26 +328,26 @@ async def test_logs_page_and_follow_until_the_trial_ends(api: Api, store: EventS
     """Logs page by after_id/limit/tail with done=false while the trial runs; follow streams
     NDJSON, picks up new lines and ends once the trial is terminal and the lines are drained."""
     await submit(store, 1)
-    allocation_id = await allocate(store, "1.1")
+    allocation_id = await allocate(store, 11)
     await post_logs(api, allocation_id, "b1", "one", "two", "three")
-    page = await api.ok("GET", "/api/v1/trials/1.1/logs?limit=2", token=api.admin)
+    page = await api.ok("GET", "/api/v1/trials/11/logs?limit=2", token=api.admin)
     assert [entry["line"] for entry in page["logs"]] == ["one", "two"]
     assert page["done"] is False and page["logs"][0]["allocation_id"] == allocation_id
     rest = await api.ok(
-        "GET", f"/api/v1/trials/1.1/logs?after_id={page['next_after_id']}", token=api.admin
+        "GET", f"/api/v1/trials/11/logs?after_id={page['next_after_id']}", token=api.admin
     )
     assert [entry["line"] for entry in rest["logs"]] == ["three"]
-    tail = await api.ok("GET", "/api/v1/trials/1.1/logs?tail=2", token=api.admin)
+    tail = await api.ok("GET", "/api/v1/trials/11/logs?tail=2", token=api.admin)
     assert [entry["line"] for entry in tail["logs"]] == ["two", "three"]
     for bad in ("limit=0", "limit=100000", "after_id=-1", "tail=x", "follow=maybe"):
-        status, _ = await api.call("GET", f"/api/v1/trials/1.1/logs?{bad}", token=api.admin)
+        status, _ = await api.call("GET", f"/api/v1/trials/11/logs?{bad}", token=api.admin)
         assert status == 400, bad
 
     received: list[dict[str, Any]] = []
 
     async def follow() -> None:
         async with api.session.get(
-            f"{api.url}/api/v1/trials/1.1/logs?follow=true&after_id={page['next_after_id']}",
+            f"{api.url}/api/v1/trials/11/logs?follow=true&after_id={page['next_after_id']}",
             headers={"Authorization": f"Bearer {api.admin}"},
         ) as resp:
             assert resp.status == 200
@@ -360,14 +361,14 @@ async def test_logs_page_and_follow_until_the_trial_ends(api: Api, store: EventS
     await wait_until(lambda: len(received) == 2)
     assert not follower.done(), "a follow stays open while the trial runs"
     await post_logs(api, allocation_id, "b3", "five")
-    await end_trial(store, "1.1")
+    await end_trial(store, 11)
     await asyncio.wait_for(follower, timeout=10)
     assert [entry["line"] for entry in received] == ["three", "four", "five"]
 
-    final = await api.ok("GET", "/api/v1/trials/1.1/logs", token=api.admin)
+    final = await api.ok("GET", "/api/v1/trials/11/logs", token=api.admin)
     assert final["done"] is True and len(final["logs"]) == 5
     bob = await user(api, store)
-    status, _ = await api.call("GET", "/api/v1/trials/1.1/logs", token=bob)
+    status, _ = await api.call("GET", "/api/v1/trials/11/logs", token=bob)
     assert status == 403
 
 
@@ -386,11 +387,11 @@ async def test_checkpoint_download_streams_a_tarball(
     checkpoint_storage) or the experiment's own; missing files are 404, others' 403."""
     await submit(store, 1, storage=False)
     await submit(store, 2, host_path=tmp_path / "shared")
-    for trial_id, uuid in (("1.1", "ck-a"), ("2.1", "ck-b"), ("1.1", "ck-gone")):
-        if not await store.stream_version(f"trial-{trial_id}"):
+    for trial_id, uuid in ((11, "ck-a"), (21, "ck-b"), (11, "ck-gone")):
+        if not await store.stream_version(trial_stream(trial_id)):
             await allocate(store, trial_id)
         await store.append(
-            f"trial-{trial_id}",
+            trial_stream(trial_id),
             [
                 CheckpointSaved(
                     trial_id=trial_id,

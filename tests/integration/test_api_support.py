@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from events.names import allocation_id, experiment_stream, trial_stream
 from events.store import EventStore
 from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
 from services.api.app import create_app
@@ -39,7 +40,7 @@ class Api:
         self.agent = ""
         self.admin = ""
 
-    def trial_token(self, trial_id: str) -> str:
+    def trial_token(self, trial_id: int) -> str:
         """A trial-scoped token, minted the way the gateway mints them."""
         return sign_trial_token(self.secret, trial_id)
 
@@ -110,41 +111,47 @@ async def submit_experiment(
 
 async def allocate(
     store: EventStore,
-    trial_id: str = "1.1",
+    trial_id: int = 11,
     run_id: int = 1,
     agent: str = "gpu01",
     slots: tuple[str, ...] = ("0",),
     request: bool = True,
+    experiment_id: int | None = None,
 ) -> str:
     """Appends what the searcher and scheduler would (TrialRequested, SlotsAllocated); returns
-    the allocation id."""
-    experiment_id = int(trial_id.split(".")[0])
+    the allocation id.
+
+    Test trial ids read ``<experiment><n>``: trial 11 is experiment 1's first trial, 21
+    experiment 2's (``experiment_id`` defaults to ``trial_id // 10``).
+    """
+    experiment_id = trial_id // 10 if experiment_id is None else experiment_id
     if request:
         await store.append(
-            f"experiment-{experiment_id}",
+            experiment_stream(experiment_id),
             [
                 TrialRequested(
                     experiment_id=experiment_id,
                     trial_id=trial_id,
+                    seq=trial_id % 10,
                     request_id=f"r-{trial_id}",
                     hparams={"lr": 0.1},
                     trial_seed=42,
                 )
             ],
         )
-    allocation_id = f"{trial_id}.{run_id}"
+    allocation = allocation_id(trial_id, run_id)
     await store.append(
-        f"trial-{trial_id}",
+        trial_stream(trial_id),
         [
             SlotsAllocated(
                 trial_id=trial_id,
-                allocation_id=allocation_id,
+                allocation_id=allocation,
                 placements={agent: list(slots)},
                 run_id=run_id,
             )
         ],
     )
-    return allocation_id
+    return allocation
 
 
 async def types_of(store: EventStore, stream_id: str) -> list[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from events.names import trial_stream
 from events.store import EventStore
 from events.types import (
     ExperimentStateChanged,
@@ -41,16 +42,17 @@ def loss(step: int) -> float:
 
 
 async def experiment_with_curves(store: EventStore, owner: str = "admin") -> None:
-    """Experiment 1 with trials 1.1 and 1.2, each validated at steps 1..POINTS."""
+    """Experiment 1 with trials 11 and 12, each validated at steps 1..POINTS."""
     await submit_experiment(store, 1, owner=owner)
     for seq in (1, 2):
-        trial_id = f"1.{seq}"
+        trial_id = 10 + seq
         await store.append(
             "experiment-1",
             [
                 TrialRequested(
                     experiment_id=1,
                     trial_id=trial_id,
+                    seq=seq,
                     request_id=f"r{seq}",
                     hparams={"lr": 0.1 * seq},
                     trial_seed=seq,
@@ -58,7 +60,7 @@ async def experiment_with_curves(store: EventStore, owner: str = "admin") -> Non
             ],
         )
         await store.append(
-            f"trial-{trial_id}",
+            trial_stream(trial_id),
             [
                 ValidationReported(
                     trial_id=trial_id, run_id=1, steps_completed=s, metrics={"loss": loss(s) * seq}
@@ -90,8 +92,8 @@ async def test_experiment_series_is_downsampled_keeping_extremes_and_ends(
     assert body["metrics"]["validation"] == ["loss"]
     assert sorted(body["metrics"]["training"]) == ["loss", "lr"]
     by_trial = {t["trial_id"]: t for t in body["trials"]}
-    assert sorted(by_trial) == ["1.1", "1.2"]
-    for seq, trial in ((1, by_trial["1.1"]), (2, by_trial["1.2"])):
+    assert sorted(by_trial) == [11, 12]
+    for seq, trial in ((1, by_trial[11]), (2, by_trial[12])):
         steps, values = trial["steps"], trial["values"]
         assert len(steps) <= 2 * 20 < POINTS
         assert steps == sorted(set(steps))
@@ -110,7 +112,7 @@ async def test_experiment_series_is_downsampled_keeping_extremes_and_ends(
 async def test_trial_series_has_every_metric_of_every_group(api: Api, store: EventStore) -> None:
     """A trial's series lists each (group, metric) once, downsampled the same way."""
     await experiment_with_curves(store)
-    body = await api.ok("GET", "/api/v1/trials/1.2/series?buckets=16", api.admin)
+    body = await api.ok("GET", "/api/v1/trials/12/series?buckets=16", api.admin)
     keys = sorted((s["group"], s["metric"]) for s in body["series"])
     assert keys == [("training", "loss"), ("training", "lr"), ("validation", "loss")]
     validation = next(s for s in body["series"] if s["group"] == "validation")
@@ -127,11 +129,11 @@ async def test_series_logs_and_hidden_from_other_users(api: Api, store: EventSto
     for path in (
         "/api/v1/experiments/1/series",
         "/api/v1/experiments/1/logs",
-        "/api/v1/trials/1.1/series",
+        "/api/v1/trials/11/series",
     ):
         status, body = await api.call("GET", path, bob)
         assert status == 403, (path, body)
-    for path in ("/api/v1/experiments/9/series", "/api/v1/trials/9.1/series"):
+    for path in ("/api/v1/experiments/9/series", "/api/v1/trials/91/series"):
         status, _ = await api.call("GET", path, api.admin)
         assert status == 404, path
     for path in (
@@ -148,10 +150,10 @@ async def test_experiment_logs_merge_its_trials_only(api: Api, store: EventStore
     """The experiment's logs hold its trials' lines in id order, and no other experiment's."""
     await experiment_with_curves(store)
     await submit_experiment(store, 2)
-    alloc_1 = await allocate(store, "1.1", request=False)
-    alloc_2 = await allocate(store, "2.1")
+    alloc_1 = await allocate(store, 11, request=False)
+    alloc_2 = await allocate(store, 21)
     await catch_up(store)
-    for alloc, trial_id, text in ((alloc_1, "1.1", "one"), (alloc_2, "2.1", "two")):
+    for alloc, trial_id, text in ((alloc_1, 11, "one"), (alloc_2, 21, "two")):
         status, body = await api.call(
             "POST",
             f"/api/v1/allocations/{alloc}/logs",
@@ -165,7 +167,7 @@ async def test_experiment_logs_merge_its_trials_only(api: Api, store: EventStore
         assert status == 200, body
     body = await api.ok("GET", "/api/v1/experiments/1/logs", api.admin)
     assert [e["line"] for e in body["logs"]] == ["one 0", "one 1", "one 2"]
-    assert {e["trial_id"] for e in body["logs"]} == {"1.1"}
+    assert {e["trial_id"] for e in body["logs"]} == {11}
     tail = await api.ok("GET", "/api/v1/experiments/1/logs?tail=1", api.admin)
     assert [e["line"] for e in tail["logs"]] == ["one 2"]
     after = await api.ok(
@@ -181,12 +183,12 @@ async def test_queue_and_holders_name_others_work_only_to_admins(
     waiting trial and allocation without its ids, an admin with them."""
     await submit_experiment(store, 1, owner="bob")
     await store.append("experiment-1", [ExperimentStateChanged(experiment_id=1, state="ACTIVE")])
-    await allocate(store, "1.1")
+    await allocate(store, 11)
     await store.append(
         "experiment-1",
         [
             TrialRequested(
-                experiment_id=1, trial_id="1.2", request_id="r2", hparams={}, trial_seed=2
+                experiment_id=1, trial_id=12, seq=2, request_id="r2", hparams={}, trial_seed=2
             )
         ],
     )
@@ -194,13 +196,13 @@ async def test_queue_and_holders_name_others_work_only_to_admins(
     assert await create_user(store, "carol", "pw", admin=False)
     carol = await api.login("carol", "pw")
     admin_queue = await api.ok("GET", "/api/v1/cluster/queue", api.admin)
-    assert [(q["position"], q["trial_id"]) for q in admin_queue["queue"]] == [(1, "1.2")]
+    assert [(q["position"], q["trial_id"]) for q in admin_queue["queue"]] == [(1, 12)]
     carol_queue = await api.ok("GET", "/api/v1/cluster/queue", carol)
     assert [(q["trial_id"], q["experiment_id"], q["owner"]) for q in carol_queue["queue"]] == [
         (None, None, "bob")
     ]
     held = await api.ok("GET", "/api/v1/cluster/allocations", api.admin)
-    assert [a["trial_id"] for a in held["allocations"]] == ["1.1"]
+    assert [a["trial_id"] for a in held["allocations"]] == [11]
     hidden = await api.ok("GET", "/api/v1/cluster/allocations", carol)
     assert [a["trial_id"] for a in hidden["allocations"]] == [None]
     util = await api.ok("GET", "/api/v1/cluster/utilisation?minutes=5", carol)

@@ -46,7 +46,12 @@ async def seed(store: EventStore, trials: int, slots: int) -> int:
         "experiment-1",
         [
             TrialRequested(
-                experiment_id=1, trial_id=f"1.{n}", request_id=f"r{n}", hparams={}, trial_seed=n
+                experiment_id=1,
+                trial_id=10 + n,
+                seq=n,
+                request_id=f"r{n}",
+                hparams={},
+                trial_seed=n,
             )
             for n in range(1, trials + 1)
         ],
@@ -146,7 +151,7 @@ async def test_user_kill_before_the_append_wins_over_a_stale_allocation(store: E
     await seed(store, trials=2, slots=2)
 
     async def kill() -> None:
-        await store.append("trial-1.1", [TrialKillRequested(trial_id="1.1")])
+        await store.append("trial-11", [TrialKillRequested(trial_id=11)])
 
     slow = Overtaken(store, kill)
     runner = ConsumerRunner(store, None, slow)
@@ -154,12 +159,12 @@ async def test_user_kill_before_the_append_wins_over_a_stale_allocation(store: E
 
     assert runner.replans == 1, "the plan made before the kill lost"
     allocated = await allocations(store)
-    assert [a["trial_id"] for a in allocated] == ["1.2"]
+    assert [a["trial_id"] for a in allocated] == [12]
     states = [
         (e.payload["trial_id"], e.payload["state"])
         for e in await store.read_all(limit=100_000, types=["TrialStateChanged"])
     ]
-    assert states == [("1.1", "CANCELED")]
+    assert states == [(11, "CANCELED")]
 
 
 async def test_events_it_does_not_fold_count_in_the_versions_it_expects(
@@ -172,25 +177,23 @@ async def test_events_it_does_not_fold_count_in_the_versions_it_expects(
     await runner.catch_up()
     [allocated] = await allocations(store)
     events: list[Event] = [
-        TrialStarted(
-            trial_id="1.1", allocation_id=allocated["allocation_id"], run_id=1, agent_id="a"
-        )
+        TrialStarted(trial_id=11, allocation_id=allocated["allocation_id"], run_id=1, agent_id="a")
     ]
     events += [
-        WorkloadCompleted(trial_id="1.1", run_id=1, steps_completed=n, metrics={"loss": 1 / n})
+        WorkloadCompleted(trial_id=11, run_id=1, steps_completed=n, metrics={"loss": 1 / n})
         for n in range(1, 6)
     ]
     events.append(
         TrialExited(
-            trial_id="1.1", run_id=1, allocation_id=allocated["allocation_id"], outcome="completed"
+            trial_id=11, run_id=1, allocation_id=allocated["allocation_id"], outcome="completed"
         )
     )
-    await store.append("trial-1.1", events)
+    await store.append("trial-11", events)
 
     await runner.catch_up()
 
     assert runner.replans == 0
-    assert runner.consumer.state.version("trial-1.1") == 8, "every event of the stream counted"
+    assert runner.consumer.state.version("trial-11") == 8, "every event of the stream counted"
     closed = await store.read_all(limit=100_000, types=["TrialStateChanged"])
     assert [(e.payload["state"], e.stream_version) for e in closed] == [("COMPLETED", 9)]
 
@@ -204,9 +207,9 @@ async def test_replan_budget_exhausted_raises_to_the_caller(store: EventStore) -
     class AlwaysOvertaken(SchedulerConsumer):
         async def before_commit(self, tx: Transaction) -> None:
             metrics = WorkloadCompleted(
-                trial_id="1.1", run_id=1, steps_completed=next(steps), metrics={}
+                trial_id=11, run_id=1, steps_completed=next(steps), metrics={}
             )
-            await store.append("trial-1.1", [metrics])
+            await store.append("trial-11", [metrics])
             await super().before_commit(tx)
 
     runner = ConsumerRunner(store, None, AlwaysOvertaken(store, Settings()), max_replans=2)

@@ -37,22 +37,22 @@ async def one_started_run(store: EventStore) -> ConsumerRunner:
     )
     await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config={})])
     requested = TrialRequested(
-        experiment_id=1, trial_id="1.1", request_id="r1", hparams={}, trial_seed=1
+        experiment_id=1, trial_id=11, seq=1, request_id="r1", hparams={}, trial_seed=1
     )
     await store.append("experiment-1", [requested])
     runner = ConsumerRunner(store, None, SchedulerConsumer(store, Settings(), agent_timeout=1e6))
     await runner.catch_up()
     assert await types(store) == ["SlotsAllocated"]
     started = TrialStarted(
-        trial_id="1.1",
-        allocation_id="1.1.1",
+        trial_id=11,
+        allocation_id="11.1",
         run_id=1,
         agent_id="a",
         agent_incarnation="i1",
         listed_from=3,
     )
-    await store.append("trial-1.1", [started])
-    await beat(store, ["1.1.1"], 3)
+    await store.append("trial-11", [started])
+    await beat(store, ["11.1"], 3)
     await runner.catch_up()
     return runner
 
@@ -62,7 +62,7 @@ async def beat(store: EventStore, running: Sequence[str], seq: int) -> None:
 
 
 async def types(store: EventStore) -> list[str]:
-    return [e.type for e in await store.read_stream("trial-1.1") if e.type != "TrialStarted"]
+    return [e.type for e in await store.read_stream("trial-11") if e.type != "TrialStarted"]
 
 
 async def test_a_run_the_agent_stopped_listing_is_recorded_lost_and_restarted(
@@ -75,7 +75,7 @@ async def test_a_run_the_agent_stopped_listing_is_recorded_lost_and_restarted(
     await runner.catch_up()
     await runner.catch_up()
     await runner.catch_up()
-    events = [e for e in await store.read_stream("trial-1.1")]
+    events = [e for e in await store.read_stream("trial-11")]
     kinds = [e.type for e in events]
     assert kinds == [
         "SlotsAllocated",
@@ -86,7 +86,7 @@ async def test_a_run_the_agent_stopped_listing_is_recorded_lost_and_restarted(
         "SlotsAllocated",
     ]
     lost = events[2].payload
-    assert (lost["allocation_id"], lost["outcome"]) == ("1.1.1", "lost")
+    assert (lost["allocation_id"], lost["outcome"]) == ("11.1", "lost")
     assert "heartbeat 4" in lost["message"]
 
 
@@ -100,12 +100,10 @@ async def test_an_exit_committed_after_the_head_was_read_is_not_declared_lost(
     consumer = runner.consumer
     assert isinstance(consumer, SchedulerConsumer)
     exited: list[Event] = [
-        TrialExited(
-            trial_id="1.1", run_id=1, allocation_id="1.1.1", outcome="completed", exit_code=0
-        ),
-        SlotsReleased(trial_id="1.1", allocation_id="1.1.1", placements={"a": ["0"]}),
+        TrialExited(trial_id=11, run_id=1, allocation_id="11.1", outcome="completed", exit_code=0),
+        SlotsReleased(trial_id=11, allocation_id="11.1", placements={"a": ["0"]}),
     ]
-    await store.append("trial-1.1", exited)
+    await store.append("trial-11", exited)
     await beat(store, [], 4)
     async with store.transaction() as tx:  # the state has not folded the exit
         await consumer.before_commit(tx)

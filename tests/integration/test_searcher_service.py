@@ -7,6 +7,7 @@ from typing import Any
 
 from events.check import check_log
 from events.consumer import ConsumerRunner
+from events.names import trial_stream
 from events.store import EventStore
 from events.types import (
     ExperimentStateChanged,
@@ -76,14 +77,15 @@ async def simulate(
             batches = progress.get(trial_id, 0)
             if trial_id in stopped or batches >= 64:
                 await store.append(
-                    f"trial-{trial_id}", [TrialStateChanged(trial_id=trial_id, state="COMPLETED")]
+                    trial_stream(trial_id),
+                    [TrialStateChanged(trial_id=trial_id, state="COMPLETED")],
                 )
                 continue
             batches += 4
             progress[trial_id] = batches
             metrics = {"validation_loss": loss(req["hparams"], batches), "batches": batches}
             await store.append(
-                f"trial-{trial_id}",
+                trial_stream(trial_id),
                 [
                     ValidationReported(
                         trial_id=trial_id, run_id=1, steps_completed=batches, metrics=metrics
@@ -181,7 +183,7 @@ async def test_search_end_overtaken_by_a_user_kill_is_not_appended(store: EventS
     trial_id = requested.payload["trial_id"]
     # The input that ends the search, then the user's kill, both before the searcher runs.
     await store.append(
-        f"trial-{trial_id}", [TrialStateChanged(trial_id=trial_id, state="COMPLETED")]
+        trial_stream(trial_id), [TrialStateChanged(trial_id=trial_id, state="COMPLETED")]
     )
     kill = ExperimentStateChanged(experiment_id=1, state="STOPPING_KILLED", actor="alice")
     await store.append("experiment-1", [kill])

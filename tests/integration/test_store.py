@@ -23,7 +23,12 @@ def submitted(i: int) -> ExperimentSubmitted:
 
 def requested(exp: int, n: int) -> TrialRequested:
     return TrialRequested(
-        experiment_id=exp, trial_id=f"{exp}.{n}", request_id=f"r{n}", hparams={"n": n}, trial_seed=n
+        experiment_id=exp,
+        trial_id=exp * 100_000 + n,
+        seq=n,
+        request_id=f"r{n}",
+        hparams={"n": n},
+        trial_seed=n,
     )
 
 

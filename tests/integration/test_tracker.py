@@ -14,6 +14,7 @@ from typing import Any
 
 from cairn.local.servers import ServerProcess
 from events.envelope import Event, RecordedEvent
+from events.names import allocation_id, trial_stream
 from events.store import EventStore
 from events.types import (
     AgentLost,
@@ -67,11 +68,11 @@ class Log:
             self.at[mark] = recorded[0].recorded_at
         return recorded
 
-    async def trial(self, trial_id: str, *events: Event, mark: str = "") -> None:
-        await self.add(f"trial-{trial_id}", *events, mark=mark)
+    async def trial(self, trial_id: int, *events: Event, mark: str = "") -> None:
+        await self.add(trial_stream(trial_id), *events, mark=mark)
 
     async def metrics(
-        self, trial_id: str, run: int, training: tuple[int, ...], validation: dict[int, float]
+        self, trial_id: int, run: int, training: tuple[int, ...], validation: dict[int, float]
     ) -> None:
         for steps in training:
             await self.trial(
@@ -91,7 +92,7 @@ class Log:
                 ),
             )
 
-    async def checkpoint(self, trial_id: str, run: int, uuid: str, steps: int) -> None:
+    async def checkpoint(self, trial_id: int, run: int, uuid: str, steps: int) -> None:
         await self.trial(
             trial_id,
             CheckpointSaved(
@@ -105,9 +106,9 @@ class Log:
         )
 
     async def run(
-        self, trial_id: str, run: int, agent: str, slot: str, restored: str | None = None
+        self, trial_id: int, run: int, agent: str, slot: str, restored: str | None = None
     ) -> None:
-        allocation = f"{trial_id}.{run}"
+        allocation = allocation_id(trial_id, run)
         await self.trial(
             trial_id,
             SlotsAllocated(
@@ -127,9 +128,9 @@ class Log:
         )
 
     async def exit(
-        self, trial_id: str, run: int, agent: str, slot: str, outcome: str, code: int
+        self, trial_id: int, run: int, agent: str, slot: str, outcome: str, code: int
     ) -> None:
-        allocation = f"{trial_id}.{run}"
+        allocation = allocation_id(trial_id, run)
         await self.trial(
             trial_id,
             TrialExited(
@@ -156,13 +157,15 @@ async def experiment(
     )
 
 
-async def request(log: Log, trial_id: str) -> None:
-    experiment_id = int(trial_id.split(".")[0])
+async def request(log: Log, trial_id: int) -> None:
+    """Test trial ids read ``<experiment><n>``: 11 is experiment 1's first trial."""
+    experiment_id = trial_id // 10
     await log.add(
         f"experiment-{experiment_id}",
         TrialRequested(
             experiment_id=experiment_id,
             trial_id=trial_id,
+            seq=trial_id % 10,
             request_id=f"r{trial_id}",
             hparams={"lr": 0.1},
             trial_seed=7,
@@ -194,30 +197,30 @@ async def drive(store: EventStore, root: Path) -> Log:
         "agent-a2", AgentRegistered(agent_id="a2", slots=[Slot(slot_id="0")], hostname="h2")
     )
     await experiment(log, 1, root)
-    await request(log, "1.1")
-    await request(log, "1.2")
-    await log.run("1.1", 1, "a1", "0")
-    await log.run("1.2", 1, "a1", "1")
+    await request(log, 11)
+    await request(log, 12)
+    await log.run(11, 1, "a1", "0")
+    await log.run(12, 1, "a1", "1")
     # Trial 1.1, run 1: c1 at 20 after its validation, c2 at 30 before its validation.
-    await log.metrics("1.1", 1, (10, 20, 30), {20: 0.5})
-    await log.checkpoint("1.1", 1, "c1", 20)
-    await log.checkpoint("1.1", 1, "c2", 30)
-    await log.metrics("1.1", 1, (), {30: 0.4})
-    await log.exit("1.1", 1, "a1", "0", "failed", 1)
-    await log.trial("1.1", TrialRestarted(trial_id="1.1", restarts=1, latest_checkpoint="c1"))
+    await log.metrics(11, 1, (10, 20, 30), {20: 0.5})
+    await log.checkpoint(11, 1, "c1", 20)
+    await log.checkpoint(11, 1, "c2", 30)
+    await log.metrics(11, 1, (), {30: 0.4})
+    await log.exit(11, 1, "a1", "0", "failed", 1)
+    await log.trial(11, TrialRestarted(trial_id=11, restarts=1, latest_checkpoint="c1"))
     # Run 2 resumes from c1 (steps 20): its report at 25 archives run 1's rows beyond 25.
-    await log.run("1.1", 2, "a2", "0", restored="c1")
-    await log.metrics("1.1", 2, (25, 40), {40: 0.3})
-    await log.checkpoint("1.1", 2, "c3", 40)
+    await log.run(11, 2, "a2", "0", restored="c1")
+    await log.metrics(11, 2, (25, 40), {40: 0.3})
+    await log.checkpoint(11, 2, "c3", 40)
     # Trial 1.2: c6 (no validation), c4 (validated), c5 (latest, no validation).
-    await log.checkpoint("1.2", 1, "c6", 5)
-    await log.metrics("1.2", 1, (10,), {10: 0.6})
-    await log.checkpoint("1.2", 1, "c4", 10)
-    await log.checkpoint("1.2", 1, "c5", 20)
+    await log.checkpoint(12, 1, "c6", 5)
+    await log.metrics(12, 1, (10,), {10: 0.6})
+    await log.checkpoint(12, 1, "c4", 10)
+    await log.checkpoint(12, 1, "c5", 20)
     await log.trial(
-        "1.2",
+        12,
         MetricsReported(
-            trial_id="1.2",
+            trial_id=12,
             run_id=1,
             group="inference",
             steps_completed=20,
@@ -229,15 +232,15 @@ async def drive(store: EventStore, root: Path) -> Log:
     )
     # Experiment 2 warm-starts a trial from experiment 1's c1.
     await experiment(log, 2, root, owner="bob")
-    await request(log, "2.1")
-    await log.run("2.1", 1, "a1", "0", restored="c1")
+    await request(log, 21)
+    await log.run(21, 1, "a1", "0", restored="c1")
     return log
 
 
 async def finish_experiment_1(log: Log) -> None:
-    await log.exit("1.1", 2, "a2", "0", "completed", 0)
-    await log.exit("1.2", 1, "a1", "1", "completed", 0)
-    for trial_id in ("1.1", "1.2"):
+    await log.exit(11, 2, "a2", "0", "completed", 0)
+    await log.exit(12, 1, "a1", "1", "completed", 0)
+    for trial_id in (11, 12):
         await log.trial(
             trial_id,
             TrialStateChanged(trial_id=trial_id, state="COMPLETED"),
@@ -286,15 +289,15 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         "SELECT agent_id, slot_id, device, name, enabled, draining, allocation_id FROM tr_slots ORDER BY 1, 2"
     )
     assert [tuple(r) for r in slots] == [
-        ("a1", "0", "cpu", "", True, False, "2.1.1"),
-        ("a1", "1", "cuda", "A100", False, True, "1.2.1"),
-        ("a2", "0", "cpu", "", True, False, "1.1.2"),
+        ("a1", "0", "cpu", "", True, False, "21.1"),
+        ("a1", "1", "cuda", "A100", False, True, "12.1"),
+        ("a2", "0", "cpu", "", True, False, "11.2"),
     ]
-    running = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '1.1.2'")
+    running = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '11.2'")
     assert (running["state"], running["agent_id"], running["started_at"]) == (
         "RUNNING",
         "a2",
-        log.at["started 1.1.2"],
+        log.at["started 11.2"],
     )
 
     await finish_experiment_1(log)
@@ -319,14 +322,14 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         "num_trials": 2,
         "submitted_at": log.at["submitted 1"],
         "ended_at": log.at["completed 1"],
-        "best_trial_id": "1.1",
+        "best_trial_id": 11,
         "best_metric": 0.3,
         "position": exp["position"],
     }
     assert exp["config"]["searcher"]["metric"] == "loss"
-    trial = await row(store, "SELECT * FROM tr_trials WHERE trial_id = '1.1'")
+    trial = await row(store, "SELECT * FROM tr_trials WHERE trial_id = 11")
     assert trial == {
-        "trial_id": "1.1",
+        "trial_id": 11,
         "experiment_id": 1,
         "seq": 1,
         "state": "COMPLETED",
@@ -338,16 +341,16 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         "latest_checkpoint": "c3",
         "best_metric": 0.3,
         "latest_validation": {"run_id": 2, "steps_completed": 40, "metrics": {"loss": 0.3}},
-        "requested_at": log.at["requested 1.1"],
-        "started_at": log.at["started 1.1.1"],
-        "ended_at": log.at["ended 1.1"],
+        "requested_at": log.at["requested 11"],
+        "started_at": log.at["started 11.1"],
+        "ended_at": log.at["ended 11"],
     }
     archived = await store.pool.fetch(
         'SELECT run_id, "group", steps_completed FROM tr_metrics WHERE archived ORDER BY 2, 3'
     )
     assert [tuple(r) for r in archived] == [(1, "training", 30), (1, "validation", 30)]
     groups = await store.pool.fetch(
-        "SELECT DISTINCT \"group\" FROM tr_metrics WHERE trial_id = '1.2' ORDER BY 1"
+        'SELECT DISTINCT "group" FROM tr_metrics WHERE trial_id = 12 ORDER BY 1'
     )
     assert [r[0] for r in groups] == ["inference", "training", "validation"]
     checkpoints = {
@@ -363,12 +366,12 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
     }
     assert checkpoints["c1"]["searcher_metric"] == 0.5  # validated before it was saved
     assert checkpoints["c5"]["validation"] is None
-    failed = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '1.1.1'")
+    failed = await row(store, "SELECT * FROM tr_allocations WHERE allocation_id = '11.1'")
     assert (failed["state"], failed["outcome"], failed["exit_code"], failed["ended_at"]) == (
         "TERMINATED",
         "failed",
         1,
-        log.at["exited 1.1.1"],
+        log.at["exited 11.1"],
     )
     released = await store.pool.fetch(
         "SELECT slot_id FROM tr_slots WHERE allocation_id IS NULL ORDER BY agent_id, slot_id"
@@ -464,8 +467,8 @@ async def test_deletion_that_cannot_remove_a_checkpoint_is_delete_failed(
     root.write_text("a file where the checkpoint root should be")
     log = Log(store)
     await experiment(log, 1, root)
-    await request(log, "1.1")
-    await log.checkpoint("1.1", 1, "c1", 10)
+    await request(log, 11)
+    await log.checkpoint(11, 1, "c1", 10)
     await finish(log, 1)
     await log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="DELETING"))
     await catch_up(store, checkpoint_root=tmp_path / "default")

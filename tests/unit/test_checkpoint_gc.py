@@ -35,7 +35,7 @@ ALL = set(METRICS)
 def oracle_checkpoints(sign: float = 1.0) -> list[CheckpointInfo]:
     out = []
     for n, metric in METRICS.items():
-        trial = "1.1" if n <= 5 else "1.2"
+        trial = 11 if n <= 5 else 12
         value = None if metric is None else sign * metric
         out.append(CheckpointInfo(str(n), trial, steps_completed=100 * n, searcher_metric=value))
     return out
@@ -88,11 +88,11 @@ def test_warm_starts_are_never_deleted() -> None:
 def test_ties_share_a_rank_like_sql_rank() -> None:
     """Equal metrics (and equal steps) tie: both are kept when either would be."""
     ckpts = [
-        CheckpointInfo("a", "1.1", 10, 0.5),
-        CheckpointInfo("b", "1.1", 20, 0.5),
-        CheckpointInfo("c", "1.1", 30, 0.9),
-        CheckpointInfo("d", "1.2", 30, None),
-        CheckpointInfo("e", "1.2", 30, None),
+        CheckpointInfo("a", 11, 10, 0.5),
+        CheckpointInfo("b", 11, 20, 0.5),
+        CheckpointInfo("c", 11, 30, 0.9),
+        CheckpointInfo("d", 12, 30, None),
+        CheckpointInfo("e", 12, 30, None),
     ]
     deleted = select_for_deletion(ckpts, GCPolicy(0, 1, 0), smaller_is_better=True)
     assert deleted == {"c", "d", "e"}

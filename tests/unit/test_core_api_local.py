@@ -198,7 +198,7 @@ def test_failed_store_path_leaves_no_checkpoint(tmp_path: Path) -> None:
 def test_reports_are_batched_in_the_background_and_flushed_on_close(master: FakeMaster) -> None:
     """Reporting never waits on the API: 1200 reports return while a POST hangs unanswered;
     close() then delivers every item with keys <alloc>:<seq>."""
-    reporter = HTTPReporter(Session(master.url, "tok"), "1.1", "1.1.1")
+    reporter = HTTPReporter(Session(master.url, "tok"), 11, "11.1")
     train = cairn.core.TrainContext(
         reporter, cairn.core.DistributedContext(rank=0, size=1, local_rank=0), run_id=1
     )
@@ -218,7 +218,7 @@ def test_reports_are_batched_in_the_background_and_flushed_on_close(master: Fake
     master.release()
     assert reporter.close(timeout=20)
     items = master.items()
-    assert [i["idempotency_key"] for i in items] == [f"1.1.1:{n}" for n in range(1, 1201)]
+    assert [i["idempotency_key"] for i in items] == [f"11.1:{n}" for n in range(1, 1201)]
     assert [i["steps_completed"] for i in items] == list(range(1, 1201))
     assert all(i["group"] == "training" and i["run_id"] == 1 for i in items)
     assert max(len(b) for b in master.batches) <= 500
@@ -228,11 +228,11 @@ def test_failed_posts_are_retried_with_the_same_keys() -> None:
     """A 503 is retried with backoff; the items arrive once, keys unchanged."""
     master = FakeMaster(fail_first=2)
     try:
-        reporter = HTTPReporter(Session(master.url, ""), "2.1", "2.1.3", flush_every=0.05)
+        reporter = HTTPReporter(Session(master.url, ""), 21, "21.3", flush_every=0.05)
         reporter.submit({"kind": "progress", "progress": 0.5})
         assert reporter.flush(timeout=10)
         assert master.items() == [
-            {"kind": "progress", "progress": 0.5, "idempotency_key": "2.1.3:1"}
+            {"kind": "progress", "progress": 0.5, "idempotency_key": "21.3:1"}
         ]
         reporter.close()
     finally:
@@ -247,10 +247,10 @@ def test_on_cluster_context_reports_chief_only_and_sees_preemption(
     env = {
         "CAIRN_MASTER": master.url,
         "CAIRN_TOKEN": "t",
-        "CAIRN_TRIAL_ID": "4.2",
+        "CAIRN_TRIAL_ID": "42",
         "CAIRN_EXPERIMENT_ID": "4",
         "CAIRN_RUN_ID": "3",
-        "CAIRN_ALLOCATION_ID": "4.2.3",
+        "CAIRN_ALLOCATION_ID": "42.3",
         "CAIRN_HPARAMS": json.dumps({"lr": 0.5}),
         "CAIRN_TRIAL_SEED": "11",
         "CAIRN_STEPS_COMPLETED": "40",
@@ -266,7 +266,7 @@ def test_on_cluster_context_reports_chief_only_and_sees_preemption(
     assert master.items() == []
     with cairn.core.init() as ctx:
         info = ctx.info
-        assert (info.trial.trial_id, info.trial.run_id, info.trial.trial_seed) == ("4.2", 3, 11)
+        assert (info.trial.trial_id, info.trial.run_id, info.trial.trial_seed) == (42, 3, 11)
         assert info.trial.hparams == {"lr": 0.5} and info.latest_checkpoint == "abc"
         assert info.trial.steps_completed == 40
         ctx.train.report_validation_metrics(50, {"validation_loss": 0.1, "nan": float("nan")})

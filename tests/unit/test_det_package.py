@@ -45,9 +45,9 @@ def trial_env(**extra: str) -> dict[str, str]:
         "CAIRN_MASTER": "http://api.example:8080/",
         "CAIRN_TOKEN": "trial:7.2:abc",
         "CAIRN_EXPERIMENT_ID": "7",
-        "CAIRN_TRIAL_ID": "7.2",
+        "CAIRN_TRIAL_ID": "72",
         "CAIRN_RUN_ID": "3",
-        "CAIRN_ALLOCATION_ID": "7.2.3",
+        "CAIRN_ALLOCATION_ID": "72.3",
         "CAIRN_AGENT_ID": "gpu03",
         "CAIRN_SLOT_IDS": json.dumps(["GPU-aaaa", "GPU-bbbb"]),
         "CAIRN_HPARAMS": json.dumps({"lr": 0.01, "layers": {"n": 2}}),
@@ -109,13 +109,13 @@ def test_cluster_info_carries_what_determined_s_does() -> None:
     info = cairn.get_cluster_info(trial_env(CAIRN_USER="alice", CAIRN_CLUSTER_ID="lab-1"))
     assert info is not None
     trial = info.trial
-    assert (trial.trial_id, trial.experiment_id, trial.trial_seed) == ("7.2", 7, 1234)
+    assert (trial.trial_id, trial.experiment_id, trial.trial_seed) == (72, 7, 1234)
     assert (trial.run_id, trial.trial_run_id, trial.steps_completed) == (3, 3, 40)
     assert trial.hparams == {"lr": 0.01, "layers": {"n": 2}}
     assert trial.user_data == info.user_data == {"url": "s3://bucket/x"}
     assert info.master_url == "http://api.example:8080"
     assert info.session_token == info.token == "trial:7.2:abc"
-    assert (info.task_type, info.task_id, info.allocation_id) == ("TRIAL", "7.2", "7.2.3")
+    assert (info.task_type, info.task_id, info.allocation_id) == ("TRIAL", "72", "72.3")
     assert (info.user, info.cluster_id, info.agent_id) == ("alice", "lab-1", "gpu03")
     assert info.latest_checkpoint == "c0ffee"
     assert info.slot_ids == ["GPU-aaaa", "GPU-bbbb"] and info.num_slots == 2

@@ -17,7 +17,7 @@ def changed(n: int, kind: str, state: str) -> RecordedEvent:
     payload = (
         {"experiment_id": 1, "state": state}
         if kind == "experiment"
-        else {"trial_id": "1.1", "state": state}
+        else {"trial_id": 11, "state": state}
     )
     return RecordedEvent(
         position=n,

@@ -49,27 +49,27 @@ class Log:
         return recorded
 
 
-def allocated(trial: str, allocation: str, slot: str = "s0") -> SlotsAllocated:
+def allocated(trial: int, allocation: str, slot: str = "s0") -> SlotsAllocated:
     return SlotsAllocated(trial_id=trial, allocation_id=allocation, placements={"a1": [slot]})
 
 
-def exited(trial: str, allocation: str) -> TrialExited:
+def exited(trial: int, allocation: str) -> TrialExited:
     return TrialExited(trial_id=trial, run_id=1, allocation_id=allocation, outcome="completed")
 
 
 def clean_log() -> Log:
     log = Log()
     log.add("experiment-1", ExperimentSubmitted(experiment_id=1, config={}))
-    log.add("trial-1.1", allocated("1.1", "1.1.1"))
-    started = TrialStarted(trial_id="1.1", allocation_id="1.1.1", run_id=1, agent_id="a1")
-    log.add("trial-1.1", started)
-    log.add("trial-1.1", exited("1.1", "1.1.1"))
-    log.add("trial-1.1", TrialStateChanged(trial_id="1.1", state="COMPLETED"))
-    log.add("trial-1.2", allocated("1.2", "1.2.1"))  # the same slot, free again
-    log.add("trial-1.2", exited("1.2", "1.2.1"))
-    log.add("trial-1.2", TrialStateChanged(trial_id="1.2", state="ACTIVE", reason="requeue"))
-    log.add("trial-1.2", allocated("1.2", "1.2.2"))
-    log.add("trial-1.2", SlotsReleased(trial_id="1.2", allocation_id="1.2.2", placements={}))
+    log.add("trial-11", allocated(11, "11.1"))
+    started = TrialStarted(trial_id=11, allocation_id="11.1", run_id=1, agent_id="a1")
+    log.add("trial-11", started)
+    log.add("trial-11", exited(11, "11.1"))
+    log.add("trial-11", TrialStateChanged(trial_id=11, state="COMPLETED"))
+    log.add("trial-12", allocated(12, "12.1"))  # the same slot, free again
+    log.add("trial-12", exited(12, "12.1"))
+    log.add("trial-12", TrialStateChanged(trial_id=12, state="ACTIVE", reason="requeue"))
+    log.add("trial-12", allocated(12, "12.2"))
+    log.add("trial-12", SlotsReleased(trial_id=12, allocation_id="12.2", placements={}))
     log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="STOPPING_COMPLETED"))
     log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="COMPLETED"))
     return log
@@ -87,32 +87,32 @@ def test_clean_log_has_no_findings() -> None:
 def test_allocation_appended_twice_is_found() -> None:
     """The same allocation decided twice shows as allocated-twice, a slot held twice and an overlap."""
     log = Log()
-    log.add("trial-1.1", allocated("1.1", "1.1.1", "s0"))
-    log.add("trial-1.1", allocated("1.1", "1.1.1", "s1"))
+    log.add("trial-11", allocated(11, "11.1", "s0"))
+    log.add("trial-11", allocated(11, "11.1", "s1"))
     assert sorted(kinds(log)) == ["allocated-twice", "trial-overlap"]
-    log.add("trial-1.2", allocated("1.2", "1.2.1", "s1"))
+    log.add("trial-12", allocated(12, "12.1", "s1"))
     assert kinds(log)[-1] == "slot-held-twice"
 
 
 def test_duplicate_state_change_is_found() -> None:
     """A trial completed twice is a duplicate state change; completing a canceled one is illegal."""
     log = Log()
-    log.add("trial-1.1", TrialStateChanged(trial_id="1.1", state="COMPLETED"))
-    log.add("trial-1.1", TrialStateChanged(trial_id="1.1", state="COMPLETED"))
-    log.add("trial-1.2", TrialStateChanged(trial_id="1.2", state="CANCELED"))
-    log.add("trial-1.2", TrialStateChanged(trial_id="1.2", state="ERROR"))
+    log.add("trial-11", TrialStateChanged(trial_id=11, state="COMPLETED"))
+    log.add("trial-11", TrialStateChanged(trial_id=11, state="COMPLETED"))
+    log.add("trial-12", TrialStateChanged(trial_id=12, state="CANCELED"))
+    log.add("trial-12", TrialStateChanged(trial_id=12, state="ERROR"))
     assert kinds(log) == ["duplicate-state", "illegal-transition"]
 
 
 def test_started_twice_gap_and_duplicate_id_are_found() -> None:
     """A run started twice, a skipped stream version and a repeated event id are each found."""
     log = Log()
-    started = TrialStarted(trial_id="1.1", allocation_id="1.1.1", run_id=1, agent_id="a1")
-    log.add("trial-1.1", started)
-    log.add("trial-1.1", started)
-    log.add("trial-1.1", exited("1.1", "1.1.1"), version=5)
+    started = TrialStarted(trial_id=11, allocation_id="11.1", run_id=1, agent_id="a1")
+    log.add("trial-11", started)
+    log.add("trial-11", started)
+    log.add("trial-11", exited(11, "11.1"), version=5)
     copy = log.events[2].model_copy(
-        update={"position": 4, "stream_id": "trial-9.9", "stream_version": 1}
+        update={"position": 4, "stream_id": "trial-99", "stream_version": 1}
     )
     log.events.append(copy)
     assert kinds(log) == ["started-twice", "stream-gap", "duplicate-event-id"]
@@ -121,17 +121,17 @@ def test_started_twice_gap_and_duplicate_id_are_found() -> None:
 def test_checkpoint_recorded_by_a_second_trial_is_found() -> None:
     """A uuid saved by one trial and claimed by another (or recorded twice) is a finding."""
     log = Log()
-    saved = CheckpointSaved(trial_id="1.1", run_id=1, uuid="c1", steps_completed=5)
-    log.add("trial-1.1", saved)
-    log.add("trial-1.1", saved.model_copy(update={"uuid": "c2"}))
+    saved = CheckpointSaved(trial_id=11, run_id=1, uuid="c1", steps_completed=5)
+    log.add("trial-11", saved)
+    log.add("trial-11", saved.model_copy(update={"uuid": "c2"}))
     assert kinds(log) == []
-    log.add("trial-2.1", saved.model_copy(update={"trial_id": "2.1"}))
+    log.add("trial-21", saved.model_copy(update={"trial_id": 21}))
     assert kinds(log) == ["checkpoint-claimed-twice"]
 
 
 def test_undecodable_event_is_found() -> None:
     """A stored payload that no longer validates is reported, not raised."""
     log = clean_log()
-    broken = log.events[1].model_copy(update={"payload": {"trial_id": "1.1"}})
+    broken = log.events[1].model_copy(update={"payload": {"trial_id": 11}})
     log.events[1] = broken
     assert "undecodable" in kinds(log)

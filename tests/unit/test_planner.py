@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from events.envelope import Event, Metadata, RecordedEvent
+from events.names import allocation_id, trial_stream
 from events.registry import encode
 from events.types import (
     AgentRegistered,
@@ -76,7 +77,8 @@ def experiment(log: Log, exp: int, trials: int, **resources: Any) -> None:
             f"experiment-{exp}",
             TrialRequested(
                 experiment_id=exp,
-                trial_id=f"{exp}.{n}",
+                trial_id=exp * 10 + n,
+                seq=n,
                 request_id=f"r{n}",
                 hparams={},
                 trial_seed=n,
@@ -95,10 +97,15 @@ def types(events: list[Event]) -> list[str]:
     return [e.event_type for e in events]
 
 
-def exit_run(log: Log, trial: str, run: int, outcome: str) -> None:
+def exit_run(log: Log, trial: int, run: int, outcome: str) -> None:
     log.add(
-        f"trial-{trial}",
-        TrialExited(trial_id=trial, run_id=run, allocation_id=f"{trial}.{run}", outcome=outcome),  # type: ignore[arg-type]
+        trial_stream(trial),
+        TrialExited(
+            trial_id=trial,
+            run_id=run,
+            allocation_id=allocation_id(trial, run),
+            outcome=outcome,  # type: ignore[arg-type]
+        ),
     )
 
 
@@ -110,10 +117,10 @@ def test_pending_trials_fill_free_slots_and_wait_for_more() -> None:
     made = log.step()
     assert types(made) == ["SlotsAllocated", "SlotsAllocated"]
     assert log.step() == []
-    exit_run(log, "1.1", 1, "completed")
+    exit_run(log, 11, 1, "completed")
     made = log.settle()
     assert types(made) == ["TrialStateChanged", "SlotsAllocated"]
-    assert made[1].trial_id == "1.3"  # type: ignore[attr-defined]
+    assert made[1].trial_id == 13  # type: ignore[attr-defined]
 
 
 def test_failed_run_restarts_from_latest_checkpoint_then_errors() -> None:
@@ -122,13 +129,13 @@ def test_failed_run_restarts_from_latest_checkpoint_then_errors() -> None:
     agent(log, "a", 1)
     experiment(log, 1, 1)
     log.settle()
-    log.add("trial-1.1", CheckpointSaved(trial_id="1.1", run_id=1, uuid="ck-1", steps_completed=10))
-    exit_run(log, "1.1", 1, "failed")
+    log.add("trial-11", CheckpointSaved(trial_id=11, run_id=1, uuid="ck-1", steps_completed=10))
+    exit_run(log, 11, 1, "failed")
     made = log.settle()
     assert types(made) == ["TrialRestarted", "SlotsAllocated"]
     assert made[0].latest_checkpoint == "ck-1"  # type: ignore[attr-defined]
     assert made[1].run_id == 2  # type: ignore[attr-defined]
-    exit_run(log, "1.1", 2, "failed")
+    exit_run(log, 11, 2, "failed")
     made = log.settle()
     assert [(e.event_type, getattr(e, "state", None)) for e in made] == [
         ("TrialStateChanged", "ERROR")
@@ -145,7 +152,7 @@ def test_pause_preempts_and_activate_requeues() -> None:
     made = log.settle()
     assert types(made) == ["PreemptionRequested"]
     assert made[0].agent_ids == ["a"]  # type: ignore[attr-defined]
-    exit_run(log, "1.1", 1, "preempted")
+    exit_run(log, 11, 1, "preempted")
     assert [getattr(e, "reason", "") for e in log.settle()] == ["requeue"]
     log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="ACTIVE"))
     made = log.settle()
@@ -161,7 +168,7 @@ def test_kill_kills_running_and_cancels_experiment() -> None:
     log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="STOPPING_KILLED"))
     made = log.settle()
     assert sorted(types(made)) == ["KillRequested", "TrialStateChanged"]
-    exit_run(log, "1.1", 1, "killed")
+    exit_run(log, 11, 1, "killed")
     made = log.settle()
     assert [(e.event_type, getattr(e, "state", None)) for e in made] == [
         ("TrialStateChanged", "CANCELED"),
@@ -177,10 +184,10 @@ def test_higher_priority_experiment_preempts_lower() -> None:
     log.settle()
     experiment(log, 2, 1, priority=10)
     made = log.settle()
-    assert types(made) == ["PreemptionRequested"] and made[0].trial_id == "1.1"  # type: ignore[attr-defined]
-    exit_run(log, "1.1", 1, "preempted")
+    assert types(made) == ["PreemptionRequested"] and made[0].trial_id == 11  # type: ignore[attr-defined]
+    exit_run(log, 11, 1, "preempted")
     made = log.settle()
-    assert ("SlotsAllocated", "2.1") in [(e.event_type, getattr(e, "trial_id", "")) for e in made]
+    assert ("SlotsAllocated", 21) in [(e.event_type, getattr(e, "trial_id", "")) for e in made]
 
 
 def test_searcher_stop_completes_trial() -> None:
@@ -189,9 +196,9 @@ def test_searcher_stop_completes_trial() -> None:
     agent(log, "a", 1)
     experiment(log, 1, 1)
     log.settle()
-    log.add("experiment-1", TrialStopRequested(experiment_id=1, trial_id="1.1", request_id="r1"))
+    log.add("experiment-1", TrialStopRequested(experiment_id=1, trial_id=11, request_id="r1"))
     assert types(log.settle()) == ["PreemptionRequested"]
-    exit_run(log, "1.1", 1, "preempted")
+    exit_run(log, 11, 1, "preempted")
     assert [getattr(e, "state", None) for e in log.settle()] == ["COMPLETED"]
 
 
@@ -218,7 +225,7 @@ def test_replaying_the_log_decides_nothing_new() -> None:
     agent(log, "a", 2)
     experiment(log, 1, 4)
     log.settle()
-    exit_run(log, "1.1", 1, "failed")
+    exit_run(log, 11, 1, "failed")
     log.settle()
     fresh = ClusterState()
     for event in log.events:
@@ -232,16 +239,16 @@ def test_user_kill_of_one_trial_kills_its_run_and_cancels_only_it() -> None:
     agent(log, "a", 2)
     experiment(log, 1, 2)
     log.settle()
-    log.add("trial-1.1", TrialKillRequested(trial_id="1.1", actor="alice"))
+    log.add("trial-11", TrialKillRequested(trial_id=11, actor="alice"))
     made = log.settle()
     assert types(made) == ["KillRequested"]
-    assert made[0].allocation_id == "1.1.1"  # type: ignore[attr-defined]
-    exit_run(log, "1.1", 1, "killed")
+    assert made[0].allocation_id == "11.1"  # type: ignore[attr-defined]
+    exit_run(log, 11, 1, "killed")
     made = log.settle()
     assert [(e.event_type, getattr(e, "state", None)) for e in made] == [
         ("TrialStateChanged", "CANCELED")
     ]
-    assert log.state.trials["1.2"].live and log.state.trials["1.2"].running
+    assert log.state.trials[12].live and log.state.trials[12].running
 
 
 def test_user_kill_of_a_waiting_trial_cancels_it_without_running() -> None:
@@ -250,7 +257,7 @@ def test_user_kill_of_a_waiting_trial_cancels_it_without_running() -> None:
     agent(log, "a", 1)
     experiment(log, 1, 2)
     log.settle()
-    log.add("trial-1.2", TrialKillRequested(trial_id="1.2"))
+    log.add("trial-12", TrialKillRequested(trial_id=12))
     made = log.settle()
     assert [(e.event_type, getattr(e, "state", None)) for e in made] == [
         ("TrialStateChanged", "CANCELED")
@@ -268,13 +275,13 @@ def test_disabled_slots_get_no_work_and_their_runs_are_preempted_unless_draining
     log.add("agent-a", SlotsDisabled(agent_id="a"))
     made = log.settle()
     assert types(made) == ["PreemptionRequested"]
-    exit_run(log, "1.1", 1, "preempted")
+    exit_run(log, 11, 1, "preempted")
     made = log.settle()
     assert types(made) == ["TrialStateChanged", "SlotsAllocated"]
     assert made[1].placements == {"b": ["0"]}  # type: ignore[attr-defined]
     log.add("agent-b", SlotsDisabled(agent_id="b", slot_ids=["0"], drain=True))
     assert log.settle() == []
-    exit_run(log, "1.1", 2, "completed")
+    exit_run(log, 11, 2, "completed")
     experiment(log, 2, 1)
     made = log.settle()
     assert "SlotsAllocated" not in types(made)

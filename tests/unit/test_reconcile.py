@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from events.envelope import Event
+from events.names import parse_allocation_id, trial_stream
 from events.types import AgentRegistered, CheckpointSaved, SlotsAllocated, TrialStarted
 from events.types.agent import Slot
 from services.scheduler.planner import Report, Reports, Settings, plan
@@ -22,16 +23,16 @@ def step(log: Log, reports: Reports | None = None) -> list[Event]:
 
 
 def start(log: Log, allocation_id: str, incarnation: str, listed_from: int) -> None:
-    trial_id = allocation_id.rsplit(".", 1)[0]
+    trial_id, run_id = parse_allocation_id(allocation_id)
     started = TrialStarted(
         trial_id=trial_id,
         allocation_id=allocation_id,
-        run_id=int(allocation_id.rsplit(".", 1)[1]),
+        run_id=run_id,
         agent_id="a",
         agent_incarnation=incarnation,
         listed_from=listed_from,
     )
-    log.add(f"trial-{trial_id}", started)
+    log.add(trial_stream(trial_id), started)
 
 
 def beat(incarnation: str, seq: int, *running: str, exits: frozenset[str] = frozenset()) -> Reports:
@@ -45,9 +46,9 @@ def two_running_trials() -> Log:
     register(log, "i1")
     experiment(log, 1, 2)
     assert types(step(log)) == ["SlotsAllocated", "SlotsAllocated"]
-    start(log, "1.1.1", "i1", listed_from=3)
-    log.add("trial-1.1", CheckpointSaved(trial_id="1.1", run_id=1, uuid="ck", steps_completed=5))
-    start(log, "1.2.1", "i1", listed_from=4)
+    start(log, "11.1", "i1", listed_from=3)
+    log.add("trial-11", CheckpointSaved(trial_id=11, run_id=1, uuid="ck", steps_completed=5))
+    start(log, "12.1", "i1", listed_from=4)
     return log
 
 
@@ -55,43 +56,43 @@ def test_a_new_incarnation_loses_every_run_placed_before_it_and_they_restart() -
     """The agent re-registers with the same slots but a new incarnation: both runs are lost and
     restarted (the first from its checkpoint), without counting as a failure."""
     log = two_running_trials()
-    assert step(log, beat("i1", 5, "1.1.1", "1.2.1")) == []
+    assert step(log, beat("i1", 5, "11.1", "12.1")) == []
     register(log, "i2")
     made = step(log, beat("i2", 0))
     assert types(made) == ["TrialExited", "SlotsReleased"] * 2
     assert {(e.allocation_id, e.outcome) for e in made if e.event_type == "TrialExited"} == {  # type: ignore[attr-defined]
-        ("1.1.1", "lost"),
-        ("1.2.1", "lost"),
+        ("11.1", "lost"),
+        ("12.1", "lost"),
     }
     made = step(log, beat("i2", 1))
     restarted = [e for e in made if e.event_type == "TrialRestarted"]
     assert [(e.trial_id, e.restarts, e.latest_checkpoint) for e in restarted] == [  # type: ignore[attr-defined]
-        ("1.1", 0, "ck"),
-        ("1.2", 0, None),
+        (11, 0, "ck"),
+        (12, 0, None),
     ]
     made = step(log, beat("i2", 2))
-    assert [e.allocation_id for e in made if isinstance(e, SlotsAllocated)] == ["1.1.2", "1.2.2"]
+    assert [e.allocation_id for e in made if isinstance(e, SlotsAllocated)] == ["11.2", "12.2"]
 
 
 def test_a_run_missing_from_a_heartbeat_after_listed_from_is_lost_once() -> None:
     """Same incarnation: heartbeat 5 without 1.2.1 (listed from 4) loses it; replaying the same
     report after the decision was folded decides nothing more."""
     log = two_running_trials()
-    made = step(log, beat("i1", 5, "1.1.1"))
+    made = step(log, beat("i1", 5, "11.1"))
     assert types(made) == ["TrialExited", "SlotsReleased"]
-    assert made[0].allocation_id == "1.2.1" and made[0].outcome == "lost"  # type: ignore[attr-defined]
+    assert made[0].allocation_id == "12.1" and made[0].outcome == "lost"  # type: ignore[attr-defined]
     assert "heartbeat 5" in made[0].message  # type: ignore[attr-defined]
-    made = step(log, beat("i1", 5, "1.1.1"))
+    made = step(log, beat("i1", 5, "11.1"))
     assert types(made) == ["TrialRestarted"]
-    assert types(step(log, beat("i1", 6, "1.1.1"))) == ["SlotsAllocated"]
-    assert step(log, beat("i1", 6, "1.1.1")) == []
+    assert types(step(log, beat("i1", 6, "11.1"))) == ["SlotsAllocated"]
+    assert step(log, beat("i1", 6, "11.1")) == []
 
 
 def test_a_heartbeat_computed_before_the_start_proves_nothing() -> None:
     """A heartbeat numbered below ``listed_from`` (in flight when the agent took the run, delivered
     after TrialStarted) lacks the run and yet does not lose it."""
     log = two_running_trials()
-    assert step(log, beat("i1", 3, "1.1.1")) == []
+    assert step(log, beat("i1", 3, "11.1")) == []
     assert step(log, beat("i1", 2)) == []
 
 
@@ -103,16 +104,16 @@ def test_a_just_allocated_run_is_never_judged_by_heartbeats() -> None:
     experiment(log, 1, 1)
     assert types(step(log)) == ["SlotsAllocated"]
     assert step(log, beat("i1", 1_000)) == []
-    start(log, "1.1.1", "i1", listed_from=1_001)
+    start(log, "11.1", "i1", listed_from=1_001)
     assert step(log, beat("i1", 1_000)) == []
-    assert step(log, beat("i1", 1_001, "1.1.1")) == []
+    assert step(log, beat("i1", 1_001, "11.1")) == []
 
 
 def test_an_exit_in_the_log_but_not_yet_folded_is_not_a_loss() -> None:
     """The agent drops a run after its exit report was committed; while the scheduler has not
     folded that exit, the run's absence must not become a second, 'lost' exit."""
     log = two_running_trials()
-    assert step(log, beat("i1", 9, "1.1.1", exits=frozenset({"1.2.1"}))) == []
+    assert step(log, beat("i1", 9, "11.1", exits=frozenset({"12.1"}))) == []
 
 
 def test_another_incarnations_heartbeat_does_not_judge_a_run() -> None:
@@ -129,7 +130,5 @@ def test_runs_started_without_the_promise_are_left_to_the_other_rules() -> None:
     register(log, "")
     experiment(log, 1, 1)
     step(log)
-    log.add(
-        "trial-1.1", TrialStarted(trial_id="1.1", allocation_id="1.1.1", run_id=1, agent_id="a")
-    )
+    log.add("trial-11", TrialStarted(trial_id=11, allocation_id="11.1", run_id=1, agent_id="a"))
     assert step(log, beat("", 50)) == []

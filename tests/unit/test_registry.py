@@ -46,7 +46,11 @@ def test_v1_trial_exited_is_upcast_to_current() -> None:
     assert isinstance(event, TrialExited)
     assert event.outcome == "failed"
     assert event.exit_code == 3
-    assert upcast("TrialExited", 1, {"failed": False, "x": 1}) == {"outcome": "completed", "x": 1}
+    assert upcast("TrialExited", 1, {"failed": False, "x": 1, "trial_id": "1.2"}) == {
+        "outcome": "completed",
+        "x": 1,
+        "trial_id": -1_000_002,
+    }
 
 
 def test_future_version_is_refused() -> None:

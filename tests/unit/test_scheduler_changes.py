@@ -36,10 +36,10 @@ def test_raising_a_pending_experiments_priority_preempts_the_running_one() -> No
     change(log, 2, priority=10)
     assert log.state.experiments[2].priority == 10
     made = log.settle()
-    assert types(made) == ["PreemptionRequested"] and made[0].trial_id == "1.1"  # type: ignore[attr-defined]
-    exit_run(log, "1.1", 1, "preempted")
+    assert types(made) == ["PreemptionRequested"] and made[0].trial_id == 11  # type: ignore[attr-defined]
+    exit_run(log, 11, 1, "preempted")
     made = log.settle()
-    assert ("SlotsAllocated", "2.1") in [(e.event_type, getattr(e, "trial_id", "")) for e in made]
+    assert ("SlotsAllocated", 21) in [(e.event_type, getattr(e, "trial_id", "")) for e in made]
 
 
 def test_max_slots_change_caps_and_uncaps_an_experiment() -> None:
@@ -74,7 +74,7 @@ def test_continued_trial_is_allocated_again_with_a_fresh_restart_budget() -> Non
     agent(log, "a", 1)
     experiment(log, 1, 1)
     log.settle()
-    exit_run(log, "1.1", 1, "completed")
+    exit_run(log, 11, 1, "completed")
     log.settle()
     log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="STOPPING_COMPLETED"))
     log.settle()
@@ -84,13 +84,13 @@ def test_continued_trial_is_allocated_again_with_a_fresh_restart_budget() -> Non
     config = {"resources": {"slots_per_trial": 1}, "max_restarts": 2}
     log.add(
         "experiment-1",
-        ExperimentContinued(experiment_id=1, trial_id="1.1", config=config, hparams={}),
+        ExperimentContinued(experiment_id=1, trial_id=11, config=config, hparams={}),
     )
-    log.add("trial-1.1", TrialStateChanged(trial_id="1.1", state="ACTIVE", reason="continued"))
+    log.add("trial-11", TrialStateChanged(trial_id=11, state="ACTIVE", reason="continued"))
     assert log.state.experiments[1].max_restarts == 2
     made = log.settle()
     assert types(made) == ["SlotsAllocated"] and made[0].run_id == 2  # type: ignore[attr-defined]
-    exit_run(log, "1.1", 2, "completed")
+    exit_run(log, 11, 2, "completed")
     log.settle()
     log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="STOPPING_COMPLETED"))
     assert types(log.settle()) == ["ExperimentStateChanged"]
@@ -102,7 +102,7 @@ def test_continued_experiment_is_ignored_unless_it_ended() -> None:
     experiment(log, 1, 1)
     log.add(
         "experiment-1",
-        ExperimentContinued(experiment_id=1, trial_id="1.1", config={}, hparams={}),
+        ExperimentContinued(experiment_id=1, trial_id=11, config={}, hparams={}),
     )
     assert log.state.experiments[1].state == "ACTIVE"
 

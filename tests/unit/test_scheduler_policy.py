@@ -67,7 +67,7 @@ def req(
         experiment_id=exp,
         slots_needed=slots,
         order=order,
-        trial_id=f"t-{request_id}",
+        trial_id=order,
         priority=priority,
         weight=weight,
         resource_pool=pool,

@@ -77,7 +77,7 @@ class Sim:
         self.order += 1
         self.trial_of[rid] = trial
         self.pending[rid] = PendingRequest(
-            rid, exp, n, self.order, trial, prio, w, pool, cap, preemptible=True
+            rid, exp, n, self.order, None, prio, w, pool, cap, preemptible=True
         )
 
     def step(self) -> None:
@@ -169,7 +169,7 @@ def big_view(rng: random.Random) -> ClusterView:
     pending = []
     for k in range(10_000):
         exp, pool, n, prio, w, cap = EXPERIMENTS[k % len(EXPERIMENTS)]
-        pending.append(PendingRequest(f"r{k:05d}", exp, n, 1000 + k, f"t{k}", prio, w, pool, cap))
+        pending.append(PendingRequest(f"r{k:05d}", exp, n, 1000 + k, k, prio, w, pool, cap))
     rng.shuffle(pending)
     return ClusterView(agents, tuple(pending), tuple(running), pools, default_pool="prio")
 

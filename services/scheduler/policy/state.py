@@ -81,7 +81,7 @@ class PendingRequest:
     experiment_id: str
     slots_needed: int
     order: int
-    trial_id: str | None = None
+    trial_id: int | None = None
     priority: int = DEFAULT_PRIORITY
     weight: float = 1.0
     resource_pool: str = ""

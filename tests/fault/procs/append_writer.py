@@ -13,7 +13,7 @@ async def main(dsn: str, stream: str, count: int) -> None:
     store = await EventStore.connect(dsn)
     events = [
         TrialRequested(
-            experiment_id=9, trial_id=f"9.{n}", request_id=f"r{n}", hparams={}, trial_seed=n
+            experiment_id=9, trial_id=900 + n, seq=n, request_id=f"r{n}", hparams={}, trial_seed=n
         )
         for n in range(count)
     ]

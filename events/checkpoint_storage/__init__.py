@@ -1,0 +1,45 @@
+"""Where checkpoint files live: a directory every agent mounts, or an S3-compatible bucket.
+
+A checkpoint is a set of files named by paths relative to the checkpoint (``/``-separated),
+``metadata.json`` among them, stored under the checkpoint's uuid. Training code writes and
+reads them (``cairn.core``), the tracker's GC deletes them, the API streams them as a tar.gz;
+:func:`open_storage` gives each the storage of an experiment's ``checkpoint_storage`` config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from events.checkpoint_storage.base import CheckpointStorage, StorageError, safe_uuid
+from events.checkpoint_storage.directory import DirectoryStorage
+from events.checkpoint_storage.s3 import S3Storage
+from events.config.storage import checkpoint_root
+
+
+def open_storage(config: Any, default_root: Path) -> CheckpointStorage:
+    """The storage of a ``checkpoint_storage`` config.
+
+    Args:
+        config: the experiment's ``checkpoint_storage`` (a mapping or ``None``); ``s3`` opens the
+            bucket, ``shared_fs``/``directory`` their directory, anything else (no type, or
+            gcs/azure, which cairn accepts with a warning) the cluster default.
+        default_root: the cluster's default checkpoint root.
+
+    Returns:
+        The storage.
+    """
+    if isinstance(config, Mapping) and config.get("type") == "s3":
+        return S3Storage.from_config(config)
+    return DirectoryStorage(checkpoint_root(config, default_root))
+
+
+__all__ = [
+    "CheckpointStorage",
+    "DirectoryStorage",
+    "S3Storage",
+    "StorageError",
+    "open_storage",
+    "safe_uuid",
+]
