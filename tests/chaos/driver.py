@@ -455,25 +455,74 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
-    """SIGSTOP of a leader for a few seconds, then SIGCONT; proven by its process state."""
-    pid = int(local.processes()[fault.target]["pid"])
-    held = rng.uniform(2.0, 6.0)
-    os.kill(pid, signal.SIGSTOP)
+def _elections(local: Local, lease: str) -> list[str]:
+    rows = local.query(
+        "SELECT payload->>'holder' FROM events WHERE stream_id = $1 ORDER BY stream_version",
+        f"lease-{lease}",
+    )
+    return [str(r[0]) for r in rows]
+
+
+def start_standby(local: Local, name: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """Starts another replica of decider ``name`` on the cluster (it waits for the lease)."""
+    from cairn.local.cluster import child_env
+
+    recorded = local.recorded()
+    env = child_env({"CAIRN_DB": recorded["dsn"], "CAIRN_NATS": recorded["nats_url"]})
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=local.home,
+            start_new_session=True,
+        )
+
+
+def stop_standby(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it lingers."""
+    proc.terminate()
     try:
-        wait_until_sync(lambda: _state(pid) == psutil.STATUS_STOPPED, 10, every=0.02)
-    except AssertionError as exc:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
+    """SIGSTOP of a leader for a few seconds, then SIGCONT; proven by its process state.
+
+    A standby replica of the same decider runs meanwhile; the evidence says whether it was
+    elected while the leader was paused (it is not while the paused leader's database session,
+    hence its advisory lock, stays open).
+    """
+    name = fault.target
+    pid = int(local.processes()[name]["pid"])
+    standby = start_standby(local, name, local.home / "logs" / f"{name}-standby.log")
+    try:
+        held = rng.uniform(2.0, 6.0)
+        elected = len(_elections(local, name))
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until_sync(lambda: _state(pid) == psutil.STATUS_STOPPED, 10, every=0.02)
+        except AssertionError as exc:
+            os.kill(pid, signal.SIGCONT)
+            raise ChaosError(f"{name} pid {pid} is {_state(pid)}, not stopped") from exc
+        time.sleep(held)  # the pause is the fault: the leader stays stopped this long
+        taken = _elections(local, name)[elected:]
         os.kill(pid, signal.SIGCONT)
-        raise ChaosError(f"{fault.target} pid {pid} is {_state(pid)}, not stopped") from exc
-    time.sleep(held)  # the pause is the fault: the leader stays stopped this long
-    os.kill(pid, signal.SIGCONT)
-    resumed = time.time()
-    wait_until_sync(lambda: _state(pid) != psutil.STATUS_STOPPED, 10, every=0.02)
-    after = local.processes()[fault.target]
-    how = "continued" if after["pid"] == pid else f"restarted as pid {after['pid']}"
-    fault.evidence = f"pid {pid} stopped {held:.1f}s, then {how}"
-    fault.back_s = 0.0
-    measure_write(local, fault, fault.target, resumed)
+        resumed = time.time()
+        wait_until_sync(lambda: _state(pid) != psutil.STATUS_STOPPED, 10, every=0.02)
+        after = local.processes()[name]
+        how = "continued" if after["pid"] == pid else f"restarted as pid {after['pid']}"
+        by = f"standby {standby.pid} elected" if taken else f"standby {standby.pid} not elected"
+        fault.evidence = f"pid {pid} stopped {held:.1f}s ({by}), then {how}"
+        fault.back_s = 0.0
+        measure_write(local, fault, name, resumed)
+    finally:
+        stop_standby(standby)
 
 
 def _stream_last_seq(local: Local) -> int:
