@@ -463,6 +463,14 @@ def _elections(local: Local, lease: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
+def _holder_of(local: Local, name: str, pid: int) -> str:
+    """The ``holder`` that process ``pid`` writes in its ``LeaderElected``."""
+    for holder in reversed(_elections(local, name)):
+        if holder.endswith(f":{pid}"):
+            return holder
+    return f"?:{pid}"
+
+
 def start_standby(local: Local, name: str, log_path: Path) -> subprocess.Popen[bytes]:
     """Starts another replica of decider ``name`` on the cluster (it waits for the lease)."""
     from cairn.local.cluster import child_env
@@ -500,6 +508,14 @@ def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
     """
     name = fault.target
     pid = int(local.processes()[name]["pid"])
+    try:  # a replica restarted by an earlier fault may still be waiting for the lease
+        wait_until_sync(
+            lambda: _elections(local, name)[-1:] == [_holder_of(local, name, pid)],
+            BACK_TIMEOUT,
+            every=0.2,
+        )
+    except AssertionError as exc:
+        raise ChaosError(f"{name} pid {pid} did not become leader") from exc
     standby = start_standby(local, name, local.home / "logs" / f"{name}-standby.log")
     try:
         held = rng.uniform(2.0, 6.0)
@@ -513,12 +529,14 @@ def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
         time.sleep(held)  # the pause is the fault: the leader stays stopped this long
         taken = _elections(local, name)[elected:]
         os.kill(pid, signal.SIGCONT)
+        if standby.poll() is not None:
+            raise ChaosError(f"the standby {name} exited with {standby.returncode}")
         resumed = time.time()
         wait_until_sync(lambda: _state(pid) != psutil.STATUS_STOPPED, 10, every=0.02)
         after = local.processes()[name]
         how = "continued" if after["pid"] == pid else f"restarted as pid {after['pid']}"
         by = f"standby {standby.pid} elected" if taken else f"standby {standby.pid} not elected"
-        fault.evidence = f"pid {pid} stopped {held:.1f}s ({by}), then {how}"
+        fault.evidence = f"leader pid {pid} stopped {held:.1f}s ({by}), then {how}"
         fault.back_s = 0.0
         measure_write(local, fault, name, resumed)
     finally:
