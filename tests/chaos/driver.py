@@ -463,12 +463,36 @@ def _elections(local: Local, lease: str) -> list[str]:
     return [str(r[0]) for r in rows]
 
 
-def _holder_of(local: Local, name: str, pid: int) -> str:
-    """The ``holder`` that process ``pid`` writes in its ``LeaderElected``."""
-    for holder in reversed(_elections(local, name)):
-        if holder.endswith(f":{pid}"):
-            return holder
-    return f"?:{pid}"
+def _leading_pid(local: Local, name: str) -> int | None:
+    """The pid of the supervised replica of ``name`` if it is alive and the latest elected."""
+    proc = local.processes()[name]
+    if proc["state"] != "alive":
+        return None
+    last = _elections(local, name)[-1:]
+    return int(proc["pid"]) if last and last[0].endswith(f":{proc['pid']}") else None
+
+
+def _pause_leader(local: Local, name: str) -> int:
+    """SIGSTOPs the replica of ``name`` that leads (a replica restarted by an earlier fault may
+    still wait for the lease, or be on its way out); returns its pid once it is stopped."""
+    deadline = time.monotonic() + BACK_TIMEOUT
+    while True:
+        try:
+            pid = wait_until_sync(lambda: _leading_pid(local, name), BACK_TIMEOUT, every=0.2)
+            os.kill(pid, signal.SIGSTOP)
+            break
+        except ProcessLookupError:  # it exited between the look and the signal: look again
+            if time.monotonic() > deadline:
+                raise ChaosError(f"no {name} leader stayed alive to be paused") from None
+        except AssertionError as exc:
+            raise ChaosError(f"no {name} replica led within {BACK_TIMEOUT:.0f}s") from exc
+    try:
+        wait_until_sync(lambda: _state(pid) == psutil.STATUS_STOPPED, 10, every=0.02)
+    except AssertionError as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        raise ChaosError(f"{name} pid {pid} is {_state(pid)}, not stopped") from exc
+    return pid
 
 
 def start_standby(local: Local, name: str, log_path: Path) -> subprocess.Popen[bytes]:
@@ -507,25 +531,14 @@ def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
     hence its advisory lock, stays open).
     """
     name = fault.target
-    pid = int(local.processes()[name]["pid"])
-    try:  # a replica restarted by an earlier fault may still be waiting for the lease
-        wait_until_sync(
-            lambda: _elections(local, name)[-1:] == [_holder_of(local, name, pid)],
-            BACK_TIMEOUT,
-            every=0.2,
-        )
-    except AssertionError as exc:
-        raise ChaosError(f"{name} pid {pid} did not become leader") from exc
-    standby = start_standby(local, name, local.home / "logs" / f"{name}-standby.log")
+    pid = _pause_leader(local, name)
+    elected = len(_elections(local, name))
+    standby_log = local.home / "logs" / f"{name}-standby.log"
+    standby = start_standby(local, name, standby_log)
     try:
-        held = rng.uniform(2.0, 6.0)
-        elected = len(_elections(local, name))
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            wait_until_sync(lambda: _state(pid) == psutil.STATUS_STOPPED, 10, every=0.02)
-        except AssertionError as exc:
-            os.kill(pid, signal.SIGCONT)
-            raise ChaosError(f"{name} pid {pid} is {_state(pid)}, not stopped") from exc
+        with contextlib.suppress(AssertionError):  # up and trying for the lease (or not: below)
+            wait_until_sync(lambda: b"ready" in standby_log.read_bytes(), 30, every=0.1)
+        held = rng.uniform(2.0, 5.0)
         time.sleep(held)  # the pause is the fault: the leader stays stopped this long
         taken = _elections(local, name)[elected:]
         os.kill(pid, signal.SIGCONT)
@@ -540,6 +553,8 @@ def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
         fault.back_s = 0.0
         measure_write(local, fault, name, resumed)
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
         stop_standby(standby)
 
 
