@@ -40,7 +40,7 @@ test: install browser
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy events services
+	$(VENV)/bin/mypy events services cairn
 
 bench: install browser
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt

@@ -138,7 +138,9 @@ that cluster from any working directory."""
 
 def remember_cluster(data_dir: Path) -> None:
     """Notes ``data_dir`` as the user's most recently started cluster."""
-    write_private(LAST_CLUSTER.expanduser(), f"{data_dir.resolve()}\n")
+    path = LAST_CLUSTER.expanduser()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_private(path, f"{data_dir.resolve()}\n")
 
 
 def remembered_cluster() -> Path | None:

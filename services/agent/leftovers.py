@@ -18,16 +18,17 @@ leader and still carries the run's ``CAIRN_ALLOCATION_ID`` in its environment.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import signal
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import structlog
+
+from services.agent.records import RecordDirectory
 
 log = structlog.get_logger("agent")
 
@@ -74,51 +75,27 @@ def record_of(allocation_id: str, pids: list[int]) -> RunRecord:
 
 
 class RunProcesses:
-    """One JSON file per run whose processes may still exist, under ``directory``."""
+    """One record per run whose processes may still exist, under ``directory``."""
 
     def __init__(self, directory: Path) -> None:
-        self._dir = directory
-        directory.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, allocation_id: str) -> Path:
-        digest = hashlib.sha256(allocation_id.encode()).hexdigest()[:24]
-        return self._dir / f"{digest}.json"
+        self._records = RecordDirectory(directory, "run process record")
 
     def keep(self, record: RunRecord) -> None:
-        """Writes ``record`` durably (temporary file, fsync, rename, fsync of the directory)."""
-        path = self._path(record.allocation_id)
-        part = path.with_suffix(".part")
-        with part.open("w") as fh:
-            json.dump(asdict(record), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        part.replace(path)
-        fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Writes ``record`` durably."""
+        self._records.write(record.allocation_id, asdict(record))
 
     def done(self, allocation_id: str) -> None:
         """Forgets the run of ``allocation_id`` (its exit was reported)."""
-        with contextlib.suppress(FileNotFoundError):
-            self._path(allocation_id).unlink()
+        self._records.remove(allocation_id)
 
     def records(self) -> list[RunRecord]:
         """Every record kept and not yet done; unreadable files are dropped with an error."""
-        out = []
-        for path in sorted(self._dir.glob("*.json")):
-            try:
-                raw = json.loads(path.read_text())
-                groups = tuple(
-                    GroupRecord(int(g["pid"]), float(g["create_time"])) for g in raw["groups"]
-                )
-                out.append(RunRecord(str(raw["allocation_id"]), groups))
-            except (OSError, ValueError, TypeError, KeyError) as exc:
-                log.error("unreadable run process record dropped", path=str(path), error=str(exc))
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        return out
+        return self._records.read_all(_run_record)
+
+
+def _run_record(raw: dict[str, Any]) -> RunRecord:
+    groups = tuple(GroupRecord(int(g["pid"]), float(g["create_time"])) for g in raw["groups"])
+    return RunRecord(str(raw["allocation_id"]), groups)
 
 
 def _same_start(proc: psutil.Process, started: float) -> bool:

@@ -10,16 +10,10 @@ harmless: the API applies an allocation's exit once.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import structlog
-
-log = structlog.get_logger("agent")
+from services.agent.records import RecordDirectory
 
 
 @dataclass(frozen=True)
@@ -37,40 +31,19 @@ class ExitReport:
 
 
 class UnreportedExits:
-    """One JSON file per exit report not yet accepted, under ``directory``."""
+    """One record per exit report not yet accepted, under ``directory``."""
 
     def __init__(self, directory: Path) -> None:
-        self._dir = directory
-        directory.mkdir(parents=True, exist_ok=True)
-
-    def _path(self, allocation_id: str) -> Path:
-        digest = hashlib.sha256(allocation_id.encode()).hexdigest()[:24]
-        return self._dir / f"{digest}.json"
+        self._records = RecordDirectory(directory, "unreported exit")
 
     def keep(self, report: ExitReport) -> None:
-        """Writes ``report`` durably (temporary file, fsync, rename) before it is sent."""
-        path = self._path(report.allocation_id)
-        part = path.with_suffix(".part")
-        with part.open("w") as fh:
-            json.dump(asdict(report), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        part.replace(path)
+        """Writes ``report`` durably before it is sent."""
+        self._records.write(report.allocation_id, asdict(report))
 
     def done(self, allocation_id: str) -> None:
         """Forgets the report of ``allocation_id`` (the API answered it)."""
-        with contextlib.suppress(FileNotFoundError):
-            self._path(allocation_id).unlink()
+        self._records.remove(allocation_id)
 
     def pending(self) -> list[ExitReport]:
         """Every report kept and not yet done, oldest first; unreadable files are dropped."""
-        reports = []
-        files = sorted(self._dir.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name))
-        for path in files:
-            try:
-                reports.append(ExitReport(**json.loads(path.read_text())))
-            except (OSError, ValueError, TypeError) as exc:
-                log.error("unreadable unreported exit dropped", path=str(path), error=str(exc))
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-        return reports
+        return self._records.read_all(lambda raw: ExitReport(**raw))
