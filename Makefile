@@ -1,10 +1,10 @@
-# cairn: make install | test | lint | bench | demo
+# cairn: make install | test | lint | bench | chaos | demo
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench demo up down clean browser web-assets screenshot
+.PHONY: install test test-fast lint bench chaos demo up down clean browser web-assets screenshot
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -45,6 +45,15 @@ lint: install
 bench: install browser
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	$(PY) -m bench
+
+# The chaos suite: each seed runs a 16-trial ASHA search on a fresh embedded cluster, once without
+# faults and once while every component is killed, a leader paused, NATS rolled back and the
+# cluster restarted; prints faults, recovery times and invariants; exit 1 if one broke.
+# CHAOS_SEEDS=3,7 make chaos runs some seeds; each run is bounded by CHAOS_TIMEOUT seconds.
+CHAOS_SEEDS   ?= 1-20
+CHAOS_TIMEOUT ?= 300
+chaos: install
+	$(PY) -m tests.chaos --seeds $(CHAOS_SEEDS) --timeout $(CHAOS_TIMEOUT)
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser

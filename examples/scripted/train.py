@@ -13,6 +13,8 @@ failures) in a fraction of a second. Hyperparameters (all optional):
   that reaches it; exit code 1).
 - ``exit_code`` (0): exit with this code after the last step.
 - ``invalid_hp`` (false): raise ``cairn.core.InvalidHP`` at once (early exit, exit code 0).
+- ``validation_offset`` (0.0): added to every validation loss, so that a search over it has one
+  best trial whatever the order its reports arrive in.
 - ``ignore_preemption`` (false): never ask ``should_preempt()`` (training code that only stops
   when it is done, or when the platform ends its process).
 
@@ -49,9 +51,9 @@ def loss_at(steps: int) -> float:
     return 1.0 / (1.0 + 0.1 * steps)
 
 
-def validation_loss_at(steps: int) -> float:
-    """The scripted validation loss: decreasing in ``steps``."""
-    return 1.2 / (1.0 + 0.1 * steps)
+def validation_loss_at(steps: int, offset: float = 0.0) -> float:
+    """The scripted validation loss: decreasing in ``steps``, raised by ``offset``."""
+    return 1.2 / (1.0 + 0.1 * steps) + offset
 
 
 def save(ctx: cairn.core.Context, steps: int, trial_id: str) -> str:
@@ -99,6 +101,7 @@ def train(ctx: cairn.core.Context) -> int:
     checkpoint_every = int(hp["checkpoint_every"])
     fail_at = int(hp["fail_at_step"])
     crash_after = int(hp["crash_after"])
+    offset = float(hp["validation_offset"])
     trial_id = ctx.info.trial.trial_id
 
     start = restore(ctx)
@@ -111,7 +114,7 @@ def train(ctx: cairn.core.Context) -> int:
         if steps % report_every == 0 or steps == total:
             ctx.train.report_training_metrics(steps, {"loss": loss_at(steps)})
             ctx.train.report_validation_metrics(
-                steps, {"validation_loss": validation_loss_at(steps)}
+                steps, {"validation_loss": validation_loss_at(steps, offset)}
             )
             ctx.train.report_progress(steps / total)
             print(f"step {steps} loss {loss_at(steps):.4f}", flush=True)
