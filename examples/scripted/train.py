@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "exit_code": 0,
     "invalid_hp": False,
     "ignore_preemption": False,
+    "validation_offset": 0.0,
 }
 
 

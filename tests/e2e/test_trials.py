@@ -199,6 +199,42 @@ async def test_agent_killed_mid_trial_reschedules_elsewhere(
     assert [e.type for e in await store.read_stream("agent-agent-a")][-1] == "AgentLost"
 
 
+async def test_determined_style_script_pauses_and_resumes(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
+    """The ported Determined script, paused mid-training, checkpoints at should_preempt() and
+    exits 0; activated, it resumes from that checkpoint (latest_checkpoint) and COMPLETES with
+    every batch counted once."""
+    config = yaml.safe_load((CORE_API / "config.yaml").read_text())
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
+    config["hyperparameters"].update({"increment_by": 3, "batches": 400, "sleep": 0.02})
+    exp = await cluster.submit(config, CORE_API)
+    trial = await first_trial(cluster, store, exp)
+
+    async def reported() -> bool:
+        return any(e.type == "WorkloadCompleted" for e in await trial_events(store, trial))
+
+    await wait_for(cluster, reported)
+    await cluster.action(exp, "pause")
+
+    async def preempted() -> bool:
+        return any(e.type == "TrialExited" for e in await trial_events(store, trial))
+
+    await wait_for(cluster, preempted)
+    events = await trial_events(store, trial)
+    [exited] = [e.payload for e in events if e.type == "TrialExited"]
+    assert (exited["outcome"], exited["exit_code"]) == ("preempted", 0)
+    [paused_at] = [e.payload for e in events if e.type == "CheckpointSaved"]
+    assert 0 < paused_at["steps_completed"] < 400, "paused mid-training"
+    await cluster.action(exp, "activate")
+    await wait_for(cluster, lambda: _is(store, exp, "COMPLETED"), timeout=90)
+    events = await trial_events(store, trial)
+    saved = [e.payload for e in events if e.type == "CheckpointSaved"]
+    assert saved[-1]["metadata"]["resumed_from"] == paused_at["uuid"]
+    final = [e.payload for e in events if e.type == "ValidationReported"][-1]
+    assert (final["steps_completed"], final["metrics"]["x"]) == (400, 1200)
+
+
 async def test_determined_style_script_runs_with_cluster_info_and_resumes(
     cluster: Cluster, store: EventStore, tmp_path: Path
 ) -> None:
