@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-import asyncpg
 from pydantic import BaseModel, Field
 
 from events import lifecycle
 from events.db import translate_errors
+from events.errors import StatementError
 from events.store import EventStore
 
 MAX_LIMIT = 1000
@@ -160,8 +160,10 @@ async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:
     with translate_errors():
         try:
             return list(await store.pool.fetch(sql, *args))
-        except asyncpg.UndefinedTableError:
-            return []
+        except StatementError as exc:
+            if exc.undefined_table:
+                return []
+            raise
 
 
 async def fetchrow(store: EventStore, sql: str, *args: Any) -> Any:

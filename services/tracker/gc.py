@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import asyncpg
 import structlog
 
 from events.bus import EVENTS_PREFIX
@@ -36,7 +35,7 @@ from events.config.storage import checkpoint_root
 from events.consumer import Consumer
 from events.db import translate_errors
 from events.envelope import Event, RecordedEvent, new
-from events.errors import EventsError
+from events.errors import EventsError, StatementError
 from events.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
 from events.names import coerce_trial_id, experiment_stream, trial_stream
 from events.store import Transaction
@@ -346,7 +345,7 @@ class GCConsumer(Consumer):
                     await self._delete_all(tx, facts)
                 else:
                     await self._collect(tx, facts)
-        except asyncpg.PostgresError as exc:
+        except StatementError as exc:
             raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
 
     async def _delete_requested(self, tx: Transaction, event: RecordedEvent) -> None:
@@ -364,7 +363,7 @@ class GCConsumer(Consumer):
                     log.error("checkpoint not deleted", uuid=uuid, error=error)
                 if removal.deleted:
                     await self._append(tx, facts, self._deleted(facts, removal, "user"))
-        except asyncpg.PostgresError as exc:
+        except StatementError as exc:
             raise EventsError(
                 f"deleting checkpoints of experiment {experiment_id} failed: {exc}"
             ) from exc
