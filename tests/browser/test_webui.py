@@ -52,6 +52,7 @@ def live(
         api.call("POST", "/users", {"username": "bob", "password": "bob-pw", "admin": False})
         grid = scripted(work / "ckpt", sleep=0.12, report_every=2, checkpoint_every=10)
         grid["name"] = "grid-web"
+        grid["profiling"] = {"enabled": True}  # accepted, ignored: the page must say so
         grid["hyperparameters"]["steps"] = {"type": "categorical", "vals": list(STEPS)}
         grid["searcher"] = {
             "name": "grid",
@@ -149,6 +150,7 @@ def test_experiment_curves_grow_live_and_hparam_plots_brush(
         lambda: int(page.get_attribute("#learning-curves", "data-series") or 0) == 3, 60, "3 trials"
     )
     assert page.locator("#config-yaml").inner_text().count("searcher:") == 1
+    assert "profiling" in page.locator("#config-warnings").inner_text()
     headers = page.locator("#trials-table th").all_inner_texts()
     assert "steps" in headers  # one column per hyperparameter
     admin.shot("experiment")
@@ -242,10 +244,12 @@ def test_compare_two_trials_with_differences_only(admin: Session, live: LiveClus
 
 
 def test_pause_and_activate_from_the_experiment_list(admin: Session, live: LiveCluster) -> None:
-    """Pause and activate buttons on an experiment's row change its state, shown live."""
+    """The row counts running/total trials; its pause and activate buttons change its state,
+    shown live."""
     slow = live.extra["slow"]
     page = admin.page
     row = page.locator(f"#experiments-table tr[data-id='{slow}']")
+    wait(lambda: "1/1" in row.inner_text(), 60, "its one trial running (running/total)")
     row.locator("[data-action=pause]").click()
     wait(lambda: row.locator(".state-PAUSED").count() == 1, 20, "PAUSED")
     assert live.api.call("GET", f"/experiments/{slow}")["state"] == "PAUSED"

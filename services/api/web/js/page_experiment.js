@@ -50,6 +50,12 @@ export async function render(root, [id]) {
   const overview = h("dl", { class: "kv", id: "overview" });
   const configEl = h("pre", { class: "yaml", id: "config-yaml" }, toYaml(exp.config));
 
+  function warningsEl(warnings) {
+    if (!warnings || !warnings.length) return "";
+    return h("ul", { class: "warnings", id: "config-warnings" },
+      ...warnings.map((w) => h("li", {}, h("code", {}, w.path), ` ${w.message}`)));
+  }
+
   function drawHeader() {
     stateEl.replaceChildren(stateBadge(exp.state), exp.archived ? " archived" : "");
     actionsEl.replaceChildren(...actionsFor(exp.state, exp.archived).map((a) =>
@@ -123,7 +129,7 @@ export async function render(root, [id]) {
     h("div", { class: "row" }, title, stateEl, actionsEl, actionMsg, live),
     h("div", { class: "row" },
       h("div", { class: "card grow" }, h("h2", {}, "Overview"), overview),
-      h("div", { class: "card grow" }, h("h2", {}, "Config"), configEl)),
+      h("div", { class: "card grow" }, h("h2", {}, "Config"), warningsEl(exp.warnings), configEl)),
     h("div", { class: "card" }, h("h2", {}, "Learning curves"), curveControls(chart, [metricSel]), chartEl),
     tabs([
       { id: "trials", label: "Trials", render: (pane) => pane.append(h("div", { class: "filters" }, compareBtn, h("span", { class: "muted" }, "click a row to highlight its curve")), trialsTable.el) },
