@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any, TypeAlias, cast
 
 import asyncpg
+import orjson
 
 from events.errors import (
     ConcurrencyError,
@@ -71,11 +72,30 @@ Pool: TypeAlias = asyncpg.Pool
 Connection: TypeAlias = TranslatingConnection
 
 
+# 19 digits in a row may be an integer beyond 64 bits, which orjson reads as a float.
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for name in ("json", "jsonb"):
         await conn.set_type_codec(
-            name, encoder=_dumps, decoder=json.loads, schema="pg_catalog", format="text"
+            name, encoder=_dumps, decoder=loads, schema="pg_catalog", format="text"
         )
+
+
+def loads(text: str) -> Any:
+    """Parses JSON read from the database exactly as :func:`json.loads` would, only faster.
+
+    Replay spends much of its time here. orjson is used unless the text may hold an integer
+    beyond 64 bits (orjson would make it a float) or holds what orjson refuses (a number
+    beyond a double's range), where the standard parser decides.
+    """
+    if _LONG_NUMBER.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
 
 
 def _dumps(value: Any) -> str:
