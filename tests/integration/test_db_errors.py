@@ -10,6 +10,7 @@ from cairn.local.servers import free_port
 from events import db
 from events.errors import ConcurrencyError, StatementError, StoreUnavailableError
 from events.store import EventStore
+from tests.helpers import wait_until
 
 
 async def test_refused_statements_are_statement_errors(store: EventStore) -> None:
@@ -44,10 +45,19 @@ async def test_dropped_connection_is_store_unavailable(store: EventStore) -> Non
     try:
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         assert await store.pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+        await wait_until(  # the backend ends a moment after pg_terminate_backend returns
+            lambda: _gone(store, pid), timeout=30, detail=lambda: "the backend still runs"
+        )
         with pytest.raises(StoreUnavailableError):
             await conn.fetchval("SELECT 1")
     finally:
         conn.terminate()
+
+
+async def _gone(store: EventStore, pid: int) -> bool:
+    return not await store.pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid
+    )
 
 
 async def test_pool_growth_against_a_dead_server_is_store_unavailable() -> None:
