@@ -4,8 +4,9 @@ Each fold takes recorded events (upcast at the read boundary by
 :func:`events.store.row_to_event`), decodes them into their current models and returns a plain
 state object. Folds read no clock, RNG or database, so the state at any position of the log is
 the fold of the events up to it: the API answers both "now" and "as it was at position p" with
-the same code. State changes follow :mod:`events.lifecycle`; a change it refuses is kept in
-``refused`` and never applied.
+the same code. State changes are applied as recorded: their writers check them against
+:mod:`events.lifecycle` before appending, and the tracker's projections apply them the same way
+(``lifecycle.fold_*`` is the stricter replay that also lists refused changes).
 
 The event types each fold reads are listed beside it (``*_FACTS``), so a reader can fetch only
 those; a fold ignores any other type it is given.
@@ -118,8 +119,6 @@ class ExperimentView:
     ended_at: datetime | None = None
     trials: dict[int, TrialRequested] = field(default_factory=dict)
     requested_at: dict[int, datetime] = field(default_factory=dict)
-    refused: list[tuple[int, str, str]] = field(default_factory=list)
-    """State changes the lifecycle refused: (position, from, to)."""
 
     @property
     def exists(self) -> bool:
@@ -227,10 +226,9 @@ def apply_experiment(view: ExperimentView, recorded: RecordedEvent) -> None:
         view.state = lifecycle.ACTIVE if event.activate else lifecycle.PAUSED
         view.submitted_at = recorded.recorded_at
     elif isinstance(event, ExperimentStateChanged):
-        if _step(view.refused, recorded.position, view.state, event.state, experiment=True):
-            view.state = event.state
-            if event.state in lifecycle.TERMINAL:
-                view.ended_at = recorded.recorded_at
+        view.state = event.state
+        if event.state in lifecycle.TERMINAL:
+            view.ended_at = recorded.recorded_at
     elif isinstance(event, ExperimentArchived):
         view.archived = event.archived
     elif isinstance(event, SettingsChange):
@@ -265,26 +263,6 @@ def apply_settings(config: dict[str, Any], event: SettingsChange) -> dict[str, A
         out["resources"] = {**(resources if isinstance(resources, dict) else {})}
         out["resources"].update(event.resources)
     return out
-
-
-def _step(
-    refused: list[tuple[int, str, str]],
-    position: int,
-    current: str,
-    target: str,
-    *,
-    experiment: bool,
-) -> bool:
-    """Whether ``current -> target`` is allowed; a refused change is noted in ``refused``."""
-    try:
-        if experiment:
-            lifecycle.check_experiment(current, target)
-        else:
-            lifecycle.check_trial(current, target)
-    except lifecycle.IllegalTransitionError:
-        refused.append((position, current, target))
-        return False
-    return True
 
 
 # --- trial and its allocations --------------------------------------------------------------
@@ -328,8 +306,6 @@ class TrialView:
     latest_checkpoint: CheckpointSaved | None = None
     state: str = lifecycle.ACTIVE
     early_exited: bool = False
-    refused: list[tuple[int, str, str]] = field(default_factory=list)
-    """State changes the lifecycle refused: (position, from, to)."""
 
     def is_current(self, allocation_id: str) -> bool:
         """Whether ``allocation_id`` is the trial's latest allocation and has not exited."""
@@ -395,11 +371,7 @@ def apply_trial(view: TrialView, recorded: RecordedEvent) -> None:
     elif isinstance(event, CheckpointSaved):
         view.latest_checkpoint = event
     elif isinstance(event, TrialStateChanged):
-        # A change to the state the trial is in (a requeue keeps it ACTIVE) is no change.
-        if event.state != view.state and _step(
-            view.refused, recorded.position, view.state, event.state, experiment=False
-        ):
-            view.state = event.state
+        view.state = event.state
     elif isinstance(event, TrialEarlyExited):
         view.early_exited = True
 
@@ -428,7 +400,7 @@ def fold_trial_summary(
     metric = experiment.searcher.get("metric")
     metric_name = metric if isinstance(metric, str) else None
     smaller = experiment.smaller_is_better
-    life = lifecycle.Lifecycle(state=lifecycle.ACTIVE)
+    state = lifecycle.ACTIVE
     run_steps: dict[int, int] = {}
     started_at: datetime | None = None
     ended_at: datetime | None = None
@@ -446,11 +418,8 @@ def fold_trial_summary(
         elif isinstance(event, CheckpointSaved):
             summary["latest_checkpoint"] = event.uuid
         elif isinstance(event, TrialStateChanged):
-            if event.state != life.state and _step(
-                life.refused, recorded.position, life.state, event.state, experiment=False
-            ):
-                life.state = event.state
-                ended_at = recorded.recorded_at if event.state in lifecycle.TERMINAL else None
+            state = event.state
+            ended_at = recorded.recorded_at if state in lifecycle.TERMINAL else None
         elif isinstance(event, WorkloadCompleted | ValidationReported | MetricsReported):
             steps = event.steps_completed
             rolled_back = any(s > steps for r, s in run_steps.items() if r < event.run_id)
@@ -472,7 +441,7 @@ def fold_trial_summary(
                     best is None or (value < best if smaller else value > best)
                 ):
                     summary["best_metric"] = value
-    summary["state"] = life.state
+    summary["state"] = state
     summary["started_at"] = iso(started_at)
     summary["ended_at"] = iso(ended_at)
     return summary

@@ -118,11 +118,11 @@ def experiment_detail(
     best_trial_id, best_metric = best_of(view, trials)
     body.update(
         {
-            "searcher_name": searcher.get("name"),
+            "searcher_name": str(searcher.get("name") or ""),
             "max_trials": searcher.get("max_trials"),
             "best_trial_id": best_trial_id,
             "best_metric": best_metric,
-            "resource_pool": view.resources.get("resource_pool"),
+            "resource_pool": str(view.resources.get("resource_pool") or "default"),
             "progress": None,
             "trials": trials,
             "at": at,
