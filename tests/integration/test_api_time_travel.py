@@ -5,14 +5,15 @@ which is what the present-state API answered back then."""
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
+import contextlib
+import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cairn.cli import main as cli_main
 from events.names import experiment_stream, trial_stream
 from events.store import EventStore
 from events.types import (
@@ -23,7 +24,6 @@ from events.types import (
     ValidationReported,
 )
 from services.tracker.service import catch_up
-from tests.helpers import ROOT
 from tests.integration.test_api_queries import submit, user
 from tests.integration.test_api_support import Api, allocate, running_api
 
@@ -198,7 +198,9 @@ async def test_agents_at_a_past_position(api: Api, store: EventStore) -> None:
     assert empty == {"agents": []}
 
 
-async def test_cli_at_flags(api: Api, store: EventStore, tmp_path: Path) -> None:
+async def test_cli_at_flags(
+    api: Api, store: EventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``cairn experiment describe --at``, ``experiment list-trials --at`` and ``agent list
     --at`` print the past state; a bad ``--at`` exits non-zero with the API's message."""
     await api.ok(
@@ -211,29 +213,22 @@ async def test_cli_at_flags(api: Api, store: EventStore, tmp_path: Path) -> None
     position = await store.head()
     await later(store)
 
+    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CAIRN_MASTER", api.url)
+    monkeypatch.setenv("CAIRN_USER", "admin")
+    monkeypatch.setenv("CAIRN_PASSWORD", "admin")
+
+    def run(args: tuple[str, ...]) -> tuple[int, str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = cli_main(list(args))
+        return code, out.getvalue()
+
     async def cli(*args: str) -> tuple[int, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
-        env.update(
-            {
-                "PYTHONPATH": str(ROOT),
-                "CAIRN_HOME": str(tmp_path / "home"),
-                "CAIRN_MASTER": api.url,
-                "CAIRN_USER": "admin",
-                "CAIRN_PASSWORD": "admin",
-            }
-        )
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "cairn.cli",
-            *args,
-            cwd=ROOT,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
-        return proc.returncode or 0, out.decode()
+        # The CLI's client blocks; the gateway serves it from this test's event loop.
+        return await asyncio.to_thread(run, args)
 
     code, out = await cli("experiment", "describe", "1", "--at", str(position))
     assert code == 0, out
