@@ -116,6 +116,7 @@ class ExperimentView:
     state: str = lifecycle.ACTIVE
     archived: bool = False
     submitted_at: datetime | None = None
+    submitted_position: int | None = None
     ended_at: datetime | None = None
     trials: dict[int, TrialRequested] = field(default_factory=dict)
     requested_at: dict[int, datetime] = field(default_factory=dict)
@@ -184,6 +185,7 @@ class ExperimentView:
             "searcher_metric": self.searcher.get("metric"),
             "smaller_is_better": self.smaller_is_better,
             "submitted_at": iso(self.submitted_at),
+            "submitted_position": self.submitted_position,
             "ended_at": iso(self.ended_at),
             "trials": [
                 {
@@ -225,6 +227,7 @@ def apply_experiment(view: ExperimentView, recorded: RecordedEvent) -> None:
         view.owner = event.owner
         view.state = lifecycle.ACTIVE if event.activate else lifecycle.PAUSED
         view.submitted_at = recorded.recorded_at
+        view.submitted_position = recorded.position
     elif isinstance(event, ExperimentStateChanged):
         view.state = event.state
         if event.state in lifecycle.TERMINAL:

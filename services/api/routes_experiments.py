@@ -128,6 +128,10 @@ class ExperimentDetail(pr.ExperimentSummary):
     trials: list[pr.TrialSummary]
     warnings: list[ConfigWarning] = []
     at: int | None = Field(None, description="the log position of a past state (``?at=``)")
+    submitted_position: int | None = Field(None, description="the log position of its submission")
+    position: int | None = Field(
+        None, description="the log's head when the present state was read (absent with ``at``)"
+    )
 
 
 class EmptyBody(BaseModel):
@@ -363,6 +367,7 @@ async def get_experiment(request: web.Request) -> web.Response:
         trials = await history.trial_summaries(store, past, at)
         return web.json_response(history.experiment_detail(past, trials, at))
     body = view.describe()
+    body["position"] = await store.head()
     row = await pr.experiment_row(store, view.experiment_id) or {}
     searcher = view.searcher
     resources = view.config.get("resources")

@@ -27,8 +27,9 @@ from services.tracker.service import catch_up
 from tests.integration.test_api_queries import submit, user
 from tests.integration.test_api_support import Api, allocate, running_api
 
-PROJECTION_ONLY = ("progress", "status", "last_heartbeat", "at")
-"""Fields only the tracker's projections or the gateway's own tables know (null in the past)."""
+PROJECTION_ONLY = ("progress", "status", "last_heartbeat", "at", "position")
+"""Fields only the tracker's projections or the gateway's own tables know (null in the past),
+and the point in the log an answer was read at."""
 
 
 @pytest.fixture
@@ -95,6 +96,8 @@ async def test_experiment_and_trials_at_a_past_position_are_what_they_were(
     now = await api.ok("GET", "/api/v1/experiments/1", token=api.admin)
     assert (now["state"], now["num_trials"], now["best_metric"]) == ("COMPLETED", 2, 0.25)
 
+    assert then["position"] == position and now["position"] > position
+    assert then["submitted_position"] == now["submitted_position"] < position
     past = await api.ok("GET", f"/api/v1/experiments/1?at={position}", token=api.admin)
     assert past["at"] == position
     assert comparable(past) == comparable(then)
