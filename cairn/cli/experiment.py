@@ -23,9 +23,10 @@ from cairn.cli.output import (
 from cairn.cli.trial import print_logs, trial_rows
 from cairn.client import ApiError, Client
 from cairn.errors import CairnError, UnreachableError, UsageError
+from events import lifecycle
 
-TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED", "DELETE_FAILED"})
-TRIAL_DONE = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+TERMINAL = lifecycle.ENDED
+TRIAL_DONE = lifecycle.TERMINAL
 FOLLOW_INTERVAL = 1.0
 UNREACHABLE_GRACE = 60.0
 
