@@ -67,10 +67,13 @@ async def position_at(store: EventStore, request: web.Request) -> int | None:
             AT,
         )
     with translate_errors():
+        # Walks the log backwards from its head: a recent moment is found at once.
         value = await store.pool.fetchval(
-            "SELECT coalesce(max(position), 0) FROM events WHERE recorded_at <= $1", moment
+            """SELECT position FROM events WHERE recorded_at <= $1
+               ORDER BY position DESC LIMIT 1""",
+            moment,
         )
-    return int(value)
+    return 0 if value is None else int(value)
 
 
 def _timestamp(text: str) -> datetime | None:
@@ -78,9 +81,9 @@ def _timestamp(text: str) -> datetime | None:
         return None
     try:
         moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
-    except ValueError:
+        return moment.astimezone(UTC) if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):  # not a timestamp, or one beyond year 1..9999 in UTC
         return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 async def _trial_events(store: EventStore, trial_id: int, at: int) -> list[RecordedEvent]:

@@ -136,7 +136,8 @@ async def test_bad_early_and_foreign_at_answers(api: Api, store: EventStore) -> 
     as in the present."""
     await api.ok("GET", "/api/v1/agents", token=api.admin)
     await first_run(store)
-    for bad in ("yesterday", "-1", "1.5", "2026-13-01T00:00:00Z", "9" * 30, "\x00"):
+    hostile = ("0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "x" * 3000)
+    for bad in ("yesterday", "-1", "1.5", "2026-13-01T00:00:00Z", "9" * 30, "\x00", *hostile):
         for path in ("/api/v1/experiments/1", "/api/v1/trials/11", "/api/v1/agents"):
             status, body = await api.call("GET", path, api.admin, params={"at": bad})
             assert status == 400, (path, bad, body)
