@@ -12,8 +12,10 @@ import pytest
 
 from events import aggregates, lifecycle
 from events.envelope import RecordedEvent
+from events.names import trial_stream
 from events.store import row_to_event
 from services.scheduler.state import ClusterState
+from tests.golden import history
 from tests.unit.test_registry import all_versions
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "events"
@@ -81,6 +83,38 @@ def test_every_fixture_replays_through_every_fold(event: RecordedEvent) -> None:
         cluster = ClusterState()
         for recorded in events:
             cluster.apply(recorded)
+
+
+@pytest.mark.parametrize("name", history.NAMES)
+def test_golden_histories_fold_as_the_lifecycle_and_scheduler_do(name: str) -> None:
+    """On each log recorded from a real run, the aggregates give every experiment and trial the
+    state the lifecycle fold recorded, the trial summaries the scheduler's restarts, and the
+    cluster fold the scheduler's agents (lost or not, slot count)."""
+    events = history.decoded(history.load(name))
+    recorded = json.loads(history.state_path(name).read_text())
+    streams: dict[str, list[RecordedEvent]] = {}
+    for e in events:
+        streams.setdefault(e.stream_id, []).append(e)
+    for ident, life in recorded["lifecycle"]["experiments"].items():
+        stream = streams[f"experiment-{ident}"]
+        view = aggregates.fold_experiment(int(ident), stream)
+        assert view.state == life["state"], (name, ident)
+        for trial_id in view.trials:
+            trial_events = streams.get(trial_stream(trial_id), [])
+            summary = aggregates.fold_trial_summary(view, trial_id, trial_events)
+            assert summary["state"] == recorded["lifecycle"]["trials"][str(trial_id)]["state"]
+            scheduled = recorded["scheduler"]["trials"][str(trial_id)]
+            assert (summary["restarts"], summary["run_id"]) == (
+                scheduled["restarts"],
+                scheduled["runs"],
+            )
+            assert aggregates.fold_trial(trial_id, trial_events).state == summary["state"]
+    agents = {a["agent_id"]: a for a in aggregates.fold_cluster(events).agent_list()}
+    assert {
+        agent_id: {"lost": a["state"] == "lost", "slots": len(a["slots"])}
+        for agent_id, a in agents.items()
+    } == recorded["scheduler"]["agents"]
+    assert all(s["allocation_id"] is None for a in agents.values() for s in a["slots"])
 
 
 def test_replaying_all_fixtures_in_one_log_folds_every_aggregate() -> None:
