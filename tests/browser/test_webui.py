@@ -136,7 +136,8 @@ def test_experiment_curves_grow_live_and_hparam_plots_brush(
     admin: Session, live: LiveCluster
 ) -> None:
     """The experiment page draws every trial's curve, adds new points from the event stream
-    without reloading, and brushing the parallel coordinates filters the trials."""
+    without reloading, brushing the parallel coordinates filters the trials, and the history
+    slider shows the experiment as it was at its submission (no trials yet) until "now"."""
     grid = live.extra["grid"]
     page = admin.page
     admin.go(f"/experiments/{grid}")
@@ -187,6 +188,18 @@ def test_experiment_curves_grow_live_and_hparam_plots_brush(
     page.wait_for_selector("#checkpoints-table tbody tr")
     page.click("[data-tab=logs]")
     wait(lambda: "done at step" in page.inner_text(".logs"), 30, "experiment logs")
+
+    # The history slider: at its submission the experiment had no trials; "now" is live again.
+    page.click("[data-tab=trials]")
+    page.eval_on_selector(
+        "#history-slider", "el => { el.value = el.min; el.dispatchEvent(new Event('change')); }"
+    )
+    wait(lambda: "as it was at" in page.inner_text("#history-label"), 30, "the past state")
+    assert page.locator("#trials-table tbody tr").count() == 0
+    assert page.inner_text("#experiment-state").startswith("ACTIVE")
+    assert page.locator("#experiment-actions button").count() == 0
+    page.click("#history-now")
+    wait(lambda: page.locator("#trials-table tbody tr").count() == 3, 30, "the present again")
 
 
 def test_trial_page_follows_log_filters_and_downloads(admin: Session, live: LiveCluster) -> None:
