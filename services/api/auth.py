@@ -29,6 +29,7 @@ from events.db import translate_errors
 from events.names import parse_trial_id, trial_label
 from events.store import EventStore
 from services.api import tables
+from services.api.audit_trail import actor_of, set_actor
 from services.api.errors import forbidden, unauthorized
 from services.api.routing import state_of
 
@@ -374,5 +375,6 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
                 f"a {principal.kind} token may not call {request.method} {request.path}"
             )
         request[_PRINCIPAL] = principal
+        set_actor(request, actor_of(principal.kind, principal.name))
     response: web.StreamResponse = await handler(request)
     return response

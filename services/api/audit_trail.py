@@ -1,0 +1,207 @@
+"""The gateway's half of the audit trail: every request's origin, and the facts for requests
+that would otherwise leave no trace.
+
+:func:`audit_middleware` (outermost) gives each request an id (the client's ``X-Request-ID``
+when it is a short token, else a new one; echoed in the response) and binds an
+:class:`events.origin.Origin`, so every event the request appends carries its actor, request id
+and remote address. When the response is known it records:
+
+- ``RequestRejected`` for a refused request: any 4xx of a mutating method (POST, PUT, PATCH,
+  DELETE), and 401/403 of any method. It holds the method, route, path, status and the error
+  message (cut to :data:`MAX_MESSAGE` characters), never a body, token or password.
+- ``RequestAccepted`` for a mutating request that succeeded without appending an event (user
+  accounts, passwords, logins), unless its route is declared ``audit=False`` (telemetry:
+  heartbeats, log lines).
+
+Flooding rule: per caller (the actor, or ``remote:<address>`` before authentication) at most
+:data:`PER_CALLER` rejections are recorded one by one per :data:`WINDOW_SECONDS`, and at most
+:data:`OVERALL` across all callers; the others are counted, and the caller's next recorded
+rejection carries that count in ``suppressed``. A hostile caller thus costs at most a few
+appends a minute while the trail still says how many refusals there were. Counts live in the
+gateway process: those pending when it stops are only logged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from events import origin
+from events.envelope import NewEvent, new
+from events.errors import EventsError
+from events.types.audit import AUDIT_STREAM, RequestAccepted, RequestRejected
+from services.api.routing import STATE
+
+log = structlog.get_logger("api")
+
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MAX_MESSAGE = 300
+MAX_PATH = 300
+WINDOW_SECONDS = 60.0
+PER_CALLER = 10
+OVERALL = 120
+MAX_CALLERS = 10_000
+REQUEST_ID_HEADER = "X-Request-ID"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$", re.ASCII)
+_ORIGIN = web.RequestKey("cairn_origin", origin.Origin)
+
+
+@dataclass
+class _Window:
+    start: float
+    recorded: int = 0
+    suppressed: int = 0
+
+
+class RejectionLimiter:
+    """Decides which rejections are recorded one by one (see the module's flooding rule).
+
+    Args:
+        per_caller: rejections recorded per caller per window.
+        overall: rejections recorded per window across all callers.
+        window: the window's length in seconds.
+        clock: a monotonic clock (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        *,
+        per_caller: int = PER_CALLER,
+        overall: int = OVERALL,
+        window: float = WINDOW_SECONDS,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.per_caller = per_caller
+        self.overall = overall
+        self.window = window
+        self.clock = clock
+        self._callers: OrderedDict[str, _Window] = OrderedDict()
+        self._overall = _Window(start=clock())
+
+    def admit(self, caller: str) -> int | None:
+        """Counts one rejection by ``caller``.
+
+        Returns:
+            ``None`` when it is only counted; otherwise the number of the caller's rejections
+            suppressed before it, to be recorded with it.
+        """
+        now = self.clock()
+        if now - self._overall.start >= self.window:
+            self._overall = _Window(start=now)
+        slot = self._callers.get(caller)
+        if slot is None:
+            slot = _Window(start=now)
+            self._callers[caller] = slot
+            while len(self._callers) > MAX_CALLERS:
+                dropped, old = self._callers.popitem(last=False)
+                if old.suppressed:
+                    log.warning("rejections not recorded", caller=dropped, count=old.suppressed)
+        else:
+            self._callers.move_to_end(caller)
+        if now - slot.start >= self.window:
+            slot.start, slot.recorded = now, 0
+        if slot.recorded >= self.per_caller or self._overall.recorded >= self.overall:
+            slot.suppressed += 1
+            return None
+        slot.recorded += 1
+        self._overall.recorded += 1
+        suppressed, slot.suppressed = slot.suppressed, 0
+        return suppressed
+
+
+LIMITER = web.AppKey("cairn_rejection_limiter", RejectionLimiter)
+
+
+def actor_of(kind: str, name: str) -> str:
+    """The actor name of an authenticated caller: a username, ``trial:<id>`` or ``agent``."""
+    if kind == "trial":
+        return f"trial:{name}"
+    return name
+
+
+def set_actor(request: web.Request, actor: str) -> None:
+    """Names the authenticated caller of ``request`` on its origin (the auth middleware)."""
+    found = request.get(_ORIGIN)
+    if found is not None:
+        found.actor = actor
+
+
+def _request_id(request: web.Request) -> str:
+    given = request.headers.get(REQUEST_ID_HEADER, "").strip()
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+def _route_of(request: web.Request) -> str:
+    info = request.match_info
+    if info.http_exception is not None or info.route.resource is None:
+        return "<no route>"
+    return info.route.resource.canonical
+
+
+def _message_of(response: web.StreamResponse) -> str:
+    body = getattr(response, "body", None)
+    if not isinstance(body, bytes):
+        return ""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return str(message)[:MAX_MESSAGE]
+
+
+def _audited(request: web.Request) -> bool:
+    state = request.app[STATE]
+    route = state.routes.get(request.match_info.handler)
+    return route is None or route.audit
+
+
+async def _record(request: web.Request, event: NewEvent) -> None:
+    try:
+        async with request.app[STATE].store.transaction() as tx:
+            await tx.append(AUDIT_STREAM, [event])
+    except EventsError as exc:
+        log.warning("audit fact not recorded", type=event.event.event_type, error=str(exc))
+
+
+@web.middleware
+async def audit_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Outermost middleware: binds the request's origin and records what the log would miss."""
+    found = origin.Origin(request_id=_request_id(request), remote=request.remote)
+    request[_ORIGIN] = found
+    with origin.bound(found):
+        response: web.StreamResponse = await handler(request)
+        if not response.prepared:
+            response.headers[REQUEST_ID_HEADER] = found.request_id or ""
+        status = response.status
+        method = request.method
+        path = request.path[:MAX_PATH]
+        actor = found.actor
+        if 400 <= status < 500 and (method in MUTATING or status in (401, 403)):
+            caller = actor or f"remote:{found.remote}"
+            suppressed = request.app[LIMITER].admit(caller)
+            if suppressed is not None:
+                fact = RequestRejected(
+                    method=method,
+                    route=_route_of(request),
+                    path=path,
+                    status=status,
+                    message=_message_of(response),
+                    suppressed=suppressed,
+                )
+                await _record(request, new(fact, actor=actor or "anonymous"))
+        elif (
+            200 <= status < 300 and method in MUTATING and found.appended == 0 and _audited(request)
+        ):
+            fact_ok = RequestAccepted(
+                method=method, route=_route_of(request), path=path, status=status
+            )
+            await _record(request, new(fact_ok, actor=actor or "anonymous"))
+    return response
