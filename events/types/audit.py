@@ -20,7 +20,8 @@ class RequestRejected(Event):
     """The gateway refused a request (401, 403, a bad body or config, an illegal state change).
 
     ``suppressed`` counts the same caller's rejections that were not recorded one by one since
-    its previous recorded one (see ``services.api.audit_trail`` for the rule).
+    its previous recorded one (see ``services.api.audit_trail`` for the rule);
+    ``experiment_id`` is the experiment the route names, if it names one.
     """
 
     event_type = "RequestRejected"
@@ -29,8 +30,10 @@ class RequestRejected(Event):
     route: str
     path: str
     status: int
+    experiment_id: int | None = None
     message: str
     suppressed: int = 0
+    experiment_id: int | None = None
 
 
 @register
@@ -43,3 +46,4 @@ class RequestAccepted(Event):
     route: str
     path: str
     status: int
+    experiment_id: int | None = None

@@ -157,6 +157,11 @@ def _message_of(response: web.StreamResponse) -> str:
     return str(message)[:MAX_MESSAGE]
 
 
+def _experiment_of(request: web.Request) -> int | None:
+    raw = request.match_info.get("experiment_id", "")
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
+
+
 def _audited(request: web.Request) -> bool:
     state = request.app[STATE]
     route = state.routes.get(request.match_info.handler)
@@ -195,13 +200,18 @@ async def audit_middleware(request: web.Request, handler: Any) -> web.StreamResp
                     status=status,
                     message=_message_of(response),
                     suppressed=suppressed,
+                    experiment_id=_experiment_of(request),
                 )
                 await _record(request, new(fact, actor=actor or "anonymous"))
         elif (
             200 <= status < 300 and method in MUTATING and found.appended == 0 and _audited(request)
         ):
             fact_ok = RequestAccepted(
-                method=method, route=_route_of(request), path=path, status=status
+                method=method,
+                route=_route_of(request),
+                path=path,
+                status=status,
+                experiment_id=_experiment_of(request),
             )
             await _record(request, new(fact_ok, actor=actor or "anonymous"))
     return response

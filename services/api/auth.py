@@ -369,12 +369,12 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         principal = await authenticate(request, token)
         if principal is None:
             raise unauthorized("invalid or expired token")
+        set_actor(request, actor_of(principal.kind, principal.name))
         allowed = route.allow if route is not None else frozenset()
         if not (principal.kind in allowed or ("admin" in allowed and principal.is_admin)):
             raise forbidden(
                 f"a {principal.kind} token may not call {request.method} {request.path}"
             )
         request[_PRINCIPAL] = principal
-        set_actor(request, actor_of(principal.kind, principal.name))
     response: web.StreamResponse = await handler(request)
     return response
