@@ -30,7 +30,6 @@ class RequestRejected(Event):
     route: str
     path: str
     status: int
-    experiment_id: int | None = None
     message: str
     suppressed: int = 0
     experiment_id: int | None = None
