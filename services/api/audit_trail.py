@@ -136,7 +136,7 @@ def set_actor(request: web.Request, actor: str) -> None:
 
 def _request_id(request: web.Request) -> str:
     given = request.headers.get(REQUEST_ID_HEADER, "").strip()
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    return given if _REQUEST_ID.match(given) else str(uuid.uuid4())
 
 
 def _route_of(request: web.Request) -> str:

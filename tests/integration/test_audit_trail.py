@@ -4,9 +4,11 @@ projection that rebuilds to the same rows."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import itertools
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -481,3 +483,35 @@ async def test_rebuild_gives_the_live_rows(api: Api, store: EventStore) -> None:
         dict(r) for r in await store.pool.fetch("SELECT * FROM audit_trail ORDER BY position")
     ]
     assert rebuilt == live
+
+
+async def test_cli_audit_filters_by_user_experiment_and_time(
+    api: Api, store: EventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """`cairn audit --user U --experiment N --since T --json` prints that user's entries about
+    that experiment; the table form shows the refusal's route and status."""
+    from cairn.cli import main
+
+    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CAIRN_USER", "admin")
+    monkeypatch.setenv("CAIRN_PASSWORD", "admin")
+    bob = await user(api, store, "bob")
+    await submit(store, 1)
+    await submit(store, 2)
+    await send(api, "PATCH", "/api/v1/experiments/1", api.admin, {"name": "one"})
+    await send(api, "PATCH", "/api/v1/experiments/2", api.admin, {"name": "two"})
+    await send(api, "POST", "/api/v1/experiments/1/pause", bob, {})
+    await catch_up(store)
+    capsys.readouterr()
+
+    argv = ["-m", api.url, "audit", "--user", "admin", "--experiment", "1", "--since", "1h"]
+    assert await asyncio.to_thread(main, [*argv, "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)["entries"]
+    assert [(e["type"], e["experiment_id"], e["actor"]) for e in entries] == [
+        ("ExperimentRenamed", 1, "admin")
+    ]
+    assert await asyncio.to_thread(main, ["-m", api.url, "audit", "--user", "bob"]) == 0
+    out = capsys.readouterr().out
+    assert "RequestRejected" in out and "POST /api/v1/experiments/1/pause 403" in out
+    assert await asyncio.to_thread(main, ["-m", api.url, "audit", "--since", "noon"]) != 0
+    assert "not a time" in capsys.readouterr().err

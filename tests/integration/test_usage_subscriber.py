@@ -1,5 +1,6 @@
-"""The standalone usage subscriber (examples/subscriber) against a real gateway: killed with
-SIGKILL mid-stream and started again, its CSV holds every allocation fact exactly once."""
+"""Outside subscribers over a real gateway: the event stream's stream filter, and the
+standalone usage subscriber (examples/subscriber), which, killed with SIGKILL mid-stream and
+started again, holds every allocation fact in its CSV exactly once."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from events.store import EventStore
 from events.types import TrialExited, TrialStarted
 from tests.helpers import wait_until
+from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "subscriber" / "follow_usage.py"
@@ -97,3 +99,29 @@ async def test_subscriber_survives_kill_9_without_losing_or_repeating_rows(
     allocated = [r for r in rows if r["type"] == "SlotsAllocated"]
     assert len(allocated) == TRIALS and all(r["slots"] == "1" for r in allocated)
     assert {r["outcome"] for r in rows if r["type"] == "TrialExited"} == {"completed"}
+
+
+async def test_stream_filters_by_stream_id_and_stream_type(api: Api, store: EventStore) -> None:
+    """``streams`` takes stream ids and stream types (combined with ``types`` by AND); a
+    malformed name is a 400 naming the parameter."""
+    await submit_experiment(store, 1)
+    await allocate(store, 11)
+    await allocate(store, 12, experiment_id=1)
+    by_id = await read_events(api, api.admin, 2, query="?streams=trial-12,experiment-1")
+    assert [(e["data"]["stream_id"], e["event"]) for e in by_id] == [
+        ("experiment-1", "ExperimentSubmitted"),
+        ("experiment-1", "TrialRequested"),
+    ]
+    by_type = await read_events(
+        api, api.admin, 2, query="?streams=trial&types=SlotsAllocated,TrialRequested"
+    )
+    assert [(e["data"]["stream_id"], e["event"]) for e in by_type] == [
+        ("trial-11", "SlotsAllocated"),
+        ("trial-12", "SlotsAllocated"),
+    ]
+    resumed = await read_events(
+        api, api.admin, 1, query="?streams=trial", last_event_id=int(by_type[0]["id"])
+    )
+    assert resumed[0]["data"]["stream_id"] == "trial-12"
+    status, body = await api.call("GET", "/api/v1/events/stream?streams=Trial 1", api.admin)
+    assert status == 400 and body["error"]["path"] == "streams"
