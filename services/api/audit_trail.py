@@ -8,7 +8,8 @@ and remote address. When the response is known it records:
 
 - ``RequestRejected`` for a refused request: any 4xx of a mutating method (POST, PUT, PATCH,
   DELETE), and 401/403 of any method. It holds the method, route, path, status and the error
-  message (cut to :data:`MAX_MESSAGE` characters), never a body, token or password.
+  message, never a body, token or password; for an input error (400, 413) only the path of the
+  bad field, since the message may echo a value that was sent.
 - ``RequestAccepted`` for a mutating request that succeeded without appending an event (user
   accounts, passwords, logins), unless its route is declared ``audit=False`` (telemetry:
   heartbeats, log lines).
@@ -43,6 +44,7 @@ from services.api.routing import STATE
 log = structlog.get_logger("api")
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+INPUT_ERRORS = frozenset({400, 413, 422})
 MAX_MESSAGE = 300
 MAX_PATH = 300
 WINDOW_SECONDS = 60.0
@@ -147,14 +149,23 @@ def _route_of(request: web.Request) -> str:
 
 
 def _message_of(response: web.StreamResponse) -> str:
+    """What the refusal said, without any value taken from the request.
+
+    Errors about the input (400, 413, 422) echo what was sent (``got 'hunter2'``), which may be
+    a secret: only the path of the offending field is kept. Other refusals (401, 403, 404, 409)
+    describe the server's state and are kept, cut to :data:`MAX_MESSAGE` characters.
+    """
     body = getattr(response, "body", None)
     if not isinstance(body, bytes):
         return ""
     try:
-        message = json.loads(body)["error"]["message"]
+        error = json.loads(body)["error"]
+        message, path = str(error["message"]), error.get("path")
     except (ValueError, KeyError, TypeError):
         return ""
-    return str(message)[:MAX_MESSAGE]
+    if response.status in INPUT_ERRORS:
+        return f"invalid input at {str(path)[:MAX_PATH]}" if path else "invalid input"
+    return message[:MAX_MESSAGE]
 
 
 def _experiment_of(request: web.Request) -> int | None:
@@ -174,6 +185,9 @@ async def _record(request: web.Request, event: NewEvent) -> None:
             await tx.append(AUDIT_STREAM, [event])
     except EventsError as exc:
         log.warning("audit fact not recorded", type=event.event.event_type, error=str(exc))
+    except Exception:
+        # The caller's answer is already decided; a failed audit write must not turn it into 500.
+        log.exception("audit fact not recorded", type=event.event.event_type)
 
 
 @web.middleware

@@ -389,7 +389,7 @@ async def test_refusals_are_recorded_without_secrets(api: Api, store: EventStore
     await submit(store, 1)
     forbidden_id, status, _ = await send(api, "POST", "/api/v1/experiments/1/kill", bob, {})
     assert status == 403
-    bad = CONFIG.replace("lr: 0.1", "lr: 0.1, api_key: hunter2-secret") + "\nbogus_field: 1\n"
+    bad = CONFIG.replace("max_length: {batches: 100}", "max_length: {batches: hunter2-secret}")
     config_id, status, _ = await send(api, "POST", "/api/v1/experiments", bob, {"config": bad})
     assert status == 400
     login_id, status, _ = await send(
@@ -408,6 +408,9 @@ async def test_refusals_are_recorded_without_secrets(api: Api, store: EventStore
         "only the experiment's owner or an admin may do this",
     )
     assert by_request[config_id]["actor"] == "bob"
+    assert by_request[config_id]["detail"]["message"] == (
+        "invalid input at searcher.max_length.batches"
+    )
     assert by_request[login_id]["actor"] == "anonymous"
     dump = await store.pool.fetchval(
         "SELECT string_agg(payload::text || metadata::text, ' ') FROM events"
