@@ -10,9 +10,10 @@ and remote address. When the response is known it records:
   DELETE), and 401/403 of any method. It holds the method, route, path, status and the error
   message, never a body, token or password; for an input error (400, 413) only the path of the
   bad field, since the message may echo a value that was sent.
-- ``RequestAccepted`` for a mutating request that succeeded without appending an event (user
-  accounts, passwords, logins), unless its route is declared ``audit=False`` (telemetry:
-  heartbeats, log lines).
+- ``RequestAccepted`` for a mutating request of a user that succeeded without appending an
+  event (accounts, passwords, a logout, a change to what it already was), unless its route is
+  declared ``audit=False`` (logins, heartbeats, log lines). Agents and trials report through
+  idempotent intake, where a call that appends nothing is a dropped duplicate: not recorded.
 
 Flooding rule: per caller (the actor, or ``remote:<address>`` before authentication) at most
 :data:`PER_CALLER` rejections are recorded one by one per :data:`WINDOW_SECONDS`, and at most
@@ -53,7 +54,18 @@ OVERALL = 120
 MAX_CALLERS = 10_000
 REQUEST_ID_HEADER = "X-Request-ID"
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$", re.ASCII)
-_ORIGIN = web.RequestKey("cairn_origin", origin.Origin)
+
+
+@dataclass
+class _Call:
+    """What the audit middleware learns about a request while it is served (one shared object:
+    a handler may serve a clone of the request, which copies the reference)."""
+
+    origin: origin.Origin
+    intake: bool = False
+
+
+_CALL = web.RequestKey("cairn_call", _Call)
 
 
 @dataclass
@@ -129,11 +141,16 @@ def actor_of(kind: str, name: str) -> str:
     return name
 
 
-def set_actor(request: web.Request, actor: str) -> None:
-    """Names the authenticated caller of ``request`` on its origin (the auth middleware)."""
-    found = request.get(_ORIGIN)
-    if found is not None:
-        found.actor = actor
+def set_actor(request: web.Request, actor: str, *, intake: bool = False) -> None:
+    """Names the authenticated caller of ``request`` on its origin (the auth middleware).
+
+    ``intake``: the caller is an agent or a trial, whose calls are idempotent intake: one that
+    appends nothing is a duplicate and is not recorded as ``RequestAccepted``.
+    """
+    call = request.get(_CALL)
+    if call is not None:
+        call.origin.actor = actor
+        call.intake = intake
 
 
 def _request_id(request: web.Request) -> str:
@@ -194,7 +211,8 @@ async def _record(request: web.Request, event: NewEvent) -> None:
 async def audit_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     """Outermost middleware: binds the request's origin and records what the log would miss."""
     found = origin.Origin(request_id=_request_id(request), remote=request.remote)
-    request[_ORIGIN] = found
+    call = _Call(origin=found)
+    request[_CALL] = call
     with origin.bound(found):
         response: web.StreamResponse = await handler(request)
         if not response.prepared:
@@ -218,7 +236,11 @@ async def audit_middleware(request: web.Request, handler: Any) -> web.StreamResp
                 )
                 await _record(request, new(fact, actor=actor or "anonymous"))
         elif (
-            200 <= status < 300 and method in MUTATING and found.appended == 0 and _audited(request)
+            200 <= status < 300
+            and method in MUTATING
+            and found.appended == 0
+            and not call.intake
+            and _audited(request)
         ):
             fact_ok = RequestAccepted(
                 method=method,

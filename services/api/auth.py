@@ -369,7 +369,11 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         principal = await authenticate(request, token)
         if principal is None:
             raise unauthorized("invalid or expired token")
-        set_actor(request, actor_of(principal.kind, principal.name))
+        set_actor(
+            request,
+            actor_of(principal.kind, principal.name),
+            intake=principal.kind in ("agent", "trial"),
+        )
         allowed = route.allow if route is not None else frozenset()
         if not (principal.kind in allowed or ("admin" in allowed and principal.is_admin)):
             raise forbidden(

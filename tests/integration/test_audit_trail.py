@@ -419,16 +419,47 @@ async def test_refusals_are_recorded_without_secrets(api: Api, store: EventStore
         assert secret not in dump
 
 
-async def test_a_flood_of_refusals_is_bounded_and_counted(api: Api, store: EventStore) -> None:
-    """Many refusals by one caller record at most PER_CALLER facts in a window; the rest are
-    counted, not stored one by one."""
+async def test_floods_are_bounded(api: Api, store: EventStore) -> None:
+    """Many refusals by one caller record at most PER_CALLER facts in a window (the rest are
+    counted); a trial re-sending the same report records nothing new, while a user's no-op
+    change is recorded once per request."""
     bob = await user(api, store, "bob")
     await submit(store, 1)
+    await allocate(store, 11)
     for _ in range(PER_CALLER * 3):
         _, status, _ = await send(api, "POST", "/api/v1/experiments/1/pause", bob, {})
         assert status == 403
     rows = await trail(store, "type = 'RequestRejected' AND actor = 'bob'")
     assert len(rows) == PER_CALLER
+    report = {
+        "items": [
+            {
+                "kind": "metrics",
+                "idempotency_key": "m1",
+                "group": "training",
+                "steps_completed": 5,
+                "metrics": {"loss": 1.0},
+                "run_id": 1,
+            }
+        ]
+    }
+    before = await store.head()
+    for _ in range(5):
+        _, status, _ = await send(
+            api, "POST", "/api/v1/trials/11/reports", api.trial_token(11), report
+        )
+        assert status == 200
+    reported = [(e.type, e.metadata.actor) for e in await store.read_all(before)]
+    assert reported == [("WorkloadCompleted", "trial:11")], reported
+    for _ in range(2):
+        _, status, _ = await send(
+            api, "PATCH", "/api/v1/experiments/1", api.admin, {"name": "same"}
+        )
+        assert status == 200
+    assert [e.type for e in await store.read_all(before + 1)] == [
+        "ExperimentRenamed",
+        "RequestAccepted",
+    ]
 
 
 async def test_audit_api_filters_pages_and_is_for_admins(api: Api, store: EventStore) -> None:
