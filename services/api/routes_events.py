@@ -105,8 +105,11 @@ async def _page(
     types: list[str] | None,
     experiment_id: int | None,
     named: tuple[list[str] | None, list[str] | None] = (None, None),
+    *,
+    admin: bool = True,
 ) -> list[tuple[int, str, str]]:
-    """The next events after ``after``: ``(position, type, RecordedEvent JSON)``."""
+    """The next events after ``after``: ``(position, type, RecordedEvent JSON)``; for a
+    non-admin reader without the callers' addresses (``metadata.remote``)."""
     # One snapshot: a trial requested after the list of trials was read cannot have events in
     # the page, which would otherwise be skipped for good.
     with translate_errors():
@@ -144,6 +147,9 @@ async def _page(
         event = row_to_event(row)
         if event.type in CONFIG_EVENTS:
             event = event.model_copy(update={"payload": mask_payload(event.type, event.payload)})
+        if not admin and event.metadata.remote is not None:
+            hidden = event.metadata.model_copy(update={"remote": None})
+            event = event.model_copy(update={"metadata": hidden})
         out.append((event.position, event.type, event.model_dump_json()))
     return out
 
@@ -181,7 +187,9 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     try:
         await response.write(b": connected\n\n")
         while not _gone(request):
-            page = await _page(store, after, types, query.experiment_id, named)
+            page = await _page(
+                store, after, types, query.experiment_id, named, admin=principal.is_admin
+            )
             if page:
                 chunk = "".join(
                     f"id: {position}\nevent: {kind}\ndata: {data}\n\n"

@@ -21,6 +21,7 @@ from services.api.app import all_routes
 from services.api.audit_trail import PER_CALLER
 from services.tracker import audit
 from services.tracker.service import catch_up
+from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_queries import end_trial, set_state, submit, user
 from tests.integration.test_api_support import CONFIG, Api, allocate, running_api
 
@@ -371,15 +372,23 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
 
 async def test_events_carry_actor_request_and_address(api: Api, store: EventStore) -> None:
     """An experiment created through the API is stored with the caller, the request id and the
-    caller's address in its metadata, without the call site passing them."""
+    caller's address in its metadata, without the call site passing them; the event stream
+    shows the address to admins only."""
+    bob = await user(api, store, "bob")
     code = base64.b64encode(gzip.compress(b"fake tar")).decode()
     request_id, status, body = await send(
-        api, "POST", "/api/v1/experiments", api.admin, {"config": CONFIG, "code": code}
+        api, "POST", "/api/v1/experiments", bob, {"config": CONFIG, "code": code}
     )
     assert status == 200, body
     [submitted] = await store.read_stream(f"experiment-{body['id']}")
     meta = submitted.metadata
-    assert (meta.actor, meta.request_id, meta.remote) == ("admin", request_id, "127.0.0.1")
+    assert (meta.actor, meta.request_id, meta.remote) == ("bob", request_id, "127.0.0.1")
+    query = f"?experiment_id={body['id']}"
+    [own] = await read_events(api, bob, 1, query=query)
+    [seen] = await read_events(api, api.admin, 1, query=query)
+    assert own["data"]["metadata"]["request_id"] == request_id
+    assert own["data"]["metadata"]["remote"] is None
+    assert seen["data"]["metadata"]["remote"] == "127.0.0.1"
 
 
 async def test_refusals_are_recorded_without_secrets(api: Api, store: EventStore) -> None:
