@@ -23,7 +23,8 @@ class Event(BaseModel):
 
 
 class Metadata(BaseModel):
-    """Who caused an event and why: actor, causation and correlation ids, leader epoch."""
+    """Who caused an event and why: actor, causation and correlation ids, leader epoch, and the
+    API request it came from (its id and the caller's address; see :mod:`events.origin`)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
@@ -31,6 +32,8 @@ class Metadata(BaseModel):
     causation_id: str | None = None
     correlation_id: str | None = None
     epoch: int | None = None
+    request_id: str | None = None
+    remote: str | None = None
 
 
 _METADATA_FIELDS = ("actor", "causation_id", "correlation_id", "epoch")

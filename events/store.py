@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from events import faults, migrations
+from events import faults, migrations, origin
 from events.db import Connection, Pool, create_pool, translate_errors
 from events.envelope import Event, NewEvent, RecordedEvent, trusted_metadata
 from events.errors import ConcurrencyError, EventTooLargeError, FencedError
@@ -138,10 +138,8 @@ class Transaction:
             return []
         items = [_as_new(e) for e in events]
         epoch = fence.epoch if fence is not None else None
-        metas = [
-            item.metadata.model_copy(update={"epoch": epoch}) if epoch else item.metadata
-            for item in items
-        ]
+        stamped = [origin.stamp(item.metadata) for item in items]
+        metas = [m.model_copy(update={"epoch": epoch}) if epoch else m for m in stamped]
         payloads = [encode(i.event) for i in items]
         payload_texts = [encoded(p) for p in payloads]
         meta_texts = [m.model_dump_json(exclude_none=True) for m in metas]
@@ -201,6 +199,7 @@ class Transaction:
             )
             for v, item, payload, meta in zip(versions, items, payloads, metas, strict=True)
         ]
+        origin.count_appended(len(recorded))
         await faults.point("store.before_commit")
         return recorded
 

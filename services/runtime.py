@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import structlog
 
 from events import logging as cairn_logging
+from events import origin
 from events.bus import Bus
 from events.errors import EventsError
 from events.lease import LeaderLease
@@ -68,6 +69,7 @@ def main(
     """Parses flags, connects, runs ``run`` until SIGTERM/SIGINT, and exits non-zero on failure."""
     args = (parser or base_parser(name)).parse_args()
     cairn_logging.configure(name, level=args.log_level)
+    origin.set_service(name)
     log = structlog.get_logger(name)
     if not args.db:
         log.error("no database: pass --db or set CAIRN_DB")

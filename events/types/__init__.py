@@ -1,6 +1,7 @@
 """Event payload models, one module per stream category. Importing this package registers them."""
 
 from events.types.agent import AgentLost, AgentRegistered, SlotsDisabled, SlotsEnabled
+from events.types.audit import RequestAccepted, RequestRejected
 from events.types.experiment import (
     CheckpointsDeleted,
     ExperimentArchived,
@@ -55,6 +56,8 @@ __all__ = [
     "LeaderElected",
     "MetricsReported",
     "PreemptionRequested",
+    "RequestAccepted",
+    "RequestRejected",
     "SlotsAllocated",
     "SlotsDisabled",
     "SlotsEnabled",

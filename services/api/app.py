@@ -13,6 +13,7 @@ from services.api import (
     openapi,
     routes_agents,
     routes_allocations,
+    routes_audit,
     routes_auth,
     routes_checkpoints,
     routes_cluster,
@@ -29,6 +30,7 @@ from services.api import (
     routes_webui,
     tables,
 )
+from services.api.audit_trail import LIMITER, RejectionLimiter, audit_middleware
 from services.api.auth import agent_token, auth_middleware, ensure_admin
 from services.api.errors import error_middleware
 from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
@@ -51,6 +53,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     openapi.routes,
     routes_series.routes,
     routes_cluster.routes,
+    routes_audit.routes,
 )
 
 
@@ -79,11 +82,12 @@ def create_app(
         The application, ready for an ``AppRunner``.
     """
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware, body_limit_middleware],
+        middlewares=[audit_middleware, error_middleware, auth_middleware, body_limit_middleware],
         client_max_size=DEFAULT_MAX_BODY,
     )
     state = ApiState(store=store, bus=bus, secret=secret)
     app[STATE] = state
+    app[LIMITER] = RejectionLimiter()
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
     routes_master.mark_started(app)
     for route in [*all_routes(), *routes_webui.routes.routes]:

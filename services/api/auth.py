@@ -29,6 +29,7 @@ from events.db import translate_errors
 from events.names import parse_trial_id, trial_label
 from events.store import EventStore
 from services.api import tables
+from services.api.audit_trail import actor_of, set_actor
 from services.api.errors import forbidden, unauthorized
 from services.api.routing import state_of
 
@@ -368,6 +369,11 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         principal = await authenticate(request, token)
         if principal is None:
             raise unauthorized("invalid or expired token")
+        set_actor(
+            request,
+            actor_of(principal.kind, principal.name),
+            intake=principal.kind in ("agent", "trial"),
+        )
         allowed = route.allow if route is not None else frozenset()
         if not (principal.kind in allowed or ("admin" in allowed and principal.is_admin)):
             raise forbidden(

@@ -163,6 +163,7 @@ async def register(request: web.Request) -> web.Response:
 @routes.post(
     "/api/v1/agents/{agent_id}/heartbeat",
     allow=AGENTS,
+    audit=False,
     body=HeartbeatBody,
     response=HeartbeatResponse,
 )

@@ -307,6 +307,7 @@ async def _report_once(
 @routes.post(
     "/api/v1/allocations/{allocation_id}/logs",
     allow=TRIAL_OR_AGENT,
+    audit=False,
     body=LogsBody,
     response=LogsResponse,
     max_body=BATCH_MAX_BODY,

@@ -6,6 +6,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from services.api import auth
+from services.api.audit_trail import set_actor
 from services.api.errors import parse, read_json, unauthorized
 from services.api.routing import ANYONE, PUBLIC, RouteTable, store_of
 
@@ -38,7 +39,11 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-@routes.post("/api/v1/auth/login", allow=PUBLIC, body=LoginBody, response=LoginResponse)
+# A login issues a session token (kept in ``api_tokens``), it changes nothing in the cluster's
+# work: only refused logins go in the audit trail (as RequestRejected).
+@routes.post(
+    "/api/v1/auth/login", allow=PUBLIC, body=LoginBody, response=LoginResponse, audit=False
+)
 async def login(request: web.Request) -> web.Response:
     """Exchanges a username and password for a bearer token."""
     body = parse(LoginBody, await read_json(request))
@@ -46,6 +51,7 @@ async def login(request: web.Request) -> web.Response:
     if issued is None:
         raise unauthorized("wrong username or password")
     token, admin = issued
+    set_actor(request, body.username)
     return web.json_response({"token": token, "user": {"username": body.username, "admin": admin}})
 
 

@@ -9,6 +9,7 @@ later); a ``: keepalive`` comment goes out when nothing happened for a while.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import structlog
@@ -34,15 +35,45 @@ POLL_SECONDS = 0.5
 KEEPALIVE_SECONDS = 15.0
 BATCH = 500
 MAX_POSITION = 2**62
+MAX_STREAMS = 100
+_STREAM = re.compile(r"^[a-z][a-z0-9_]{0,40}(-[A-Za-z0-9_.:@-]{1,200})?$", re.ASCII)
 
 
 class StreamQuery(BaseModel):
-    """Where to start, which event types, and which experiment (its experiment and trial
-    streams); a ``Last-Event-ID`` header wins over ``after``."""
+    """Where to start, which event types, which streams, and which experiment (its experiment
+    and trial streams); a ``Last-Event-ID`` header wins over ``after``. Filters combine with
+    AND."""
 
     after: int = Field(0, ge=0, le=MAX_POSITION, description="resume after this position")
     types: str | None = Field(None, description="comma-separated event types")
+    streams: str | None = Field(
+        None,
+        max_length=4000,
+        description="comma-separated stream ids (trial-17) or stream types (trial, agent)",
+    )
     experiment_id: int | None = Field(None, ge=1, le=MAX_ID)
+
+    @field_validator("streams")
+    @classmethod
+    def _streams(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        names = [s.strip() for s in value.split(",") if s.strip()]
+        if not names:
+            raise ValueError("must name at least one stream or stream type")
+        if len(names) > MAX_STREAMS:
+            raise ValueError(f"at most {MAX_STREAMS} streams")
+        bad = [n for n in names if not _STREAM.match(n)]
+        if bad:
+            raise ValueError(f"not a stream id or stream type: {bad[0]!r}")
+        return ",".join(names)
+
+    def stream_filter(self) -> tuple[list[str] | None, list[str] | None]:
+        """``(stream ids, stream types)`` named by ``streams``; ``(None, None)`` when unset."""
+        if self.streams is None:
+            return None, None
+        names = self.streams.split(",")
+        return [n for n in names if "-" in n], [n for n in names if "-" not in n]
 
     @field_validator("types")
     @classmethod
@@ -69,9 +100,16 @@ def _resume_after(request: web.Request, query: StreamQuery) -> int:
 
 
 async def _page(
-    store: EventStore, after: int, types: list[str] | None, experiment_id: int | None
+    store: EventStore,
+    after: int,
+    types: list[str] | None,
+    experiment_id: int | None,
+    named: tuple[list[str] | None, list[str] | None] = (None, None),
+    *,
+    admin: bool = True,
 ) -> list[tuple[int, str, str]]:
-    """The next events after ``after``: ``(position, type, RecordedEvent JSON)``."""
+    """The next events after ``after``: ``(position, type, RecordedEvent JSON)``; for a
+    non-admin reader without the callers' addresses (``metadata.remote``)."""
     # One snapshot: a trial requested after the list of trials was read cannot have events in
     # the page, which would otherwise be skipped for good.
     with translate_errors():
@@ -94,17 +132,24 @@ async def _page(
                        FROM events
                        WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
                          AND ($3::text[] IS NULL OR stream_id = ANY($3))
+                         AND ($5::text[] IS NULL OR stream_id = ANY($5)
+                              OR split_part(stream_id, '-', 1) = ANY($6))
                        ORDER BY position LIMIT $4""",
                 after,
                 types,
                 streams,
                 BATCH,
+                named[0],
+                named[1],
             )
     out = []
     for row in rows:
         event = row_to_event(row)
         if event.type in CONFIG_EVENTS:
             event = event.model_copy(update={"payload": mask_payload(event.type, event.payload)})
+        if not admin and event.metadata.remote is not None:
+            hidden = event.metadata.model_copy(update={"remote": None})
+            event = event.model_copy(update={"metadata": hidden})
         out.append((event.position, event.type, event.model_dump_json()))
     return out
 
@@ -129,6 +174,7 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     elif not principal.is_admin:
         raise forbidden("users must name one of their experiments (experiment_id)")
     types = query.types.split(",") if query.types else None
+    named = query.stream_filter()
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -141,7 +187,9 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
     try:
         await response.write(b": connected\n\n")
         while not _gone(request):
-            page = await _page(store, after, types, query.experiment_id)
+            page = await _page(
+                store, after, types, query.experiment_id, named, admin=principal.is_admin
+            )
             if page:
                 chunk = "".join(
                     f"id: {position}\nevent: {kind}\ndata: {data}\n\n"

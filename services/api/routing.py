@@ -48,6 +48,8 @@ class Route:
         max_body: the largest request body it reads, in bytes (``None``:
             :data:`services.api.limits.DEFAULT_MAX_BODY`).
         hidden: left out of the OpenAPI document (the web UI's files).
+        audit: whether a successful call that appends no event is recorded as
+            ``RequestAccepted`` (``False`` for telemetry: heartbeats, log lines).
     """
 
     method: str
@@ -63,6 +65,7 @@ class Route:
     raw_response: str | None = None
     max_body: int | None = None
     hidden: bool = False
+    audit: bool = True
 
 
 @dataclass

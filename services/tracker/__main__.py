@@ -17,7 +17,7 @@ import structlog
 
 from events.config.storage import default_checkpoint_root
 from services.runtime import ServiceContext, base_parser, main, run_until_stopped
-from services.tracker import schema
+from services.tracker import audit, schema
 from services.tracker.projections import rebuild
 from services.tracker.service import run_consumers
 
@@ -46,9 +46,11 @@ def parser() -> argparse.ArgumentParser:
 async def run(ctx: ServiceContext) -> None:
     """Migrates, then projects and collects checkpoints until stopped (or rebuilds and exits)."""
     await schema.migrate(ctx.store)
+    await audit.migrate(ctx.store)
     if ctx.args.rebuild:
         applied = await rebuild(ctx.store)
-        log.info("rebuild done", events=applied)
+        audited = await audit.rebuild(ctx.store)
+        log.info("rebuild done", events=applied, audited=audited)
         return
     root = default_checkpoint_root(ctx.args.checkpoint_root)
     ctx.ready()

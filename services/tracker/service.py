@@ -13,7 +13,8 @@ from events.bus import Bus
 from events.config.storage import default_checkpoint_root
 from events.consumer import ConsumerRunner
 from events.store import EventStore
-from services.tracker import schema
+from services.tracker import audit, schema
+from services.tracker.audit import AuditConsumer
 from services.tracker.gc import GCConsumer
 from services.tracker.projections import ProjectionsConsumer
 
@@ -32,6 +33,8 @@ async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) ->
             ``$CAIRN_HOME/checkpoints`` or ``~/.cairn/checkpoints``).
     """
     await schema.migrate(store)
+    await audit.migrate(store)
+    await ConsumerRunner(store, None, AuditConsumer()).catch_up()
     projections = ConsumerRunner(store, None, ProjectionsConsumer())
     gc = ConsumerRunner(store, None, GCConsumer(default_checkpoint_root(checkpoint_root)))
     for _ in range(MAX_ROUNDS):
@@ -63,5 +66,6 @@ async def run_consumers(
     runners = [
         ConsumerRunner(store, bus, ProjectionsConsumer(), catch_up_every=catch_up_every),
         ConsumerRunner(store, bus, GCConsumer(root), catch_up_every=catch_up_every),
+        ConsumerRunner(store, bus, AuditConsumer(), catch_up_every=catch_up_every),
     ]
     await asyncio.gather(*(runner.run(stop) for runner in runners))

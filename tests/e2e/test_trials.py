@@ -51,7 +51,8 @@ async def trial_events(store: EventStore, trial_id: int) -> list[Any]:
 async def test_trial_runs_reports_and_completes(
     cluster: Cluster, store: EventStore, tmp_path: Path
 ) -> None:
-    """A submitted experiment's trial is scheduled, runs as a process, reports metrics and checkpoints, completes."""
+    """A submitted experiment's trial is scheduled, runs as a process, reports metrics and checkpoints, completes;
+    every event of the run names its actor (the user, a service, the agent or the trial)."""
     exp = await cluster.submit(scripted(tmp_path / "ckpt", steps=40, sleep=0.01), SCRIPTED)
     trial = await first_trial(cluster, store, exp)
     await wait_for(cluster, lambda: _is(store, exp, "COMPLETED"))
@@ -67,6 +68,14 @@ async def test_trial_runs_reports_and_completes(
         assert expected in types
     exited = [e for e in await trial_events(store, trial) if e.type == "TrialExited"]
     assert exited[-1].payload["outcome"] == "completed"
+    everything = await store.read_all(0, limit=100_000)
+    assert [e.type for e in everything if not e.metadata.actor] == []
+    actors = {e.type: e.metadata.actor for e in everything}
+    assert actors["ExperimentSubmitted"] == "admin"
+    assert actors["TrialRequested"] == "service:searcher"
+    assert actors["SlotsAllocated"] == "service:scheduler"
+    assert actors["ValidationReported"] == f"trial:{trial}"
+    assert all(e.metadata.request_id for e in everything if e.type == "ValidationReported")
 
 
 async def test_crash_restarts_from_checkpoint(

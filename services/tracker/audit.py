@@ -1,0 +1,188 @@
+"""The audit trail: who did what, when and from where, one row per event of the log.
+
+Consumer ``tracker-audit`` projects every event into ``audit_trail`` (migrations namespace
+``tracker-audit``): its position, time, type and stream, the actor, request id and remote
+address of its metadata (stamped by :mod:`events.origin`), and the experiment and trial it
+concerns. ``RequestRejected`` and ``RequestAccepted`` (requests that appended nothing else) keep
+their payload as ``detail``. Every value comes from the event itself or from earlier events
+(``audit_trials`` maps a trial to its experiment), so :func:`rebuild` gives the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import structlog
+
+from events import migrations
+from events.consumer import Consumer
+from events.db import Connection, translate_errors
+from events.envelope import RecordedEvent
+from events.errors import EventsError
+from events.names import TrialIdError, coerce_trial_id, parse_trial_id
+from events.store import EventStore, Transaction
+
+log = structlog.get_logger("tracker")
+
+NAME = "tracker-audit"
+NAMESPACE = "tracker-audit"
+TABLES = ("audit_trail", "audit_trials")
+DETAILED = frozenset({"RequestRejected", "RequestAccepted"})
+
+MIGRATIONS: Sequence[tuple[str, str]] = (
+    (
+        "0001_audit_trail",
+        """
+        CREATE TABLE audit_trail (
+            position       bigint PRIMARY KEY,
+            recorded_at    timestamptz NOT NULL,
+            type           text NOT NULL,
+            stream_id      text NOT NULL,
+            actor          text,
+            request_id     text,
+            remote         text,
+            experiment_id  bigint,
+            trial_id       bigint,
+            detail         jsonb
+        );
+        CREATE INDEX audit_trail_actor ON audit_trail (actor, position);
+        CREATE INDEX audit_trail_experiment ON audit_trail (experiment_id, position);
+        CREATE INDEX audit_trail_type ON audit_trail (type, position);
+        CREATE INDEX audit_trail_time ON audit_trail (recorded_at);
+        CREATE INDEX audit_trail_request ON audit_trail (request_id);
+
+        CREATE TABLE audit_trials (
+            trial_id       bigint PRIMARY KEY,
+            experiment_id  bigint NOT NULL
+        );
+        """,
+    ),
+)
+
+
+async def migrate(store: EventStore) -> int:
+    """Applies the audit trail's pending migrations; returns how many ran."""
+    async with store.pool.acquire() as conn:
+        with translate_errors():
+            return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    return None
+
+
+def _trial_of(event: RecordedEvent) -> int | None:
+    raw = event.payload.get("trial_id")
+    if raw is not None:
+        try:
+            return coerce_trial_id(raw)
+        except (TrialIdError, TypeError, ValueError):
+            return None
+    if event.stream_type == "trial":
+        try:
+            return parse_trial_id(event.stream_id.partition("-")[2])
+        except TrialIdError:
+            return None
+    return None
+
+
+async def apply(conn: Connection, event: RecordedEvent) -> None:
+    """Projects one event into ``audit_trail`` (idempotent: a position is written once)."""
+    experiment_id = _int(event.payload.get("experiment_id"))
+    if experiment_id is None and event.stream_type == "experiment":
+        experiment_id = _int_or_none(event.stream_id.partition("-")[2])
+    trial_id = _trial_of(event)
+    if event.type == "TrialRequested" and trial_id is not None and experiment_id is not None:
+        await conn.execute(
+            "INSERT INTO audit_trials (trial_id, experiment_id) VALUES ($1, $2) "
+            "ON CONFLICT (trial_id) DO NOTHING",
+            trial_id,
+            experiment_id,
+        )
+    elif experiment_id is None and trial_id is not None:
+        found = await conn.fetchval(
+            "SELECT experiment_id FROM audit_trials WHERE trial_id = $1", trial_id
+        )
+        experiment_id = int(found) if found is not None else None
+    meta = event.metadata
+    detail = json.dumps(event.payload) if event.type in DETAILED else None
+    await conn.execute(
+        """INSERT INTO audit_trail (position, recorded_at, type, stream_id, actor, request_id,
+                                    remote, experiment_id, trial_id, detail)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb)
+           ON CONFLICT (position) DO NOTHING""",
+        event.position,
+        event.recorded_at,
+        event.type,
+        event.stream_id,
+        _text(meta.actor),
+        _text(meta.request_id),
+        _text(meta.remote),
+        experiment_id,
+        trial_id,
+        detail,
+    )
+
+
+def _int_or_none(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+class AuditConsumer(Consumer):
+    """Projects every event of the log into the audit trail (consumer ``tracker-audit``)."""
+
+    name = NAME
+    types = None
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Writes the event's audit row inside the consumer's transaction.
+
+        Raises:
+            EventsError: the database refused the row (the page is retried).
+        """
+        try:
+            with translate_errors():
+                await apply(tx.conn, event)
+        except asyncpg.PostgresError as exc:
+            raise EventsError(f"auditing {event.type} at {event.position} failed: {exc}") from exc
+
+
+async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
+    """Truncates the audit tables, resets their checkpoint and replays the log from position 0.
+
+    One transaction holding the consumer's checkpoint lock: a live consumer waits, and readers
+    never see a half-built trail.
+
+    Returns:
+        How many events were applied.
+    """
+    await migrate(store)
+    applied = 0
+    async with store.transaction() as tx:
+        await tx.lock_checkpoint(NAME)
+        with translate_errors():
+            await tx.conn.execute(f"TRUNCATE {', '.join(TABLES)}")
+            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+        position = 0
+        while position < head:
+            events = await tx.read_all(position, upto=head, limit=batch)
+            for event in events:
+                await apply(tx.conn, event)
+            applied += len(events)
+            if len(events) < batch:
+                break
+            position = events[-1].position
+        await tx.set_checkpoint(NAME, head)
+    log.info("audit trail rebuilt", events=applied, head=head)
+    return applied
