@@ -36,7 +36,7 @@ class Metadata(BaseModel):
     remote: str | None = None
 
 
-_METADATA_FIELDS = ("actor", "causation_id", "correlation_id", "epoch")
+_METADATA_FIELDS = tuple(Metadata.model_fields)
 _EMPTY_METADATA = Metadata()  # frozen, so one instance serves every event without metadata
 _Model = TypeVar("_Model", bound=BaseModel)
 

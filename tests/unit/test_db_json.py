@@ -69,7 +69,7 @@ def test_trusted_construction_equals_validation() -> None:
         "type": "TrialKillRequested",
         "schema_version": 2,
         "payload": {"trial_id": 3, "actor": "ann"},
-        "metadata": {"actor": "ann", "request_id": "r-1"},
+        "metadata": {"actor": "ann", "request_id": "r-1", "shard": 3},
         "recorded_at": datetime.datetime.now(datetime.UTC),
     }
     built = row_to_event(row)
@@ -77,5 +77,5 @@ def test_trusted_construction_equals_validation() -> None:
     assert built == validated
     assert built.model_dump() == validated.model_dump()
     assert built.metadata.model_fields_set == validated.metadata.model_fields_set
-    assert built.metadata.model_extra == {"request_id": "r-1"}
+    assert built.metadata.model_extra == {"shard": 3}
     assert row_to_event({**row, "metadata": {}}).metadata == Metadata()
