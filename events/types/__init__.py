@@ -11,6 +11,7 @@ from events.types.experiment import (
 )
 from events.types.experiment_changes import (
     CheckpointsDeleteRequested,
+    ContinuedTrial,
     ExperimentContinued,
     ExperimentDescribed,
     ExperimentLabelsChanged,
@@ -43,6 +44,7 @@ __all__ = [
     "CheckpointSaved",
     "CheckpointsDeleteRequested",
     "CheckpointsDeleted",
+    "ContinuedTrial",
     "ExperimentArchived",
     "ExperimentContinued",
     "ExperimentDescribed",
