@@ -73,6 +73,17 @@ async def submit(cluster: Cluster, config: dict[str, Any]) -> tuple[int, list[st
     return int(data["id"]), [w["path"] for w in data.get("warnings", [])]
 
 
+async def hparams_of(store: EventStore, experiment_id: int, trial_id: int) -> dict[str, Any]:
+    """The hyperparameters the searcher gave ``trial_id``."""
+    stream = await store.read_stream(f"experiment-{experiment_id}")
+    (hparams,) = [
+        e.payload["hparams"]
+        for e in stream
+        if e.type == "TrialRequested" and e.payload["trial_id"] == trial_id
+    ]
+    return dict(hparams)
+
+
 async def trial_logs(cluster: Cluster, store: EventStore, experiment_id: int) -> str:
     lines = []
     for trial_id in await trial_ids(store, experiment_id):
@@ -85,10 +96,11 @@ async def trial_logs(cluster: Cluster, store: EventStore, experiment_id: int) ->
 async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
     cluster: Cluster, store: EventStore, tmp_path: Path
 ) -> None:
-    """All thirteen Determined-style experiments run concurrently to COMPLETED; each shows its
-    fact: metrics, resume after a pause and after a crash, random/grid/ASHA searches, searcher
-    operations, cluster info (owner and cluster id included), InvalidHP, warnings for every
-    ignored field, shared_fs checkpoints, status and best validation, TensorBoard and profiler."""
+    """All fourteen Determined-style experiments run concurrently to COMPLETED; each shows its
+    fact: metrics, resume after a pause and after a crash, a search continued after one of its
+    trials was killed, random/grid/ASHA searches, searcher operations, cluster info (owner and
+    cluster id included), InvalidHP, warnings for every ignored field, shared_fs checkpoints,
+    status and best validation, TensorBoard and profiler."""
     began = time.monotonic()
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(COMPAT.glob("*.yaml"))}
     assert len(configs) >= 12
@@ -101,25 +113,39 @@ async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
 
     # Pause the pause_resume experiment once its first run has checkpointed (the script holds
     # there until it is preempted), wait until that run has exited, then activate it again.
-    paused = exps["pause_resume"]
-    trial = (await trial_ids(store, paused)) or [0]
+    # Kill the holding trial of continue_search at the same point.
+    paused, searched = exps["pause_resume"], exps["continue_search"]
+    held: dict[int, int] = {}
 
     async def checkpointed() -> bool:
-        nonlocal trial
-        trial = (await trial_ids(store, paused)) or [0]
-        stream = await store.read_stream(trial_stream(trial[0])) if trial[0] else []
-        return any(e.type == "CheckpointSaved" for e in stream)
+        for exp in (paused, searched):
+            for trial_id in await trial_ids(store, exp):
+                stream = await store.read_stream(trial_stream(trial_id))
+                hparams = requested[trial_id] = await hparams_of(store, exp, trial_id)
+                if hparams.get("hold_at") == 2 and any(e.type == "CheckpointSaved" for e in stream):
+                    held[exp] = trial_id
+        return len(held) == 2
 
+    requested: dict[int, dict[str, Any]] = {}
     await wait_for(cluster, checkpointed, timeout=120)
     await cluster.action(paused, "pause")
+    await cluster.request("POST", f"/trials/{held[searched]}/kill", {})
 
     async def run_exited() -> bool:
-        stream = await store.read_stream(trial_stream(trial[0]))
+        stream = await store.read_stream(trial_stream(held[paused]))
         return any(e.type == "TrialExited" for e in stream)
 
     await wait_for(cluster, run_exited, timeout=60)
     assert await experiment_state(store, paused) == "PAUSED"
     await cluster.action(paused, "activate")
+
+    async def search_ended() -> bool:
+        return await experiment_state(store, searched) in ENDED
+
+    await wait_for(cluster, search_ended, timeout=120)
+    assert await experiment_state(store, searched) == "COMPLETED"
+    continued = await cluster.request("POST", f"/experiments/{searched}/continue", {})
+    assert continued["trial_ids"] == [held[searched]], "only the killed trial trains on"
 
     async def all_ended() -> bool:
         return all([await experiment_state(store, e) in ENDED for e in exps.values()])
@@ -144,6 +170,7 @@ async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
 
     # pause_resume: the second run resumed from the checkpoint the first saved before the pause.
     t = trials["pause_resume"].only()
+    assert t == held[paused]
     saved = trials["pause_resume"].payloads(t, "CheckpointSaved")
     assert [(c["run_id"], c["steps_completed"]) for c in saved] == [(1, 2), (2, 4), (2, 6)]
     assert saved[0]["metadata"]["resumed_from"] is None
@@ -158,6 +185,18 @@ async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
     saved = trials["crash_resume"].payloads(t, "CheckpointSaved")
     assert [(c["run_id"], c["steps_completed"]) for c in saved] == [(1, 2), (1, 4), (2, 6)]
     assert saved[2]["metadata"]["resumed_from"] == saved[1]["uuid"]
+
+    # continue_search: the killed trial was CANCELED, then continued from its step-2
+    # checkpoint to the end; the trial that completed was left alone.
+    search = trials["continue_search"]
+    t = held[searched]
+    saved = search.payloads(t, "CheckpointSaved")
+    assert [(c["run_id"], c["steps_completed"]) for c in saved] == [(1, 2), (2, 4), (2, 6)]
+    assert {c["metadata"]["resumed_from"] for c in saved[1:]} == {saved[0]["uuid"]}
+    states = [p["state"] for p in search.payloads(t, "TrialStateChanged")]
+    assert "CANCELED" in states and states[-1] == "COMPLETED"
+    (other,) = [trial for trial in search.events if trial != t]
+    assert len(search.payloads(other, "TrialExited")) == 1
 
     # random and grid: the searches asked for their trials, and each validated.
     assert len(trials["random"].events) == 2
