@@ -101,6 +101,9 @@ async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
     trials was killed, random/grid/ASHA searches, searcher operations, cluster info (owner and
     cluster id included), InvalidHP, warnings for every ignored field, shared_fs checkpoints,
     status and best validation, TensorBoard and profiler."""
+    for script in COMPAT.glob("*.py"):
+        mentions = [line for line in script.read_text().splitlines() if "cairn" in line]
+        assert mentions == ["import cairn as det"], f"{script.name}: only the import says cairn"
     began = time.monotonic()
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(COMPAT.glob("*.yaml"))}
     assert len(configs) >= 12
