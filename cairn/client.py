@@ -339,9 +339,9 @@ class Client:
         """``{"experiments": [...], "pagination"}`` filtered by ``state``, ``owner``, ..."""
         return dict(self.paginate("/experiments", "experiments", limit=limit, **query))
 
-    def get_experiment(self, experiment_id: int) -> dict[str, Any]:
-        """One experiment with its trials."""
-        return dict(self.get(f"/experiments/{experiment_id}"))
+    def get_experiment(self, experiment_id: int, *, at: str | None = None) -> dict[str, Any]:
+        """One experiment with its trials (``at``: as it was at that log position or time)."""
+        return dict(self.get(f"/experiments/{experiment_id}", at=at))
 
     def experiment_action(self, experiment_id: int, action: str) -> dict[str, Any]:
         """``pause``, ``activate``, ``cancel``, ``kill``, ``archive`` or ``unarchive``."""
@@ -399,9 +399,9 @@ class Client:
 
     # ------------------------------------------------------------------ agents and slots
 
-    def list_agents(self) -> dict[str, Any]:
-        """``{"agents": [...]}``, each with its slots."""
-        return dict(self.get("/agents"))
+    def list_agents(self, *, at: str | None = None) -> dict[str, Any]:
+        """``{"agents": [...]}``, each with its slots (``at``: as they were then)."""
+        return dict(self.get("/agents", at=at))
 
     def set_agent_enabled(
         self, agent_id: str, enabled: bool, *, drain: bool = False

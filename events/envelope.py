@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +31,38 @@ class Metadata(BaseModel):
     causation_id: str | None = None
     correlation_id: str | None = None
     epoch: int | None = None
+
+
+_METADATA_FIELDS = ("actor", "causation_id", "correlation_id", "epoch")
+_EMPTY_METADATA = Metadata()  # frozen, so one instance serves every event without metadata
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def trusted_metadata(stored: dict[str, Any] | None) -> Metadata:
+    """Metadata as the store wrote it, without validation (see :meth:`RecordedEvent.trusted`)."""
+    if not stored:
+        return _EMPTY_METADATA
+    values = {name: stored.get(name) for name in _METADATA_FIELDS}
+    extra = {k: v for k, v in stored.items() if k not in values}
+    return _trusted(Metadata, values, extra, fields_set=set(stored))
+
+
+def _trusted(
+    cls: type[_Model],
+    values: dict[str, Any],
+    extra: dict[str, Any] | None,
+    *,
+    fields_set: set[str] | None = None,
+) -> _Model:
+    """An instance of pydantic model ``cls`` holding ``values`` as they are (no validation)."""
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(
+        obj, "__pydantic_fields_set__", set(values) if fields_set is None else fields_set
+    )
+    object.__setattr__(obj, "__pydantic_extra__", extra)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
 
 
 class NewEvent(BaseModel):
@@ -67,6 +99,41 @@ class RecordedEvent(BaseModel):
     def stream_type(self) -> str:
         """The stream's category: the part of ``stream_id`` before the first ``-``."""
         return stream_type_of(self.stream_id)
+
+    @classmethod
+    def trusted(
+        cls,
+        *,
+        position: int,
+        stream_id: str,
+        stream_version: int,
+        event_id: uuid.UUID,
+        type: str,
+        schema_version: int,
+        payload: dict[str, Any],
+        metadata: Metadata,
+        recorded_at: datetime,
+    ) -> RecordedEvent:
+        """Builds a recorded event from values the store itself wrote, without validation.
+
+        Replay builds one per stored event, so this skips even ``model_construct``'s default
+        handling (every field is given); only the store may call it, with its own rows.
+        """
+        return _trusted(
+            cls,
+            {
+                "position": position,
+                "stream_id": stream_id,
+                "stream_version": stream_version,
+                "event_id": event_id,
+                "type": type,
+                "schema_version": schema_version,
+                "payload": payload,
+                "metadata": metadata,
+                "recorded_at": recorded_at,
+            },
+            None,
+        )
 
     def decode(self) -> Event:
         """Returns the payload as the current version of its event model."""

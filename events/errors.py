@@ -49,6 +49,27 @@ class StoreUnavailableError(EventsError):
     """PostgreSQL could not be reached or dropped the connection."""
 
 
+class StatementError(EventsError):
+    """The database refused a statement (a constraint, a missing table, a bad query).
+
+    Retrying the same statement does not help, unlike :class:`StoreUnavailableError`.
+
+    Attributes:
+        sqlstate: PostgreSQL's five-character error code (``42P01``: no such table).
+        constraint: the violated constraint's name, when there is one.
+    """
+
+    def __init__(self, message: str, sqlstate: str | None, constraint: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.constraint = constraint
+
+    @property
+    def undefined_table(self) -> bool:
+        """Whether the statement named a table that does not exist (yet)."""
+        return self.sqlstate == "42P01"
+
+
 class BusUnavailableError(EventsError):
     """NATS could not be reached or refused a request."""
 

@@ -21,6 +21,8 @@ DELETING, DELETED, DELETE_FAILED = "DELETING", "DELETED", "DELETE_FAILED"
 
 STOPPING = frozenset({STOPPING_COMPLETED, STOPPING_CANCELED, STOPPING_KILLED, STOPPING_ERROR})
 TERMINAL = frozenset({COMPLETED, CANCELED, ERROR})
+ENDED = TERMINAL | frozenset({DELETING, DELETED, DELETE_FAILED})
+"""States after which an experiment or trial never runs again (ended, or being or been deleted)."""
 STATES = frozenset({ACTIVE, PAUSED, DELETING, DELETED, DELETE_FAILED}) | STOPPING | TERMINAL
 # A stopping state ends in this terminal state.
 STOPPED = {

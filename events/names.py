@@ -25,6 +25,7 @@ MAX_TRIAL_ID = 2**63 - 1
 
 TRIAL_PREFIX = "trial-"
 EXPERIMENT_PREFIX = "experiment-"
+AGENT_PREFIX = "agent-"
 
 _INT = re.compile(r"^-?[0-9]{1,19}$", re.ASCII)
 _LEGACY = re.compile(r"^([0-9]{1,13})\.([0-9]{1,6})$", re.ASCII)
@@ -116,6 +117,11 @@ def trial_of_stream(stream_id: str) -> int | None:
 def experiment_stream(experiment_id: int) -> str:
     """The stream of an experiment: ``experiment-7``."""
     return f"{EXPERIMENT_PREFIX}{experiment_id}"
+
+
+def agent_stream(agent_id: str) -> str:
+    """The stream of an agent: ``agent-gpu03``."""
+    return f"{AGENT_PREFIX}{agent_id}"
 
 
 def allocation_id(trial_id: int, run_id: int) -> str:

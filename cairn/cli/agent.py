@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from cairn.cli import auth_store
-from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.cli.output import add_at_flag, add_json_flag, print_json, table, wants_json, when
 from cairn.client import Client
 
 
@@ -16,6 +16,7 @@ def register(sub: Any) -> None:
     group.set_defaults(group_parser=group)
     verbs = group.add_subparsers(metavar="VERB")
     ls = verbs.add_parser("list", aliases=["ls"], help="list agents and their slots")
+    add_at_flag(ls)
     add_json_flag(ls)
     ls.set_defaults(handler=cmd_agent_list)
     enable = verbs.add_parser("enable", help="let an agent take work again (admin)")
@@ -49,7 +50,7 @@ def register(sub: Any) -> None:
 
 def cmd_agent_list(args: argparse.Namespace) -> int:
     """Lists the agents with their slot counts."""
-    data = auth_store.connect(args).list_agents()
+    data = auth_store.connect(args).list_agents(at=args.at)
     if wants_json(args):
         print_json(data)
         return 0

@@ -11,6 +11,7 @@ from typing import Any
 from cairn.cli import auth_store, experiment_changes
 from cairn.cli.output import (
     Progress,
+    add_at_flag,
     add_json_flag,
     cell,
     fields,
@@ -22,9 +23,10 @@ from cairn.cli.output import (
 from cairn.cli.trial import print_logs, trial_rows
 from cairn.client import ApiError, Client
 from cairn.errors import CairnError, UnreachableError, UsageError
+from events import lifecycle
 
-TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED", "DELETE_FAILED"})
-TRIAL_DONE = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+TERMINAL = lifecycle.ENDED
+TRIAL_DONE = lifecycle.TERMINAL
 FOLLOW_INTERVAL = 1.0
 UNREACHABLE_GRACE = 60.0
 
@@ -72,6 +74,7 @@ def register(sub: Any) -> None:
 
     describe = verbs.add_parser("describe", help="show an experiment and its trials")
     describe.add_argument("id", type=int)
+    add_at_flag(describe)
     add_json_flag(describe)
     describe.set_defaults(handler=cmd_describe)
 
@@ -111,6 +114,7 @@ def register(sub: Any) -> None:
 
     lt = verbs.add_parser("list-trials", aliases=["lt"], help="list an experiment's trials")
     lt.add_argument("id", type=int)
+    add_at_flag(lt)
     add_json_flag(lt)
     lt.set_defaults(handler=cmd_list_trials)
 
@@ -305,7 +309,7 @@ def _percent(value: Any) -> str:
 
 def cmd_describe(args: argparse.Namespace) -> int:
     """Shows an experiment and its trials."""
-    exp = auth_store.connect(args).get_experiment(args.id)
+    exp = auth_store.connect(args).get_experiment(args.id, at=args.at)
     if wants_json(args):
         print_json(exp)
         return 0
@@ -325,6 +329,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
             ("best metric", exp.get("best_metric")),
             ("submitted", when(exp.get("submitted_at"))),
             ("ended", when(exp.get("ended_at"))),
+            *([("as of position", exp["at"])] if exp.get("at") is not None else []),
         ]
     )
     trials = exp.get("trials") or []
@@ -336,7 +341,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 def cmd_list_trials(args: argparse.Namespace) -> int:
     """Lists an experiment's trials."""
-    data = auth_store.connect(args).list_trials(args.id)
+    data = auth_store.connect(args).list_trials(args.id, at=args.at)
     if wants_json(args):
         print_json(data)
     else:

@@ -24,6 +24,16 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_at_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--at WHEN``: show the state as it was at a log position or an ISO 8601 time."""
+    parser.add_argument(
+        "--at",
+        metavar="WHEN",
+        default=None,
+        help="as it was at a log position (e.g. 1200) or an ISO 8601 time (2026-01-01T12:00Z)",
+    )
+
+
 def wants_json(args: argparse.Namespace) -> bool:
     """Whether machine output was asked for (``--json`` before or after the verb)."""
     return bool(getattr(args, "json", False))

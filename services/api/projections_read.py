@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-import asyncpg
 from pydantic import BaseModel, Field
 
 from events import lifecycle
 from events.db import translate_errors
+from events.errors import StatementError
 from events.store import EventStore
 
 MAX_LIMIT = 1000
@@ -42,7 +42,8 @@ class PageQuery(BaseModel):
 
 class ExperimentSummary(BaseModel):
     """One experiment in a list (``progress``: 1 once COMPLETED, else the mean of its trials'
-    progress, or null; searcher-stopped trials never report 1, so the mean alone stops short)."""
+    progress, or null; searcher-stopped trials never report 1, so the mean alone stops short;
+    ``running_trials``: active trials that have started a run)."""
 
     id: int
     name: str | None
@@ -53,6 +54,7 @@ class ExperimentSummary(BaseModel):
     searcher_metric: str | None
     smaller_is_better: bool
     num_trials: int
+    running_trials: int
     max_trials: int | None
     best_trial_id: int | None
     best_metric: float | None
@@ -160,8 +162,10 @@ async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:
     with translate_errors():
         try:
             return list(await store.pool.fetch(sql, *args))
-        except asyncpg.UndefinedTableError:
-            return []
+        except StatementError as exc:
+            if exc.undefined_table:
+                return []
+            raise
 
 
 async def fetchrow(store: EventStore, sql: str, *args: Any) -> Any:
@@ -228,6 +232,8 @@ _EXPERIMENT_COLUMNS = """
     e.experiment_id AS id, e.name, e.owner, e.state, e.archived, e.searcher_name,
     e.searcher_metric, e.smaller_is_better, e.num_trials, e.max_trials, e.best_trial_id,
     e.best_metric, e.resource_pool, e.submitted_at, e.ended_at,
+    (SELECT count(*) FROM tr_trials t WHERE t.experiment_id = e.experiment_id
+       AND t.state = 'ACTIVE' AND t.started_at IS NOT NULL)::int AS running_trials,
     CASE WHEN e.state = 'COMPLETED' THEN 1.0 ELSE
       (SELECT avg(p.progress) FROM trial_progress p JOIN tr_trials t USING (trial_id)
        WHERE t.experiment_id = e.experiment_id) END AS progress"""

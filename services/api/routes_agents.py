@@ -15,8 +15,8 @@ from events.envelope import Event, new
 from events.store import Transaction
 from events.types import AgentRegistered, SlotsDisabled, SlotsEnabled
 from events.types.agent import Slot
+from services.api import history, tables
 from services.api import projections_read as pr
-from services.api import tables
 from services.api.auth import principal_of
 from services.api.errors import not_found, parse, read_json
 from services.api.inbox import in_transaction
@@ -180,19 +180,31 @@ async def heartbeat(request: web.Request) -> web.Response:
 # --- users: listings and enable/disable -----------------------------------------------------
 
 
-@routes.get("/api/v1/agents", allow=USERS, response=AgentsResponse)
+@routes.get("/api/v1/agents", allow=USERS, query=history.AtQuery, response=AgentsResponse)
 async def list_agents(request: web.Request) -> web.Response:
-    """Every agent from the projection, with its slots and last heartbeat."""
-    return web.json_response({"agents": await pr.list_agents(store_of(request))})
+    """Every agent from the projection, with its slots and last heartbeat (with ``at``: as
+    folded from the log up to then, without heartbeats)."""
+    store = store_of(request)
+    at = await history.position_at(store, request)
+    if at is not None:
+        return web.json_response({"agents": await history.agents_at(store, at)})
+    return web.json_response({"agents": await pr.list_agents(store)})
 
 
-@routes.get("/api/v1/agents/{agent_id}", allow=USERS, response=pr.Agent)
+@routes.get("/api/v1/agents/{agent_id}", allow=USERS, query=history.AtQuery, response=pr.Agent)
 async def get_agent(request: web.Request) -> web.Response:
-    """One agent from the projection, with its slots and last heartbeat."""
+    """One agent from the projection, with its slots and last heartbeat (with ``at``: as
+    folded from the log up to then, without heartbeats)."""
     agent_id = _agent_id(request)
-    agents = await pr.list_agents(store_of(request), agent_id)
+    store = store_of(request)
+    at = await history.position_at(store, request)
+    if at is not None:
+        agents = await history.agents_at(store, at, agent_id)
+    else:
+        agents = await pr.list_agents(store, agent_id)
     if not agents:
-        raise not_found(f"no agent {agent_id}")
+        when = "" if at is None else f" at position {at}"
+        raise not_found(f"no agent {agent_id}{when}")
     return web.json_response(agents[0])
 
 

@@ -28,6 +28,7 @@ from services.api.views import (
     AllocationView,
     Outcome,
     TrialView,
+    allocation_of,
     build_spec,
     exit_outcome,
     experiment_of,
@@ -167,7 +168,7 @@ async def spec(request: web.Request) -> web.Response:
     query = parse(SpecQuery, dict(request.query))
     state = state_of(request)
     trial = await load_trial(state.store, trial_id)
-    alloc = trial.allocation(allocation_id)
+    alloc = allocation_of(trial, allocation_id)
     experiment = await load_experiment(
         state.store, await experiment_of(state.store, trial_id), trial_id=trial_id
     )
@@ -284,7 +285,7 @@ async def _report_once(
         if not fresh:
             return {**(previous or {}), "duplicate": True}
         trial = await load_trial(tx, trial_id)
-        alloc = trial.allocation(allocation_id)
+        alloc = allocation_of(trial, allocation_id)
         if body.agent_id not in alloc.placements:
             raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
         events, extra = build(trial, alloc)
@@ -360,7 +361,7 @@ async def preemption(request: web.Request) -> web.Response:
     deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
     store = store_of(request)
     trial = await load_trial(store, trial_id)
-    trial.allocation(allocation_id)
+    allocation_of(trial, allocation_id)
     while True:
         alloc = trial.allocations[allocation_id]
         if not trial.is_current(allocation_id):

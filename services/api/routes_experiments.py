@@ -22,8 +22,8 @@ from events.envelope import new
 from events.names import experiment_stream
 from events.store import Transaction
 from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
+from services.api import history, tables
 from services.api import projections_read as pr
-from services.api import tables
 from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import ApiError, bad_request, conflict, forbidden, not_found, parse
@@ -127,6 +127,11 @@ class ExperimentDetail(pr.ExperimentSummary):
     max_slots: int | None = None
     trials: list[pr.TrialSummary]
     warnings: list[ConfigWarning] = []
+    at: int | None = Field(None, description="the log position of a past state (``?at=``)")
+    submitted_position: int | None = Field(None, description="the log position of its submission")
+    position: int | None = Field(
+        None, description="the log's head when the present state was read (absent with ``at``)"
+    )
 
 
 class EmptyBody(BaseModel):
@@ -155,6 +160,7 @@ class TrialsQuery(pr.PageQuery):
 
     state: str | None = Field(None, description="comma-separated states")
     order_by: Literal["id", "best"] = "id"
+    at: str | None = Field(None, description=history.AT_DESCRIPTION)
 
     _states = field_validator("state")(pr.check_states)
 
@@ -344,13 +350,24 @@ async def list_experiments(request: web.Request) -> web.Response:
     return web.json_response({"experiments": rows, "pagination": pr.pagination(query, total)})
 
 
-@routes.get("/api/v1/experiments/{experiment_id}", allow=USERS, response=ExperimentDetail)
+@routes.get(
+    "/api/v1/experiments/{experiment_id}",
+    allow=USERS,
+    query=history.AtQuery,
+    response=ExperimentDetail,
+)
 async def get_experiment(request: web.Request) -> web.Response:
     """The experiment folded from its stream (state, owner, config) with its projection's
     figures and its trials."""
     view = await _visible(request, with_trials=True)
     store = store_of(request)
+    at = await history.position_at(store, request)
+    if at is not None:
+        past = await load_experiment(store, view.experiment_id, at=at)
+        trials = await history.trial_summaries(store, past, at)
+        return web.json_response(history.experiment_detail(past, trials, at))
     body = view.describe()
+    body["position"] = await store.head()
     row = await pr.experiment_row(store, view.experiment_id) or {}
     searcher = view.searcher
     resources = view.config.get("resources")
@@ -462,6 +479,19 @@ async def list_experiment_trials(request: web.Request) -> web.Response:
     """An experiment's trials from the projection, by id or best metric first."""
     query = parse(TrialsQuery, dict(request.query))
     view = await _visible(request)
+    store = store_of(request)
+    at = await history.position_at(store, request)
+    if at is not None:
+        past = await load_experiment(store, view.experiment_id, at=at)
+        rows, total = history.trial_page(
+            past,
+            await history.trial_summaries(store, past, at),
+            states=pr.states_of(query.state),
+            best_first=query.order_by == "best",
+            limit=query.limit,
+            offset=query.offset,
+        )
+        return web.json_response({"trials": rows, "pagination": pr.pagination(query, total)})
     rows, total = await pr.list_trials(
         store_of(request),
         view.experiment_id,

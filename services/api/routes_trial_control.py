@@ -15,8 +15,8 @@ from events.errors import StoreUnavailableError
 from events.names import trial_stream
 from events.store import EventStore, Transaction
 from events.types import TrialAlerted, TrialKillRequested
+from services.api import history, tables
 from services.api import projections_read as pr
-from services.api import tables
 from services.api.access import readable_trial
 from services.api.auth import principal_of
 from services.api.errors import conflict, not_found, parse, read_json
@@ -63,6 +63,7 @@ class TrialDetail(pr.TrialSummary):
     progress: float | None
     status: str | None
     alerts: list[TrialAlert]
+    at: int | None = Field(None, description="the log position of a past state (``?at=``)")
 
 
 class LogsQuery(BaseModel):
@@ -112,11 +113,18 @@ async def _visible_trial(request: web.Request) -> tuple[int, ExperimentView]:
     return trial_id, await readable_trial(request, trial_id)
 
 
-@routes.get("/api/v1/trials/{trial_id}", allow=USERS, response=TrialDetail)
+@routes.get("/api/v1/trials/{trial_id}", allow=USERS, query=history.AtQuery, response=TrialDetail)
 async def get_trial(request: web.Request) -> web.Response:
     """A trial from the projection with its allocations, checkpoints and progress."""
     trial_id, view = await _visible_trial(request)
     store = store_of(request)
+    at = await history.position_at(store, request)
+    if at is not None:
+        past = await load_experiment(store, view.experiment_id, trial_id=trial_id, at=at)
+        past_body = await history.trial_detail(store, past, trial_id, at)
+        alerts, _ = await read_facts(store, trial_stream(trial_id), ("TrialAlerted",), at=at)
+        past_body["alerts"] = [_alert(recorded) for recorded in alerts[-MAX_ALERTS_SHOWN:]]
+        return web.json_response(past_body)
     body = await pr.trial_row(store, trial_id)
     if body is None:
         control = await load_trial_control(store, trial_id)

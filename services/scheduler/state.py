@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from events import lifecycle
 from events.envelope import RecordedEvent
 
-TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED", "DELETE_FAILED"})
-STOPPING = frozenset(
-    {"STOPPING_COMPLETED", "STOPPING_CANCELED", "STOPPING_KILLED", "STOPPING_ERROR"}
-)
+TERMINAL = lifecycle.ENDED
+"""States in which a trial never runs again (ended, or being or been deleted)."""
+STOPPING = lifecycle.STOPPING
 
 STREAMS = frozenset({"trial", "experiment", "agent"})
 """The stream types the scheduler appends its decisions to."""
@@ -236,7 +236,7 @@ def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
             trial.restarts = 0
 
 
-_ENDED = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+_ENDED = lifecycle.TERMINAL
 
 
 def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import asyncpg
 import structlog
 
 from events.bus import EVENTS_PREFIX
@@ -36,11 +35,16 @@ from events.config.storage import checkpoint_root
 from events.consumer import Consumer
 from events.db import translate_errors
 from events.envelope import Event, RecordedEvent, new
-from events.errors import EventsError
+from events.errors import EventsError, StatementError
 from events.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
 from events.names import coerce_trial_id, experiment_stream, trial_stream
-from events.store import Transaction
-from events.types import CheckpointsDeleted, ExperimentStateChanged
+from events.store import Transaction, row_to_event
+from events.types import (
+    CheckpointSaved,
+    CheckpointsDeleted,
+    ExperimentStateChanged,
+    ValidationReported,
+)
 from services.tracker.projections import metric_value
 
 log = structlog.get_logger("tracker")
@@ -217,7 +221,9 @@ async def read_experiment(
         elif e.type == "CheckpointsDeleted":
             facts.deleted.update(str(u) for u in e.payload.get("uuids", []))
     rows = await tx.conn.fetch(
-        """SELECT type, payload FROM events
+        """SELECT position, stream_id, stream_version, event_id, type, schema_version, payload,
+                  metadata, recorded_at
+           FROM events
            WHERE stream_id = ANY($1::text[]) AND type = ANY($2::text[])
            ORDER BY position""",
         trial_streams,
@@ -227,12 +233,13 @@ async def read_experiment(
     saved: list[tuple[str, int, int]] = []
     validations: dict[tuple[int, int], float | None] = {}
     for row in rows:
-        p = row["payload"]  # raw, as stored: a legacy "E.N" trial id is mapped here
-        trial_id, steps = coerce_trial_id(p["trial_id"]), int(p["steps_completed"])
-        if row["type"] == "CheckpointSaved":
-            saved.append((str(p["uuid"]), trial_id, steps))
-        else:  # the latest validation at these steps wins
-            validations[(trial_id, steps)] = metric_value(p.get("metrics") or {}, metric)
+        # Upcast and decoded at the read boundary: a legacy "E.N" trial id arrives mapped.
+        event = row_to_event(row).decode()
+        if isinstance(event, CheckpointSaved):
+            saved.append((event.uuid, event.trial_id, event.steps_completed))
+        elif isinstance(event, ValidationReported):  # the latest at these steps wins
+            key = (event.trial_id, event.steps_completed)
+            validations[key] = metric_value(event.metrics, metric)
     # Only checkpoints this experiment's trials recorded first are its own; a later report of
     # the same uuid elsewhere (refused now, but older logs may hold one) never makes it ours.
     owners = await checkpoint_owners(tx.conn, (uuid for uuid, _, _ in saved))
@@ -346,7 +353,7 @@ class GCConsumer(Consumer):
                     await self._delete_all(tx, facts)
                 else:
                     await self._collect(tx, facts)
-        except asyncpg.PostgresError as exc:
+        except StatementError as exc:
             raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
 
     async def _delete_requested(self, tx: Transaction, event: RecordedEvent) -> None:
@@ -364,7 +371,7 @@ class GCConsumer(Consumer):
                     log.error("checkpoint not deleted", uuid=uuid, error=error)
                 if removal.deleted:
                     await self._append(tx, facts, self._deleted(facts, removal, "user"))
-        except asyncpg.PostgresError as exc:
+        except StatementError as exc:
             raise EventsError(
                 f"deleting checkpoints of experiment {experiment_id} failed: {exc}"
             ) from exc

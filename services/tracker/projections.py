@@ -13,13 +13,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 import structlog
 
 from events.consumer import Consumer
 from events.db import Connection, translate_errors
 from events.envelope import Event, RecordedEvent
-from events.errors import EventsError
+from events.errors import EventsError, StatementError
 from events.lifecycle import (
     DELETED,
     TERMINAL,
@@ -110,7 +109,7 @@ class ProjectionsConsumer(Consumer):
         try:
             with translate_errors():
                 await apply(tx.conn, payload, event.recorded_at, event.position)
-        except asyncpg.PostgresError as exc:
+        except StatementError as exc:
             raise EventsError(
                 f"projecting {event.type} at position {event.position} failed: {exc}"
             ) from exc

@@ -52,6 +52,7 @@ def live(
         api.call("POST", "/users", {"username": "bob", "password": "bob-pw", "admin": False})
         grid = scripted(work / "ckpt", sleep=0.12, report_every=2, checkpoint_every=10)
         grid["name"] = "grid-web"
+        grid["profiling"] = {"enabled": True}  # accepted, ignored: the page must say so
         grid["hyperparameters"]["steps"] = {"type": "categorical", "vals": list(STEPS)}
         grid["searcher"] = {
             "name": "grid",
@@ -135,7 +136,8 @@ def test_experiment_curves_grow_live_and_hparam_plots_brush(
     admin: Session, live: LiveCluster
 ) -> None:
     """The experiment page draws every trial's curve, adds new points from the event stream
-    without reloading, and brushing the parallel coordinates filters the trials."""
+    without reloading, brushing the parallel coordinates filters the trials, and the history
+    slider shows the experiment as it was at its submission (no trials yet) until "now"."""
     grid = live.extra["grid"]
     page = admin.page
     admin.go(f"/experiments/{grid}")
@@ -149,6 +151,7 @@ def test_experiment_curves_grow_live_and_hparam_plots_brush(
         lambda: int(page.get_attribute("#learning-curves", "data-series") or 0) == 3, 60, "3 trials"
     )
     assert page.locator("#config-yaml").inner_text().count("searcher:") == 1
+    assert "profiling" in page.locator("#config-warnings").inner_text()
     headers = page.locator("#trials-table th").all_inner_texts()
     assert "steps" in headers  # one column per hyperparameter
     admin.shot("experiment")
@@ -185,6 +188,18 @@ def test_experiment_curves_grow_live_and_hparam_plots_brush(
     page.wait_for_selector("#checkpoints-table tbody tr")
     page.click("[data-tab=logs]")
     wait(lambda: "done at step" in page.inner_text(".logs"), 30, "experiment logs")
+
+    # The history slider: at its submission the experiment had no trials; "now" is live again.
+    page.click("[data-tab=trials]")
+    page.eval_on_selector(
+        "#history-slider", "el => { el.value = el.min; el.dispatchEvent(new Event('change')); }"
+    )
+    wait(lambda: "as it was at" in page.inner_text("#history-label"), 30, "the past state")
+    assert page.locator("#trials-table tbody tr").count() == 0
+    assert page.inner_text("#experiment-state").startswith("ACTIVE")
+    assert page.locator("#experiment-actions button").count() == 0
+    page.click("#history-now")
+    wait(lambda: page.locator("#trials-table tbody tr").count() == 3, 30, "the present again")
 
 
 def test_trial_page_follows_log_filters_and_downloads(admin: Session, live: LiveCluster) -> None:
@@ -242,10 +257,12 @@ def test_compare_two_trials_with_differences_only(admin: Session, live: LiveClus
 
 
 def test_pause_and_activate_from_the_experiment_list(admin: Session, live: LiveCluster) -> None:
-    """Pause and activate buttons on an experiment's row change its state, shown live."""
+    """The row counts running/total trials; its pause and activate buttons change its state,
+    shown live."""
     slow = live.extra["slow"]
     page = admin.page
     row = page.locator(f"#experiments-table tr[data-id='{slow}']")
+    wait(lambda: "1/1" in row.inner_text(), 60, "its one trial running (running/total)")
     row.locator("[data-action=pause]").click()
     wait(lambda: row.locator(".state-PAUSED").count() == 1, 20, "PAUSED")
     assert live.api.call("GET", f"/experiments/{slow}")["state"] == "PAUSED"

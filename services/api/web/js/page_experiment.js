@@ -1,5 +1,6 @@
 // Experiment: overview, learning curves of every trial (live), trials, hyperparameter plots,
-// checkpoints, logs and config.
+// checkpoints, logs and config; a history slider shows the overview and trials as they were at
+// any past position of the log (GET ?at=POSITION), "now" returns to the live view.
 import { currentUser, download, followEvents, get, post } from "./api.js";
 import { LineChart, curveControls } from "./charts.js";
 import { Table, h, fmtNum, fmtTime, fmtDuration, stateBadge, tabs, toYaml, trialHref, enc, perFrame } from "./dom.js";
@@ -47,12 +48,30 @@ export async function render(root, [id]) {
   const actionsEl = h("span", { id: "experiment-actions" });
   const actionMsg = h("span", { class: "error", id: "action-error", role: "alert" });
   const live = h("span", { class: "live off", id: "live-status" }, "live");
+  let at = null; // the log position shown; null: the present, kept live
+  const slider = h("input", { type: "range", id: "history-slider", "aria-label": "history", step: 1,
+    min: exp.submitted_position || 0, max: exp.position || 0, value: exp.position || 0 });
+  const historyLabel = h("span", { class: "muted", id: "history-label" }, "now");
+  const nowBtn = h("button", { class: "small", id: "history-now", disabled: true, onclick: () => goLive() }, "now");
+  slider.oninput = () => { historyLabel.textContent = `log position ${slider.value}`; };
+  slider.onchange = () => travel(Number(slider.value));
+  function extendHistory(position) {
+    if (!(position > Number(slider.max))) return;
+    slider.max = position;
+    if (at === null) slider.value = position;
+  }
   const overview = h("dl", { class: "kv", id: "overview" });
   const configEl = h("pre", { class: "yaml", id: "config-yaml" }, toYaml(exp.config));
 
+  function warningsEl(warnings) {
+    if (!warnings || !warnings.length) return "";
+    return h("ul", { class: "warnings", id: "config-warnings" },
+      ...warnings.map((w) => h("li", {}, h("code", {}, w.path), ` ${w.message}`)));
+  }
+
   function drawHeader() {
     stateEl.replaceChildren(stateBadge(exp.state), exp.archived ? " archived" : "");
-    actionsEl.replaceChildren(...actionsFor(exp.state, exp.archived).map((a) =>
+    actionsEl.replaceChildren(...(at !== null ? [] : actionsFor(exp.state, exp.archived)).map((a) =>
       h("button", { class: "small", dataset: { action: a }, onclick: () => act(a) }, a)));
     const restarts = exp.trials.reduce((n, t) => n + (t.restarts || 0), 0);
     const best = exp.trials.find((t) => t.trial_id === exp.best_trial_id);
@@ -121,9 +140,10 @@ export async function render(root, [id]) {
 
   root.replaceChildren(
     h("div", { class: "row" }, title, stateEl, actionsEl, actionMsg, live),
+    h("div", { class: "row history", id: "history" }, h("span", { class: "muted" }, "History"), slider, historyLabel, nowBtn),
     h("div", { class: "row" },
       h("div", { class: "card grow" }, h("h2", {}, "Overview"), overview),
-      h("div", { class: "card grow" }, h("h2", {}, "Config"), configEl)),
+      h("div", { class: "card grow" }, h("h2", {}, "Config"), warningsEl(exp.warnings), configEl)),
     h("div", { class: "card" }, h("h2", {}, "Learning curves"), curveControls(chart, [metricSel]), chartEl),
     tabs([
       { id: "trials", label: "Trials", render: (pane) => pane.append(h("div", { class: "filters" }, compareBtn, h("span", { class: "muted" }, "click a row to highlight its curve")), trialsTable.el) },
@@ -156,18 +176,45 @@ export async function render(root, [id]) {
     pane.replaceChildren(table.el, data.checkpoints.length ? "" : h("p", { class: "muted" }, "No checkpoints yet."));
   }
 
+  function show(next) {
+    exp = next;
+    drawHeader();
+    trialsTable.columns = trialColumns();
+    trialsTable.setRows(exp.trials);
+  }
   let reloading = null;
   async function reload() {
+    if (at !== null) return null; // a past state stays as it was
     if (reloading) return reloading;
     reloading = (async () => {
       try {
-        exp = await get(expPath);
-        drawHeader();
-        trialsTable.columns = trialColumns();
-        trialsTable.setRows(exp.trials);
+        const next = await get(expPath);
+        extendHistory(next.position);
+        if (at === null) show(next);
       } finally { reloading = null; }
     })();
     return reloading;
+  }
+  async function travel(position) {
+    if (position >= Number(slider.max)) return goLive();
+    at = position;
+    historyLabel.textContent = `loading position ${position}…`;
+    try {
+      const past = await get(`${expPath}?at=${position}`);
+      if (at !== position) return; // moved again meanwhile
+      show(past);
+      historyLabel.textContent = `as it was at log position ${position}`;
+      nowBtn.disabled = false;
+    } catch (err) {
+      if (at === position) historyLabel.textContent = `position ${position}: ${err.message}`;
+    }
+  }
+  async function goLive() {
+    at = null;
+    slider.value = slider.max;
+    historyLabel.textContent = "now";
+    nowBtn.disabled = true;
+    await reload();
   }
   trialsTable.setRows(exp.trials);
   let reloadTimer = null;
@@ -179,6 +226,7 @@ export async function render(root, [id]) {
       "ExperimentStateChanged", "ExperimentArchived", "TrialRestarted", "CheckpointSaved", "TrialStarted", "TrialExited"],
     onStatus: (on) => { live.className = `live ${on ? "on" : "off"}`; },
     onEvent: (evt) => {
+      extendHistory(evt.position);
       const p = evt.payload || {};
       const g = METRIC_EVENTS[evt.type] || (evt.type === "MetricsReported" ? p.group : null);
       if (g) {

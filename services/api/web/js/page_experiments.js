@@ -52,7 +52,7 @@ export async function render(root, _params, query) {
     { key: "searcher_name", label: "Searcher" },
     { key: "searcher_metric", label: "Metric" },
     { key: "best_metric", label: "Best", render: (e) => fmtNum(e.best_metric) },
-    { key: "num_trials", label: "Trials", render: (e) => (e.max_trials ? `${e.num_trials}/${e.max_trials}` : String(e.num_trials)) },
+    { key: "num_trials", label: "Trials (running/total)", render: (e) => h("span", { title: e.max_trials ? `at most ${e.max_trials}` : "" }, `${e.running_trials ?? 0}/${e.num_trials}`) },
     { key: "owner", label: "User" },
     { key: "submitted_at", label: "Started", render: (e) => fmtTime(e.submitted_at) },
     { key: "duration", label: "Duration", value: (e) => (e.ended_at ? new Date(e.ended_at) : new Date()) - new Date(e.submitted_at), render: (e) => fmtDuration(e.submitted_at, e.ended_at) },
