@@ -241,11 +241,12 @@ def apply_experiment(view: ExperimentView, recorded: RecordedEvent) -> None:
             view.state = lifecycle.ACTIVE
             view.ended_at = None
             view.config = dict(event.config)
-            requested = view.trials.get(event.trial_id)
-            if requested is not None:
-                view.trials[event.trial_id] = requested.model_copy(
-                    update={"hparams": dict(event.hparams)}
-                )
+            for continued in event.trials:
+                requested = view.trials.get(continued.trial_id)
+                if requested is not None:
+                    view.trials[continued.trial_id] = requested.model_copy(
+                        update={"hparams": dict(continued.hparams)}
+                    )
     elif isinstance(event, TrialRequested):
         view.trials[event.trial_id] = event
         view.requested_at[event.trial_id] = recorded.recorded_at

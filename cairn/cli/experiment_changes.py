@@ -23,7 +23,8 @@ def add_verbs(verbs: Any) -> None:
 
     cont = verbs.add_parser(
         "continue",
-        help="continue an ended single-trial experiment from its latest checkpoint",
+        help="continue an ended experiment: its single trial, or a search's unfinished "
+        "trials, from their latest checkpoints",
     )
     cont.add_argument("id", type=int)
     cont.add_argument(
@@ -33,7 +34,8 @@ def add_verbs(verbs: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="change a config field, e.g. hyperparameters.steps=200 (repeatable; only "
-        "hyperparameters, searcher.max_length and max_restarts may change)",
+        "hyperparameters, searcher.max_length and max_restarts may change, of a search only "
+        "max_restarts)",
     )
     cont.add_argument(
         "--config-file", type=Path, help="a partial config YAML merged over the experiment's"
@@ -119,7 +121,7 @@ def _partial_config(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
-    """Continues an ended single-trial experiment; with ``-f`` follows it to its new end."""
+    """Continues an ended experiment; with ``-f`` follows it to its new end."""
     from cairn.cli.experiment import FOLLOW_INTERVAL, finish, follow
 
     client = auth_store.connect(args)
@@ -131,8 +133,12 @@ def cmd_continue(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json(result)
     else:
-        start = result.get("latest_checkpoint") or "the start (no checkpoint)"
-        print(f"continued experiment {args.id}: trial {result.get('trial_id')} from {start}")
+        latest = result.get("latest_checkpoints") or {
+            str(result.get("trial_id")): result.get("latest_checkpoint")
+        }
+        for trial_id, checkpoint in latest.items():
+            start = checkpoint or "the start (no checkpoint)"
+            print(f"continued experiment {args.id}: trial {trial_id} from {start}")
     return 0
 
 

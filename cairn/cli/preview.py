@@ -2,7 +2,8 @@
 
 Given a directory, it checks every ``*.yaml``/``*.yml`` config under it instead and prints one
 line per file: accepted, accepted with warnings (the ignored paths), or refused (the path and
-what is wrong).
+what is wrong), each accepted one with what its search would run (searcher, trials, training
+length), then the totals.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from cairn.errors import UsageError
-from events.config import ConfigError, parse_config
+from events.config import ConfigError, ExperimentConfig, parse_config
 from services.searcher.methods.base import SearcherError
 from services.searcher.preview import DEFAULT_PREVIEW_SEED, preview_search, render_preview
 
@@ -48,26 +50,61 @@ def register(sub: Any) -> None:
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
 
-def check_file(path: Path, overrides: list[str]) -> tuple[str, str]:
-    """Parses one config file.
+@dataclass(frozen=True)
+class FileCheck:
+    """What ``preview-search DIR`` found for one file.
+
+    Attributes:
+        verdict: ``accepted``, ``warnings`` or ``refused``.
+        detail: the ignored paths (``warnings``) or the first problem (``refused``).
+        search: one line on what the search would run (accepted configs; empty otherwise).
+        trials: the trials the search would create (0 when unknown).
+    """
+
+    verdict: str
+    detail: str = ""
+    search: str = ""
+    trials: int = 0
+
+
+_SINGULAR = {"batches": "batch", "epochs": "epoch", "records": "record"}
+
+
+def _search_summary(config: ExperimentConfig) -> tuple[str, int]:
+    """``("grid: 2 trials, 8 batches in all", 2)``, or why there is no preview."""
+    try:
+        result = preview_search(config)
+    except SearcherError as exc:
+        return f"{config.searcher.name}: no preview ({exc})", 0
+    plural = "" if result.total_trials == 1 else "s"
+    line = f"{result.searcher}: {result.total_trials} trial{plural}"
+    if result.total_units is not None and result.unit:
+        unit = _SINGULAR.get(result.unit, result.unit) if result.total_units == 1 else result.unit
+        line += f", {result.total_units} {unit} in all"
+    return line, result.total_trials
+
+
+def check_file(path: Path, overrides: list[str]) -> FileCheck:
+    """Parses one config file and previews its search.
 
     Returns:
-        ``(verdict, detail)``: ``accepted`` (no detail), ``warnings`` (the ignored paths) or
-        ``refused`` (the first problem's path and message; a file that cannot be read too).
+        Its verdict: ``accepted``, ``warnings`` (the ignored paths) or ``refused`` (the first
+        problem's path and message; a file that cannot be read too).
     """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        return "refused", f"cannot read: {getattr(exc, 'strerror', None) or exc}"
+        return FileCheck("refused", f"cannot read: {getattr(exc, 'strerror', None) or exc}")
     try:
         config = parse_config(text, overrides, default_seed=DEFAULT_PREVIEW_SEED)
     except ConfigError as exc:
         where, message = exc.errors[0] if exc.errors else ("<config>", "invalid config")
         more = f" (+{len(exc.errors) - 1} more)" if len(exc.errors) > 1 else ""
-        return "refused", f"{where}: {message}{more}"
+        return FileCheck("refused", f"{where}: {message}{more}")
+    search, trials = _search_summary(config)
     if config.warnings:
-        return "warnings", ", ".join(w.path for w in config.warnings)
-    return "accepted", ""
+        return FileCheck("warnings", ", ".join(w.path for w in config.warnings), search, trials)
+    return FileCheck("accepted", "", search, trials)
 
 
 def run_directory(directory: Path, overrides: list[str], as_json: bool) -> int:
@@ -77,29 +114,28 @@ def run_directory(directory: Path, overrides: list[str], as_json: bool) -> int:
     )
     if not files:
         raise UsageError(f"{directory}: no *.yaml or *.yml files")
-    results = [(p, *check_file(p, overrides)) for p in files]
+    results = [(p, check_file(p, overrides)) for p in files]
     if as_json:
-        rows = [
-            {"file": str(p.relative_to(directory)), "verdict": v, "detail": d}
-            for p, v, d in results
-        ]
+        rows = [{"file": str(p.relative_to(directory)), **asdict(check)} for p, check in results]
         print(json.dumps(rows, indent=2))
     else:
         width = max(len(str(p.relative_to(directory))) for p in files)
-        for path, verdict, detail in results:
+        for path, check in results:
             name = str(path.relative_to(directory)).ljust(width)
-            if verdict == "accepted":
-                print(f"{name}  accepted")
-            elif verdict == "warnings":
-                print(f"{name}  accepted with warnings: ignored {detail}")
+            if check.verdict == "accepted":
+                print(f"{name}  accepted ({check.search})")
+            elif check.verdict == "warnings":
+                print(f"{name}  accepted ({check.search}) with warnings: ignored {check.detail}")
             else:
-                print(f"{name}  refused: {detail}")
-        counts = {v: sum(1 for _, got, _ in results if got == v) for v in _VERDICTS}
+                print(f"{name}  refused: {check.detail}")
+        counts = {v: sum(1 for _, c in results if c.verdict == v) for v in _VERDICTS}
+        trials = sum(c.trials for _, c in results)
         print(
             f"{len(results)} configs: {counts['accepted']} accepted, "
-            f"{counts['warnings']} accepted with warnings, {counts['refused']} refused"
+            f"{counts['warnings']} accepted with warnings, {counts['refused']} refused; "
+            f"{trials} trials in all"
         )
-    return 1 if any(v == "refused" for _, v, _ in results) else 0
+    return 1 if any(c.verdict == "refused" for _, c in results) else 0
 
 
 _VERDICTS = ("accepted", "warnings", "refused")

@@ -12,6 +12,7 @@ from events.types.experiment import (
 )
 from events.types.experiment_changes import (
     CheckpointsDeleteRequested,
+    ContinuedTrial,
     ExperimentContinued,
     ExperimentDescribed,
     ExperimentLabelsChanged,
@@ -44,6 +45,7 @@ __all__ = [
     "CheckpointSaved",
     "CheckpointsDeleteRequested",
     "CheckpointsDeleted",
+    "ContinuedTrial",
     "ExperimentArchived",
     "ExperimentContinued",
     "ExperimentDescribed",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from events.envelope import Event
 from events.registry import register, upcaster
@@ -82,20 +82,45 @@ class CheckpointsDeleteRequested(Event):
     actor: str = ""
 
 
+class ContinuedTrial(BaseModel):
+    """One trial a continue reopens: it trains on from its latest checkpoint with ``hparams``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trial_id: int
+    hparams: dict[str, Any]
+
+
 @register
 class ExperimentContinued(Event):
-    """A user continued an ended single-trial experiment: it is ACTIVE again, with ``config`` as
-    its config from now on, and its trial ``trial_id`` trains on from its latest checkpoint with
-    ``hparams``. v1 stored ``trial_id`` as ``"<experiment>.<n>"``."""
+    """A user continued an ended experiment: it is ACTIVE again, with ``config`` as its config
+    from now on, and each of ``trials`` trains on from its latest checkpoint (a single-trial
+    experiment's one trial; of a search, the trials that did not complete). v1 stored one
+    ``trial_id`` as ``"<experiment>.<n>"``; v2 stored one integer ``trial_id`` and its
+    ``hparams``."""
 
     event_type = "ExperimentContinued"
-    schema_version = 2
+    schema_version = 3
 
     experiment_id: int
-    trial_id: int
+    trials: list[ContinuedTrial] = Field(min_length=1)
     config: dict[str, Any]
-    hparams: dict[str, Any]
     actor: str = ""
+
+    @property
+    def trial_ids(self) -> list[int]:
+        """The reopened trials' ids, in the order the gateway chose them."""
+        return [t.trial_id for t in self.trials]
 
 
 upcaster("ExperimentContinued", 1)(integer_trial_id)
+
+
+@upcaster("ExperimentContinued", 2)
+def _one_continued_trial(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2's ``trial_id`` and ``hparams`` become the one entry of ``trials``."""
+    rest = {k: v for k, v in payload.items() if k not in ("trial_id", "hparams")}
+    return {
+        **rest,
+        "trials": [{"trial_id": payload["trial_id"], "hparams": payload.get("hparams", {})}],
+    }

@@ -110,6 +110,8 @@ class RunSpec:
     world_size: int
     config: dict[str, Any] = field(default_factory=dict)
     preemption_timeout: float | None = None
+    user: str = ""
+    cluster_id: str = ""
 
     @classmethod
     def from_api(cls, spec: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -150,6 +152,8 @@ class RunSpec:
                 if config.get("preemption_timeout") is not None
                 else None
             ),
+            user=str(spec.get("user") or ""),
+            cluster_id=str(spec.get("cluster_id") or ""),
         )
 
 
@@ -206,6 +210,8 @@ def trial_environment(
             "CAIRN_STEPS_COMPLETED": str(run.steps_completed),
             "CAIRN_CHECKPOINT_DIR": str(run.checkpoint_dir),
             "CAIRN_EXPERIMENT_CONFIG": json.dumps(run.config),
+            "CAIRN_USER": run.user,
+            "CAIRN_CLUSTER_ID": run.cluster_id,
         }
     )
     local = max(len(run.slot_ids), 1)

@@ -21,6 +21,7 @@ from services.api.auth import check_trial, principal_of, sign_trial_token
 from services.api.errors import bad_request, parse, read_json
 from services.api.inbox import claim, in_transaction, record
 from services.api.limits import BATCH_MAX_BODY
+from services.api.routes_master import cluster_id as load_cluster_id
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, store_of
 from services.api.runs import load_run_state
 from services.api.views import (
@@ -71,6 +72,8 @@ class SpecResponse(BaseModel):
     slot_ids: list[str]
     placements: dict[str, list[str]]
     config: dict[str, Any]
+    user: str
+    cluster_id: str
 
 
 class StartedBody(BaseModel):
@@ -187,6 +190,7 @@ async def spec(request: web.Request) -> web.Response:
         agent_id=agent_id,
         device=device,
         token=sign_trial_token(state.secret, trial_id),
+        cluster_id=await load_cluster_id(state.store),
     )
     return web.json_response(body)
 

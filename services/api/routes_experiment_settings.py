@@ -24,6 +24,7 @@ from events.store import Transaction
 from events.types import (
     CheckpointsDeleted,
     CheckpointsDeleteRequested,
+    ContinuedTrial,
     ExperimentContinued,
     ExperimentDescribed,
     ExperimentLabelsChanged,
@@ -63,8 +64,14 @@ MAX_WEIGHT = 1e6
 """Largest fair-share weight."""
 
 CONTINUABLE = ("hyperparameters", "searcher.max_length", "max_restarts")
-"""The config paths continuing may change: how long and how its trial trains on, never what
-is searched, where checkpoints live or how the experiment competes for slots."""
+"""The config paths continuing a single-trial experiment may change: how long and how its trial
+trains on, never what is searched, where checkpoints live or how the experiment competes for
+slots."""
+CONTINUABLE_SEARCH = ("max_restarts",)
+"""The config paths continuing a search may change: its trials keep the hyperparameters and
+length the searcher gave them."""
+REOPENING_SEARCHERS = frozenset({"single", "random", "grid", "tpe"})
+"""Searchers that can take a closed trial back (ASHA's decisions to stop trials are final)."""
 UNCHANGEABLE = frozenset({"DELETING", "DELETED", "DELETE_FAILED"})
 
 
@@ -143,8 +150,9 @@ class PatchResponse(BaseModel):
 
 
 class ContinueBody(BaseModel):
-    """A partial config merged over the experiment's (only ``hyperparameters`` constants,
-    ``searcher.max_length`` and ``max_restarts`` may change)."""
+    """A partial config merged over the experiment's (of a single-trial experiment only
+    ``hyperparameters`` constants, ``searcher.max_length`` and ``max_restarts`` may change; of a
+    search only ``max_restarts``)."""
 
     model_config = {"extra": "forbid"}
 
@@ -152,12 +160,15 @@ class ContinueBody(BaseModel):
 
 
 class ContinueResponse(BaseModel):
-    """The continued experiment, its trial and the checkpoint it resumes from."""
+    """The continued experiment, the trials that train on (``trial_id``/``latest_checkpoint``:
+    the first of them and the checkpoint it resumes from) and each one's checkpoint."""
 
     id: int
     state: str
     trial_id: int
     latest_checkpoint: str | None
+    trial_ids: list[int]
+    latest_checkpoints: dict[str, str | None]
 
 
 def experiment_id_of(request: web.Request) -> int:
@@ -305,7 +316,9 @@ async def patch_experiment(request: web.Request) -> web.Response:
 # --------------------------------------------------------------------------- continue
 
 
-def _continued_config(view: ExperimentView, partial: dict[str, Any]) -> dict[str, Any]:
+def _continued_config(
+    view: ExperimentView, partial: dict[str, Any], continuable: tuple[str, ...]
+) -> dict[str, Any]:
     """The config merged with ``partial``, validated; 400 naming a path it may not change."""
     merged = merge_under(view.config, partial)
     try:
@@ -315,10 +328,11 @@ def _continued_config(view: ExperimentView, partial: dict[str, Any]) -> dict[str
         path, message = errors[0]
         raise ApiError(400, f"invalid config: {path}: {message}", path=f"config.{path}") from None
     for path in changed_paths(view.config, config):
-        if not any(path == p or path.startswith(f"{p}.") for p in CONTINUABLE):
+        if not any(path == p or path.startswith(f"{p}.") for p in continuable):
+            what = "a single-trial experiment" if continuable == CONTINUABLE else "a search"
             raise bad_request(
-                f"config.{path}: cannot be changed when continuing (only "
-                f"{', '.join(CONTINUABLE)} can)",
+                f"config.{path}: cannot be changed when continuing {what} (only "
+                f"{', '.join(continuable)} can)",
                 path=f"config.{path}",
             )
     return config
@@ -365,9 +379,10 @@ async def _deleted_checkpoints(tx: Transaction, experiment_id: int) -> set[str]:
     response=ContinueResponse,
 )
 async def continue_experiment(request: web.Request) -> web.Response:
-    """Continues an ended single-trial experiment: its trial trains on from its latest
-    checkpoint (owner or admin; 409 when it has not ended, has several trials, is archived, or
-    its latest checkpoint was deleted)."""
+    """Continues an ended experiment (owner or admin): a single-trial experiment's trial trains
+    on from its latest checkpoint, and so does each trial of a search that did not complete
+    (its completed trials stay as they are). 409 when it has not ended, is archived, every trial
+    completed, its searcher cannot reopen trials (ASHA), or a latest checkpoint was deleted."""
     principal = principal_of(request)
     experiment_id = experiment_id_of(request)
     body = parse(ContinueBody, await read_json(request))
@@ -382,30 +397,47 @@ async def continue_experiment(request: web.Request) -> web.Response:
             )
         if view.archived:
             raise conflict(f"experiment {experiment_id} is archived; unarchive it first")
-        if view.searcher.get("name") != "single" or len(view.trials) != 1:
+        searcher = str(view.searcher.get("name"))
+        if searcher not in REOPENING_SEARCHERS:
             raise conflict(
-                f"experiment {experiment_id} has {len(view.trials)} trial(s) from a "
-                f"{view.searcher.get('name')!r} search; only single-trial experiments "
-                "(searcher single) can be continued"
+                f"experiment {experiment_id} ran a {searcher!r} search, whose decisions to stop "
+                f"trials are final; only {', '.join(sorted(REOPENING_SEARCHERS))} experiments "
+                "can be continued (submit a new experiment instead)"
             )
-        trial_id = next(iter(view.trials))
-        control = await load_trial_control(tx, trial_id)
-        if not control.terminal:
-            raise conflict(f"trial {trial_id} is {control.state}; it has not ended")
-        trial = await load_trial(tx, trial_id)
-        latest = trial.latest_checkpoint.uuid if trial.latest_checkpoint else None
-        if latest is not None and latest in await _deleted_checkpoints(tx, experiment_id):
+        single = searcher == "single" and len(view.trials) == 1
+        states: dict[int, str] = {}
+        for trial_id in sorted(view.trials):
+            control = await load_trial_control(tx, trial_id)
+            if not control.terminal:
+                raise conflict(f"trial {trial_id} is {control.state}; it has not ended")
+            states[trial_id] = control.state
+        chosen = [t for t, state in states.items() if single or state != lifecycle.COMPLETED]
+        if not chosen:
             raise conflict(
-                f"trial {trial_id}'s latest checkpoint {latest} was deleted; "
-                "it cannot be continued from it"
+                f"every trial of experiment {experiment_id} completed; there is nothing to continue"
             )
-        config = _continued_config(view, body.config)
-        hparams = _continued_hparams(view.config, config, view.trials[trial_id].hparams)
+        gone = await _deleted_checkpoints(tx, experiment_id)
+        trials = {}
+        for trial_id in chosen:
+            trial = await load_trial(tx, trial_id)
+            latest = trial.latest_checkpoint.uuid if trial.latest_checkpoint else None
+            if latest is not None and latest in gone:
+                raise conflict(
+                    f"trial {trial_id}'s latest checkpoint {latest} was deleted; "
+                    "it cannot be continued from it"
+                )
+            trials[trial_id] = (trial, latest)
+        config = _continued_config(view, body.config, CONTINUABLE if single else CONTINUABLE_SEARCH)
         continued = ExperimentContinued(
             experiment_id=experiment_id,
-            trial_id=trial_id,
+            trials=[
+                ContinuedTrial(
+                    trial_id=trial_id,
+                    hparams=_continued_hparams(view.config, config, view.trials[trial_id].hparams),
+                )
+                for trial_id in chosen
+            ],
             config=config,
-            hparams=hparams,
             actor=principal.name,
         )
         await tx.append(
@@ -413,21 +445,24 @@ async def continue_experiment(request: web.Request) -> web.Response:
             [new(continued, actor=principal.name)],
             expected_version=view.version,
         )
-        reopened = TrialStateChanged(
-            trial_id=trial_id, state=lifecycle.ACTIVE, reason="continued by user"
-        )
-        await tx.append(
-            trial_stream(trial_id),
-            [new(reopened, actor=principal.name)],
-            expected_version=trial.version,
-        )
+        for trial_id, (trial, _) in trials.items():
+            reopened = TrialStateChanged(
+                trial_id=trial_id, state=lifecycle.ACTIVE, reason="continued by user"
+            )
+            await tx.append(
+                trial_stream(trial_id),
+                [new(reopened, actor=principal.name)],
+                expected_version=trial.version,
+            )
         return {
             "id": experiment_id,
             "state": lifecycle.ACTIVE,
-            "trial_id": trial_id,
-            "latest_checkpoint": latest,
+            "trial_id": chosen[0],
+            "latest_checkpoint": trials[chosen[0]][1],
+            "trial_ids": chosen,
+            "latest_checkpoints": {str(t): latest for t, (_, latest) in trials.items()},
         }
 
     result = await in_transaction(store_of(request), decide)
-    log.info("experiment continued", experiment_id=experiment_id, trial_id=result["trial_id"])
+    log.info("experiment continued", experiment_id=experiment_id, trials=result["trial_ids"])
     return web.json_response(result)

@@ -315,8 +315,13 @@ def build_spec(
     agent_id: str | None,
     device: str,
     token: str,
+    cluster_id: str = "",
 ) -> dict[str, Any]:
-    """What an agent needs to launch one run (``GET /allocations/{id}/spec``)."""
+    """What an agent needs to launch one run (``GET /allocations/{id}/spec``).
+
+    ``user`` is the experiment's owner and ``cluster_id`` the cluster's id: the agent hands both
+    to the trial process (``det.get_cluster_info().user`` / ``.cluster_id``).
+    """
     alloc = allocation_of(trial, allocation_id)
     requested = experiment.trials.get(trial.trial_id)
     if requested is None:
@@ -345,4 +350,6 @@ def build_spec(
         "slot_ids": slot_ids,
         "placements": alloc.placements,
         "config": config,
+        "user": experiment.owner,
+        "cluster_id": cluster_id,
     }

@@ -218,8 +218,8 @@ def _resources_changed(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
 
 
 def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    """An ended experiment is ACTIVE again and its trial starts over as a fresh request would
-    (no stop, kill or early exit pending, its restart budget whole)."""
+    """An ended experiment is ACTIVE again and each continued trial starts over as a fresh
+    request would (no stop, kill or early exit pending, its restart budget whole)."""
     exp = s.experiments.get(p["experiment_id"])
     if exp is None or exp.state not in _ENDED:
         return
@@ -227,12 +227,13 @@ def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     max_restarts = (p.get("config") or {}).get("max_restarts")
     if max_restarts is not None:
         exp.max_restarts = int(max_restarts)
-    trial = s.trials.get(p["trial_id"])
-    if trial is not None:
-        trial.stop_requested = False
-        trial.kill_requested = False
-        trial.early_exit = None
-        trial.restarts = 0
+    for continued in p["trials"]:
+        trial = s.trials.get(continued["trial_id"])
+        if trial is not None:
+            trial.stop_requested = False
+            trial.kill_requested = False
+            trial.early_exit = None
+            trial.restarts = 0
 
 
 _ENDED = lifecycle.TERMINAL

@@ -268,24 +268,29 @@ class SearcherConsumer(Consumer):
         self._run(search, method.initial_operations())
 
     def _continued(self, p: dict[str, Any]) -> None:
-        """A user continued the ended experiment's trial: the search is open again until that
-        trial closes once more (the gateway only continues single-trial experiments)."""
+        """A user continued the ended experiment's unfinished trials: the search is open again
+        until they close once more (the gateway only continues searches whose method can reopen
+        a trial)."""
         search = self.searches.get(int(p["experiment_id"]))
-        trial_id = int(p["trial_id"])
         if search is None or search.state not in lifecycle.TERMINAL:
             return  # refused by the experiment's state machine too
-        request_id = search.request_of.get(trial_id)
-        if request_id is None:
-            return
-        try:
-            search.method.on_trial_continued(request_id)
-        except SearcherError as exc:
-            log.error("continued trial not reopened", trial=trial_id, error=str(exc))
-            return
-        search.state = "ACTIVE"
-        search.shut_down = False
-        search.closed.discard(trial_id)
-        search.early.pop(trial_id, None)
+        reopened = False
+        for continued in p["trials"]:
+            trial_id = int(continued["trial_id"])
+            request_id = search.request_of.get(trial_id)
+            if request_id is None:
+                continue
+            try:
+                search.method.on_trial_continued(request_id)
+            except SearcherError as exc:
+                log.error("continued trial not reopened", trial=trial_id, error=str(exc))
+                continue
+            reopened = True
+            search.closed.discard(trial_id)
+            search.early.pop(trial_id, None)
+        if reopened:
+            search.state = "ACTIVE"
+            search.shut_down = False
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
         stream = experiment_stream(search.experiment_id)

@@ -324,7 +324,8 @@ async def _experiment_settings(
 
 
 async def _experiment_continued(conn: Connection, e: ExperimentContinued) -> None:
-    """An ended experiment is ACTIVE again with its new config, and its trial's hparams."""
+    """An ended experiment is ACTIVE again with its new config, and its continued trials'
+    hparams."""
     current = await conn.fetchval(
         "SELECT state FROM tr_experiments WHERE experiment_id = $1", e.experiment_id
     )
@@ -339,9 +340,10 @@ async def _experiment_continued(conn: Connection, e: ExperimentContinued) -> Non
         str(e.config.get("name") or ""),
         str(e.config.get("description") or ""),
     )
-    await conn.execute(
-        "UPDATE tr_trials SET hparams = $2 WHERE trial_id = $1", e.trial_id, e.hparams
-    )
+    for trial in e.trials:
+        await conn.execute(
+            "UPDATE tr_trials SET hparams = $2 WHERE trial_id = $1", trial.trial_id, trial.hparams
+        )
 
 
 async def delete_experiment(conn: Connection, experiment_id: int) -> None:

@@ -72,9 +72,9 @@ async def test_heartbeat_upserts_a_row(api: Api, store: EventStore) -> None:
 
 
 async def test_spec_folds_trial_experiment_and_checkpoint(api: Api, store: EventStore) -> None:
-    """The spec carries hparams, seed, config parts, latest checkpoint and a working trial token;
-    it turns inactive once a newer allocation exists."""
-    await submit_experiment(store)
+    """The spec carries hparams, seed, config parts, latest checkpoint, the owner and cluster id
+    and a working trial token; it turns inactive once a newer allocation exists."""
+    await submit_experiment(store, owner="alice")
     alloc = await allocate(store, 11, slots=("0", "1"))
     await store.append(
         "trial-11",
@@ -89,6 +89,8 @@ async def test_spec_folds_trial_experiment_and_checkpoint(api: Api, store: Event
     assert spec["environment_variables"] == {"FOO": "bar"}
     assert (spec["latest_checkpoint"], spec["steps_completed"]) == ("ck-1", 50)
     assert spec["slot_ids"] == ["0", "1"]
+    master = await api.ok("GET", "/api/v1/master")
+    assert spec["user"] == "alice" and spec["cluster_id"] == master["cluster_id"] != ""
     assert (await api.ok("GET", "/api/v1/me", token=spec["token"]))["trial_id"] == 11
     await allocate(store, 11, run_id=2, request=False)
     spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec", token=api.agent)

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from events.config import parse_config
 from events.store import EventStore
-from events.types import CheckpointSaved
+from events.types import CheckpointSaved, ExperimentSubmitted
 from services.tracker.service import catch_up
 from tests.integration.test_api_queries import end_trial, set_state, submit, user
 from tests.integration.test_api_support import Api, allocate, running_api, types_of
@@ -167,11 +168,18 @@ async def test_continue_reopens_an_ended_single_trial_experiment(
     body = await api.ok(
         "POST", path, token=api.admin, json={"config": {"hyperparameters": {"lr": 0.01}}}
     )
-    assert body == {"id": 1, "state": "ACTIVE", "trial_id": 11, "latest_checkpoint": "ck-1"}
+    assert body == {
+        "id": 1,
+        "state": "ACTIVE",
+        "trial_id": 11,
+        "latest_checkpoint": "ck-1",
+        "trial_ids": [11],
+        "latest_checkpoints": {"11": "ck-1"},
+    }
     [continued] = [
         e for e in await store.read_stream("experiment-1") if e.type == "ExperimentContinued"
     ]
-    assert continued.payload["hparams"] == {"lr": 0.01}
+    assert continued.payload["trials"] == [{"trial_id": 11, "hparams": {"lr": 0.01}}]
     trial_events = await store.read_stream("trial-11")
     assert trial_events[-1].type == "TrialStateChanged"
     assert trial_events[-1].payload["state"] == "ACTIVE"
@@ -181,21 +189,79 @@ async def test_continue_reopens_an_ended_single_trial_experiment(
     assert status == 409
 
 
-async def test_continue_refuses_multi_trial_and_deleted_checkpoints(
+async def submit_search(store: EventStore, experiment_id: int, searcher: str) -> None:
+    """Appends ExperimentSubmitted of a three-point grid (or an ASHA search over the same)."""
+    trials = "" if searcher == "grid" else ", max_trials: 3"
+    text = f"""
+name: search
+entrypoint: python train.py
+hyperparameters:
+  lr: {{type: categorical, vals: [0.1, 0.01, 0.001]}}
+searcher: {{name: {searcher}, metric: loss, max_length: {{batches: 8}}{trials}}}
+checkpoint_storage: {{type: shared_fs, host_path: /tmp/ckpts}}
+"""
+    config = parse_config(text, default_seed=7).model_dump(mode="json")
+    await store.append(
+        f"experiment-{experiment_id}",
+        [ExperimentSubmitted(experiment_id=experiment_id, config=config, owner="admin")],
+    )
+
+
+async def test_continue_reopens_the_unfinished_trials_of_an_ended_search(
+    api: Api, store: EventStore
+) -> None:
+    """Continuing an ended grid search reopens only its trials that did not complete (each from
+    its own latest checkpoint), lets only max_restarts change (400 naming the path otherwise),
+    and is 409 once every trial completed; an ASHA search is 409 naming why."""
+    await submit_search(store, 1, "grid")
+    for trial_id in (11, 12, 13):
+        await allocate(store, trial_id)
+    await store.append(
+        "trial-12", [CheckpointSaved(trial_id=12, run_id=1, uuid="ck-12", steps_completed=4)]
+    )
+    await end_trial(store, 11)
+    await end_trial(store, 12, "CANCELED")
+    await end_trial(store, 13, "ERROR")
+    await set_state(store, 1, "STOPPING_COMPLETED", "COMPLETED")
+    path = "/api/v1/experiments/1/continue"
+    bad = {"config": {"hyperparameters": {"lr": 0.5}}}
+    status, body = await api.call("POST", path, token=api.admin, json=bad)
+    assert status == 400 and body["error"]["path"].startswith("config.hyperparameters.lr")
+    assert "continuing a search (only max_restarts can)" in body["error"]["message"]
+
+    body = await api.ok("POST", path, token=api.admin, json={"config": {"max_restarts": 2}})
+    assert body["trial_ids"] == [12, 13]
+    assert body["latest_checkpoints"] == {"12": "ck-12", "13": None}
+    [continued] = [
+        e for e in await store.read_stream("experiment-1") if e.type == "ExperimentContinued"
+    ]
+    assert [t["trial_id"] for t in continued.payload["trials"]] == [12, 13]
+    assert continued.payload["config"]["max_restarts"] == 2
+    for trial_id, reopened in ((11, False), (12, True), (13, True)):
+        last = (await store.read_stream(f"trial-{trial_id}"))[-1]
+        assert (last.payload["state"] == "ACTIVE") is reopened, trial_id
+
+    await end_trial(store, 12)
+    await end_trial(store, 13)
+    await set_state(store, 1, "STOPPING_COMPLETED", "COMPLETED")
+    status, body = await api.call("POST", path, token=api.admin, json={})
+    assert status == 409 and "nothing to continue" in body["error"]["message"]
+
+    await submit_search(store, 2, "adaptive_asha")
+    await allocate(store, 21)
+    await end_trial(store, 21, "CANCELED")
+    await set_state(store, 2, "STOPPING_CANCELED", "CANCELED")
+    status, body = await api.call(
+        "POST", "/api/v1/experiments/2/continue", token=api.admin, json={}
+    )
+    assert status == 409 and "'adaptive_asha' search" in body["error"]["message"]
+
+
+async def test_continue_refuses_a_deleted_latest_checkpoint(
     api: Api, store: EventStore, tmp_path: Path
 ) -> None:
-    """A multi-trial experiment cannot be continued (409 saying so), nor one whose latest
-    checkpoint the user deleted."""
-    await submit(store, 1)
-    for trial_id in (11, 12):
-        await allocate(store, trial_id)
-        await end_trial(store, trial_id)
-    await set_state(store, 1, "STOPPING_COMPLETED", "COMPLETED")
-    status, body = await api.call(
-        "POST", "/api/v1/experiments/1/continue", token=api.admin, json={}
-    )
-    assert status == 409 and "single-trial" in body["error"]["message"]
-
+    """An experiment whose latest checkpoint the user deleted cannot be continued (409 naming
+    the checkpoint)."""
     await submit(store, 2)
     await allocate(store, 21)
     await store.append(

@@ -239,3 +239,26 @@ def test_determined_style_script_invalid_hp_exits_zero_with_early_exit(tmp_path:
     assert result.returncode == 0, result.stderr
     assert ("early_exit", {"reason": "invalid_hp"}) in _reports(result.stderr)
     assert not any(k == "metrics" for k, _ in _reports(result.stderr))
+
+
+def test_agent_exports_the_owner_and_cluster_id_the_spec_names(tmp_path: Path) -> None:
+    """The agent turns the spec's ``user`` and ``cluster_id`` into the trial environment, so
+    ``get_cluster_info().user`` / ``.cluster_id`` are set on a cluster (they were empty)."""
+    from services.agent.runtime import RunSpec, trial_environment
+
+    spec = {
+        "allocation_id": "72.3",
+        "trial_id": 72,
+        "experiment_id": 7,
+        "entrypoint": "python3 train.py",
+        "user": "alice",
+        "cluster_id": "5f0c-lab",
+    }
+    run_spec = RunSpec.from_api(spec, "gpu03", tmp_path)
+    base = {"PATH": "/bin", "CAIRN_USER": "agent-operator", "CAIRN_CLUSTER_ID": "stale"}
+    (env,) = trial_environment(
+        run_spec, agent_id="gpu03", api_url="http://api:8080/", gpu_slots={}, base=base
+    )
+    info = cairn.get_cluster_info(env)
+    assert info is not None
+    assert (info.user, info.cluster_id) == ("alice", "5f0c-lab")

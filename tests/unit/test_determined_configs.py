@@ -4,6 +4,7 @@ accepted with one warning per ignored path, or refused with the path, as each fi
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from events.config import ConfigError, parse_config
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "fixtures" / "determined_configs"
 FILES = sorted(CONFIGS.glob("*.yaml"))
+COMPAT = ROOT / "examples" / "determined_compat"
 
 
 def expectation(path: Path) -> tuple[str, list[str]]:
@@ -58,8 +60,9 @@ def test_determined_config(path: Path) -> None:
 
 
 def test_preview_search_over_a_directory_prints_one_line_per_file() -> None:
-    """``cairn preview-search DIR`` prints each file's verdict (with the refused path) and a
-    total, and exits 1 because some are refused."""
+    """``cairn preview-search DIR`` prints each file's verdict (with the refused path) and, for
+    an accepted one, what its search would run; then the totals; it exits 1 because some are
+    refused."""
     result = subprocess.run(
         [sys.executable, "-m", "cairn.cli", "preview-search", str(CONFIGS)],
         capture_output=True,
@@ -74,13 +77,38 @@ def test_preview_search_over_a_directory_prints_one_line_per_file() -> None:
         verdict, paths = expectation(path)
         assert line.startswith(path.name), line
         if verdict == "accepted":
-            assert line.endswith("  accepted"), line
+            assert re.search(r"  accepted \(\w+: \d+ trials?(, \d+ \w+ in all)?\)$", line), line
         elif verdict == "warnings":
-            assert "accepted with warnings: ignored " in line and paths[0] in line, line
+            assert re.search(r"  accepted \(\w+: \d+ trials?[^)]*\) with warnings: ignored ", line)
+            assert paths[0] in line, line
         else:
             assert f"refused: {paths[0]}:" in line, line
     counts = [expectation(p)[0] for p in FILES]
-    assert lines[-1] == (
+    assert re.fullmatch(
         f"{len(FILES)} configs: {counts.count('accepted')} accepted, "
-        f"{counts.count('warnings')} accepted with warnings, {counts.count('refused')} refused"
+        f"{counts.count('warnings')} accepted with warnings, {counts.count('refused')} refused; "
+        r"\d+ trials in all",
+        lines[-1],
+    ), lines[-1]
+
+
+def test_preview_search_summarises_the_compat_examples() -> None:
+    """Over ``examples/determined_compat`` every config is accepted, each line says what its
+    search would run (e.g. the grid's two trials) and the total counts the trials of all."""
+    result = subprocess.run(
+        [sys.executable, "-m", "cairn.cli", "preview-search", str(COMPAT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    by_file = {line.split()[0]: line for line in lines[:-1]}
+    assert re.search(r" accepted \(grid: 2 trials, 8 batches in all\)$", by_file["grid.yaml"])
+    assert re.search(r" accepted \(single: 1 trial, 4 batches in all\)$", by_file["metrics.yaml"])
+    files = len(list(COMPAT.glob("*.yaml")))
+    assert lines[-1] == (
+        f"{files} configs: {files - 1} accepted, 1 accepted with warnings, 0 refused; "
+        "22 trials in all"
     )

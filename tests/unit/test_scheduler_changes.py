@@ -7,6 +7,7 @@ import pytest
 
 from events.config import parse_config
 from events.types import (
+    ContinuedTrial,
     ExperimentContinued,
     ExperimentResourcesChanged,
     ExperimentStateChanged,
@@ -84,7 +85,9 @@ def test_continued_trial_is_allocated_again_with_a_fresh_restart_budget() -> Non
     config = {"resources": {"slots_per_trial": 1}, "max_restarts": 2}
     log.add(
         "experiment-1",
-        ExperimentContinued(experiment_id=1, trial_id=11, config=config, hparams={}),
+        ExperimentContinued(
+            experiment_id=1, trials=[ContinuedTrial(trial_id=11, hparams={})], config=config
+        ),
     )
     log.add("trial-11", TrialStateChanged(trial_id=11, state="ACTIVE", reason="continued"))
     assert log.state.experiments[1].max_restarts == 2
@@ -102,7 +105,9 @@ def test_continued_experiment_is_ignored_unless_it_ended() -> None:
     experiment(log, 1, 1)
     log.add(
         "experiment-1",
-        ExperimentContinued(experiment_id=1, trial_id=11, config={}, hparams={}),
+        ExperimentContinued(
+            experiment_id=1, trials=[ContinuedTrial(trial_id=11, hparams={})], config={}
+        ),
     )
     assert log.state.experiments[1].state == "ACTIVE"
 
