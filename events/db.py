@@ -35,20 +35,38 @@ def _dumps(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
-async def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10) -> Pool:
-    """Opens a connection pool whose connections decode json/jsonb to Python values."""
+async def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, settings: dict[str, str] | None = None
+) -> Pool:
+    """Opens a connection pool whose connections decode json/jsonb to Python values.
+
+    Args:
+        dsn: where to connect.
+        min_size: connections opened at once.
+        max_size: the most connections open.
+        settings: server settings for the pool's sessions.
+    """
     with translate_errors():
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, init=_init_connection
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=_init_connection,
+            server_settings=settings,
         )
     assert pool is not None
     return cast(Pool, pool)
 
 
-async def connect(dsn: str) -> Connection:
-    """Opens one dedicated connection (for leases and LISTEN), with the same codecs as a pool."""
+async def connect(dsn: str, *, settings: dict[str, str] | None = None) -> Connection:
+    """Opens one dedicated connection (for leases and LISTEN), with the same codecs as a pool.
+
+    Args:
+        dsn: where to connect.
+        settings: server settings for this session only (e.g. ``idle_session_timeout``).
+    """
     with translate_errors():
-        conn = await asyncpg.connect(dsn)
+        conn = await asyncpg.connect(dsn, server_settings=settings)
         await _init_connection(conn)
     return cast(Connection, conn)
 

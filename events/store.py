@@ -333,9 +333,11 @@ class EventStore:
         min_size: int = 1,
         max_size: int = 10,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        settings: dict[str, str] | None = None,
     ) -> EventStore:
-        """Opens a pool on ``dsn`` and applies the core migrations."""
-        pool = await create_pool(dsn, min_size=min_size, max_size=max_size)
+        """Opens a pool on ``dsn`` (sessions with server ``settings``, if given) and applies the
+        core migrations."""
+        pool = await create_pool(dsn, min_size=min_size, max_size=max_size, settings=settings)
         async with pool.acquire() as conn:
             with translate_errors():
                 await migrations.apply(conn, "core", migrations.CORE)

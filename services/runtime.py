@@ -22,8 +22,8 @@ import structlog
 
 from events import logging as cairn_logging
 from events.bus import Bus
-from events.errors import EventsError
-from events.lease import LeaderLease
+from events.errors import EventsError, FencedError
+from events.lease import LeaderLease, lease_timeout
 from events.store import EventStore
 
 
@@ -37,12 +37,21 @@ class ServiceContext:
     bus: Bus | None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def ready(self) -> None:
-        """Announces that the service is up (writes ``CAIRN_READY_FILE`` when set)."""
+    def ready(self, role: str | None = None) -> None:
+        """Announces that the service is up (writes ``CAIRN_READY_FILE`` when set).
+
+        Args:
+            role: for a replicated decider, ``leader`` (holds the lease and has rebuilt its
+                state) or ``standby`` (another replica holds the lease).
+        """
         path = os.environ.get("CAIRN_READY_FILE")
         if path:
             Path(path).write_text(str(os.getpid()))
-        structlog.get_logger(self.name).info("ready", pid=os.getpid())
+        log = structlog.get_logger(self.name)
+        if role is None:
+            log.info("ready", pid=os.getpid())
+        else:
+            log.info("ready", pid=os.getpid(), role=role)
 
 
 T = TypeVar("T")
@@ -81,8 +90,20 @@ def main(
         pass
 
 
+def session_settings() -> dict[str, str]:
+    """Server settings of every service's database sessions.
+
+    A transaction left open by a paused process (SIGSTOP between two statements) may hold the
+    append lock; PostgreSQL ends it after twice the lease timeout, so a paused process stalls
+    the log's writers (a standby's election included) for at most that long.
+    """
+    millis = int(2 * lease_timeout() * 1000)
+    return {"idle_in_transaction_session_timeout": str(millis)}
+
+
 async def _serve(name: str, args: argparse.Namespace, run: ServiceRun, needs_bus: bool) -> None:
-    store = await _retry(lambda: EventStore.connect(args.db))
+    settings = session_settings()
+    store = await _retry(lambda: EventStore.connect(args.db, settings=settings))
     bus = await _retry(lambda: Bus.connect(args.nats, name=name)) if needs_bus else None
     ctx = ServiceContext(name=name, args=args, store=store, bus=bus)
     loop = asyncio.get_running_loop()
@@ -107,15 +128,47 @@ async def _retry(connect: Callable[[], Awaitable[T]], attempts: int = 30) -> T:
     raise AssertionError("unreachable")
 
 
-async def until_lease_lost(ctx: ServiceContext, lease: LeaderLease) -> None:
-    """Returns when the service stops; raises if the leader lease is lost first."""
-    lost = asyncio.ensure_future(lease.lost.wait())
-    stopped = asyncio.ensure_future(ctx.stop.wait())
-    await asyncio.wait([lost, stopped], return_when=asyncio.FIRST_COMPLETED)
-    for task in (lost, stopped):
-        task.cancel()
-    if lease.lost.is_set() and not ctx.stop.is_set():
-        raise EventsError(f"{lease.name} lease lost")
+LeaderTerm = Callable[[LeaderLease, asyncio.Event], Awaitable[None]]
+"""Leads while holding a lease: rebuild, announce, then work until the event (the end of the
+term) is set. A :class:`FencedError` it raises ends the term too."""
+
+
+async def serve_replica(ctx: ServiceContext, lease_name: str, lead: LeaderTerm) -> None:
+    """Runs one replica of a decider until the service stops.
+
+    The replica waits for the lease (announcing itself ready as a standby if another replica
+    holds it), leads for as long as the lease is held, and when the lease is lost or its writes
+    are fenced off (it was paused and a standby took over) steps down and waits again. ``lead``
+    announces readiness as leader once its state is rebuilt (:meth:`ServiceContext.ready`).
+    """
+    log = structlog.get_logger(ctx.name)
+    while not ctx.stop.is_set():
+        lease = await LeaderLease.acquire(
+            ctx.store, lease_name, stop=ctx.stop, on_standby=lambda: ctx.ready("standby")
+        )
+        if lease is None:
+            return
+        term = asyncio.Event()
+        ender = asyncio.ensure_future(_end_term(ctx.stop, lease.lost, term))
+        try:
+            await lead(lease, term)
+        except FencedError as exc:
+            log.warning("fenced off; stepping down", lease=lease_name, error=str(exc))
+        finally:
+            ender.cancel()
+            await lease.release()
+        if not ctx.stop.is_set():
+            log.warning("lease lost; standing by", lease=lease_name, epoch=lease.epoch)
+
+
+async def _end_term(stop: asyncio.Event, lost: asyncio.Event, term: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        term.set()
 
 
 async def run_until_stopped(ctx: ServiceContext, *tasks: Awaitable[None]) -> None:
