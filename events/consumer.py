@@ -143,6 +143,7 @@ class ConsumerRunner:
     async def _apply_page(self, upto: int | None) -> tuple[bool, int, int]:
         name = self.consumer.name
         async with self.store.transaction() as tx:
+            tx.write_as(self.fence)
             checkpoint = await tx.lock_checkpoint(name)
             if upto is not None and upto <= checkpoint:
                 return True, checkpoint, 0

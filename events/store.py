@@ -73,12 +73,21 @@ class Transaction:
     Attributes:
         conn: the connection the transaction runs on.
         max_event_bytes: the largest event :meth:`append` accepts (payload plus metadata).
+        fence: a leader's fence that every append of this transaction carries (its epoch is
+            stamped on each event) and is checked against; see :meth:`write_as`.
     """
 
     def __init__(self, conn: Connection, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.conn = conn
         self.max_event_bytes = max_event_bytes
+        self.fence: Fence | None = None
         self._locked = False
+        self._fenced: Fence | None = None
+
+    def write_as(self, fence: Fence | None) -> None:
+        """Makes every later append of this transaction a write of the leader holding ``fence``:
+        each event records its epoch, and the append is refused if the epoch is stale."""
+        self.fence = fence
 
     async def lock_appends(self) -> None:
         """Takes the append lock now rather than at the first append (held until commit).
@@ -95,14 +104,21 @@ class Transaction:
             self._locked = True
 
     async def check_fence(self, fence: Fence) -> None:
-        """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch."""
+        """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch.
+
+        Checked once per transaction and fence: the append lock, taken here, keeps any newer
+        election out until the commit.
+        """
         await self.lock_appends()
+        if self._fenced == fence:
+            return
         current = await self.conn.fetchval(
             "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1",
             lease_stream(fence.lease),
         )
         if current != fence.epoch:
             raise FencedError(fence.lease, fence.epoch, int(current))
+        self._fenced = fence
 
     async def stream_version(self, stream_id: str) -> int:
         """Returns the stream's current version (0 for a stream with no events)."""
@@ -126,7 +142,8 @@ class Transaction:
             events: payloads (or payloads with ids and metadata) in order.
             expected_version: the version the stream must be at (0: must not exist yet);
                 ``None`` appends whatever the version is.
-            fence: the writer's leader epoch; a stale one raises :class:`FencedError`.
+            fence: the writer's leader epoch; a stale one raises :class:`FencedError`
+                (default: the transaction's :attr:`fence`).
 
         Raises:
             EventTooLargeError: an event's encoded payload and metadata exceed
@@ -138,6 +155,7 @@ class Transaction:
         if not events:
             return []
         items = [_as_new(e) for e in events]
+        fence = fence or self.fence
         epoch = fence.epoch if fence is not None else None
         metas = [
             item.metadata.model_copy(update={"epoch": epoch}) if epoch else item.metadata
