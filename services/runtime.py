@@ -16,7 +16,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -128,30 +128,59 @@ async def _retry(connect: Callable[[], Awaitable[T]], attempts: int = 30) -> T:
     raise AssertionError("unreachable")
 
 
-LeaderTerm = Callable[[LeaderLease, asyncio.Event], Awaitable[None]]
-"""Leads while holding a lease: rebuild, announce, then work until the event (the end of the
-term) is set. A :class:`FencedError` it raises ends the term too."""
+class Follower(Protocol):
+    """A decider's state that a standby keeps warm by following the leader's checkpoint."""
+
+    async def rebuild(self) -> None:
+        """Folds the log from the start up to the consumer's checkpoint."""
+
+    async def advance(self) -> None:
+        """Folds the log from where the state is up to the consumer's checkpoint."""
 
 
-async def serve_replica(ctx: ServiceContext, lease_name: str, lead: LeaderTerm) -> None:
+F = TypeVar("F", bound=Follower)
+FOLLOW_EVERY = 0.5
+"""Seconds between two catch-ups of a standby's state with the leader's checkpoint."""
+
+
+async def serve_replica(
+    ctx: ServiceContext,
+    lease_name: str,
+    follow: Callable[[], F],
+    lead: Callable[[F, LeaderLease, asyncio.Event], Awaitable[None]],
+) -> None:
     """Runs one replica of a decider until the service stops.
 
-    The replica waits for the lease (announcing itself ready as a standby if another replica
-    holds it), leads for as long as the lease is held, and when the lease is lost or its writes
-    are fenced off (it was paused and a standby took over) steps down and waits again. ``lead``
-    announces readiness as leader once its state is rebuilt (:meth:`ServiceContext.ready`).
+    The replica folds the log (``follow()`` makes the state), then waits for the lease while
+    following the leader's checkpoint (a hot standby: a takeover folds only what the dead
+    leader consumed since the last catch-up), announcing itself ready as a standby if another
+    replica holds the lease. It leads for as long as the lease is held: ``lead(state, lease,
+    term)`` folds the tail, announces readiness as leader (:meth:`ServiceContext.ready`) and
+    works until ``term`` is set. When the lease is lost or its writes are fenced off (it was
+    paused and a standby took over) the replica steps down and starts over as a standby.
     """
     log = structlog.get_logger(ctx.name)
     while not ctx.stop.is_set():
-        lease = await LeaderLease.acquire(
-            ctx.store, lease_name, stop=ctx.stop, on_standby=lambda: ctx.ready("standby")
+        state = follow()
+        await state.rebuild()
+        acquiring = asyncio.ensure_future(
+            LeaderLease.acquire(
+                ctx.store, lease_name, stop=ctx.stop, on_standby=lambda: ctx.ready("standby")
+            )
         )
+        following = asyncio.ensure_future(_follow(ctx.name, state))
+        try:
+            lease = await acquiring
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
         if lease is None:
             return
         term = asyncio.Event()
         ender = asyncio.ensure_future(_end_term(ctx.stop, lease.lost, term))
         try:
-            await lead(lease, term)
+            await lead(state, lease, term)
         except FencedError as exc:
             log.warning("fenced off; stepping down", lease=lease_name, error=str(exc))
         finally:
@@ -159,6 +188,15 @@ async def serve_replica(ctx: ServiceContext, lease_name: str, lead: LeaderTerm) 
             await lease.release()
         if not ctx.stop.is_set():
             log.warning("lease lost; standing by", lease=lease_name, epoch=lease.epoch)
+
+
+async def _follow(name: str, state: Follower) -> None:
+    while True:
+        await asyncio.sleep(FOLLOW_EVERY)
+        try:
+            await state.advance()
+        except EventsError as exc:
+            structlog.get_logger(name).warning("standby could not follow", error=str(exc))
 
 
 async def _end_term(stop: asyncio.Event, lost: asyncio.Event, term: asyncio.Event) -> None:

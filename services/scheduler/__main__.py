@@ -13,21 +13,23 @@ from services.scheduler.service import SchedulerConsumer
 
 
 async def run(ctx: ServiceContext) -> None:
-    """Waits for the scheduler lease, rebuilds the cluster state, then schedules while it leads."""
+    """Follows the cluster state as a standby until it holds the scheduler lease, then schedules."""
     settings = Settings(
         default_pool=ctx.args.default_pool,
         preemption=ctx.args.preemption,
         scheduler=ctx.args.policy,
     )
 
-    async def lead(lease: LeaderLease, term: asyncio.Event) -> None:
-        consumer = SchedulerConsumer(ctx.store, settings, agent_timeout=ctx.args.agent_timeout)
-        await consumer.rebuild()
+    async def lead(consumer: SchedulerConsumer, lease: LeaderLease, term: asyncio.Event) -> None:
+        await consumer.advance()
         ctx.ready("leader")
         runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
         await runner.run(term)
 
-    await serve_replica(ctx, "scheduler", lead)
+    def follow() -> SchedulerConsumer:
+        return SchedulerConsumer(ctx.store, settings, agent_timeout=ctx.args.agent_timeout)
+
+    await serve_replica(ctx, "scheduler", follow, lead)
 
 
 def _parser() -> argparse.ArgumentParser:

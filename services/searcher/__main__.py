@@ -11,16 +11,15 @@ from services.searcher.service import SearcherConsumer
 
 
 async def run(ctx: ServiceContext) -> None:
-    """Waits for the searcher lease, replays the searches, then searches while it leads."""
+    """Follows the searches as a standby until it holds the searcher lease, then searches."""
 
-    async def lead(lease: LeaderLease, term: asyncio.Event) -> None:
-        consumer = SearcherConsumer(ctx.store)
-        await consumer.rebuild()
+    async def lead(consumer: SearcherConsumer, lease: LeaderLease, term: asyncio.Event) -> None:
+        await consumer.advance()
         ctx.ready("leader")
         runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
         await runner.run(term)
 
-    await serve_replica(ctx, "searcher", lead)
+    await serve_replica(ctx, "searcher", lambda: SearcherConsumer(ctx.store), lead)
 
 
 if __name__ == "__main__":

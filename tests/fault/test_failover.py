@@ -39,7 +39,7 @@ async def test_paused_leader_is_replaced_and_its_next_write_is_fenced(
         assert stopped(leader.pid), "the standby was elected while the leader was paused"
         os.kill(leader.pid, signal.SIGCONT)
         await asyncio.to_thread(wait_for_line, leader, "FENCED 1")
-        assert await asyncio.to_thread(leader.wait, 30) == 0
+        assert await asyncio.to_thread(leader.wait, 30) == 0, leader.stderr.read()
         election = (await store.read_stream(lease_stream("decider")))[-1]
         assert election.stream_version == 2
         late = [e for e in await store.read_all(election.position, limit=10_000)]
