@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import hashlib
 import os
 import socket
@@ -101,7 +102,8 @@ class LeaderLease:
             timeout: the lease timeout in seconds (default: :func:`lease_timeout`).
         """
         loop = asyncio.get_running_loop()
-        standby = (lambda: _call_in(loop, on_standby)) if on_standby else None
+        context = contextvars.copy_context()
+        standby = (lambda: _call_in(loop, lambda: context.run(on_standby))) if on_standby else None
         keeper = _Keeper(store.dsn, name, timeout or lease_timeout(), standby)
         keeper.start()
         granted: asyncio.Future[Any] = asyncio.wrap_future(keeper.granted)
@@ -145,7 +147,8 @@ class LeaderLease:
 
 
 def _call_in(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
-    """Runs ``callback`` in ``loop`` (from another thread); nothing if that loop has ended."""
+    """Runs ``callback`` in ``loop`` (from another thread) in the context of the caller of
+    :meth:`LeaderLease.acquire` (its log bindings); nothing if that loop has ended."""
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(callback)
 
