@@ -73,8 +73,13 @@ def main(
     *,
     parser: argparse.ArgumentParser | None = None,
     needs_bus: bool = True,
+    decider: bool = False,
 ) -> None:
-    """Parses flags, connects, runs ``run`` until SIGTERM/SIGINT, and exits non-zero on failure."""
+    """Parses flags, connects, runs ``run`` until SIGTERM/SIGINT, and exits non-zero on failure.
+
+    ``decider``: the service leads by lease (its paused transactions end sooner; see
+    :func:`session_settings`).
+    """
     args = (parser or base_parser(name)).parse_args()
     cairn_logging.configure(name, level=args.log_level)
     log = structlog.get_logger(name)
@@ -82,7 +87,7 @@ def main(
         log.error("no database: pass --db or set CAIRN_DB")
         sys.exit(2)
     try:
-        asyncio.run(_serve(name, args, run, needs_bus))
+        asyncio.run(_serve(name, args, run, needs_bus, decider))
     except EventsError as exc:
         log.error("service failed", error=str(exc))
         sys.exit(1)
@@ -90,19 +95,27 @@ def main(
         pass
 
 
-def session_settings() -> dict[str, str]:
-    """Server settings of every service's database sessions.
+IDLE_TRANSACTION_TIMEOUT = 10.0
+"""Seconds after which PostgreSQL ends a service's transaction that waits on its client."""
+
+
+def session_settings(*, decider: bool = False) -> dict[str, str]:
+    """Server settings of a service's database sessions.
 
     A transaction left open by a paused process (SIGSTOP between two statements) may hold the
-    append lock; PostgreSQL ends it after twice the lease timeout, so a paused process stalls
-    the log's writers (a standby's election included) for at most that long.
+    append lock and so stall every writer; PostgreSQL ends it after
+    :data:`IDLE_TRANSACTION_TIMEOUT`, or for a decider after twice the lease timeout, so that
+    the standby taking over from a paused leader can record its election soon after the
+    leader's lease has expired.
     """
-    millis = int(2 * lease_timeout() * 1000)
-    return {"idle_in_transaction_session_timeout": str(millis)}
+    seconds = 2 * lease_timeout() if decider else IDLE_TRANSACTION_TIMEOUT
+    return {"idle_in_transaction_session_timeout": str(int(seconds * 1000))}
 
 
-async def _serve(name: str, args: argparse.Namespace, run: ServiceRun, needs_bus: bool) -> None:
-    settings = session_settings()
+async def _serve(
+    name: str, args: argparse.Namespace, run: ServiceRun, needs_bus: bool, decider: bool
+) -> None:
+    settings = session_settings(decider=decider)
     store = await _retry(lambda: EventStore.connect(args.db, settings=settings))
     bus = await _retry(lambda: Bus.connect(args.nats, name=name)) if needs_bus else None
     ctx = ServiceContext(name=name, args=args, store=store, bus=bus)

@@ -21,4 +21,4 @@ async def run(ctx: ServiceContext) -> None:
 
 
 if __name__ == "__main__":
-    main("relay", run)
+    main("relay", run, decider=True)

@@ -43,4 +43,4 @@ def _parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    main("scheduler", run, parser=_parser())
+    main("scheduler", run, parser=_parser(), decider=True)

@@ -23,4 +23,4 @@ async def run(ctx: ServiceContext) -> None:
 
 
 if __name__ == "__main__":
-    main("searcher", run)
+    main("searcher", run, decider=True)
