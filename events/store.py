@@ -181,30 +181,38 @@ class Transaction:
         await self.lock_appends()
         if fence is not None:
             await self.check_fence(fence)
-        current = await self.stream_version(stream_id)
-        if expected_version is not None and current != expected_version:
-            raise ConcurrencyError(stream_id, expected_version, current)
-        versions = [current + n + 1 for n in range(len(items))]
+        # One statement reads the stream's version, inserts (only if it is the expected one)
+        # and queues the wake-up; the append lock taken above keeps the version current.
         with translate_errors(stream_id):
             rows = await self.conn.fetch(
-                """WITH ins AS (
+                """WITH cur AS (
+                       SELECT coalesce(max(stream_version), 0) AS v
+                       FROM events WHERE stream_id = $2),
+                   ins AS (
                        INSERT INTO events (event_id, stream_id, stream_version, type,
                                            schema_version, payload, metadata)
-                       SELECT e, $2, v, t, s, p::jsonb, m::jsonb
-                       FROM unnest($1::uuid[], $3::bigint[], $4::text[], $5::int[],
-                                   $6::text[], $7::text[]) AS u(e, v, t, s, p, m)
+                       SELECT u.e, $2, cur.v + u.n, u.t, u.s, u.p::jsonb, u.m::jsonb
+                       FROM cur, unnest($1::uuid[], $3::text[], $4::int[], $5::text[],
+                                        $6::text[]) WITH ORDINALITY AS u(e, t, s, p, m, n)
+                       WHERE $8::bigint IS NULL OR cur.v = $8
                        RETURNING position, stream_version, recorded_at),
-                   note AS (SELECT pg_notify($8, $2))
-                   SELECT ins.* FROM ins, note ORDER BY position""",
+                   note AS (SELECT pg_notify($7, $2))
+                   SELECT cur.v AS current, ins.position, ins.stream_version, ins.recorded_at
+                   FROM cur CROSS JOIN note LEFT JOIN ins ON true
+                   ORDER BY ins.position""",
                 [i.event_id for i in items],
                 stream_id,
-                versions,
                 [i.event.event_type for i in items],
                 [i.event.schema_version for i in items],
                 payload_texts,
                 meta_texts,
                 NOTIFY_CHANNEL,
+                expected_version,
             )
+        current = int(rows[0]["current"])
+        if expected_version is not None and current != expected_version:
+            raise ConcurrencyError(stream_id, expected_version, current)
+        versions = [current + n + 1 for n in range(len(items))]
         by_version = {r["stream_version"]: r for r in rows}
         recorded = [
             RecordedEvent.model_construct(
