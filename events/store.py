@@ -21,6 +21,7 @@ from events.limits import MAX_EVENT_BYTES, encoded, largest_part
 from events.registry import encode, to_current
 
 NOTIFY_CHANNEL = "cairn_events"
+_LOCK_APPENDS = "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
 _COLUMNS = (
     "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
     "recorded_at"
@@ -98,9 +99,7 @@ class Transaction:
         so two transactions never wait on each other's locks.
         """
         if not self._locked:
-            await self.conn.execute(
-                "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
-            )
+            await self.conn.execute(_LOCK_APPENDS)
             self._locked = True
 
     async def check_fence(self, fence: Fence) -> None:
@@ -389,11 +388,28 @@ class EventStore:
         expected_version: int | None = None,
         fence: Fence | None = None,
     ) -> list[RecordedEvent]:
-        """Appends in a transaction of its own; see :meth:`Transaction.append`."""
-        async with self.transaction() as tx:
-            return await tx.append(
-                stream_id, events, expected_version=expected_version, fence=fence
-            )
+        """Appends in a transaction of its own; see :meth:`Transaction.append`.
+
+        The transaction is begun and the append lock taken in one round trip, so a single
+        append costs three: begin and lock, the insert, the commit.
+        """
+        if not events:
+            return []
+        with translate_errors():
+            async with self.pool.acquire() as conn:
+                tx = Transaction(conn, max_event_bytes=self.max_event_bytes)
+                try:
+                    await conn.execute(f"BEGIN; {_LOCK_APPENDS}")
+                    tx._locked = True
+                    recorded = await tx.append(
+                        stream_id, events, expected_version=expected_version, fence=fence
+                    )
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await conn.execute("ROLLBACK")
+                    raise
+                await conn.execute("COMMIT")
+                return recorded
 
     async def read_all(
         self,
