@@ -84,3 +84,34 @@ def stream_type_of(stream_id: str) -> str:
 def new(event: Event, **metadata: Any) -> NewEvent:
     """Wraps a payload for appending, with optional metadata fields."""
     return NewEvent(event=event, metadata=Metadata(**metadata))
+
+
+_RECORDED_FIELDS = frozenset(RecordedEvent.model_fields)
+_METADATA_FIELDS = frozenset(Metadata.model_fields)
+_NO_METADATA: dict[str, Any] = dict.fromkeys(Metadata.model_fields)
+
+
+def stored_metadata(values: dict[str, Any] | None) -> Metadata:
+    """A :class:`Metadata` from the log's JSON without validation; what
+    ``Metadata.model_construct(**values)`` builds (unknown keys kept as extras), at a fraction
+    of its cost on a replay's hot path."""
+    meta = Metadata.__new__(Metadata)
+    given = values or {}
+    known = {k: v for k, v in given.items() if k in _METADATA_FIELDS}
+    extra = {k: v for k, v in given.items() if k not in _METADATA_FIELDS}
+    object.__setattr__(meta, "__dict__", {**_NO_METADATA, **known})
+    object.__setattr__(meta, "__pydantic_fields_set__", set(known))
+    object.__setattr__(meta, "__pydantic_extra__", extra)
+    object.__setattr__(meta, "__pydantic_private__", None)
+    return meta
+
+
+def stored_event(values: dict[str, Any]) -> RecordedEvent:
+    """A :class:`RecordedEvent` from a row of our own log without validation; what
+    ``RecordedEvent.model_construct(**values)`` builds when ``values`` holds every field."""
+    event = RecordedEvent.__new__(RecordedEvent)
+    object.__setattr__(event, "__dict__", values)
+    object.__setattr__(event, "__pydantic_fields_set__", set(_RECORDED_FIELDS))
+    object.__setattr__(event, "__pydantic_extra__", None)
+    object.__setattr__(event, "__pydantic_private__", None)
+    return event

@@ -15,7 +15,13 @@ from typing import Any
 
 from events import faults, migrations
 from events.db import Connection, Pool, create_pool, translate_errors
-from events.envelope import Event, Metadata, NewEvent, RecordedEvent
+from events.envelope import (
+    Event,
+    NewEvent,
+    RecordedEvent,
+    stored_event,
+    stored_metadata,
+)
 from events.errors import ConcurrencyError, EventTooLargeError, FencedError
 from events.limits import MAX_EVENT_BYTES, encoded, largest_part
 from events.registry import encode, to_current
@@ -51,16 +57,18 @@ def row_to_event(row: Any) -> RecordedEvent:
     # re-validation is safe and halves the cost of a replay.
     meta = row["metadata"]
     version, payload = to_current(row["type"], row["schema_version"], row["payload"])
-    return RecordedEvent.model_construct(
-        position=row["position"],
-        stream_id=row["stream_id"],
-        stream_version=row["stream_version"],
-        event_id=row["event_id"],
-        type=row["type"],
-        schema_version=version,
-        payload=payload,
-        metadata=Metadata.model_construct(**meta) if meta else Metadata(),
-        recorded_at=row["recorded_at"],
+    return stored_event(
+        {
+            "position": row["position"],
+            "stream_id": row["stream_id"],
+            "stream_version": row["stream_version"],
+            "event_id": row["event_id"],
+            "type": row["type"],
+            "schema_version": version,
+            "payload": payload,
+            "metadata": stored_metadata(meta),
+            "recorded_at": row["recorded_at"],
+        }
     )
 
 
