@@ -1,10 +1,10 @@
-# cairn: make install | test | lint | bench | chaos | demo
+# cairn: make install | test | lint | bench | chaos | failover | demo
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench chaos demo up down clean browser web-assets screenshot
+.PHONY: install test test-fast lint bench chaos failover demo up down clean browser web-assets screenshot
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -54,6 +54,11 @@ CHAOS_SEEDS   ?= 1-20
 CHAOS_TIMEOUT ?= 300
 chaos: install
 	$(PY) -m tests.chaos --seeds $(CHAOS_SEEDS) --timeout $(CHAOS_TIMEOUT)
+
+# Failover with standbys: `cairn up --replicas 2`, the leaders SIGKILLed and SIGSTOPped
+# (about 30 s; not in `make test`), plus the fenced-writer fault test.
+failover: install
+	CAIRN_REPLICA_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_replicas.py tests/fault/test_failover.py
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser

@@ -275,7 +275,7 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
         raw_single = _rate(report, "append batch=1: raw INSERT", t, n_single)
 
         # reference: the statements cairn sends, from raw asyncpg on a bare connection
-        progress(f"append batch=1: raw, cairn's 7 statements per append (reference), {n_single:,}")
+        progress(f"append batch=1: raw, the 7-statement append sequence cairn used before (reference), {n_single:,}")
         with timed() as t:
             for k, payload in enumerate(payloads):
                 stream = f"raws-1.{k % 100}"
@@ -308,7 +308,7 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
                 "append, batch=1 (ref)",
                 cairn_single,
                 raw_seq,
-                "raw, cairn's 7 stmts",
+                "raw, former 7-stmt append",
                 count=n_single,
                 notes="baseline: BEGIN, SET LOCAL, LOCK, SELECT max, INSERT RETURNING, "
                 "pg_notify, COMMIT from raw asyncpg: the round trips without cairn's Python",

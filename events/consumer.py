@@ -33,7 +33,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from events import faults
 from events.bus import ACK_WAIT_SECONDS, EVENTS_PREFIX, Bus, position_of
 from events.envelope import RecordedEvent
-from events.errors import ConcurrencyError, EventsError
+from events.errors import ConcurrencyError, EventsError, FencedError
 from events.store import EventStore, Fence, Transaction
 
 log = structlog.get_logger("consumer")
@@ -143,6 +143,7 @@ class ConsumerRunner:
     async def _apply_page(self, upto: int | None) -> tuple[bool, int, int]:
         name = self.consumer.name
         async with self.store.transaction() as tx:
+            tx.write_as(self.fence)
             checkpoint = await tx.lock_checkpoint(name)
             if upto is not None and upto <= checkpoint:
                 return True, checkpoint, 0
@@ -174,19 +175,32 @@ class ConsumerRunner:
         return not full, position, len(events)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consumes until ``stop`` is set. Survives bus and database outages by retrying."""
-        timer = asyncio.create_task(self._timer(stop))
+        """Consumes until ``stop`` is set. Survives bus and database outages by retrying.
+
+        Raises:
+            FencedError: the runner's fence is stale (a newer leader was elected); a runner
+                never retries a fenced write.
+        """
+        loops = [
+            asyncio.create_task(self._timer(stop)),
+            asyncio.create_task(self._consume_bus(stop)),
+        ]
         try:
-            await self._consume_bus(stop)
+            await asyncio.wait(loops, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await timer
+            for task in loops:
+                task.cancel()
+            outcomes = await asyncio.gather(*loops, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
 
     async def _timer(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await self.catch_up()
+            except FencedError:
+                raise
             except EventsError as exc:
                 log.warning("catch-up failed", consumer=self.consumer.name, error=str(exc))
             with contextlib.suppress(TimeoutError):
@@ -216,6 +230,8 @@ class ConsumerRunner:
             try:
                 if positions:
                     await self.catch_up(max(positions))
+            except FencedError:
+                raise
             except EventsError as exc:
                 log.warning("apply failed", consumer=self.consumer.name, error=str(exc))
                 for msg in msgs:

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import structlog
 
 from events import commands, db, faults
 from events.bus import Bus
-from events.errors import BusUnavailableError, EventsError, StoreUnavailableError
+from events.errors import BusUnavailableError, FencedError, StoreUnavailableError
 from events.lease import LeaderLease
 from events.limits import ENVELOPE_ALLOWANCE, MAX_EVENT_BYTES
 from events.store import NOTIFY_CHANNEL, EventStore
@@ -40,11 +41,42 @@ class Relay:
         self.idle_poll = idle_poll
         self.published = 0
 
-    async def run(self, stop: asyncio.Event, *, on_leading: asyncio.Event | None = None) -> None:
-        """Waits for the lease, then relays until ``stop`` is set or the lease is lost."""
-        lease = await LeaderLease.acquire(self.store, CHECKPOINT, stop=stop)
-        if lease is None:
-            return
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        on_leading: Callable[[], None] | None = None,
+        on_standby: Callable[[], None] | None = None,
+    ) -> None:
+        """Relays while this replica holds the lease, until ``stop`` is set.
+
+        A replica whose lease is lost, or whose checkpoint write is fenced off by a newer
+        leader (it was paused while a standby took over), steps down and waits for the lease
+        again.
+
+        Args:
+            stop: ends the run.
+            on_leading: called each time this replica starts leading.
+            on_standby: called when another replica holds the lease as this one asks for it.
+        """
+        while not stop.is_set():
+            lease = await LeaderLease.acquire(
+                self.store, CHECKPOINT, stop=stop, on_standby=on_standby
+            )
+            if lease is None:
+                return
+            try:
+                await self._lead(lease, stop, on_leading)
+            except FencedError as exc:
+                log.warning("relay fenced off; stepping down", error=str(exc))
+            finally:
+                await lease.release()
+            if not stop.is_set():
+                log.warning("relay lease lost; standing by", epoch=lease.epoch)
+
+    async def _lead(
+        self, lease: LeaderLease, stop: asyncio.Event, on_leading: Callable[[], None] | None
+    ) -> None:
         max_payload = self.bus.max_payload
         log.info("relay leading", epoch=lease.epoch, max_payload=max_payload)
         if max_payload < MAX_EVENT_BYTES + ENVELOPE_ALLOWANCE:
@@ -55,15 +87,13 @@ class Relay:
                 max_event_bytes=MAX_EVENT_BYTES,
             )
         if on_leading is not None:
-            on_leading.set()
+            on_leading()
         wake = asyncio.Event()
         listener = await db.connect(self.store.dsn)
         await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
         failures = 0
         try:
-            while not stop.is_set():
-                if lease.lost.is_set():
-                    raise EventsError("relay lease lost")
+            while not stop.is_set() and not lease.lost.is_set():
                 try:
                     moved = await self.step(lease)
                 except (BusUnavailableError, StoreUnavailableError) as exc:
@@ -88,7 +118,6 @@ class Relay:
         finally:
             with contextlib.suppress(Exception):
                 await listener.close()
-            await lease.release()
 
     async def step(self, lease: LeaderLease) -> int:
         """Relays one page after the checkpoint; returns how many events it covered."""

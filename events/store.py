@@ -15,12 +15,19 @@ from typing import Any
 
 from events import faults, migrations, origin
 from events.db import Connection, Pool, create_pool, translate_errors
-from events.envelope import Event, NewEvent, RecordedEvent, trusted_metadata
+from events.envelope import (
+    Event,
+    NewEvent,
+    RecordedEvent,
+    stored_event,
+    stored_metadata,
+)
 from events.errors import ConcurrencyError, EventTooLargeError, FencedError
 from events.limits import MAX_EVENT_BYTES, encoded, largest_part
 from events.registry import encode, to_current
 
 NOTIFY_CHANNEL = "cairn_events"
+_LOCK_APPENDS = "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
 _COLUMNS = (
     "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
     "recorded_at"
@@ -49,16 +56,18 @@ def row_to_event(row: Any) -> RecordedEvent:
     # Rows come from our own table, written through ``append``: constructing without
     # re-validation is safe and is most of the cost of a replay saved.
     version, payload = to_current(row["type"], row["schema_version"], row["payload"])
-    return RecordedEvent.trusted(
-        position=row["position"],
-        stream_id=row["stream_id"],
-        stream_version=row["stream_version"],
-        event_id=row["event_id"],
-        type=row["type"],
-        schema_version=version,
-        payload=payload,
-        metadata=trusted_metadata(row["metadata"]),
-        recorded_at=row["recorded_at"],
+    return stored_event(
+        {
+            "position": row["position"],
+            "stream_id": row["stream_id"],
+            "stream_version": row["stream_version"],
+            "event_id": row["event_id"],
+            "type": row["type"],
+            "schema_version": version,
+            "payload": payload,
+            "metadata": stored_metadata(row["metadata"]),
+            "recorded_at": row["recorded_at"],
+        }
     )
 
 
@@ -72,12 +81,21 @@ class Transaction:
     Attributes:
         conn: the connection the transaction runs on.
         max_event_bytes: the largest event :meth:`append` accepts (payload plus metadata).
+        fence: a leader's fence that every append of this transaction carries (its epoch is
+            stamped on each event) and is checked against; see :meth:`write_as`.
     """
 
     def __init__(self, conn: Connection, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self.conn = conn
         self.max_event_bytes = max_event_bytes
+        self.fence: Fence | None = None
         self._locked = False
+        self._fenced: Fence | None = None
+
+    def write_as(self, fence: Fence | None) -> None:
+        """Makes every later append of this transaction a write of the leader holding ``fence``:
+        each event records its epoch, and the append is refused if the epoch is stale."""
+        self.fence = fence
 
     async def lock_appends(self) -> None:
         """Takes the append lock now rather than at the first append (held until commit).
@@ -88,20 +106,25 @@ class Transaction:
         so two transactions never wait on each other's locks.
         """
         if not self._locked:
-            await self.conn.execute(
-                "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
-            )
+            await self.conn.execute(_LOCK_APPENDS)
             self._locked = True
 
     async def check_fence(self, fence: Fence) -> None:
-        """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch."""
+        """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch.
+
+        Checked once per transaction and fence: the append lock, taken here, keeps any newer
+        election out until the commit.
+        """
         await self.lock_appends()
+        if self._fenced == fence:
+            return
         current = await self.conn.fetchval(
             "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1",
             lease_stream(fence.lease),
         )
         if current != fence.epoch:
             raise FencedError(fence.lease, fence.epoch, int(current))
+        self._fenced = fence
 
     async def stream_version(self, stream_id: str) -> int:
         """Returns the stream's current version (0 for a stream with no events)."""
@@ -125,7 +148,8 @@ class Transaction:
             events: payloads (or payloads with ids and metadata) in order.
             expected_version: the version the stream must be at (0: must not exist yet);
                 ``None`` appends whatever the version is.
-            fence: the writer's leader epoch; a stale one raises :class:`FencedError`.
+            fence: the writer's leader epoch; a stale one raises :class:`FencedError`
+                (default: the transaction's :attr:`fence`).
 
         Raises:
             EventTooLargeError: an event's encoded payload and metadata exceed
@@ -137,6 +161,7 @@ class Transaction:
         if not events:
             return []
         items = [_as_new(e) for e in events]
+        fence = fence or self.fence
         epoch = fence.epoch if fence is not None else None
         stamped = [origin.stamp(item.metadata) for item in items]
         metas = [m.model_copy(update={"epoch": epoch}) if epoch else m for m in stamped]
@@ -160,30 +185,38 @@ class Transaction:
         await self.lock_appends()
         if fence is not None:
             await self.check_fence(fence)
-        current = await self.stream_version(stream_id)
-        if expected_version is not None and current != expected_version:
-            raise ConcurrencyError(stream_id, expected_version, current)
-        versions = [current + n + 1 for n in range(len(items))]
+        # One statement reads the stream's version, inserts (only if it is the expected one)
+        # and queues the wake-up; the append lock taken above keeps the version current.
         with translate_errors(stream_id):
             rows = await self.conn.fetch(
-                """WITH ins AS (
+                """WITH cur AS (
+                       SELECT coalesce(max(stream_version), 0) AS v
+                       FROM events WHERE stream_id = $2),
+                   ins AS (
                        INSERT INTO events (event_id, stream_id, stream_version, type,
                                            schema_version, payload, metadata)
-                       SELECT e, $2, v, t, s, p::jsonb, m::jsonb
-                       FROM unnest($1::uuid[], $3::bigint[], $4::text[], $5::int[],
-                                   $6::text[], $7::text[]) AS u(e, v, t, s, p, m)
+                       SELECT u.e, $2, cur.v + u.n, u.t, u.s, u.p::jsonb, u.m::jsonb
+                       FROM cur, unnest($1::uuid[], $3::text[], $4::int[], $5::text[],
+                                        $6::text[]) WITH ORDINALITY AS u(e, t, s, p, m, n)
+                       WHERE $8::bigint IS NULL OR cur.v = $8
                        RETURNING position, stream_version, recorded_at),
-                   note AS (SELECT pg_notify($8, $2))
-                   SELECT ins.* FROM ins, note ORDER BY position""",
+                   note AS (SELECT pg_notify($7, $2))
+                   SELECT cur.v AS current, ins.position, ins.stream_version, ins.recorded_at
+                   FROM cur CROSS JOIN note LEFT JOIN ins ON true
+                   ORDER BY ins.position""",
                 [i.event_id for i in items],
                 stream_id,
-                versions,
                 [i.event.event_type for i in items],
                 [i.event.schema_version for i in items],
                 payload_texts,
                 meta_texts,
                 NOTIFY_CHANNEL,
+                expected_version,
             )
+        current = int(rows[0]["current"])
+        if expected_version is not None and current != expected_version:
+            raise ConcurrencyError(stream_id, expected_version, current)
+        versions = [current + n + 1 for n in range(len(items))]
         by_version = {r["stream_version"]: r for r in rows}
         recorded = [
             RecordedEvent.model_construct(
@@ -331,9 +364,11 @@ class EventStore:
         min_size: int = 1,
         max_size: int = 10,
         max_event_bytes: int = MAX_EVENT_BYTES,
+        settings: dict[str, str] | None = None,
     ) -> EventStore:
-        """Opens a pool on ``dsn`` and applies the core migrations."""
-        pool = await create_pool(dsn, min_size=min_size, max_size=max_size)
+        """Opens a pool on ``dsn`` (sessions with server ``settings``, if given) and applies the
+        core migrations."""
+        pool = await create_pool(dsn, min_size=min_size, max_size=max_size, settings=settings)
         async with pool.acquire() as conn:
             with translate_errors():
                 await migrations.apply(conn, "core", migrations.CORE)
@@ -359,11 +394,28 @@ class EventStore:
         expected_version: int | None = None,
         fence: Fence | None = None,
     ) -> list[RecordedEvent]:
-        """Appends in a transaction of its own; see :meth:`Transaction.append`."""
-        async with self.transaction() as tx:
-            return await tx.append(
-                stream_id, events, expected_version=expected_version, fence=fence
-            )
+        """Appends in a transaction of its own; see :meth:`Transaction.append`.
+
+        The transaction is begun and the append lock taken in one round trip, so a single
+        append costs three: begin and lock, the insert, the commit.
+        """
+        if not events:
+            return []
+        with translate_errors():
+            async with self.pool.acquire() as conn:
+                tx = Transaction(conn, max_event_bytes=self.max_event_bytes)
+                try:
+                    await conn.execute(f"BEGIN; {_LOCK_APPENDS}")
+                    tx._locked = True
+                    recorded = await tx.append(
+                        stream_id, events, expected_version=expected_version, fence=fence
+                    )
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await conn.execute("ROLLBACK")
+                    raise
+                await conn.execute("COMMIT")
+                return recorded
 
     async def read_all(
         self,

@@ -16,15 +16,15 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from events import logging as cairn_logging
 from events import origin
 from events.bus import Bus
-from events.errors import EventsError
-from events.lease import LeaderLease
+from events.errors import EventsError, FencedError
+from events.lease import LeaderLease, lease_timeout
 from events.store import EventStore
 
 
@@ -38,12 +38,21 @@ class ServiceContext:
     bus: Bus | None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def ready(self) -> None:
-        """Announces that the service is up (writes ``CAIRN_READY_FILE`` when set)."""
+    def ready(self, role: str | None = None) -> None:
+        """Announces that the service is up (writes ``CAIRN_READY_FILE`` when set).
+
+        Args:
+            role: for a replicated decider, ``leader`` (holds the lease and has rebuilt its
+                state) or ``standby`` (another replica holds the lease).
+        """
         path = os.environ.get("CAIRN_READY_FILE")
         if path:
             Path(path).write_text(str(os.getpid()))
-        structlog.get_logger(self.name).info("ready", pid=os.getpid())
+        log = structlog.get_logger(self.name)
+        if role is None:
+            log.info("ready", pid=os.getpid())
+        else:
+            log.info("ready", pid=os.getpid(), role=role)
 
 
 T = TypeVar("T")
@@ -65,8 +74,13 @@ def main(
     *,
     parser: argparse.ArgumentParser | None = None,
     needs_bus: bool = True,
+    decider: bool = False,
 ) -> None:
-    """Parses flags, connects, runs ``run`` until SIGTERM/SIGINT, and exits non-zero on failure."""
+    """Parses flags, connects, runs ``run`` until SIGTERM/SIGINT, and exits non-zero on failure.
+
+    ``decider``: the service leads by lease (its paused transactions end sooner; see
+    :func:`session_settings`).
+    """
     args = (parser or base_parser(name)).parse_args()
     cairn_logging.configure(name, level=args.log_level)
     origin.set_service(name)
@@ -75,7 +89,7 @@ def main(
         log.error("no database: pass --db or set CAIRN_DB")
         sys.exit(2)
     try:
-        asyncio.run(_serve(name, args, run, needs_bus))
+        asyncio.run(_serve(name, args, run, needs_bus, decider))
     except EventsError as exc:
         log.error("service failed", error=str(exc))
         sys.exit(1)
@@ -83,8 +97,28 @@ def main(
         pass
 
 
-async def _serve(name: str, args: argparse.Namespace, run: ServiceRun, needs_bus: bool) -> None:
-    store = await _retry(lambda: EventStore.connect(args.db))
+IDLE_TRANSACTION_TIMEOUT = 10.0
+"""Seconds after which PostgreSQL ends a service's transaction that waits on its client."""
+
+
+def session_settings(*, decider: bool = False) -> dict[str, str]:
+    """Server settings of a service's database sessions.
+
+    A transaction left open by a paused process (SIGSTOP between two statements) may hold the
+    append lock and so stall every writer; PostgreSQL ends it after
+    :data:`IDLE_TRANSACTION_TIMEOUT`, or for a decider after twice the lease timeout, so that
+    the standby taking over from a paused leader can record its election soon after the
+    leader's lease has expired.
+    """
+    seconds = 2 * lease_timeout() if decider else IDLE_TRANSACTION_TIMEOUT
+    return {"idle_in_transaction_session_timeout": str(int(seconds * 1000))}
+
+
+async def _serve(
+    name: str, args: argparse.Namespace, run: ServiceRun, needs_bus: bool, decider: bool
+) -> None:
+    settings = session_settings(decider=decider)
+    store = await _retry(lambda: EventStore.connect(args.db, settings=settings))
     bus = await _retry(lambda: Bus.connect(args.nats, name=name)) if needs_bus else None
     ctx = ServiceContext(name=name, args=args, store=store, bus=bus)
     loop = asyncio.get_running_loop()
@@ -109,15 +143,85 @@ async def _retry(connect: Callable[[], Awaitable[T]], attempts: int = 30) -> T:
     raise AssertionError("unreachable")
 
 
-async def until_lease_lost(ctx: ServiceContext, lease: LeaderLease) -> None:
-    """Returns when the service stops; raises if the leader lease is lost first."""
-    lost = asyncio.ensure_future(lease.lost.wait())
-    stopped = asyncio.ensure_future(ctx.stop.wait())
-    await asyncio.wait([lost, stopped], return_when=asyncio.FIRST_COMPLETED)
-    for task in (lost, stopped):
-        task.cancel()
-    if lease.lost.is_set() and not ctx.stop.is_set():
-        raise EventsError(f"{lease.name} lease lost")
+class Follower(Protocol):
+    """A decider's state that a standby keeps warm by following the leader's checkpoint."""
+
+    async def rebuild(self) -> None:
+        """Folds the log from the start up to the consumer's checkpoint."""
+
+    async def advance(self) -> None:
+        """Folds the log from where the state is up to the consumer's checkpoint."""
+
+
+F = TypeVar("F", bound=Follower)
+FOLLOW_EVERY = 0.5
+"""Seconds between two catch-ups of a standby's state with the leader's checkpoint."""
+
+
+async def serve_replica(
+    ctx: ServiceContext,
+    lease_name: str,
+    follow: Callable[[], F],
+    lead: Callable[[F, LeaderLease, asyncio.Event], Awaitable[None]],
+) -> None:
+    """Runs one replica of a decider until the service stops.
+
+    The replica folds the log (``follow()`` makes the state), then waits for the lease while
+    following the leader's checkpoint (a hot standby: a takeover folds only what the dead
+    leader consumed since the last catch-up), announcing itself ready as a standby if another
+    replica holds the lease. It leads for as long as the lease is held: ``lead(state, lease,
+    term)`` folds the tail, announces readiness as leader (:meth:`ServiceContext.ready`) and
+    works until ``term`` is set. When the lease is lost or its writes are fenced off (it was
+    paused and a standby took over) the replica steps down and starts over as a standby.
+    """
+    log = structlog.get_logger(ctx.name)
+    while not ctx.stop.is_set():
+        state = follow()
+        await state.rebuild()
+        acquiring = asyncio.ensure_future(
+            LeaderLease.acquire(
+                ctx.store, lease_name, stop=ctx.stop, on_standby=lambda: ctx.ready("standby")
+            )
+        )
+        following = asyncio.ensure_future(_follow(ctx.name, state))
+        try:
+            lease = await acquiring
+        finally:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
+        if lease is None:
+            return
+        term = asyncio.Event()
+        ender = asyncio.ensure_future(_end_term(ctx.stop, lease.lost, term))
+        try:
+            await lead(state, lease, term)
+        except FencedError as exc:
+            log.warning("fenced off; stepping down", lease=lease_name, error=str(exc))
+        finally:
+            ender.cancel()
+            await lease.release()
+        if not ctx.stop.is_set():
+            log.warning("lease lost; standing by", lease=lease_name, epoch=lease.epoch)
+
+
+async def _follow(name: str, state: Follower) -> None:
+    while True:
+        await asyncio.sleep(FOLLOW_EVERY)
+        try:
+            await state.advance()
+        except EventsError as exc:
+            structlog.get_logger(name).warning("standby could not follow", error=str(exc))
+
+
+async def _end_term(stop: asyncio.Event, lost: asyncio.Event, term: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        term.set()
 
 
 async def run_until_stopped(ctx: ServiceContext, *tasks: Awaitable[None]) -> None:

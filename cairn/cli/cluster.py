@@ -33,6 +33,7 @@ EXIT_OK = 0
 EXIT_DOWN = 1
 EXIT_NOT_RUNNING = 3
 DOWN_TIMEOUT = 60.0
+MAX_REPLICAS = 5
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=cluster.STOP_TIMEOUT,
         help="seconds a service gets to exit on stop before it is killed (%(default)s)",
     )
+    up.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=1,
+        help="replicas of each decider (relay, searcher, scheduler); one leads, the others "
+        "stand by to take over (default %(default)s)",
+    )
     up.set_defaults(handler=cmd_up)
 
     status = subparsers.add_parser("status", help="show the embedded cluster's processes")
@@ -74,6 +82,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--timeout", type=float, default=DOWN_TIMEOUT, help="seconds to wait (%(default)s)"
     )
     down.set_defaults(handler=cmd_down)
+
+
+def _replicas(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"--replicas must be 1 to {MAX_REPLICAS}, not {text!r}")
+    return value
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -103,6 +121,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         api_port=args.api_port,
         timeout=args.timeout,
         stop_timeout=args.stop_timeout,
+        replicas=args.replicas,
     )
     state = cluster.running_state(data_dir)
     if state is not None and state.status == STOPPING:

@@ -64,6 +64,8 @@ from events.redact import redact_url
 
 SERVICES: tuple[str, ...] = ("relay", "api", "searcher", "scheduler", "tracker", "agent")
 """Services started by ``cairn up``, in start order (each is ``python -m services.<name>``)."""
+DECIDERS: tuple[str, ...] = ("relay", "searcher", "scheduler")
+"""Services that lead by lease; ``--replicas N`` runs N of each (``searcher``, ``searcher-2``, ...)."""
 
 DATABASE = "cairn"
 DEFAULT_API_PORT = 8080
@@ -97,6 +99,7 @@ class ClusterOptions:
         api_port: preferred API port; a free one if it is taken, any free one when 0.
         timeout: seconds for the whole start-up (servers, database, every service ready).
         stop_timeout: seconds a service gets to exit after SIGTERM before it is SIGKILLed.
+        replicas: replicas of each decider (:data:`DECIDERS`); all but the lease holder stand by.
     """
 
     data_dir: Path
@@ -104,6 +107,19 @@ class ClusterOptions:
     api_port: int = DEFAULT_API_PORT
     timeout: float = 60.0
     stop_timeout: float = STOP_TIMEOUT
+    replicas: int = 1
+
+
+def replica_names(name: str, replicas: int) -> list[str]:
+    """The process names of service ``name``'s replicas: ``name``, then ``name-2``, ``name-3``..."""
+    count = replicas if name in DECIDERS else 1
+    return [name] + [f"{name}-{n}" for n in range(2, count + 1)]
+
+
+def service_of(process: str) -> str:
+    """The service a process name runs (``searcher-2`` runs ``searcher``)."""
+    base, _, number = process.rpartition("-")
+    return base if base in DECIDERS and number.isdigit() else process
 
 
 DEFAULT_DIR_NAME = ".cairn"
@@ -355,11 +371,12 @@ class Supervisor:
         self.state.ports["api"] = port
         self.state.api_url = f"http://127.0.0.1:{port}"
         self._agent_token = agent_token(self.data_dir)
-        for name in SERVICES:
-            log_path = logs_dir(self.data_dir) / f"{name}.log"
-            child = self._add(ProcessState(name=name, kind="service", log=str(log_path)))
-            child.ready_file = run_dir(self.data_dir) / f"{name}.ready"
-            self._spawn(child)
+        for service in SERVICES:
+            for name in replica_names(service, self.options.replicas):
+                log_path = logs_dir(self.data_dir) / f"{name}.log"
+                child = self._add(ProcessState(name=name, kind="service", log=str(log_path)))
+                child.ready_file = run_dir(self.data_dir) / f"{name}.ready"
+                self._spawn(child)
         self._save()
 
     def service_command(self, name: str) -> list[str]:
@@ -368,7 +385,7 @@ class Supervisor:
         The DSN and NATS URL carry passwords, and any local user can read a command line, so
         they travel in the environment (``CAIRN_DB``, ``CAIRN_NATS``), as the agent token does.
         """
-        cmd = [sys.executable, "-m", f"services.{name}"]
+        cmd = [sys.executable, "-m", f"services.{service_of(name)}"]
         if name == "api":
             cmd += ["--port", str(self.state.ports["api"])]
         if name == "agent":
@@ -756,6 +773,7 @@ def spawn_supervisor(options: ClusterOptions) -> subprocess.Popen[bytes]:
         "--timeout", str(options.timeout),
         "--api-port", str(options.api_port),
         "--stop-timeout", str(options.stop_timeout),
+        "--replicas", str(options.replicas),
     ]  # fmt: skip
     if options.slots is not None:
         cmd += ["--slots", str(options.slots)]
@@ -899,6 +917,7 @@ def _main(argv: list[str] | None = None) -> int:
     sup.add_argument("--api-port", type=int, default=DEFAULT_API_PORT)
     sup.add_argument("--timeout", type=float, default=60.0)
     sup.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT)
+    sup.add_argument("--replicas", type=int, default=1)
     args = parser.parse_args(argv)
     options = ClusterOptions(
         data_dir=args.data_dir.resolve(),
@@ -906,6 +925,7 @@ def _main(argv: list[str] | None = None) -> int:
         api_port=args.api_port,
         timeout=args.timeout,
         stop_timeout=args.stop_timeout,
+        replicas=args.replicas,
     )
     try:
         return supervise(options)

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from events.relay import Relay
 from services.runtime import ServiceContext, main, run_until_stopped
 
 
 async def run(ctx: ServiceContext) -> None:
-    """Relays until stopped; readiness is announced as soon as the replica is up (leader or not)."""
+    """Relays while this replica holds the lease; ready once it leads or stands by."""
     assert ctx.bus is not None
     relay = Relay(ctx.store, ctx.bus)
-    ctx.ready()
-    await run_until_stopped(ctx, relay.run(ctx.stop, on_leading=asyncio.Event()))
+    await run_until_stopped(
+        ctx,
+        relay.run(
+            ctx.stop,
+            on_leading=lambda: ctx.ready("leader"),
+            on_standby=lambda: ctx.ready("standby"),
+        ),
+    )
 
 
 if __name__ == "__main__":
-    main("relay", run)
+    main("relay", run, decider=True)

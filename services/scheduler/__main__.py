@@ -3,38 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 from events.consumer import ConsumerRunner
 from events.lease import LeaderLease
-from services.runtime import (
-    ServiceContext,
-    base_parser,
-    main,
-    run_until_stopped,
-    until_lease_lost,
-)
+from services.runtime import ServiceContext, base_parser, main, serve_replica
 from services.scheduler.planner import Settings
 from services.scheduler.service import SchedulerConsumer
 
 
 async def run(ctx: ServiceContext) -> None:
-    """Waits for the scheduler lease, rebuilds the cluster state, then schedules until stopped."""
-    ctx.ready()
-    lease = await LeaderLease.acquire(ctx.store, "scheduler", stop=ctx.stop)
-    if lease is None:
-        return
+    """Follows the cluster state as a standby until it holds the scheduler lease, then schedules."""
     settings = Settings(
         default_pool=ctx.args.default_pool,
         preemption=ctx.args.preemption,
         scheduler=ctx.args.policy,
     )
-    consumer = SchedulerConsumer(ctx.store, settings, agent_timeout=ctx.args.agent_timeout)
-    await consumer.rebuild()
-    runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
-    try:
-        await run_until_stopped(ctx, runner.run(ctx.stop), until_lease_lost(ctx, lease))
-    finally:
-        await lease.release()
+
+    async def lead(consumer: SchedulerConsumer, lease: LeaderLease, term: asyncio.Event) -> None:
+        await consumer.advance()
+        ctx.ready("leader")
+        runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
+        await runner.run(term)
+
+    def follow() -> SchedulerConsumer:
+        return SchedulerConsumer(ctx.store, settings, agent_timeout=ctx.args.agent_timeout)
+
+    await serve_replica(ctx, "scheduler", follow, lead)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,4 +43,4 @@ def _parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    main("scheduler", run, parser=_parser())
+    main("scheduler", run, parser=_parser(), decider=True)

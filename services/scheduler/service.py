@@ -37,17 +37,25 @@ class SchedulerConsumer(Consumer):
         self.settings = settings
         self.agent_timeout = agent_timeout
         self.state = ClusterState()
+        self.folded = 0
         self.decided = 0
 
     async def rebuild(self) -> None:
         """Refolds the state from the start of the log up to this consumer's checkpoint."""
-        state = ClusterState()
+        self.state = ClusterState()
+        self.folded = 0
+        await self.advance()
+
+    async def advance(self) -> None:
+        """Folds the log from where the state is up to the checkpoint (a standby follows the
+        leader's checkpoint this way, so a takeover folds only the tail)."""
         checkpoint = await self.store.checkpoint(self.name)
-        async for event in self.store.iter_all(0, types=TYPES, envelopes=STREAMS):
+        async for event in self.store.iter_all(self.folded, types=TYPES, envelopes=STREAMS):
             if event.position > checkpoint:
                 break
-            state.apply(event)
-        self.state = state
+            self.state.apply(event)
+            self.folded = event.position
+        self.folded = max(self.folded, checkpoint)
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
         self.state.apply(event)

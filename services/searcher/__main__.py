@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from events.consumer import ConsumerRunner
 from events.lease import LeaderLease
-from services.runtime import ServiceContext, main, run_until_stopped, until_lease_lost
+from services.runtime import ServiceContext, main, serve_replica
 from services.searcher.service import SearcherConsumer
 
 
 async def run(ctx: ServiceContext) -> None:
-    """Waits for the searcher lease, replays the searches, then searches until stopped."""
-    ctx.ready()
-    lease = await LeaderLease.acquire(ctx.store, "searcher", stop=ctx.stop)
-    if lease is None:
-        return
-    consumer = SearcherConsumer(ctx.store)
-    await consumer.rebuild()
-    runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
-    try:
-        await run_until_stopped(ctx, runner.run(ctx.stop), until_lease_lost(ctx, lease))
-    finally:
-        await lease.release()
+    """Follows the searches as a standby until it holds the searcher lease, then searches."""
+
+    async def lead(consumer: SearcherConsumer, lease: LeaderLease, term: asyncio.Event) -> None:
+        await consumer.advance()
+        ctx.ready("leader")
+        runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
+        await runner.run(term)
+
+    await serve_replica(ctx, "searcher", lambda: SearcherConsumer(ctx.store), lead)
 
 
 if __name__ == "__main__":
-    main("searcher", run)
+    main("searcher", run, decider=True)

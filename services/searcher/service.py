@@ -125,19 +125,29 @@ class SearcherConsumer(Consumer):
         self.searches: dict[int, Search] = {}
         self.experiment_of: dict[int, int] = {}
         self.replaying = False
+        self.folded = 0
         self._pending: list[tuple[str, _Pending]] = []
 
     async def rebuild(self) -> None:
         """Replays the log up to the checkpoint, rebuilding every method without appending."""
         self.searches = {}
         self.experiment_of = {}
+        self.folded = 0
+        await self.advance()
+
+    async def advance(self) -> None:
+        """Replays the log from where the state is up to the checkpoint, appending nothing
+        (a standby follows the leader's checkpoint this way, so a takeover folds only the tail).
+        """
         checkpoint = await self.store.checkpoint(self.name)
         self.replaying = True
         try:
-            async for event in self.store.iter_all(0, types=TYPES):
+            async for event in self.store.iter_all(self.folded, types=TYPES):
                 if event.position > checkpoint:
                     break
                 self.apply(event)
+                self.folded = event.position
+            self.folded = max(self.folded, checkpoint)
         finally:
             self.replaying = False
             self._pending = []

@@ -143,19 +143,18 @@ async def test_stale_fence_is_rejected(store: EventStore) -> None:
     await second.release()
 
 
-# A session other than the lock's holder whose last statement tried (and so failed) to take it.
-REFUSED_TRIES = """SELECT count(*) > 0 FROM pg_stat_activity
-    WHERE datname = current_database() AND state = 'idle'
-      AND query LIKE 'SELECT pg_try_advisory_lock%'
-      AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)"""
+# A session waiting in pg_advisory_lock for a lock another session holds.
+WAITING_FOR_LOCK = """SELECT count(*) > 0 FROM pg_locks
+    WHERE locktype = 'advisory' AND NOT granted AND database = (
+        SELECT oid FROM pg_database WHERE datname = current_database())"""
 
 
 async def test_second_lease_holder_waits_until_first_releases(store: EventStore) -> None:
     """A second process asking for a held lease gets it only after the holder lets go."""
     first = await LeaderLease.acquire(store, "relay-x")
     assert first is not None
-    waiter = asyncio.create_task(LeaderLease.acquire(store, "relay-x", poll=0.05))
-    await wait_until(lambda: store.pool.fetchval(REFUSED_TRIES))
+    waiter = asyncio.create_task(LeaderLease.acquire(store, "relay-x"))
+    await wait_until(lambda: store.pool.fetchval(WAITING_FOR_LOCK))
     assert not waiter.done()
     assert len(await store.read_stream(lease_stream("relay-x"))) == 1, "only the holder was elected"
     await first.release()
