@@ -275,7 +275,9 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
         raw_single = _rate(report, "append batch=1: raw INSERT", t, n_single)
 
         # reference: the statements cairn sends, from raw asyncpg on a bare connection
-        progress(f"append batch=1: raw, the 7-statement append sequence cairn used before (reference), {n_single:,}")
+        progress(
+            f"append batch=1: raw, the 7-statement append sequence cairn used before (reference), {n_single:,}"
+        )
         with timed() as t:
             for k, payload in enumerate(payloads):
                 stream = f"raws-1.{k % 100}"

@@ -21,10 +21,10 @@ from events.store import row_to_event
         {"actor": "api", "correlation_id": "trial-4", "request_ip": "10.0.0.1"},
     ],
 )
-def test_stored_metadata_equals_model_construct(meta: dict[str, Any] | None) -> None:
+def test_stored_metadata_equals_validated(meta: dict[str, Any] | None) -> None:
     """Known keys, defaults, extras and the set fields match; so do dumps and equality."""
     fast = stored_metadata(meta)
-    slow = Metadata.model_construct(**meta) if meta else Metadata()
+    slow = Metadata(**meta) if meta else Metadata()  # as validated when it was appended
     assert fast == slow
     assert fast.model_fields_set == slow.model_fields_set
     assert fast.model_extra == slow.model_extra
