@@ -59,6 +59,7 @@ TYPES = frozenset(
         "TrialEarlyExited",
         "TrialStateChanged",
         "TrialRequested",
+        "CheckpointSaved",
     }
 )
 TERMINAL_TRIAL = frozenset({"COMPLETED", "CANCELED", "ERROR"})
@@ -97,9 +98,7 @@ class _NewTrial:
     """A ``Create`` decided by a method, waiting for its trial id (taken at append time)."""
 
     experiment_id: int
-    request_id: str
-    hparams: dict[str, Any]
-    trial_seed: int
+    create: Create
     seq: int
 
 
@@ -161,15 +160,25 @@ class SearcherConsumer(Consumer):
     async def _decided(self, tx: Transaction, item: _Pending) -> Event | None:
         """The fact to append for a queued decision; a new trial takes its id here."""
         if isinstance(item, _NewTrial):
+            create = item.create
+            search = self.searches.get(item.experiment_id)
+            parent = None
+            if create.parent is not None and search is not None:
+                parent = search.trial_of.get(create.parent)
             trial_id = await tx.next_trial_id()
-            self._requested(item.experiment_id, item.request_id, trial_id)
+            self._requested(item.experiment_id, create.request_id, trial_id)
             return TrialRequested(
                 experiment_id=item.experiment_id,
                 trial_id=trial_id,
                 seq=item.seq,
-                request_id=item.request_id,
-                hparams=item.hparams,
-                trial_seed=item.trial_seed,
+                request_id=create.request_id,
+                hparams=create.hparams,
+                trial_seed=create.trial_seed,
+                parent_trial_id=parent,
+                round=create.round,
+                change=create.change,
+                warm_start_checkpoint=create.warm_start,
+                warm_start_steps=create.warm_start_steps,
             )
         if isinstance(item, _StopTrial):
             search = self.searches.get(item.experiment_id)
@@ -224,6 +233,11 @@ class SearcherConsumer(Consumer):
                 log.warning("validation ignored", trial=trial_id, error=str(exc))
                 return
             self._run(search, search.method.on_validation(request_id, metric, time_value))
+        elif event.type == "CheckpointSaved":
+            ops = search.method.on_checkpoint(
+                request_id, str(p["uuid"]), int(p.get("steps_completed") or 0)
+            )
+            self._run(search, ops)
         elif event.type == "TrialEarlyExited":
             search.early[trial_id] = _EARLY_REASON.get(p["reason"], "errored")
         elif event.type == "TrialStateChanged" and p["state"] in TERMINAL_TRIAL:
@@ -298,13 +312,7 @@ class SearcherConsumer(Consumer):
                     search.replayed[op.request_id] = op.hparams
                 self._emit(
                     stream,
-                    _NewTrial(
-                        experiment_id=search.experiment_id,
-                        request_id=op.request_id,
-                        hparams=op.hparams,
-                        trial_seed=op.trial_seed,
-                        seq=search.trials,
-                    ),
+                    _NewTrial(experiment_id=search.experiment_id, create=op, seq=search.trials),
                 )
             elif isinstance(op, Stop):
                 self._emit(stream, _StopTrial(search.experiment_id, op.request_id))
