@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench chaos demo up down clean browser web-assets screenshot
+.PHONY: install test test-fast lint bench chaos demo up down clean browser web-assets screenshot test-search
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -54,6 +54,11 @@ CHAOS_SEEDS   ?= 1-20
 CHAOS_TIMEOUT ?= 300
 chaos: install
 	$(PY) -m tests.chaos --seeds $(CHAOS_SEEDS) --timeout $(CHAOS_TIMEOUT)
+
+# Search methods on a live cluster of processes (PBT with a searcher SIGKILL), too slow for
+# `make test`.
+test-search: install
+	CAIRN_SEARCH_E2E=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_pbt.py
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser

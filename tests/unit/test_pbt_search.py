@@ -197,3 +197,17 @@ def test_larger_is_better_keeps_the_highest() -> None:
     assert Stop(a) in ops
     (clone,) = [op for op in ops if isinstance(op, Create)]
     assert clone.parent == b
+
+
+def test_a_parent_that_trained_on_is_cloned_from_its_round_end_checkpoint() -> None:
+    """A parent already past the round's end when the round is decided is cloned from its first
+    checkpoint at the round's end, not from its latest one."""
+    method = make_method(pbt_config(population_size=2, num_rounds=3))
+    a, b = (op.request_id for op in method.initial_operations() if isinstance(op, Create))
+    method.on_validation(a, 0.1, 10)
+    method.on_checkpoint(a, "a10", 10)
+    method.on_validation(a, 0.05, 20)
+    method.on_checkpoint(a, "a20", 20)
+    ops = method.on_validation(b, 0.9, 10)
+    (clone,) = [op for op in ops if isinstance(op, Create)]
+    assert (clone.parent, clone.warm_start, clone.warm_start_steps) == (a, "a10", 10)

@@ -13,9 +13,11 @@ result for that round. Once every member has a result for the current round:
   categorical and constant ones kept), and it starts from the parent's checkpoint. The survivors
   and the clones form the next round's population.
 
-A clone is created once its parent has saved a checkpoint at or past the round's end (digits and
-most training code checkpoint right after validating), or at once if the parent is closed: it
-then starts from the parent's latest checkpoint, whatever its age. Its hyperparameters and seed
+A clone starts from its parent's first checkpoint at or past the round's end (digits and most
+training code checkpoint right after validating), so from the parent's state at the round's end
+even when the parent trained on while slower members finished the round. It is created once
+that checkpoint exists, or at once if the parent is closed without one: it then starts from the
+parent's latest checkpoint, whatever its age (or from scratch if there is none). Its hyperparameters and seed
 are drawn when the round is decided, in rank order, so the generator's sequence does not depend
 on when checkpoints arrive. Members that close before reporting the current round leave the
 population; the round is decided over the rest.
@@ -102,7 +104,8 @@ class PBTStrategy(SearchStrategy):
         self.joined: dict[str, int] = {}
         # Per trial: round -> signed metric (smaller is better).
         self.results: dict[str, dict[int, float]] = {}
-        self.checkpoints: dict[str, list[Any]] = {}
+        # Per trial: its checkpoints as [uuid, steps], in increasing steps.
+        self.checkpoints: dict[str, list[list[Any]]] = {}
         self.closed_ids: set[str] = set()
         self.stopped: set[str] = set()
         self.waiting: list[Create] = []
@@ -149,9 +152,18 @@ class PBTStrategy(SearchStrategy):
         lo, hi = hp.base**hp.minval, hp.base**hp.maxval
         return min(max(float(old) * factor, min(lo, hi)), max(lo, hi))
 
-    def _latest(self, request_id: str) -> tuple[str | None, int]:
-        found = self.checkpoints.get(request_id)
-        return (str(found[0]), int(found[1])) if found else (None, 0)
+    def _warm_start(self, parent: str, round_end: int) -> tuple[str | None, int] | None:
+        """The parent's first checkpoint at or past ``round_end``; its latest one if it is
+        closed and has none there; ``None`` while it is live and has none there yet."""
+        saved = self.checkpoints.get(parent, [])
+        for uuid, steps in saved:
+            if steps >= round_end:
+                return str(uuid), int(steps)
+        if parent not in self.closed_ids:
+            return None
+        if saved:
+            return str(saved[-1][0]), int(saved[-1][1])
+        return None, 0
 
     def _release(self, *, parent_closed: str | None = None) -> list[Operation]:
         """Clones whose parent now has a checkpoint past the round's end (or has closed)."""
@@ -159,13 +171,11 @@ class PBTStrategy(SearchStrategy):
         still: list[Create] = []
         for clone in self.waiting:
             assert clone.parent is not None and clone.round is not None
-            uuid, steps = self._latest(clone.parent)
-            ready = clone.parent in self.closed_ids or (
-                uuid is not None and steps >= self.boundary(clone.round - 1)
-            )
-            if not ready:
+            found = self._warm_start(clone.parent, self.boundary(clone.round - 1))
+            if found is None:
                 still.append(clone)
                 continue
+            uuid, steps = found
             made = Create(
                 request_id=clone.request_id,
                 hparams=clone.hparams,
@@ -267,7 +277,9 @@ class PBTStrategy(SearchStrategy):
         self, ctx: SearchContext, request_id: str, uuid: str, steps_completed: int
     ) -> list[Operation]:
         """Keeps the trial's latest checkpoint; a clone waiting for it is created."""
-        self.checkpoints[request_id] = [uuid, steps_completed]
+        saved = self.checkpoints.setdefault(request_id, [])
+        if not saved or steps_completed > saved[-1][1]:
+            saved.append([uuid, steps_completed])
         return self._release() if self.waiting else []
 
     def exited_early(self, ctx: SearchContext, request_id: str, reason: str) -> list[Operation]:
@@ -316,7 +328,9 @@ class PBTStrategy(SearchStrategy):
         self.results = {
             str(r): {int(k): float(v) for k, v in m.items()} for r, m in state["results"].items()
         }
-        self.checkpoints = {str(k): list(v) for k, v in state["checkpoints"].items()}
+        self.checkpoints = {
+            str(k): [[str(u), int(n)] for u, n in v] for k, v in state["checkpoints"].items()
+        }
         self.closed_ids = set(state["closed"])
         self.stopped = set(state["stopped"])
         self.waiting = [Create(**c) for c in state["waiting"]]
