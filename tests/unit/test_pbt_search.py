@@ -17,6 +17,7 @@ from services.searcher.methods import (
     Stop,
     make_method,
 )
+from services.searcher.preview import preview_search, render_preview
 
 HPS: dict[str, Any] = {
     "lr": {"type": "log", "minval": -4, "maxval": -1, "base": 10},
@@ -211,3 +212,28 @@ def test_a_parent_that_trained_on_is_cloned_from_its_round_end_checkpoint() -> N
     ops = method.on_validation(b, 0.9, 10)
     (clone,) = [op for op in ops if isinstance(op, Create)]
     assert (clone.parent, clone.warm_start, clone.warm_start_steps) == (a, "a10", 10)
+
+
+def test_preview_shows_pbt_rounds() -> None:
+    """preview-search lists every PBT round: its end, trials ranked, stopped and cloned."""
+    result = preview_search(pbt_config(population_size=8, num_rounds=4))
+    assert [(r.round, r.units, r.trials, r.stopped, r.cloned) for r in result.rounds] == [
+        (0, 10, 8, 2, 2),
+        (1, 20, 8, 2, 2),
+        (2, 30, 8, 2, 2),
+        (3, 40, 8, 0, 0),
+    ]
+    assert result.total_trials == 8 + 3 * 2
+    assert result.total_units == 8 * 40, "clones continue their parents' training"
+    assert "PBT rounds" in render_preview(result)
+
+
+def test_preview_shows_tpes_startup_phase() -> None:
+    """preview-search says how many TPE trials are random startup trials."""
+    raw = {
+        "searcher": {"name": "tpe", "metric": "loss", "max_trials": 12, "n_startup_trials": 4},
+        "hyperparameters": HPS,
+    }
+    result = preview_search(parse_config(raw, default_seed=3))
+    assert result.startup_trials == 4
+    assert "first 4 trial(s) are sampled at random" in render_preview(result)

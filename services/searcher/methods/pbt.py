@@ -110,6 +110,8 @@ class PBTStrategy(SearchStrategy):
         self.stopped: set[str] = set()
         self.waiting: list[Create] = []
         self.lineage: list[dict[str, Any]] = []
+        # Per decided round: how many were ranked, which were stopped, which were cloned.
+        self.rounds: list[dict[str, Any]] = []
         self.finished = False
 
     # -- helpers ----------------------------------------------------------------------------
@@ -212,6 +214,9 @@ class PBTStrategy(SearchStrategy):
                 self.finished = True
                 ops += [self._stop(r) for r in ranked if r not in self.closed_ids]
                 self.members = []
+                self.rounds.append(
+                    {"round": self.round, "ranked": ranked, "stopped": [], "cloned": []}
+                )
                 break
             count = min(self.truncate, len(ranked) // 2)
             worst = ranked[len(ranked) - count :] if count else []
@@ -234,6 +239,14 @@ class PBTStrategy(SearchStrategy):
                 self.joined[clone.request_id] = self.round + 1
                 self.waiting.append(clone)
                 clones.append(clone.request_id)
+            self.rounds.append(
+                {
+                    "round": self.round,
+                    "ranked": ranked,
+                    "stopped": list(worst),
+                    "cloned": [[p, c] for p, c in zip(best, clones, strict=True)],
+                }
+            )
             self.round += 1
             self.members = survivors + clones
             ops += self._release()
@@ -316,6 +329,7 @@ class PBTStrategy(SearchStrategy):
             "stopped": sorted(self.stopped),
             "waiting": [asdict(c) for c in self.waiting],
             "lineage": copy.deepcopy(self.lineage),
+            "rounds": copy.deepcopy(self.rounds),
             "finished": self.finished,
         }
 
@@ -335,4 +349,5 @@ class PBTStrategy(SearchStrategy):
         self.stopped = set(state["stopped"])
         self.waiting = [Create(**c) for c in state["waiting"]]
         self.lineage = copy.deepcopy(list(state["lineage"]))
+        self.rounds = copy.deepcopy(list(state["rounds"]))
         self.finished = bool(state["finished"])
