@@ -14,9 +14,11 @@ import heapq
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from events.config import (
+    CustomSearcher,
     ExperimentConfig,
     HalvingSearcher,
     PBTSearcher,
@@ -34,6 +36,7 @@ from services.searcher.methods.base import (
     Shutdown,
     Stop,
 )
+from services.searcher.methods.custom import CustomStrategy
 from services.searcher.methods.pbt import PBTStrategy
 
 MAX_EVENTS = 1_000_000
@@ -124,8 +127,15 @@ def _bracket_of(method: SearchMethod, request_id: str) -> int:
 
 
 class _Simulation:
-    def __init__(self, config: ExperimentConfig, seed: int) -> None:
-        self.method = make_method(config)
+    def __init__(self, config: ExperimentConfig, seed: int, code_dir: Path | None = None) -> None:
+        strategy = None
+        if isinstance(config.searcher, CustomSearcher):
+            if code_dir is None:
+                raise SearcherError("a custom searcher is previewed with its code directory")
+            raw = config.model_dump(mode="json", exclude_none=True)
+            strategy = CustomStrategy(raw, seed, code_dir, config.searcher.max_trials)
+        self.custom = strategy
+        self.method = make_method(config, strategy)
         self.brackets = _brackets(self.method)
         self.quality = random.Random(seed)
         searcher = config.searcher
@@ -218,8 +228,9 @@ def _validations_bound(sim: _Simulation) -> int:
     return 0  # one validation per trial, and a search has at most MAX_TRIALS trials
 
 
-def preview_search(config: ExperimentConfig) -> PreviewResult:
-    """Simulates the whole search for ``config`` (see the module docstring for assumptions).
+def preview_search(config: ExperimentConfig, code_dir: Path | None = None) -> PreviewResult:
+    """Simulates the whole search for ``config`` (see the module docstring for assumptions);
+    a custom searcher runs from ``code_dir``.
 
     Raises:
         PreviewTooLargeError: The search needs more than :data:`MAX_EVENTS` simulated
@@ -230,7 +241,7 @@ def preview_search(config: ExperimentConfig) -> PreviewResult:
         seed = DEFAULT_PREVIEW_SEED
         repro = ReproducibilityConfig(experiment_seed=seed)
         config = config.model_copy(update={"reproducibility": repro})
-    sim = _Simulation(config, seed)
+    sim = _Simulation(config, seed, code_dir)
     bound = _validations_bound(sim)
     if bound > MAX_EVENTS:
         raise PreviewTooLargeError(
@@ -238,7 +249,13 @@ def preview_search(config: ExperimentConfig) -> PreviewResult:
             f"preview-search simulates ({MAX_EVENTS}); preview a smaller searcher.max_trials "
             "or fewer rungs"
         )
-    sim.run()
+    try:
+        sim.run()
+    finally:
+        if sim.custom is not None:
+            sim.custom.close()
+    if sim.custom is not None and sim.custom.failure is not None:
+        raise SearcherError(sim.custom.failure)
     searcher = config.searcher
     lengths = Counter(sim.trained.values())
     known = [u for u in sim.trained.values() if u is not None]

@@ -133,8 +133,9 @@ def make_strategy(config: ExperimentConfig) -> SearchStrategy:
     raise SearcherError(f"searcher {searcher.name!r} is built from the experiment's code")
 
 
-def make_method(config: ExperimentConfig) -> SearchMethod:
-    """Builds the search method for a validated config.
+def make_method(config: ExperimentConfig, strategy: SearchStrategy | None = None) -> SearchMethod:
+    """Builds the search method for a validated config (around ``strategy`` when given: a
+    custom searcher's, which the service builds with the experiment's code).
 
     Raises:
         SearcherError: The config has no ``experiment_seed`` (``parse_config`` always sets one).
@@ -151,7 +152,7 @@ def make_method(config: ExperimentConfig) -> SearchMethod:
         cap = searcher.max_concurrent_trials
     return SearchMethod(
         searcher.name,
-        make_strategy(config),
+        strategy if strategy is not None else make_strategy(config),
         seed=seed,
         hparams=config.hyperparameters,
         max_concurrent_trials=cap,

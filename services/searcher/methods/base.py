@@ -123,7 +123,13 @@ class SearchContext:
 
 
 class SearchStrategy(ABC):
-    """One search algorithm; :class:`SearchMethod` does the bookkeeping around it."""
+    """One search algorithm; :class:`SearchMethod` does the bookkeeping around it.
+
+    ``failure`` is set (with the reason) by a strategy that can no longer search, such as a
+    user's method that raised: the service then ends the experiment with an error.
+    """
+
+    failure: str | None = None
 
     @abstractmethod
     def initial(self, ctx: SearchContext) -> list[Operation]:
