@@ -373,13 +373,14 @@ async def run(ctx: BenchContext) -> Report:
         )
         measures.append(
             Measure(
-                name=f"search {name}: epochs to random's best accuracy (median)",
-                cairn=median_epochs,
-                baseline=statistics.median(random_got) if random_got else None,
+                name=f"search {name}: speedup vs random (random's epochs / its epochs, median)",
+                cairn=speedup,
+                baseline=1.0,
                 baseline_label="random search",
-                unit="epochs",
+                unit="x",
                 count=len(runs),
-                notes=f"reached in {len(got)}/{len(runs)} seeds; speedup {_fmt(speedup, '{:.2f}x')}",
+                notes=f"reached random's best in {len(got)}/{len(runs)} seeds; median epochs "
+                f"{_fmt(median_epochs)} vs random's {_fmt(statistics.median(random_got) if random_got else None)}",
             )
         )
     print()
@@ -401,12 +402,13 @@ async def run(ctx: BenchContext) -> Report:
         )
         measures.append(
             Measure(
-                name="search asha wall time (seconds, lower is better)",
-                cairn=cairn_asha,
-                baseline=seconds,
+                name="search asha: epochs trained per second of wall time",
+                cairn=BUDGET / cairn_asha if cairn_asha else None,
+                baseline=BUDGET / seconds if seconds else None,
                 baseline_label="Ray Tune ASHAScheduler",
-                unit="s",
+                unit="epochs/s",
                 count=1,
+                notes=f"cairn {cairn_asha:.1f}s in-process, Ray Tune {seconds:.1f}s",
             )
         )
     except ImportError as exc:

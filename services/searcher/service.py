@@ -107,6 +107,21 @@ class _NewTrial:
     create: Create
     seq: int
 
+    @property
+    def request_id(self) -> str:
+        """The request's id."""
+        return self.create.request_id
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The hyperparameters decided."""
+        return self.create.hparams
+
+    @property
+    def trial_seed(self) -> int:
+        """The trial seed decided."""
+        return self.create.trial_seed
+
 
 @dataclass(frozen=True)
 class _StopTrial:
