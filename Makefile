@@ -55,10 +55,11 @@ CHAOS_TIMEOUT ?= 300
 chaos: install
 	$(PY) -m tests.chaos --seeds $(CHAOS_SEEDS) --timeout $(CHAOS_TIMEOUT)
 
-# Search methods on a live cluster of processes (PBT with a searcher SIGKILL), too slow for
-# `make test`.
+# Search methods' slower tests, beyond `make test`'s budget: PBT on a live cluster of processes
+# with a searcher SIGKILL, and the example custom searcher replayed after restarts.
 test-search: install
-	CAIRN_SEARCH_E2E=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_pbt.py
+	CAIRN_SEARCH_E2E=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_pbt.py \
+		tests/integration/test_custom_searcher.py
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser

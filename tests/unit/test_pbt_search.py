@@ -237,3 +237,24 @@ def test_preview_shows_tpes_startup_phase() -> None:
     result = preview_search(parse_config(raw, default_seed=3))
     assert result.startup_trials == 4
     assert "first 4 trial(s) are sampled at random" in render_preview(result)
+
+
+def test_describe_prints_lineage(capsys: pytest.CaptureFixture[str]) -> None:
+    """cairn experiment describe's lineage table names parent, round, warm start and change."""
+    from cairn.cli.experiment import lineage_rows
+
+    lineage_rows(
+        [
+            {
+                "trial_id": 19,
+                "parent_trial_id": 15,
+                "round": 1,
+                "change": {"lr": {"from": 0.01, "to": 0.012}},
+                "warm_start_checkpoint": "6b1c1d5e-9a1e",
+                "warm_start_steps": 200,
+            }
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["trial", "parent", "round", "warm", "start", "change"]
+    assert out[1].split() == ["19", "15", "1", "6b1c1d5e", "@200", "lr", "0.01->0.012"]
