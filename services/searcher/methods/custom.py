@@ -20,6 +20,7 @@ import resource
 import select
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class CustomStrategy(SearchStrategy):
         self.closed_count = 0
         self.reasons: dict[str, str] = {}
         self._proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
 
     # -- the child process ----------------------------------------------------------------
 
@@ -138,14 +140,7 @@ class CustomStrategy(SearchStrategy):
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(msg).encode() + b"\n")
         proc.stdin.flush()
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
-        if not ready:
-            raise ValueError(f"{msg['call']} took more than {timeout:g} s")
-        line = proc.stdout.readline(MAX_ANSWER + 1)
-        if not line:
-            raise ValueError(f"the process exited during {msg['call']}")
-        if len(line) > MAX_ANSWER:
-            raise ValueError(f"{msg['call']} answered more than {MAX_ANSWER} bytes")
+        line = self._read_line(proc.stdout.fileno(), str(msg["call"]), timeout)
         answer = json.loads(line)
         if not isinstance(answer, dict):
             raise ValueError("answer is not an object")
@@ -155,6 +150,26 @@ class CustomStrategy(SearchStrategy):
         if not isinstance(ops, list) or not all(isinstance(op, dict) for op in ops):
             raise ValueError("answer has no list of operations")
         return ops
+
+    def _read_line(self, fd: int, call: str, timeout: float) -> bytes:
+        """One answer line, read from the raw pipe so that a child that writes half a line
+        and stalls, or floods, cannot block the service past ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ValueError(f"{call} took more than {timeout:g} s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise ValueError(f"the process exited during {call}")
+            self._buffer += chunk
+            if len(self._buffer) > MAX_ANSWER:
+                raise ValueError(f"{call} answered more than {MAX_ANSWER} bytes")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
 
     def _operations(self, ctx: SearchContext, raw: list[dict[str, Any]]) -> list[Operation]:
         out: list[Operation] = []
