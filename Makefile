@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench chaos failover demo up down clean browser web-assets screenshot
+.PHONY: install test test-fast lint bench chaos failover demo up down clean browser web-assets screenshot test-search
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -59,6 +59,12 @@ chaos: install
 # (about 30 s; not in `make test`), plus the fenced-writer fault test.
 failover: install
 	CAIRN_REPLICA_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_replicas.py tests/fault/test_failover.py
+
+# Search methods' slower tests, beyond `make test`'s budget: PBT on a live cluster of processes
+# with a searcher SIGKILL, and the example custom searcher replayed after restarts.
+test-search: install
+	CAIRN_SEARCH_E2E=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_pbt.py \
+		tests/integration/test_custom_searcher.py
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser

@@ -336,7 +336,44 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if trials:
         print()
         trial_rows(trials)
+    lineage = exp.get("lineage") or []
+    if lineage:
+        print()
+        lineage_rows(lineage)
     return 0
+
+
+def _change_text(change: dict[str, Any]) -> str:
+    parts = []
+    for name, step in sorted(change.items()):
+        old, new = (step.get("from"), step.get("to")) if isinstance(step, dict) else (None, step)
+        parts.append(f"{name} {_short(old)}->{_short(new)}")
+    return ", ".join(parts) or "(same hyperparameters)"
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def lineage_rows(lineage: list[dict[str, Any]]) -> None:
+    """Prints which trial each cloned trial came from, at which round, with which change."""
+    table(
+        ["trial", "parent", "round", "warm start", "change"],
+        [
+            [
+                row.get("trial_id"),
+                row.get("parent_trial_id") or "-",
+                row.get("round") if row.get("round") is not None else "-",
+                (
+                    f"{row['warm_start_checkpoint'][:8]} @{row.get('warm_start_steps', 0)}"
+                    if row.get("warm_start_checkpoint")
+                    else "(none)"
+                ),
+                _change_text(row.get("change") or {}),
+            ]
+            for row in lineage
+        ],
+    )
 
 
 def cmd_list_trials(args: argparse.Namespace) -> int:

@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     try:
-        result = preview_search(config)
+        result = preview_search(config, code_dir=path.resolve().parent)
     except SearcherError as exc:
         print(f"error: cannot preview {path}: {exc}", file=sys.stderr)
         return 1

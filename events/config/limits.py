@@ -28,6 +28,8 @@ MAX_TRIALS = 100_000
 MAX_TPE_TRIALS = 1_000
 """Most trials of one ``tpe`` search: each suggestion costs time linear in the trials before it
 and the searcher replays every suggestion when it restarts."""
+MAX_PBT_ROUNDS = 10_000
+"""Most rounds of one ``pbt`` search."""
 MAX_SLOTS_PER_TRIAL = 4096
 MAX_SLOTS = 1_000_000
 """Largest ``resources.max_slots`` (an experiment-wide cap)."""

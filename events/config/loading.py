@@ -66,13 +66,22 @@ def drop_nulls(node: Any, path: tuple[str, ...] = ()) -> Any:
 def _refuse_removed_searcher(doc: dict[str, Any]) -> None:
     searcher = doc.get("searcher")
     name = searcher.get("name") if isinstance(searcher, dict) else None
+    if name == "custom" and isinstance(searcher, dict) and "searcher_class" in searcher:
+        return  # cairn's custom searcher (a class in the experiment's code), not Determined's
     if isinstance(name, str) and name in EOL_SEARCHERS:
+        hint = (
+            "; a cairn custom searcher names its class in searcher_class (module:Class), see "
+            "docs/custom-searchers.md"
+            if name == "custom"
+            else ""
+        )
         raise ConfigError(
             [
                 (
                     "searcher.name",
                     f"{EOL_SEARCHERS[name]} was removed in Determined 0.38 and is not valid for "
-                    "new experiments; use single, random, grid, async_halving or adaptive_asha",
+                    "new experiments; use single, random, grid, async_halving, adaptive_asha, "
+                    f"tpe or pbt{hint}",
                 )
             ]
         )

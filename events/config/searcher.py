@@ -1,9 +1,9 @@
 """Searcher configs, one model per ``name``: single, random, grid, async_halving, adaptive_asha,
-tpe."""
+tpe, pbt, custom."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -14,12 +14,28 @@ from events.config.common import (
     field_error,
     length_from_int,
 )
-from events.config.limits import MAX_DIVISOR, MAX_ID, MAX_RUNGS, MAX_TPE_TRIALS, MAX_TRIALS
+from events.config.limits import (
+    MAX_DIVISOR,
+    MAX_ID,
+    MAX_PBT_ROUNDS,
+    MAX_RUNGS,
+    MAX_TPE_TRIALS,
+    MAX_TRIALS,
+)
 
 LegacyLength = Annotated[Length, BeforeValidator(length_from_int)]
 """Deprecated ``max_length``: ``{batches|records|epochs: N}`` or a bare integer of batches."""
 
-SEARCHER_NAMES = ("single", "random", "grid", "async_halving", "adaptive_asha", "tpe")
+SEARCHER_NAMES = (
+    "single",
+    "random",
+    "grid",
+    "async_halving",
+    "adaptive_asha",
+    "tpe",
+    "pbt",
+    "custom",
+)
 
 MaxTrials = Annotated[int, Field(ge=1, le=MAX_TRIALS)]
 MaxConcurrentTrials = Annotated[int, Field(ge=0, le=MAX_TRIALS)]
@@ -128,13 +144,70 @@ class TPESearcher(_SearcherBase):
         return self
 
 
+class PBTReplaceFunction(ConfigModel):
+    """Which trials a round closes: the worst ``truncate_fraction`` of the population."""
+
+    truncate_fraction: float = Field(gt=0, le=0.5)
+
+
+class PBTExploreFunction(ConfigModel):
+    """How a clone's hyperparameters differ from its parent's: each is drawn anew with
+    ``resample_probability``, else scaled up or down by ``perturb_factor`` (numeric ones) or
+    kept (categorical ones)."""
+
+    resample_probability: float = Field(ge=0, le=1)
+    perturb_factor: float = Field(ge=0, le=1)
+
+
+class PBTSearcher(_SearcherBase):
+    """Population-based training: ``population_size`` trials train ``length_per_round`` per
+    round; after each round the worst ``truncate_fraction`` are closed and replaced by clones of
+    the best, warm-started from their checkpoints with explored hyperparameters."""
+
+    name: Literal["pbt"]
+    population_size: Annotated[int, Field(ge=2, le=MAX_TRIALS)]
+    num_rounds: Annotated[int, Field(ge=1, le=MAX_PBT_ROUNDS)]
+    length_per_round: LegacyLength
+    replace_function: PBTReplaceFunction
+    explore_function: PBTExploreFunction
+
+    @model_validator(mode="after")
+    def _round_has_length(self) -> PBTSearcher:
+        if self.length_per_round.units < 1:
+            raise field_error(
+                "length_per_round", f"must be at least 1 {self.length_per_round.unit}, got 0"
+            )
+        if self.population_size * self.num_rounds > MAX_TRIALS:
+            raise field_error(
+                "num_rounds",
+                f"population_size * num_rounds must be at most {MAX_TRIALS}, got "
+                f"{self.population_size * self.num_rounds}",
+            )
+        return self
+
+
+class CustomSearcher(_SearcherBase):
+    """A search method written by the user: ``searcher_class`` (``module:Class``) is loaded from
+    the experiment's code and run inside the searcher service (see docs/custom-searchers.md)."""
+
+    name: Literal["custom"]
+    searcher_class: str = Field(
+        min_length=3, max_length=200, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+    )
+    max_trials: MaxTrials
+    max_concurrent_trials: MaxConcurrentTrials = 16
+    searcher_args: dict[str, Any] = Field(default_factory=dict)
+
+
 SearcherConfig = Annotated[
     SingleSearcher
     | RandomSearcher
     | GridSearcher
     | AsyncHalvingSearcher
     | AdaptiveASHASearcher
-    | TPESearcher,
+    | TPESearcher
+    | PBTSearcher
+    | CustomSearcher,
     Field(discriminator="name"),
 ]
 """Any searcher config, chosen by its ``name``."""

@@ -42,11 +42,19 @@ class TrialRequested(Event):
 
     ``trial_id`` is the trial's cluster-wide integer id, taken from a sequence when the searcher
     decided (see :mod:`events.names`); ``seq`` numbers the experiment's trials 1, 2, ... in the
-    order they were requested. v1 stored ``trial_id`` as ``"<experiment>.<seq>"``.
+    order they were requested.
+
+    A trial cloned from another (population-based training) names its ``parent_trial_id``, the
+    search ``round`` that cloned it, the ``change`` of hyperparameters from the parent's
+    (``{name: {"from": old, "to": new}}``, dotted names for nested ones) and the parent's
+    checkpoint it starts from (``warm_start_checkpoint``, trained ``warm_start_steps`` batches):
+    its first run restores that checkpoint as if it were its own latest one.
+
+    v1 stored ``trial_id`` as ``"<experiment>.<seq>"``; v2 had no lineage.
     """
 
     event_type = "TrialRequested"
-    schema_version = 2
+    schema_version = 3
 
     experiment_id: int
     trial_id: int
@@ -54,6 +62,11 @@ class TrialRequested(Event):
     request_id: str
     hparams: dict[str, Any]
     trial_seed: int
+    parent_trial_id: int | None = None
+    round: int | None = Field(None, ge=0)
+    change: dict[str, Any] = Field(default_factory=dict)
+    warm_start_checkpoint: str | None = None
+    warm_start_steps: int = Field(0, ge=0)
 
 
 @register
@@ -75,6 +88,18 @@ class TrialStopRequested(Event):
 @upcaster("TrialRequested", 1)
 def _trial_requested_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**integer_trial_id(payload), "seq": legacy_ordinal(payload.get("trial_id"))}
+
+
+@upcaster("TrialRequested", 2)
+def _trial_requested_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **payload,
+        "parent_trial_id": None,
+        "round": None,
+        "change": {},
+        "warm_start_checkpoint": None,
+        "warm_start_steps": 0,
+    }
 
 
 upcaster("TrialStopRequested", 1)(integer_trial_id)

@@ -60,12 +60,18 @@ def build_model(hidden: int, dropout: float) -> nn.Module:
 
 
 def max_batches_of(hp: dict[str, Any], config: dict[str, Any]) -> int:
-    """How many batches to train: ``max_batches``, else the searcher's ``max_time``."""
+    """How many batches to train: ``max_batches``, else the searcher's ``max_time``, else (PBT)
+    ``num_rounds`` rounds of ``length_per_round`` batches."""
     if hp.get("max_batches"):
         return int(hp["max_batches"])
     searcher = config.get("searcher") or {}
     if searcher.get("time_metric") == "batches" and searcher.get("max_time"):
         return int(searcher["max_time"])
+    round_length = searcher.get("length_per_round")
+    if isinstance(round_length, dict):
+        round_length = round_length.get("batches")
+    if searcher.get("name") == "pbt" and isinstance(round_length, int):
+        return int(searcher.get("num_rounds", 1)) * round_length
     return 1000
 
 

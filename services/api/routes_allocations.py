@@ -205,6 +205,12 @@ async def started(request: web.Request) -> web.Response:
     """Appends TrialStarted once per allocation (repeats return the first answer)."""
     allocation_id, trial_id = _allocation(request)
     body = parse(StartedBody, await read_json(request))
+    store = state_of(request).store
+    experiment = await load_experiment(
+        store, await experiment_of(store, trial_id), trial_id=trial_id
+    )
+    requested = experiment.trials.get(trial_id)
+    warm_start = requested.warm_start_checkpoint if requested is not None else None
 
     def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
         if alloc.started or alloc.exited:
@@ -215,7 +221,7 @@ async def started(request: web.Request) -> web.Response:
             allocation_id=allocation_id,
             run_id=alloc.run_id,
             agent_id=body.agent_id,
-            restored_checkpoint=checkpoint.uuid if checkpoint else None,
+            restored_checkpoint=checkpoint.uuid if checkpoint else warm_start,
             agent_incarnation=body.incarnation,
             listed_from=body.listed_from,
         )

@@ -115,8 +115,20 @@ class ExperimentsResponse(BaseModel):
     pagination: pr.Pagination
 
 
+class TrialLineage(BaseModel):
+    """A trial cloned from another by the search (population-based training)."""
+
+    trial_id: int
+    parent_trial_id: int | None
+    round: int | None
+    change: dict[str, Any]
+    warm_start_checkpoint: str | None
+    warm_start_steps: int
+
+
 class ExperimentDetail(pr.ExperimentSummary):
-    """The live fold of the experiment's stream plus its projection and its trials."""
+    """The live fold of the experiment's stream plus its projection and its trials; ``lineage``
+    lists the trials the search cloned from others, in request order."""
 
     code_ref: str | None
     config: dict[str, Any]
@@ -132,6 +144,7 @@ class ExperimentDetail(pr.ExperimentSummary):
     position: int | None = Field(
         None, description="the log's head when the present state was read (absent with ``at``)"
     )
+    lineage: list[TrialLineage] = []
 
 
 class EmptyBody(BaseModel):
@@ -387,6 +400,18 @@ async def get_experiment(request: web.Request) -> web.Response:
     projected, _ = await pr.list_trials(store, view.experiment_id)
     by_id = {t["trial_id"]: t for t in projected}
     body["trials"] = [by_id.get(tid) or view.requested_trial(tid) for tid in view.trials]
+    body["lineage"] = [
+        {
+            "trial_id": tid,
+            "parent_trial_id": req.parent_trial_id,
+            "round": req.round,
+            "change": req.change,
+            "warm_start_checkpoint": req.warm_start_checkpoint,
+            "warm_start_steps": req.warm_start_steps,
+        }
+        for tid, req in view.trials.items()
+        if req.parent_trial_id is not None or req.warm_start_checkpoint is not None
+    ]
     return web.json_response(body)
 
 

@@ -331,6 +331,12 @@ def build_spec(
     else:
         slot_ids = [s for slots in alloc.placements.values() for s in slots]
     checkpoint = trial.latest_checkpoint
+    # A cloned trial's first run starts from its parent's checkpoint, recorded when it was
+    # requested; once it saves its own, that one is the latest.
+    latest = checkpoint.uuid if checkpoint else requested.warm_start_checkpoint
+    steps = checkpoint.steps_completed if checkpoint else requested.warm_start_steps
+    if latest is None:
+        steps = 0
     config = experiment.config
     return {
         "active": trial.is_current(allocation_id),
@@ -342,8 +348,8 @@ def build_spec(
         "code_ref": experiment.code_ref,
         "hparams": requested.hparams,
         "trial_seed": requested.trial_seed,
-        "latest_checkpoint": checkpoint.uuid if checkpoint else None,
-        "steps_completed": checkpoint.steps_completed if checkpoint else 0,
+        "latest_checkpoint": latest,
+        "steps_completed": steps,
         "token": token,
         "checkpoint_storage": config.get("checkpoint_storage"),
         "environment_variables": environment_variables(config, device),

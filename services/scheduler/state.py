@@ -241,6 +241,7 @@ _ENDED = lifecycle.TERMINAL
 
 def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:
     trial = Trial(trial_id=p["trial_id"], experiment_id=p["experiment_id"], order=pos)
+    trial.latest_checkpoint = p.get("warm_start_checkpoint")  # a clone starts from its parent's
     s.trials[trial.trial_id] = trial
     exp = s.experiments.get(p["experiment_id"])
     if exp is not None:

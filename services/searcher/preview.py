@@ -1,7 +1,9 @@
 """``preview-search``: run a search method against simulated trials, no cluster involved.
 
-Every trial trains at the same speed and reports a validation at each rung of its bracket (ASHA)
-or once at its full length (other methods); no trial fails or exits on its own. Each trial has a
+Every trial trains at the same speed and reports a validation at each rung of its bracket (ASHA),
+at each round's end (PBT, then checkpoints there; a clone starts at its parent's checkpoint with
+about its parent's quality) or once at its full length (other methods); no trial fails or exits
+on its own. Each trial has a
 fixed simulated quality drawn from a generator seeded with the experiment seed, so the searcher's
 stop decisions look like a real search's and the preview is reproducible.
 """
@@ -12,9 +14,17 @@ import heapq
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from events.config import ExperimentConfig, HalvingSearcher, ReproducibilityConfig
+from events.config import (
+    CustomSearcher,
+    ExperimentConfig,
+    HalvingSearcher,
+    PBTSearcher,
+    ReproducibilityConfig,
+    TPESearcher,
+)
 from services.searcher.methods import make_method
 from services.searcher.methods.adaptive_asha import AdaptiveASHAStrategy
 from services.searcher.methods.asha import ASHAStrategy
@@ -26,6 +36,8 @@ from services.searcher.methods.base import (
     Shutdown,
     Stop,
 )
+from services.searcher.methods.custom import CustomStrategy
+from services.searcher.methods.pbt import PBTStrategy
 
 MAX_EVENTS = 1_000_000
 """Most simulated validations of one preview; a bigger search is refused before it runs."""
@@ -58,6 +70,17 @@ class RungRow:
 
 
 @dataclass(frozen=True)
+class RoundRow:
+    """One PBT round: where it ends, how many trials it ranked, stopped and cloned."""
+
+    round: int
+    units: int
+    trials: int
+    stopped: int
+    cloned: int
+
+
+@dataclass(frozen=True)
 class LengthRow:
     """``trials`` trials train up to ``units`` (``None``: the training code decides)."""
 
@@ -80,6 +103,9 @@ class PreviewResult:
     lengths: tuple[LengthRow, ...]
     brackets: tuple[BracketRow, ...]
     rungs: tuple[RungRow, ...]
+    rounds: tuple[RoundRow, ...] = ()
+    startup_trials: int | None = None
+    """TPE: how many of the first trials are sampled at random before TPE suggests."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -101,13 +127,24 @@ def _bracket_of(method: SearchMethod, request_id: str) -> int:
 
 
 class _Simulation:
-    def __init__(self, config: ExperimentConfig, seed: int) -> None:
-        self.method = make_method(config)
+    def __init__(self, config: ExperimentConfig, seed: int, code_dir: Path | None = None) -> None:
+        strategy = None
+        if isinstance(config.searcher, CustomSearcher):
+            if code_dir is None:
+                raise SearcherError("a custom searcher is previewed with its code directory")
+            raw = config.model_dump(mode="json", exclude_none=True)
+            strategy = CustomStrategy(raw, seed, code_dir, config.searcher.max_trials)
+        self.custom = strategy
+        self.method = make_method(config, strategy)
         self.brackets = _brackets(self.method)
         self.quality = random.Random(seed)
         searcher = config.searcher
+        self.pbt = self.method.strategy if isinstance(self.method.strategy, PBTStrategy) else None
+        self.offset: dict[str, int] = {}
         if isinstance(searcher, HalvingSearcher):
             self.target: int | None = searcher.length()[1]
+        elif isinstance(searcher, PBTSearcher):
+            self.target = searcher.num_rounds * searcher.length_per_round.units
         else:
             self.target = searcher.max_length.units if searcher.max_length is not None else None
         self.clock = 0.0
@@ -119,6 +156,9 @@ class _Simulation:
         self.done = False
 
     def _checkpoints(self, request_id: str) -> list[int | None]:
+        if self.pbt is not None:
+            joined = self.pbt.joined[request_id]
+            return [self.pbt.boundary(k) for k in range(joined, self.pbt.num_rounds)]
         if self.brackets:
             return list(self.brackets[_bracket_of(self.method, request_id)].units)
         return [self.target]
@@ -135,8 +175,12 @@ class _Simulation:
     def _apply(self, ops: list[Operation]) -> None:
         for op in ops:
             if isinstance(op, Create):
-                self.metric[op.request_id] = self.quality.random()
-                self.start[op.request_id] = self.clock
+                quality = self.quality.random()
+                if op.parent is not None:
+                    quality = self.metric[op.parent] * (0.9 + 0.2 * quality)
+                self.metric[op.request_id] = quality
+                self.offset[op.request_id] = op.warm_start_steps
+                self.start[op.request_id] = self.clock - op.warm_start_steps
                 self.trained[op.request_id] = 0
                 self.method.on_trial_created(op.request_id)
                 self._schedule(op.request_id, 0)
@@ -164,10 +208,12 @@ class _Simulation:
                 continue
             self.clock = when
             at = self._checkpoints(request_id)[step]
-            self.trained[request_id] = at
+            self.trained[request_id] = at - self.offset[request_id] if at is not None else None
             time_value = float(at) if at is not None else None
             ops = self.method.on_validation(request_id, self.metric[request_id], time_value)
             self._apply(ops)
+            if self.pbt is not None and at is not None and request_id in self.start:
+                self._apply(self.method.on_checkpoint(request_id, f"{request_id}@{at}", at))
             if request_id in self.start:
                 if step + 1 < len(self._checkpoints(request_id)):
                     self._schedule(request_id, step + 1)
@@ -182,8 +228,9 @@ def _validations_bound(sim: _Simulation) -> int:
     return 0  # one validation per trial, and a search has at most MAX_TRIALS trials
 
 
-def preview_search(config: ExperimentConfig) -> PreviewResult:
-    """Simulates the whole search for ``config`` (see the module docstring for assumptions).
+def preview_search(config: ExperimentConfig, code_dir: Path | None = None) -> PreviewResult:
+    """Simulates the whole search for ``config`` (see the module docstring for assumptions);
+    a custom searcher runs from ``code_dir``.
 
     Raises:
         PreviewTooLargeError: The search needs more than :data:`MAX_EVENTS` simulated
@@ -194,7 +241,7 @@ def preview_search(config: ExperimentConfig) -> PreviewResult:
         seed = DEFAULT_PREVIEW_SEED
         repro = ReproducibilityConfig(experiment_seed=seed)
         config = config.model_copy(update={"reproducibility": repro})
-    sim = _Simulation(config, seed)
+    sim = _Simulation(config, seed, code_dir)
     bound = _validations_bound(sim)
     if bound > MAX_EVENTS:
         raise PreviewTooLargeError(
@@ -202,7 +249,13 @@ def preview_search(config: ExperimentConfig) -> PreviewResult:
             f"preview-search simulates ({MAX_EVENTS}); preview a smaller searcher.max_trials "
             "or fewer rungs"
         )
-    sim.run()
+    try:
+        sim.run()
+    finally:
+        if sim.custom is not None:
+            sim.custom.close()
+    if sim.custom is not None and sim.custom.failure is not None:
+        raise SearcherError(sim.custom.failure)
     searcher = config.searcher
     lengths = Counter(sim.trained.values())
     known = [u for u in sim.trained.values() if u is not None]
@@ -216,7 +269,21 @@ def preview_search(config: ExperimentConfig) -> PreviewResult:
             owners = bracket.owners[r]
             stopped = sum(1 for rid in owners if sim.trained.get(rid) == units)
             rung_rows.append(RungRow(b, r, units, len(owners), stopped))
+    round_rows: list[RoundRow] = []
+    if sim.pbt is not None:
+        for decided in sim.pbt.rounds:
+            round_rows.append(
+                RoundRow(
+                    round=int(decided["round"]),
+                    units=sim.pbt.boundary(int(decided["round"])),
+                    trials=len(decided["ranked"]),
+                    stopped=len(decided["stopped"]),
+                    cloned=len(decided["cloned"]),
+                )
+            )
     unit = searcher.length()[0] if isinstance(searcher, HalvingSearcher) else None
+    if isinstance(searcher, PBTSearcher):
+        unit = searcher.length_per_round.unit
     if unit is None and searcher.max_length is not None:
         unit = searcher.max_length.unit
     return PreviewResult(
@@ -233,6 +300,12 @@ def preview_search(config: ExperimentConfig) -> PreviewResult:
         ),
         brackets=tuple(bracket_rows),
         rungs=tuple(rung_rows),
+        rounds=tuple(round_rows),
+        startup_trials=(
+            min(searcher.n_startup_trials, searcher.max_trials)
+            if isinstance(searcher, TPESearcher)
+            else None
+        ),
     )
 
 
@@ -257,6 +330,25 @@ def render_preview(result: PreviewResult) -> str:
         lines.append(f"  {'rung':>4}  {unit:>10}  {'trials':>6}  {'stopped':>7}")
         for row in (r for r in result.rungs if r.bracket == bracket.bracket):
             lines.append(f"  {row.rung + 1:>4}  {row.units:>10}  {row.trials:>6}  {row.stopped:>7}")
+    if result.startup_trials is not None:
+        rest = result.total_trials - result.startup_trials
+        lines.append(
+            f"TPE: the first {result.startup_trials} trial(s) are sampled at random (startup "
+            f"phase); the other {max(rest, 0)} are suggested by TPE from the results so far."
+        )
+    if result.rounds:
+        lines.append("")
+        lines.append(
+            "PBT rounds (each clone starts from its parent's checkpoint at the round end):"
+        )
+        lines.append(
+            f"  {'round':>5}  {'ends at':>10}  {'ranked':>6}  {'stopped':>7}  {'cloned':>6}"
+        )
+        for rnd in result.rounds:
+            lines.append(
+                f"  {rnd.round + 1:>5}  {rnd.units:>10}  {rnd.trials:>6}  {rnd.stopped:>7}  "
+                f"{rnd.cloned:>6}"
+            )
     lines.append("")
     lines.append(f"  {'trials':>6} | training length")
     lines.append(f"  {'-' * 6}-+-{'-' * 16}")

@@ -25,13 +25,17 @@ facts and learns each request's trial id from them, as recorded.
 
 from __future__ import annotations
 
+import io
+import tarfile
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from events import lifecycle
-from events.config import ConfigError, ExperimentConfig, parse_config
+from events.config import ConfigError, CustomSearcher, ExperimentConfig, parse_config
 from events.consumer import Consumer
 from events.envelope import Event, RecordedEvent
 from events.names import experiment_stream
@@ -47,6 +51,7 @@ from services.searcher.methods import (
     make_method,
     read_validation,
 )
+from services.searcher.methods.custom import CustomStrategy
 
 log = structlog.get_logger("searcher")
 
@@ -59,6 +64,7 @@ TYPES = frozenset(
         "TrialEarlyExited",
         "TrialStateChanged",
         "TrialRequested",
+        "CheckpointSaved",
     }
 )
 TERMINAL_TRIAL = frozenset({"COMPLETED", "CANCELED", "ERROR"})
@@ -89,6 +95,7 @@ class Search:
     early: dict[int, str] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
     shut_down: bool = False
+    failed: bool = False
     replayed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -97,10 +104,23 @@ class _NewTrial:
     """A ``Create`` decided by a method, waiting for its trial id (taken at append time)."""
 
     experiment_id: int
-    request_id: str
-    hparams: dict[str, Any]
-    trial_seed: int
+    create: Create
     seq: int
+
+    @property
+    def request_id(self) -> str:
+        """The request's id."""
+        return self.create.request_id
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The hyperparameters decided."""
+        return self.create.hparams
+
+    @property
+    def trial_seed(self) -> int:
+        """The trial seed decided."""
+        return self.create.trial_seed
 
 
 @dataclass(frozen=True)
@@ -127,9 +147,13 @@ class SearcherConsumer(Consumer):
         self.replaying = False
         self.folded = 0
         self._pending: list[tuple[str, _Pending]] = []
+        self._code: dict[int, Path] = {}
+        self._code_root: Path | None = None
 
     async def rebuild(self) -> None:
         """Replays the log up to the checkpoint, rebuilding every method without appending."""
+        for search in self.searches.values():
+            _close(search)
         self.searches = {}
         self.experiment_of = {}
         self.folded = 0
@@ -145,6 +169,7 @@ class SearcherConsumer(Consumer):
             async for event in self.store.iter_all(self.folded, types=TYPES):
                 if event.position > checkpoint:
                     break
+                await self._prepare(event)
                 self.apply(event)
                 self.folded = event.position
             self.folded = max(self.folded, checkpoint)
@@ -156,6 +181,7 @@ class SearcherConsumer(Consumer):
         await self.rebuild()
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        await self._prepare(event)
         self.apply(event)
         pending, self._pending = self._pending, []
         for stream_id, item in pending:
@@ -168,18 +194,60 @@ class SearcherConsumer(Consumer):
                 continue
             await tx.append(stream_id, [fact])
 
+    async def _prepare(self, event: RecordedEvent) -> None:
+        """Unpacks the code of an experiment with a custom searcher before it is applied."""
+        p = event.payload
+        if event.type != "ExperimentSubmitted":
+            return
+        searcher = (p.get("config") or {}).get("searcher") or {}
+        code_ref = p.get("code_ref")
+        if not isinstance(searcher, dict) or searcher.get("name") != "custom" or not code_ref:
+            return
+        exp_id = int(p["experiment_id"])
+        if exp_id in self._code:
+            return
+        data = await self.store.pool.fetchval(
+            "SELECT data FROM code_blobs WHERE code_ref = $1", str(code_ref)
+        )
+        if data is None:
+            log.error("custom searcher's code is missing", experiment=exp_id, code_ref=code_ref)
+            return
+        if self._code_root is None:
+            self._code_root = Path(tempfile.mkdtemp(prefix="cairn-searcher-code-"))
+        dest = self._code_root / str(exp_id)
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:*") as tar:
+                tar.extractall(dest, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            log.error(
+                "custom searcher's code cannot be unpacked", experiment=exp_id, error=str(exc)
+            )
+            return
+        self._code[exp_id] = dest
+
     async def _decided(self, tx: Transaction, item: _Pending) -> Event | None:
         """The fact to append for a queued decision; a new trial takes its id here."""
         if isinstance(item, _NewTrial):
+            create = item.create
+            search = self.searches.get(item.experiment_id)
+            parent = None
+            if create.parent is not None and search is not None:
+                parent = search.trial_of.get(create.parent)
             trial_id = await tx.next_trial_id()
-            self._requested(item.experiment_id, item.request_id, trial_id)
+            self._requested(item.experiment_id, create.request_id, trial_id)
             return TrialRequested(
                 experiment_id=item.experiment_id,
                 trial_id=trial_id,
                 seq=item.seq,
-                request_id=item.request_id,
-                hparams=item.hparams,
-                trial_seed=item.trial_seed,
+                request_id=create.request_id,
+                hparams=create.hparams,
+                trial_seed=create.trial_seed,
+                parent_trial_id=parent,
+                round=create.round,
+                change=create.change,
+                warm_start_checkpoint=create.warm_start,
+                warm_start_steps=create.warm_start_steps,
             )
         if isinstance(item, _StopTrial):
             search = self.searches.get(item.experiment_id)
@@ -211,6 +279,8 @@ class SearcherConsumer(Consumer):
             search = self.searches.get(p["experiment_id"])
             if search is not None:
                 search.state = p["state"]
+                if search.state in lifecycle.TERMINAL:
+                    _close(search)
             return
         if event.type == "ExperimentContinued":
             self._continued(p)
@@ -234,6 +304,11 @@ class SearcherConsumer(Consumer):
                 log.warning("validation ignored", trial=trial_id, error=str(exc))
                 return
             self._run(search, search.method.on_validation(request_id, metric, time_value))
+        elif event.type == "CheckpointSaved":
+            ops = search.method.on_checkpoint(
+                request_id, str(p["uuid"]), int(p.get("steps_completed") or 0)
+            )
+            self._run(search, ops)
         elif event.type == "TrialEarlyExited":
             search.early[trial_id] = _EARLY_REASON.get(p["reason"], "errored")
         elif event.type == "TrialStateChanged" and p["state"] in TERMINAL_TRIAL:
@@ -268,7 +343,18 @@ class SearcherConsumer(Consumer):
         exp_id = int(p["experiment_id"])
         try:
             config = parse_config(p["config"])
-            method = make_method(config)
+            strategy = None
+            if isinstance(config.searcher, CustomSearcher):
+                code_dir = self._code.get(exp_id)
+                if code_dir is None:
+                    raise SearcherError("the experiment's code is not available")
+                strategy = CustomStrategy(
+                    p["config"],
+                    seed=config.reproducibility.experiment_seed or 0,
+                    code_dir=code_dir,
+                    max_trials=config.searcher.max_trials,
+                )
+            method = make_method(config, strategy)
         except (ConfigError, SearcherError) as exc:
             log.error("experiment has no usable search", experiment=exp_id, error=str(exc))
             return
@@ -304,6 +390,10 @@ class SearcherConsumer(Consumer):
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
         stream = experiment_stream(search.experiment_id)
+        failure = search.method.strategy.failure
+        if failure is not None:
+            self._failed(search, failure)
+            return
         for op in ops:
             if isinstance(op, Create) and search.state not in ("ACTIVE", "PAUSED"):
                 continue  # a stopping experiment starts nothing new
@@ -313,13 +403,7 @@ class SearcherConsumer(Consumer):
                     search.replayed[op.request_id] = op.hparams
                 self._emit(
                     stream,
-                    _NewTrial(
-                        experiment_id=search.experiment_id,
-                        request_id=op.request_id,
-                        hparams=op.hparams,
-                        trial_seed=op.trial_seed,
-                        seq=search.trials,
-                    ),
+                    _NewTrial(experiment_id=search.experiment_id, create=op, seq=search.trials),
                 )
             elif isinstance(op, Stop):
                 self._emit(stream, _StopTrial(search.experiment_id, op.request_id))
@@ -343,9 +427,34 @@ class SearcherConsumer(Consumer):
                         ),
                     )
 
+    def _failed(self, search: Search, reason: str) -> None:
+        """The search cannot go on (a custom searcher failed): the experiment ends in error."""
+        search.shut_down = True
+        _close(search)
+        if search.failed or self.replaying:
+            return  # a failure met in replay only is recorded by the next live call
+        search.failed = True
+        if search.state in ("ACTIVE", "PAUSED"):
+            self._emit(
+                experiment_stream(search.experiment_id),
+                ExperimentStateChanged(
+                    experiment_id=search.experiment_id,
+                    state="STOPPING_ERROR",
+                    reason=reason[:1000],
+                    actor="searcher",
+                ),
+            )
+
     def _emit(self, stream_id: str, fact: _Pending) -> None:
         if not self.replaying:
             self._pending.append((stream_id, fact))
+
+
+def _close(search: Search) -> None:
+    """Ends a custom searcher's process (other strategies hold none)."""
+    strategy = search.method.strategy
+    if isinstance(strategy, CustomStrategy):
+        strategy.close()
 
 
 async def _still_legal(tx: Transaction, stream_id: str, fact: ExperimentStateChanged) -> bool:

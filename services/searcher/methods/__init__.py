@@ -10,6 +10,7 @@ from events.config import (
     AsyncHalvingSearcher,
     ExperimentConfig,
     GridSearcher,
+    PBTSearcher,
     RandomSearcher,
     SingleSearcher,
     TPESearcher,
@@ -36,6 +37,7 @@ from services.searcher.methods.base import (
     read_validation,
 )
 from services.searcher.methods.grid import GridStrategy
+from services.searcher.methods.pbt import PBTStrategy
 from services.searcher.methods.random_search import RandomStrategy
 from services.searcher.methods.single import SingleStrategy
 from services.searcher.methods.tpe import TPEStrategy
@@ -48,6 +50,7 @@ __all__ = [
     "ExitReason",
     "GridStrategy",
     "Operation",
+    "PBTStrategy",
     "RandomStrategy",
     "SearchContext",
     "SearchMethod",
@@ -103,6 +106,16 @@ def make_strategy(config: ExperimentConfig) -> SearchStrategy:
             smaller_is_better=searcher.smaller_is_better,
             target_units=target,
         )
+    if isinstance(searcher, PBTSearcher):
+        return PBTStrategy(
+            population_size=searcher.population_size,
+            num_rounds=searcher.num_rounds,
+            length_per_round=searcher.length_per_round.units,
+            truncate_fraction=searcher.replace_function.truncate_fraction,
+            resample_probability=searcher.explore_function.resample_probability,
+            perturb_factor=searcher.explore_function.perturb_factor,
+            smaller_is_better=searcher.smaller_is_better,
+        )
     if isinstance(searcher, GridSearcher):
         return GridStrategy(config.hyperparameters, searcher.max_concurrent_trials, target)
     if isinstance(searcher, AsyncHalvingSearcher):
@@ -115,11 +128,14 @@ def make_strategy(config: ExperimentConfig) -> SearchStrategy:
             max_time=max_time,
             smaller_is_better=searcher.smaller_is_better,
         )
-    return AdaptiveASHAStrategy(adaptive_brackets(searcher))
+    if isinstance(searcher, AdaptiveASHASearcher):
+        return AdaptiveASHAStrategy(adaptive_brackets(searcher))
+    raise SearcherError(f"searcher {searcher.name!r} is built from the experiment's code")
 
 
-def make_method(config: ExperimentConfig) -> SearchMethod:
-    """Builds the search method for a validated config.
+def make_method(config: ExperimentConfig, strategy: SearchStrategy | None = None) -> SearchMethod:
+    """Builds the search method for a validated config (around ``strategy`` when given: a
+    custom searcher's, which the service builds with the experiment's code).
 
     Raises:
         SearcherError: The config has no ``experiment_seed`` (``parse_config`` always sets one).
@@ -128,10 +144,15 @@ def make_method(config: ExperimentConfig) -> SearchMethod:
     if seed is None:
         raise SearcherError("config has no reproducibility.experiment_seed; use parse_config")
     searcher = config.searcher
-    cap = 1 if isinstance(searcher, SingleSearcher) else searcher.max_concurrent_trials
+    if isinstance(searcher, SingleSearcher):
+        cap = 1
+    elif isinstance(searcher, PBTSearcher):
+        cap = 0  # the population is the limit
+    else:
+        cap = searcher.max_concurrent_trials
     return SearchMethod(
         searcher.name,
-        make_strategy(config),
+        strategy if strategy is not None else make_strategy(config),
         seed=seed,
         hparams=config.hyperparameters,
         max_concurrent_trials=cap,

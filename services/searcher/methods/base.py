@@ -8,6 +8,7 @@ the trial events it folds from the log and records the operations it returns as 
 * ``on_validation(request_id, metric, time_value)`` for every validation report; ``metric`` is
   the searcher metric as reported (the method applies ``smaller_is_better``), ``time_value`` the
   trial's position on the time axis (see :func:`read_validation`);
+* ``on_checkpoint(request_id, uuid, steps_completed)`` for every checkpoint a trial saves;
 * ``on_trial_exited_early(request_id, reason)`` when a trial ends abnormally (``errored`` after
   its restarts are spent, ``user_canceled``, ``invalid_hp``), always followed by
 * ``on_trial_closed(request_id)`` when the trial has exited for good, for whatever reason.
@@ -31,10 +32,10 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
-from events.config import HalvingSearcher, SearcherConfig
+from events.config import HalvingSearcher, PBTSearcher, SearcherConfig
 from services.searcher.methods.sampling import sample_hparams
 
 ExitReason = Literal["errored", "user_canceled", "invalid_hp"]
@@ -50,11 +51,21 @@ class SearcherError(Exception):
 
 @dataclass(frozen=True)
 class Create:
-    """Start a new trial with these hyperparameters and this seed."""
+    """Start a new trial with these hyperparameters and this seed.
+
+    A clone (population-based training) also names its ``parent`` request, the ``round`` that
+    cloned it, the hyperparameter ``change`` from the parent's and the parent's checkpoint it
+    starts from (``warm_start``, trained ``warm_start_steps``).
+    """
 
     request_id: str
     hparams: dict[str, Any] = field(hash=False)
     trial_seed: int
+    parent: str | None = None
+    round: int | None = None
+    change: dict[str, Any] = field(default_factory=dict, hash=False)
+    warm_start: str | None = None
+    warm_start_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,7 +123,13 @@ class SearchContext:
 
 
 class SearchStrategy(ABC):
-    """One search algorithm; :class:`SearchMethod` does the bookkeeping around it."""
+    """One search algorithm; :class:`SearchMethod` does the bookkeeping around it.
+
+    ``failure`` is set (with the reason) by a strategy that can no longer search, such as a
+    user's method that raised: the service then ends the experiment with an error.
+    """
+
+    failure: str | None = None
 
     @abstractmethod
     def initial(self, ctx: SearchContext) -> list[Operation]:
@@ -122,6 +139,12 @@ class SearchStrategy(ABC):
         self, ctx: SearchContext, request_id: str, metric: float, time_value: float | None
     ) -> list[Operation]:
         """A validation report of a live trial."""
+        return []
+
+    def checkpoint(
+        self, ctx: SearchContext, request_id: str, uuid: str, steps_completed: int
+    ) -> list[Operation]:
+        """A live trial saved a checkpoint."""
         return []
 
     def exited_early(self, ctx: SearchContext, request_id: str, reason: str) -> list[Operation]:
@@ -202,6 +225,15 @@ class SearchMethod:
             self._strategy.validation(self._ctx, request_id, float(metric), time_value)
         )
 
+    def on_checkpoint(self, request_id: str, uuid: str, steps_completed: int) -> list[Operation]:
+        """Feeds a saved checkpoint; checkpoints of exited or closed trials are ignored."""
+        self._known(request_id)
+        if self._shutdown or request_id in self._exits or request_id in self._closed_set:
+            return []
+        return self._finish(
+            self._strategy.checkpoint(self._ctx, request_id, uuid, int(steps_completed))
+        )
+
     def on_trial_exited_early(self, request_id: str, reason: str) -> list[Operation]:
         """Feeds an abnormal end; a repeat for the same trial is ignored."""
         self._known(request_id)
@@ -276,10 +308,7 @@ class SearchMethod:
             "context": self._ctx.state(),
             "started": self._started,
             "requested": list(self._requested),
-            "held": [
-                {"request_id": c.request_id, "hparams": c.hparams, "trial_seed": c.trial_seed}
-                for c in self._held
-            ],
+            "held": [asdict(c) for c in self._held],
             "created": sorted(self._created),
             "closed": list(self._closed),
             "exits": dict(self._exits),
@@ -342,7 +371,8 @@ def read_validation(
 ) -> tuple[float, float | None]:
     """Extracts ``(metric, time_value)`` for :meth:`SearchMethod.on_validation` from a report.
 
-    The time axis is ``time_metric`` for ASHA searchers, else the unit of the legacy
+    The time axis is ``time_metric`` for ASHA searchers, the unit of ``length_per_round`` for
+    PBT, else the unit of the legacy
     ``max_length`` (``batches``, ``records`` or ``epochs``); its value is read from the
     validation metrics. When that axis is ``batches`` and the metrics lack it,
     ``steps_completed`` (batches trained so far) is used instead.
@@ -358,6 +388,8 @@ def read_validation(
         )
     if isinstance(searcher, HalvingSearcher):
         axis: str | None = searcher.length()[0]
+    elif isinstance(searcher, PBTSearcher):
+        axis = searcher.length_per_round.unit
     else:
         axis = searcher.max_length.unit if searcher.max_length is not None else "batches"
     raw = metrics.get(axis) if axis is not None else None
@@ -365,6 +397,6 @@ def read_validation(
         raw = steps_completed
     if isinstance(raw, bool) or not isinstance(raw, int | float | None):
         raise SearcherError(f"time metric {axis!r} must be a number, got {raw!r}")
-    if raw is None and isinstance(searcher, HalvingSearcher):
+    if raw is None and isinstance(searcher, HalvingSearcher | PBTSearcher):
         raise SearcherError(f"validation metrics lack the time metric {axis!r}")
     return float(value), (float(raw) if raw is not None else None)

@@ -154,12 +154,28 @@ export async function render(root, [id]) {
           onSelect: (ids) => { brushed = ids ? new Set(ids) : null; trialsTable.render(); } });
         cleanups.push(stop);
       } },
+      ...((exp.lineage || []).length ? [{ id: "lineage", label: "Lineage", render: (pane) => lineage(pane) }] : []),
       { id: "checkpoints", label: "Checkpoints", render: (pane) => checkpoints(pane) },
       { id: "logs", label: "Logs", render: (pane) => cleanups.push(logViewer(pane, `${expPath}/logs`, `experiment-${exp.id}.log`)) },
     ], "trials"));
   drawHeader();
   trialsTable.render();
   if (series) chart.setSeries(toChart(series.trials));
+
+  // Trials the search cloned from others (PBT): parent, round, warm-start checkpoint, change.
+  function lineage(pane) {
+    const change = (c) => Object.entries(c || {}).map(([k, v]) =>
+      `${k} ${fmtNum(v && v.from)} → ${fmtNum(v && v.to)}`).join(", ") || "(same hyperparameters)";
+    const table = new Table({ id: "lineage-table", columns: [
+      { key: "trial_id", label: "Trial", render: (r) => h("a", { href: trialHref(r.trial_id) }, r.trial_id) },
+      { key: "parent_trial_id", label: "Parent", render: (r) => r.parent_trial_id ? h("a", { href: trialHref(r.parent_trial_id) }, r.parent_trial_id) : "" },
+      { key: "round", label: "Round" },
+      { key: "warm_start_checkpoint", label: "Warm start", render: (r) => r.warm_start_checkpoint ? h("code", {}, `${r.warm_start_checkpoint.slice(0, 8)} @${r.warm_start_steps}`) : "" },
+      { key: "change", label: "Change", sort: false, render: (r) => change(r.change) },
+    ] });
+    table.setRows(exp.lineage);
+    pane.replaceChildren(table.el);
+  }
 
   async function checkpoints(pane) {
     const data = await get(`${expPath}/checkpoints?limit=200`);

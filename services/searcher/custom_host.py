@@ -1,0 +1,108 @@
+"""The process a custom searcher runs in: ``python -m services.searcher.custom_host CODE_DIR``.
+
+It reads one JSON request per line on stdin and answers one JSON line on stdout. The first
+request is ``{"call": "init", "config": {...}, "seed": N}`` (the experiment's config and the
+searcher's seed); then ``initial``, ``created``, ``validation`` and ``exited`` calls. Answers are
+``{"ops": [{"op": "create", "request_id": ..., "hparams": ...} | {"op": "stop", ...}]}`` or
+``{"error": "..."}``. The user's own prints go to stderr, never into the protocol.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import traceback
+from typing import Any, TextIO
+
+from cairn.searcher import Create, SearcherContext, SearchMethod, Stop
+from events.config import CustomSearcher, parse_config
+from services.searcher.methods.sampling import sample_hparams
+
+
+def _load(spec: str) -> type[SearchMethod]:
+    module_name, _, class_name = spec.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name, None)
+    if not isinstance(cls, type) or not issubclass(cls, SearchMethod):
+        raise TypeError(f"{spec} is not a subclass of cairn.searcher.SearchMethod")
+    return cls
+
+
+def _ops(result: Any) -> list[dict[str, Any]]:
+    if result is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for op in list(result):
+        if isinstance(op, Create):
+            out.append({"op": "create", "request_id": op.request_id, "hparams": op.hparams})
+        elif isinstance(op, Stop):
+            out.append({"op": "stop", "request_id": op.request_id})
+        else:
+            raise TypeError(f"operations must be cairn.searcher.Create or Stop, got {op!r}")
+    return out
+
+
+def _init(msg: dict[str, Any]) -> SearchMethod:
+    config = parse_config(msg["config"])
+    searcher = config.searcher
+    if not isinstance(searcher, CustomSearcher):
+        raise TypeError(f"searcher.name is {searcher.name!r}, not 'custom'")
+    space = config.hyperparameters
+    context = SearcherContext(
+        seed=int(msg["seed"]),
+        hyperparameters=msg["config"].get("hyperparameters") or {},
+        metric=searcher.metric,
+        smaller_is_better=searcher.smaller_is_better,
+        max_trials=searcher.max_trials,
+        sampler=lambda rng: sample_hparams(space, rng),
+    )
+    cls = _load(searcher.searcher_class)
+    return cls(context, **searcher.searcher_args)
+
+
+def _call(method: SearchMethod, msg: dict[str, Any]) -> Any:
+    call = msg["call"]
+    if call == "initial":
+        return method.initial_operations()
+    if call == "created":
+        return method.on_trial_created(str(msg["request_id"]))
+    if call == "validation":
+        return method.on_validation(str(msg["request_id"]), msg["metric"], msg["time_value"])
+    if call == "exited":
+        return method.on_trial_exited(str(msg["request_id"]), msg.get("reason"))
+    raise ValueError(f"unknown call {call!r}")
+
+
+def serve(code_dir: str, inp: TextIO, out: TextIO) -> None:
+    """Answers requests until stdin closes."""
+    sys.path.insert(0, code_dir)
+    method: SearchMethod | None = None
+    for line in inp:
+        try:
+            msg = json.loads(line)
+            if msg["call"] == "init":
+                method = _init(msg)
+                answer: dict[str, Any] = {"ops": []}
+            elif method is None:
+                raise RuntimeError("the searcher was not initialised")
+            else:
+                answer = {"ops": _ops(_call(method, msg))}
+            text = json.dumps(answer, allow_nan=False)
+        except Exception as exc:  # the user's code failed: report it, the service decides
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            tb = traceback.format_exc(limit=-3)
+            text = json.dumps({"error": detail, "traceback": tb[-4000:]})
+        out.write(text + "\n")
+        out.flush()
+
+
+def main() -> int:
+    """Entry point."""
+    protocol = sys.stdout
+    sys.stdout = sys.stderr  # the user's prints must not corrupt the protocol
+    serve(sys.argv[1], sys.stdin, protocol)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
