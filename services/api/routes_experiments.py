@@ -378,7 +378,9 @@ async def get_experiment(request: web.Request) -> web.Response:
     if at is not None:
         past = await load_experiment(store, view.experiment_id, at=at)
         trials = await history.trial_summaries(store, past, at)
-        return web.json_response(history.experiment_detail(past, trials, at))
+        return web.json_response(
+            history.experiment_detail(past, trials, at) | {"lineage": _lineage(past)}
+        )
     body = view.describe()
     body["position"] = await store.head()
     row = await pr.experiment_row(store, view.experiment_id) or {}
@@ -400,7 +402,13 @@ async def get_experiment(request: web.Request) -> web.Response:
     projected, _ = await pr.list_trials(store, view.experiment_id)
     by_id = {t["trial_id"]: t for t in projected}
     body["trials"] = [by_id.get(tid) or view.requested_trial(tid) for tid in view.trials]
-    body["lineage"] = [
+    body["lineage"] = _lineage(view)
+    return web.json_response(body)
+
+
+def _lineage(view: ExperimentView) -> list[dict[str, Any]]:
+    """Which trial was cloned from which (PBT), with the change and the warm-start checkpoint."""
+    return [
         {
             "trial_id": tid,
             "parent_trial_id": req.parent_trial_id,
@@ -412,7 +420,6 @@ async def get_experiment(request: web.Request) -> web.Response:
         for tid, req in view.trials.items()
         if req.parent_trial_id is not None or req.warm_start_checkpoint is not None
     ]
-    return web.json_response(body)
 
 
 def _archive_handler(archived: bool) -> Any:
