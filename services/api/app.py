@@ -25,6 +25,7 @@ from services.api import (
     routes_templates,
     routes_trial_control,
     routes_trials,
+    routes_usage,
     routes_users,
     routes_webui,
     tables,
@@ -51,6 +52,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     openapi.routes,
     routes_series.routes,
     routes_cluster.routes,
+    routes_usage.routes,
 )
 
 
