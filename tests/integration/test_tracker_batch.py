@@ -5,6 +5,7 @@ validations and checkpoints, for any page size."""
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,8 @@ from tests.integration.test_api_support import CONFIG
 from tests.integration.test_tracker import snapshot
 
 _ids = itertools.count(1)
+EXAMPLES = int(os.environ.get("CAIRN_PROPERTY_EXAMPLES", "3"))
+"""Random logs per run: a few in ``make test``, many in ``make property``."""
 
 reports = st.lists(
     st.tuples(
@@ -70,7 +73,7 @@ async def one_by_one(store: EventStore) -> dict[str, list[dict[str, Any]]]:
 
 
 @settings(
-    max_examples=10,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -114,6 +117,8 @@ async def test_batched_pages_equal_one_event_at_a_time(
 
     async with store.transaction() as tx:
         await tx.conn.execute(f"TRUNCATE {', '.join(schema.TABLES)}")
-        await tx.set_checkpoint(projections.NAME, 0)
+        await tx.conn.execute(
+            "UPDATE checkpoints SET position = 0 WHERE name = $1", projections.NAME
+        )
     await ConsumerRunner(store, None, projections.ProjectionsConsumer(), batch=page).catch_up()
     assert await snapshot(store) == expected

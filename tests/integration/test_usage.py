@@ -7,13 +7,14 @@ synthetic history, as a fixture would be), so the expected slot-milliseconds are
 from __future__ import annotations
 
 import itertools
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from events.config import parse_config
@@ -40,6 +41,8 @@ BASE = datetime(2026, 3, 1, 22, 0, tzinfo=UTC)
 AGENTS = {"gpu": ("default", "cuda"), "cpu": ("cpu-pool", "cpu")}
 """Agent kind -> (resource pool, slot type) of its four slots."""
 _ids = itertools.count(1000)
+EXAMPLES = int(os.environ.get("CAIRN_PROPERTY_EXAMPLES", "3"))
+"""Random schedules per run: a few in ``make test``, many in ``make property``."""
 
 
 @dataclass(frozen=True)
@@ -143,12 +146,14 @@ async def write_history(
         pool, device = AGENTS[a.kind]
         expected[(owners[a.owner], pool, device)] += a.slots * (ms(end) - ms(a.start_us))
     timed.sort(key=lambda item: item[0])  # stable: same-instant facts keep their causal order
-    for us, stream, event in timed:
-        [recorded] = await store.append(stream, [event])
-        await store.pool.execute(
-            "UPDATE events SET recorded_at = $2 WHERE position = $1",
-            recorded.position,
-            BASE + timedelta(microseconds=max(us, 0)),
+    async with store.transaction() as tx:
+        positions = [(await tx.append(stream, [event]))[0].position for _, stream, event in timed]
+        await tx.conn.execute(
+            """UPDATE events e SET recorded_at = u.at
+               FROM unnest($1::bigint[], $2::timestamptz[]) AS u(position, at)
+               WHERE e.position = u.position""",
+            positions,
+            [BASE + timedelta(microseconds=max(us, 0)) for us, _, _ in timed],
         )
     return owners, expected, still_open
 
@@ -161,8 +166,16 @@ async def usage_rows(store: EventStore) -> list[dict[str, Any]]:
     return [dict(r) for r in rows]
 
 
+@example(
+    schedule=[
+        Alloc(owner=0, kind="gpu", slots=4, start_us=3_599_999_999, length_us=1, end="lost"),
+        Alloc(owner=1, kind="cpu", slots=1, start_us=1_000, length_us=86_400_000_001, end="exited"),
+        Alloc(owner=0, kind="cpu", slots=2, start_us=7_000_000_500, length_us=0, end="released"),
+        Alloc(owner=1, kind="gpu", slots=3, start_us=5, length_us=9, end="open"),
+    ]
+)
 @settings(
-    max_examples=12,
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
