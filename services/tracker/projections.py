@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import structlog
 
+from events import faults
 from events.consumer import Consumer
 from events.db import Connection, translate_errors
 from events.envelope import Event, RecordedEvent
@@ -137,6 +138,7 @@ class ProjectionsConsumer(Consumer):
             raise EventsError(
                 f"projecting the page up to position {position} failed: {exc}"
             ) from exc
+        await faults.point("tracker.page_applied")  # written, not yet committed with the checkpoint
 
 
 async def _flush(conn: Connection, run: MetricRun) -> None:
