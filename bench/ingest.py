@@ -202,22 +202,23 @@ def _tracker_hook(name: str) -> Callable[..., Awaitable[None]] | None:
     return hook if callable(hook) else None
 
 
-async def _live(
-    store: EventStore, url: str, n: int, work: Path, run_consumers: Callable[..., Awaitable[None]]
-) -> float:
+async def _live(store: EventStore, dsn: str, url: str, n: int, work: Path) -> float:
     """Seconds from the first submit of ``n`` points until ``tr_metrics`` holds them all, with
-    the tracker's consumers running meanwhile (as ``python -m services.tracker`` does)."""
-    stop = asyncio.Event()
-    tracker = asyncio.create_task(
-        run_consumers(
-            store,
-            None,
-            stop,
-            checkpoint_root=work / "checkpoints",
-            catch_up_every=LIVE_CATCH_UP_EVERY,
-        )
-    )
+    the tracker's consumers running meanwhile in a process of their own, as in a deployment
+    (``python -m bench.ingest --tracker``: catch-ups every ``LIVE_CATCH_UP_EVERY`` seconds,
+    as bus wake-ups would trigger them)."""
+    ready, log = work / "tracker.ready", work / "tracker.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CAIRN_FAULTS": "",
+        "CAIRN_READY_FILE": str(ready),
+        "CAIRN_DB": dsn,
+        "CAIRN_CHECKPOINT_ROOT": str(work / "checkpoints"),
+    }
+    proc = _spawn([sys.executable, "-m", "bench.ingest", "--tracker"], log, env)
     try:
+        await _wait_for(ready.exists, proc, "the tracker", log, timeout=60)
         token = await trial_token(store, LIVE_TRIAL_ID)
         t0 = time.perf_counter()
         await asyncio.to_thread(_report_points, url, token, LIVE_TRIAL_ID, n)
@@ -227,13 +228,36 @@ async def _live(
             )
             if projected >= n:
                 return time.perf_counter() - t0
-            if tracker.done():
-                tracker.result()  # raises what stopped it
-                raise RuntimeError(f"the tracker stopped with {projected} of {n} points projected")
+            if proc.poll() is not None:
+                raise RuntimeError(f"the tracker exited ({proc.poll()}):\n{_tail(log)}")
             await asyncio.sleep(0.01)
     finally:
-        stop.set()
-        await tracker
+        await asyncio.to_thread(_stop, proc)
+
+
+async def _tracker_main() -> None:
+    """The live tracker of :func:`_live`: every consumer of ``services.tracker`` on
+    ``$CAIRN_DB``, woken by a fast timer instead of the bus, until SIGTERM."""
+    import signal
+
+    from services.tracker import schema
+    from services.tracker.service import run_consumers
+
+    store = await EventStore.connect(os.environ["CAIRN_DB"], max_size=4)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await schema.migrate(store)
+        await asyncio.to_thread(Path(os.environ["CAIRN_READY_FILE"]).touch)
+        await run_consumers(
+            store,
+            None,
+            stop,
+            checkpoint_root=Path(os.environ["CAIRN_CHECKPOINT_ROOT"]),
+            catch_up_every=LIVE_CATCH_UP_EVERY,
+        )
+    finally:
+        await store.close()
 
 
 async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[str, Any]:
@@ -278,8 +302,7 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
         progress(f"  {figures['points_per_s']:,.0f} points/s ({seconds:.2f}s)")
 
         catch_up = _tracker_hook("catch_up")
-        run_consumers = _tracker_hook("run_consumers")
-        if catch_up is None or run_consumers is None:
+        if catch_up is None:
             report.notes.append("tracker projection not measured: services.tracker absent")
         else:
             progress("ingest: tracker projection catch-up over the log")
@@ -298,7 +321,7 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
                 f"({figures['projection_points_per_s']:,.0f} points/s incl. the warm-up trial)"
             )
             progress(f"ingest: {n:,} points through the API with the tracker projecting live")
-            live_s = await _live(store, url, n, work, run_consumers)
+            live_s = await _live(store, dsn, url, n, work)
             figures["live_seconds"] = round(live_s, 3)
             figures["ingest_and_projection_points_per_s"] = per_second(n, live_s)
             progress(f"  queryable in {live_s:.2f}s ({per_second(n, live_s):,.0f} points/s)")
@@ -483,3 +506,7 @@ async def run(ctx: BenchContext) -> Report:
         + "; MLflow to SQLite in the scratch directory (default synchronous mode)",
     ]
     return report
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--tracker"]:
+    asyncio.run(_tracker_main())
