@@ -40,10 +40,10 @@ def cmd_usage(args: argparse.Namespace) -> int:
     """Prints the usage table (or CSV, or JSON)."""
     client = auth_store.connect(args)
     if args.csv:
-        path = "/api/v1/usage?" + urllib.parse.urlencode(_query(args, "csv"))
+        path = "/usage?" + urllib.parse.urlencode(_query(args, "csv"))
         sys.stdout.write(client.download(path).decode())
         return 0
-    data = client.get("/api/v1/usage", **_query(args, "json"))
+    data = client.get("/usage", **_query(args, "json"))
     if wants_json(args):
         print_json(data)
         return 0
