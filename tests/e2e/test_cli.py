@@ -239,7 +239,7 @@ def test_usage_bills_the_finished_trials_allocations(
         }
     ]
     by_user = as_json(cluster, "usage", "--by", "user")["rows"]
-    assert [r["slot_ms"] for r in by_user if r["user"] == "admin"][0] >= expected
+    assert next(r["slot_ms"] for r in by_user if r["user"] == "admin") >= expected
     csv_lines = ok(cluster, "usage", "--by", "experiment", "--csv").stdout.splitlines()
     assert csv_lines[0] == "experiment,slot_type,slot_seconds,slot_ms"
     assert f"{exp_id},cpu,{expected // 1000}.{expected % 1000:03d},{expected}" in csv_lines
