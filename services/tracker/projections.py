@@ -1,7 +1,8 @@
 """The tracker's projections: the ``tr_*`` tables of ``docs/tracking.md``, folded from the log.
 
-Consumer ``tracker-projections`` applies each event inside the transaction that moves its
-checkpoint, so every table is consistent with every other at each commit. Every timestamp is the
+Consumer ``tracker-projections`` applies each page of events (runs of metric reports in batches,
+:mod:`services.tracker.batch`) inside the transaction that moves its checkpoint, so every table
+is consistent with every other at each commit. Every timestamp is the
 event's ``recorded_at`` (never ``now()``) and every rule depends only on the events in log order,
 so :func:`rebuild` (truncate, replay from position 0) gives tables equal to the live ones.
 """
