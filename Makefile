@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench chaos failover demo up down clean browser web-assets screenshot test-search
+.PHONY: install test test-fast lint bench chaos failover property demo up down clean browser web-assets screenshot test-search
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -45,6 +45,13 @@ lint: install
 bench: install browser
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	$(PY) -m bench
+
+# The property tests with many random examples (make test runs a few): usage billing equals the
+# allocation intervals, and batched projection equals applying one event at a time.
+PROPERTY_EXAMPLES ?= 100
+property: install
+	CAIRN_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider \
+		tests/integration/test_usage.py tests/integration/test_tracker_batch.py
 
 # The chaos suite: each seed runs a 16-trial ASHA search on a fresh embedded cluster, once without
 # faults and once while every component is killed, a leader paused, NATS rolled back and the

@@ -64,6 +64,15 @@ class Consumer:
         """Applies one event inside the consumer's transaction."""
         raise NotImplementedError
 
+    async def handle_page(self, tx: Transaction, events: Sequence[RecordedEvent]) -> None:
+        """Applies a page of events, in log order, inside the consumer's transaction.
+
+        The default calls :meth:`handle` for each; a consumer may override it to apply runs of
+        events in batches, provided the effects equal those of applying them one by one.
+        """
+        for event in events:
+            await self.handle(tx, event)
+
     async def before_commit(self, tx: Transaction) -> None:
         """Runs inside the transaction of the last page of a catch-up, after :meth:`handle`, on a
         state folded up to the head of the log: the place to append decisions so they commit
@@ -161,8 +170,7 @@ class ConsumerRunner:
                 types=self.consumer.types,
                 envelopes=self.consumer.envelopes,
             )
-            for event in events:
-                await self.consumer.handle(tx, event)
+            await self.consumer.handle_page(tx, events)
             full = len(events) == self.batch
             if not full:
                 # The state has reached the head (see the module's invariants): decide now.

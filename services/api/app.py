@@ -26,6 +26,7 @@ from services.api import (
     routes_templates,
     routes_trial_control,
     routes_trials,
+    routes_usage,
     routes_users,
     routes_webui,
     tables,
@@ -54,6 +55,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_series.routes,
     routes_cluster.routes,
     routes_audit.routes,
+    routes_usage.routes,
 )
 
 

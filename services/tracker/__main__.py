@@ -3,7 +3,7 @@
 Flags besides the common ones (``--db``/``CAIRN_DB``, ``--nats``/``CAIRN_NATS``):
 ``--checkpoint-root`` (``CAIRN_CHECKPOINT_ROOT``; default ``$CAIRN_HOME/checkpoints`` or
 ``~/.cairn/checkpoints``), the root of experiments without ``checkpoint_storage``, and
-``--rebuild``, which rebuilds the projections from the log and exits.
+``--rebuild``, which rebuilds the projections (usage included) from the log and exits.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from services.runtime import ServiceContext, base_parser, main, run_until_stoppe
 from services.tracker import audit, schema
 from services.tracker.projections import rebuild
 from services.tracker.service import run_consumers
+from services.tracker.usage import rebuild as rebuild_usage
 
 log = structlog.get_logger("tracker")
 
@@ -50,7 +51,8 @@ async def run(ctx: ServiceContext) -> None:
     if ctx.args.rebuild:
         applied = await rebuild(ctx.store)
         audited = await audit.rebuild(ctx.store)
-        log.info("rebuild done", events=applied, audited=audited)
+        billed = await rebuild_usage(ctx.store)
+        log.info("rebuild done", events=applied, audited=audited, usage_events=billed)
         return
     root = default_checkpoint_root(ctx.args.checkpoint_root)
     ctx.ready()

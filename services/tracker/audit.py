@@ -14,14 +14,13 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import asyncpg
 import structlog
 
 from events import migrations
 from events.consumer import Consumer
 from events.db import Connection, translate_errors
 from events.envelope import RecordedEvent
-from events.errors import EventsError
+from events.errors import EventsError, StatementError
 from events.names import TrialIdError, coerce_trial_id, parse_trial_id
 from events.store import EventStore, Transaction
 
@@ -154,7 +153,7 @@ class AuditConsumer(Consumer):
         try:
             with translate_errors():
                 await apply(tx.conn, event)
-        except asyncpg.PostgresError as exc:
+        except StatementError as exc:
             raise EventsError(f"auditing {event.type} at {event.position} failed: {exc}") from exc
 
 

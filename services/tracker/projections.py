@@ -1,7 +1,8 @@
 """The tracker's projections: the ``tr_*`` tables of ``docs/tracking.md``, folded from the log.
 
-Consumer ``tracker-projections`` applies each event inside the transaction that moves its
-checkpoint, so every table is consistent with every other at each commit. Every timestamp is the
+Consumer ``tracker-projections`` applies each page of events (runs of metric reports in batches,
+:mod:`services.tracker.batch`) inside the transaction that moves its checkpoint, so every table
+is consistent with every other at each commit. Every timestamp is the
 event's ``recorded_at`` (never ``now()``) and every rule depends only on the events in log order,
 so :func:`rebuild` (truncate, replay from position 0) gives tables equal to the live ones.
 """
@@ -9,12 +10,13 @@ so :func:`rebuild` (truncate, replay from position 0) gives tables equal to the 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import structlog
 
+from events import faults
 from events.consumer import Consumer
 from events.db import Connection, translate_errors
 from events.envelope import Event, RecordedEvent
@@ -54,6 +56,7 @@ from events.types import (
     WorkloadCompleted,
 )
 from services.tracker import schema
+from services.tracker.batch import MetricRun, apply_run, group_of
 
 log = structlog.get_logger("tracker")
 
@@ -101,18 +104,51 @@ class ProjectionsConsumer(Consumer):
         Raises:
             EventsError: the database refused a statement (the page is retried).
         """
-        try:
-            payload = event.decode()
-        except Exception as exc:  # a payload the current models reject: skip, never wedge
-            log.warning("event not projected", position=event.position, error=str(exc))
-            return
+        await self.handle_page(tx, [event])
+
+    async def handle_page(self, tx: Transaction, events: Sequence[RecordedEvent]) -> None:
+        """Applies a page in log order; runs of metric reports go in batches
+        (:mod:`services.tracker.batch`), everything else one event at a time.
+
+        Raises:
+            EventsError: the database refused a statement (the page is retried).
+        """
+        run = MetricRun()
+        position = events[0].position if events else 0
         try:
             with translate_errors():
-                await apply(tx.conn, payload, event.recorded_at, event.position)
+                for event in events:
+                    position = event.position
+                    try:
+                        payload = event.decode()
+                    except Exception as exc:  # a payload the models reject: skip, never wedge
+                        log.warning("event not projected", position=position, error=str(exc))
+                        continue
+                    if isinstance(
+                        payload, WorkloadCompleted | ValidationReported | MetricsReported
+                    ):
+                        if not run.fits(payload):
+                            await _flush(tx.conn, run)
+                        run.add(payload, event.recorded_at)
+                        continue
+                    await _flush(tx.conn, run)
+                    await apply(tx.conn, payload, event.recorded_at, event.position)
+                await _flush(tx.conn, run)
         except StatementError as exc:
             raise EventsError(
-                f"projecting {event.type} at position {event.position} failed: {exc}"
+                f"projecting the page up to position {position} failed: {exc}"
             ) from exc
+        await faults.point("tracker.page_applied")  # written, not yet committed with the checkpoint
+
+
+async def _flush(conn: Connection, run: MetricRun) -> None:
+    """Applies the waiting metric reports, then each validation's own effects in order."""
+    if not run:
+        return
+    validations = await apply_run(conn, run)
+    run.clear()
+    for event, experiment_id in validations:
+        await _validation_effects(conn, event, experiment_id)
 
 
 async def apply(conn: Connection, event: Event, at: datetime, position: int) -> None:
@@ -448,14 +484,6 @@ async def _trial_started(conn: Connection, e: TrialStarted, at: datetime) -> Non
     )
 
 
-def _group_of(e: WorkloadCompleted | ValidationReported | MetricsReported) -> str:
-    if isinstance(e, WorkloadCompleted):
-        return "training"
-    if isinstance(e, ValidationReported):
-        return "validation"
-    return e.group
-
-
 def validation_doc(run_id: int, steps_completed: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON kept as a trial's ``latest_validation`` and a checkpoint's ``validation``."""
     return {"run_id": run_id, "steps_completed": steps_completed, "metrics": dict(metrics)}
@@ -492,13 +520,18 @@ async def _metrics(
         e.trial_id,
         experiment_id,
         e.run_id,
-        _group_of(e),
+        group_of(e),
         e.steps_completed,
         dict(e.metrics),
         at,
     )
-    if not isinstance(e, ValidationReported):
-        return
+    if isinstance(e, ValidationReported):
+        await _validation_effects(conn, e, experiment_id)
+
+
+async def _validation_effects(conn: Connection, e: ValidationReported, experiment_id: int) -> None:
+    """A validation's effects beyond its point: the trial's latest and best validation, the
+    checkpoint of the same step, and the experiment's best trial."""
     row = await conn.fetchrow(
         "SELECT searcher_metric, smaller_is_better FROM tr_experiments WHERE experiment_id = $1",
         experiment_id,
@@ -641,8 +674,7 @@ async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
         position = 0
         while position < head:
             events = await tx.read_all(position, upto=head, limit=batch, types=TYPES)
-            for event in events:
-                await consumer.handle(tx, event)
+            await consumer.handle_page(tx, events)
             applied += len(events)
             if len(events) < batch:
                 break

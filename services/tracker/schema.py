@@ -12,6 +12,7 @@ from events import migrations
 from events.db import Connection, translate_errors
 from events.names import sql_trial_id
 from events.store import EventStore
+from services.tracker.usage import MIGRATION as USAGE_MIGRATION
 
 NAMESPACE = "tracker"
 
@@ -171,6 +172,7 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
             )
         ),
     ),
+    USAGE_MIGRATION,
 )
 
 

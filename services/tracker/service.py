@@ -1,4 +1,4 @@
-"""The tracker service: the projections consumer and the checkpoint GC consumer together.
+"""The tracker service: the projections, checkpoint GC and usage consumers together.
 
 :func:`catch_up` runs both once to the head of the log (what tests and tools call to make the
 projections current); :func:`run_consumers` runs them until stopped, woken by the bus.
@@ -17,12 +17,13 @@ from services.tracker import audit, schema
 from services.tracker.audit import AuditConsumer
 from services.tracker.gc import GCConsumer
 from services.tracker.projections import ProjectionsConsumer
+from services.tracker.usage import UsageConsumer
 
 MAX_ROUNDS = 10
 
 
 async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) -> None:
-    """Brings the projections and the checkpoint GC to the head of the log, once.
+    """Brings the projections, the checkpoint GC and the usage to the head of the log, once.
 
     The projections run first, then the GC; when the GC appended something (``CheckpointsDeleted``,
     ``DELETED``) the projections run again, so they include it on return.
@@ -37,6 +38,7 @@ async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) ->
     await ConsumerRunner(store, None, AuditConsumer()).catch_up()
     projections = ConsumerRunner(store, None, ProjectionsConsumer())
     gc = ConsumerRunner(store, None, GCConsumer(default_checkpoint_root(checkpoint_root)))
+    await ConsumerRunner(store, None, UsageConsumer()).catch_up()
     for _ in range(MAX_ROUNDS):
         projected = await projections.catch_up()
         await gc.catch_up()
@@ -53,7 +55,7 @@ async def run_consumers(
     checkpoint_root: Path | None = None,
     catch_up_every: float = 2.0,
 ) -> None:
-    """Runs both consumers until ``stop`` is set.
+    """Runs the consumers until ``stop`` is set.
 
     Args:
         store: the event store (the tracker schema must be migrated).
@@ -67,5 +69,6 @@ async def run_consumers(
         ConsumerRunner(store, bus, ProjectionsConsumer(), catch_up_every=catch_up_every),
         ConsumerRunner(store, bus, GCConsumer(root), catch_up_every=catch_up_every),
         ConsumerRunner(store, bus, AuditConsumer(), catch_up_every=catch_up_every),
+        ConsumerRunner(store, bus, UsageConsumer(), catch_up_every=catch_up_every),
     ]
     await asyncio.gather(*(runner.run(stop) for runner in runners))

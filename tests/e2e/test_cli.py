@@ -15,6 +15,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,9 @@ import pytest
 import yaml
 
 from tests.helpers import wait_until_sync
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MS = timedelta(milliseconds=1)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -204,6 +208,42 @@ def test_reads_with_json(cluster: Env, finished: dict[str, Any]) -> None:
     best = as_json(cluster, "e", "list-checkpoints", str(exp_id), "--best", "1")["checkpoints"]
     assert len(best) == 1
     assert str(trials[0]["trial_id"]) in ok(cluster, "experiment", "describe", str(exp_id)).stdout
+
+
+def test_usage_bills_the_finished_trials_allocations(
+    cluster: Env, finished: dict[str, Any]
+) -> None:
+    """``cairn usage --by experiment`` bills the experiment exactly its allocations' slot time
+    (allocation to exit, to the millisecond); ``--by user`` and ``--csv`` agree."""
+    exp_id = finished["id"]
+    expected = 0
+    for summary in finished["exp"]["trials"]:
+        trial = as_json(cluster, "trial", "describe", str(summary["trial_id"]))
+        for alloc in trial["allocations"]:
+            slots = sum(len(s) for s in alloc["placements"].values())
+            start, end = (datetime.fromisoformat(alloc[k]) for k in ("allocated_at", "ended_at"))
+            expected += slots * ((end - EPOCH) // MS - (start - EPOCH) // MS)
+    assert expected > 0
+
+    def billed() -> list[dict[str, Any]]:
+        rows = as_json(cluster, "usage", "--by", "experiment")["rows"]
+        return [r for r in rows if r["experiment"] == exp_id]
+
+    rows = wait_until_sync(lambda: [r for r in billed() if r["slot_ms"] == expected])
+    assert rows == [
+        {
+            "experiment": exp_id,
+            "slot_type": "cpu",
+            "slot_ms": expected,
+            "slot_seconds": expected / 1000,
+        }
+    ]
+    by_user = as_json(cluster, "usage", "--by", "user")["rows"]
+    assert next(r["slot_ms"] for r in by_user if r["user"] == "admin") >= expected
+    csv_lines = ok(cluster, "usage", "--by", "experiment", "--csv").stdout.splitlines()
+    assert csv_lines[0] == "experiment,slot_type,slot_seconds,slot_ms"
+    assert f"{exp_id},cpu,{expected // 1000}.{expected % 1000:03d},{expected}" in csv_lines
+    assert "SLOT-SECONDS" in ok(cluster, "usage").stdout
 
 
 def test_trial_describe_and_logs(cluster: Env, finished: dict[str, Any]) -> None:

@@ -1,0 +1,371 @@
+"""Usage billing: slot-milliseconds per user, experiment, resource pool and slot type.
+
+Consumer ``tracker-usage`` folds allocation facts into ``tr_usage``: one row per allocation and
+(resource pool, slot type) its slots are of, holding how many slots, whose experiment they ran,
+and the allocation's interval in integer milliseconds since the epoch:
+
+- it starts at ``SlotsAllocated`` (the slots are held for the trial from then on);
+- it ends at the first of ``TrialExited`` / ``SlotsReleased`` for that allocation. An agent that
+  stops heartbeating (``AgentLost``) ends nothing by itself: its runs count until the
+  scheduler's verdict on them (its ``TrialExited{lost}``), as that is when the slots return.
+
+Every instant is an event's ``recorded_at`` truncated to the millisecond, never the clock, and
+every rule depends only on the log's order, so :func:`rebuild` gives the same rows as the live
+consumer. The owner, pool and slot type are taken as the log said at allocation time (the
+consumer keeps its own small lookup tables for that), so later renames or deletions never change
+what was billed. An experiment's deletion keeps its usage.
+
+:func:`usage_report` aggregates the rows over a window, clipping each interval to it; an
+allocation still open counts up to ``now``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Literal
+
+import structlog
+
+from events.consumer import Consumer
+from events.db import Connection, translate_errors
+from events.envelope import Event, RecordedEvent
+from events.errors import EventsError, StatementError
+from events.store import EventStore, Transaction
+from events.types import (
+    AgentRegistered,
+    ExperimentSubmitted,
+    SlotsAllocated,
+    SlotsReleased,
+    TrialExited,
+    TrialRequested,
+)
+
+log = structlog.get_logger("tracker.usage")
+
+NAME = "tracker-usage"
+TYPES = frozenset(
+    {
+        "ExperimentSubmitted",
+        "TrialRequested",
+        "AgentRegistered",
+        "SlotsAllocated",
+        "TrialExited",
+        "SlotsReleased",
+    }
+)
+"""The event types the usage projection reads."""
+
+TABLES: tuple[str, ...] = ("tr_usage", "tr_usage_owners", "tr_usage_trials", "tr_usage_slots")
+"""The usage projection's tables (kept apart from ``schema.TABLES``: deleting an experiment
+removes its projections, never its usage)."""
+
+UNKNOWN = "unknown"
+"""Pool and slot type of slots the log never registered."""
+
+MS_PER_DAY = 86_400_000
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+MIGRATION: tuple[str, str] = (
+    "0003_usage",
+    """
+    CREATE TABLE tr_usage (
+        allocation_id  text NOT NULL,
+        resource_pool  text NOT NULL,
+        slot_type      text NOT NULL,
+        trial_id       bigint NOT NULL,
+        experiment_id  bigint NOT NULL,
+        owner          text NOT NULL,
+        slots          integer NOT NULL,
+        started_ms     bigint NOT NULL,
+        ended_ms       bigint,
+        PRIMARY KEY (allocation_id, resource_pool, slot_type)
+    );
+    CREATE INDEX tr_usage_started ON tr_usage (started_ms);
+    CREATE INDEX tr_usage_owner ON tr_usage (owner, started_ms);
+
+    CREATE TABLE tr_usage_owners (
+        experiment_id  bigint PRIMARY KEY,
+        owner          text NOT NULL
+    );
+    CREATE TABLE tr_usage_trials (
+        trial_id       bigint PRIMARY KEY,
+        experiment_id  bigint NOT NULL
+    );
+    CREATE TABLE tr_usage_slots (
+        agent_id       text NOT NULL,
+        slot_id        text NOT NULL,
+        resource_pool  text NOT NULL,
+        slot_type      text NOT NULL,
+        PRIMARY KEY (agent_id, slot_id)
+    );
+    """,
+)
+"""The tracker migration that creates the usage tables."""
+
+
+def epoch_ms(at: datetime) -> int:
+    """``at`` as whole milliseconds since the epoch (truncated toward the past), exactly."""
+    return (at - EPOCH) // _MS
+
+
+class UsageConsumer(Consumer):
+    """Folds allocation facts into ``tr_usage`` (consumer ``tracker-usage``)."""
+
+    name = NAME
+    types = TYPES
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Applies one event to the usage tables inside the consumer's transaction.
+
+        Raises:
+            EventsError: the database refused a statement (the page is retried).
+        """
+        try:
+            payload = event.decode()
+        except Exception as exc:  # a payload the current models reject: skip, never wedge
+            log.warning("event not billed", position=event.position, error=str(exc))
+            return
+        try:
+            with translate_errors():
+                await apply(tx.conn, payload, epoch_ms(event.recorded_at))
+        except StatementError as exc:
+            raise EventsError(
+                f"billing {event.type} at position {event.position} failed: {exc}"
+            ) from exc
+
+
+async def apply(conn: Connection, event: Event, ms: int) -> None:
+    """Applies one decoded event, recorded at ``ms`` milliseconds since the epoch."""
+    if isinstance(event, ExperimentSubmitted):
+        await conn.execute(
+            """INSERT INTO tr_usage_owners (experiment_id, owner) VALUES ($1, $2)
+               ON CONFLICT (experiment_id) DO NOTHING""",
+            event.experiment_id,
+            event.owner,
+        )
+    elif isinstance(event, TrialRequested):
+        await conn.execute(
+            """INSERT INTO tr_usage_trials (trial_id, experiment_id) VALUES ($1, $2)
+               ON CONFLICT (trial_id) DO NOTHING""",
+            event.trial_id,
+            event.experiment_id,
+        )
+    elif isinstance(event, AgentRegistered):
+        await _agent_registered(conn, event)
+    elif isinstance(event, SlotsAllocated):
+        await _slots_allocated(conn, event, ms)
+    elif isinstance(event, TrialExited | SlotsReleased):
+        # The first exit fact ends the interval; an instant before the start (clock skew
+        # between transactions) bills zero, never a negative span.
+        await conn.execute(
+            """UPDATE tr_usage SET ended_ms = greatest(started_ms, $2)
+               WHERE allocation_id = $1 AND ended_ms IS NULL""",
+            event.allocation_id,
+            ms,
+        )
+
+
+async def _agent_registered(conn: Connection, e: AgentRegistered) -> None:
+    """The agent's slot set is replaced by the registered one (pool and device per slot)."""
+    await conn.execute("DELETE FROM tr_usage_slots WHERE agent_id = $1", e.agent_id)
+    if e.slots:
+        await conn.execute(
+            """INSERT INTO tr_usage_slots (agent_id, slot_id, resource_pool, slot_type)
+               SELECT $1, u.slot_id, $2, u.slot_type
+               FROM unnest($3::text[], $4::text[]) AS u(slot_id, slot_type)
+               ON CONFLICT (agent_id, slot_id) DO NOTHING""",
+            e.agent_id,
+            e.resource_pool,
+            [s.slot_id for s in e.slots],
+            [s.device for s in e.slots],
+        )
+
+
+async def _slots_allocated(conn: Connection, e: SlotsAllocated, ms: int) -> None:
+    owner_row = await conn.fetchrow(
+        """SELECT t.experiment_id, coalesce(o.owner, '') AS owner
+           FROM tr_usage_trials t LEFT JOIN tr_usage_owners o USING (experiment_id)
+           WHERE t.trial_id = $1""",
+        e.trial_id,
+    )
+    if owner_row is None:
+        return  # a trial the log never requested: nothing to bill it to
+    pairs = [(agent, slot) for agent, slots in sorted(e.placements.items()) for slot in slots]
+    known = {
+        (str(r["agent_id"]), str(r["slot_id"])): (str(r["resource_pool"]), str(r["slot_type"]))
+        for r in await conn.fetch(
+            """SELECT agent_id, slot_id, resource_pool, slot_type FROM tr_usage_slots
+               WHERE agent_id = ANY($1::text[])""",
+            sorted(e.placements),
+        )
+    }
+    pools = {agent: pool for (agent, _), (pool, _) in sorted(known.items())}
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for agent, slot in pairs:
+        kind = known.get((agent, slot), (pools.get(agent, UNKNOWN), UNKNOWN))
+        counts[kind] += 1
+    if not counts:
+        return
+    keys = sorted(counts)
+    await conn.execute(
+        """INSERT INTO tr_usage (allocation_id, resource_pool, slot_type, trial_id, experiment_id,
+                                 owner, slots, started_ms)
+           SELECT $1, u.pool, u.kind, $2, $3, $4, u.slots, $5
+           FROM unnest($6::text[], $7::text[], $8::int[]) AS u(pool, kind, slots)
+           ON CONFLICT (allocation_id, resource_pool, slot_type) DO NOTHING""",
+        e.allocation_id,
+        e.trial_id,
+        int(owner_row["experiment_id"]),
+        str(owner_row["owner"]),
+        ms,
+        [pool for pool, _ in keys],
+        [kind for _, kind in keys],
+        [counts[k] for k in keys],
+    )
+
+
+async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
+    """Truncates the usage tables, resets their checkpoint and replays the log to its head,
+    in one transaction holding the consumer's checkpoint lock; returns the events applied."""
+    consumer = UsageConsumer()
+    applied = 0
+    async with store.transaction() as tx:
+        await tx.lock_checkpoint(NAME)
+        with translate_errors():
+            await tx.conn.execute(f"TRUNCATE {', '.join(TABLES)}")
+            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+        position = 0
+        while position < head:
+            events = await tx.read_all(position, upto=head, limit=batch, types=TYPES)
+            for event in events:
+                await consumer.handle(tx, event)
+            applied += len(events)
+            if len(events) < batch:
+                break
+            position = events[-1].position
+        await tx.set_checkpoint(NAME, head)
+    log.info("usage rebuilt", events=applied, head=head)
+    return applied
+
+
+# ------------------------------------------------------------------------------------ reports
+
+By = Literal["user", "pool", "experiment", "day"]
+BY_CHOICES: tuple[str, ...] = ("user", "pool", "experiment", "day")
+
+
+@dataclass(frozen=True)
+class Span:
+    """One ``tr_usage`` row: ``slots`` slots of one type held over ``[started_ms, ended_ms)``."""
+
+    owner: str
+    experiment_id: int
+    resource_pool: str
+    slot_type: str
+    slots: int
+    started_ms: int
+    ended_ms: int | None
+
+
+def _key(span: Span, by: str) -> str | int:
+    if by == "user":
+        return span.owner
+    if by == "pool":
+        return span.resource_pool
+    return span.experiment_id
+
+
+def day_of(ms: int) -> str:
+    """The UTC date (``YYYY-MM-DD``) of an instant in epoch milliseconds."""
+    return (date(1970, 1, 1) + timedelta(days=ms // MS_PER_DAY)).isoformat()
+
+
+def aggregate(
+    spans: Iterable[Span], start_ms: int, end_ms: int, by: str, now_ms: int
+) -> list[dict[str, Any]]:
+    """Slot-milliseconds of ``spans`` inside ``[start_ms, end_ms)``, grouped by ``by`` and slot
+    type (``day``: split at UTC midnights); an open span counts up to ``now_ms``.
+
+    Returns:
+        Rows ``{<by>: key, "slot_type", "slot_ms", "slot_seconds"}`` ordered by key and type;
+        ``slot_seconds`` is ``slot_ms / 1000`` (exact to the millisecond).
+    """
+    totals: dict[tuple[str | int, str], int] = defaultdict(int)
+    for span in spans:
+        lo = max(span.started_ms, start_ms)
+        hi = min(now_ms if span.ended_ms is None else span.ended_ms, end_ms)
+        if hi <= lo or span.slots <= 0:
+            continue
+        if by != "day":
+            totals[(_key(span, by), span.slot_type)] += span.slots * (hi - lo)
+            continue
+        cut = lo
+        while cut < hi:
+            midnight = (cut // MS_PER_DAY + 1) * MS_PER_DAY
+            upto = min(hi, midnight)
+            totals[(day_of(cut), span.slot_type)] += span.slots * (upto - cut)
+            cut = upto
+    return [
+        {by: key, "slot_type": kind, "slot_ms": ms, "slot_seconds": ms / 1000}
+        for (key, kind), ms in sorted(totals.items(), key=lambda item: (str(item[0][0]), item[0]))
+    ]
+
+
+async def spans(
+    conn: Connection, start_ms: int, end_ms: int, *, owner: str | None = None
+) -> list[Span]:
+    """The ``tr_usage`` rows that may overlap ``[start_ms, end_ms)`` (``owner``: only theirs)."""
+    with translate_errors():
+        rows = await conn.fetch(
+            """SELECT owner, experiment_id, resource_pool, slot_type, slots, started_ms, ended_ms
+               FROM tr_usage
+               WHERE started_ms < $2 AND (ended_ms IS NULL OR ended_ms > $1)
+                 AND ($3::text IS NULL OR owner = $3)
+               ORDER BY allocation_id, resource_pool, slot_type""",
+            start_ms,
+            end_ms,
+            owner,
+        )
+    return [
+        Span(
+            owner=str(r["owner"]),
+            experiment_id=int(r["experiment_id"]),
+            resource_pool=str(r["resource_pool"]),
+            slot_type=str(r["slot_type"]),
+            slots=int(r["slots"]),
+            started_ms=int(r["started_ms"]),
+            ended_ms=None if r["ended_ms"] is None else int(r["ended_ms"]),
+        )
+        for r in rows
+    ]
+
+
+async def usage_report(
+    conn: Connection,
+    start_ms: int,
+    end_ms: int,
+    by: str,
+    *,
+    owner: str | None = None,
+    now_ms: int | None = None,
+) -> list[dict[str, Any]]:
+    """Usage in ``[start_ms, end_ms)`` grouped by ``by`` (see :func:`aggregate`)."""
+    now = epoch_ms(datetime.now(UTC)) if now_ms is None else now_ms
+    return aggregate(await spans(conn, start_ms, end_ms, owner=owner), start_ms, end_ms, by, now)
+
+
+CSV_COLUMNS: Mapping[str, Sequence[str]] = {
+    by: (by, "slot_type", "slot_seconds", "slot_ms") for by in BY_CHOICES
+}
+"""The CSV header of each grouping."""
+
+
+def slot_seconds_text(ms: int) -> str:
+    """Slot-milliseconds as seconds with exactly three decimals (``12345`` -> ``12.345``)."""
+    sign = "-" if ms < 0 else ""
+    whole, frac = divmod(abs(ms), 1000)
+    return f"{sign}{whole}.{frac:03d}"
