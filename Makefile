@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench chaos demo up down clean browser web-assets screenshot
+.PHONY: install test test-fast test-dist lint bench chaos demo up down clean browser web-assets screenshot
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -36,6 +36,11 @@ $(STAMP):
 
 test: install browser
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# DDP on the digits MLP across two embedded agents (2 slots each, gloo on CPU) with a rank
+# SIGKILLed mid-run: the gang restarts from its checkpoint and completes (a few minutes).
+test-dist: install
+	CAIRN_TEST_DIST=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_distributed.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -97,6 +98,7 @@ class ClusterOptions:
         api_port: preferred API port; a free one if it is taken, any free one when 0.
         timeout: seconds for the whole start-up (servers, database, every service ready).
         stop_timeout: seconds a service gets to exit after SIGTERM before it is SIGKILLed.
+        agents: how many agents to start (``agent``, ``agent-2``, ...), each with ``slots``.
     """
 
     data_dir: Path
@@ -104,6 +106,13 @@ class ClusterOptions:
     api_port: int = DEFAULT_API_PORT
     timeout: float = 60.0
     stop_timeout: float = STOP_TIMEOUT
+    agents: int = 1
+
+
+def service_names(agents: int) -> list[str]:
+    """The processes ``cairn up`` starts: :data:`SERVICES`, the agent as ``agent``, ``agent-2``..."""
+    extra = [f"agent-{n}" for n in range(2, max(agents, 1) + 1)]
+    return [*SERVICES, *extra]
 
 
 DEFAULT_DIR_NAME = ".cairn"
@@ -355,7 +364,7 @@ class Supervisor:
         self.state.ports["api"] = port
         self.state.api_url = f"http://127.0.0.1:{port}"
         self._agent_token = agent_token(self.data_dir)
-        for name in SERVICES:
+        for name in service_names(self.options.agents):
             log_path = logs_dir(self.data_dir) / f"{name}.log"
             child = self._add(ProcessState(name=name, kind="service", log=str(log_path)))
             child.ready_file = run_dir(self.data_dir) / f"{name}.ready"
@@ -368,13 +377,18 @@ class Supervisor:
         The DSN and NATS URL carry passwords, and any local user can read a command line, so
         they travel in the environment (``CAIRN_DB``, ``CAIRN_NATS``), as the agent token does.
         """
-        cmd = [sys.executable, "-m", f"services.{name}"]
+        agent = name == "agent" or name.startswith("agent-")
+        cmd = [sys.executable, "-m", f"services.{'agent' if agent else name}"]
         if name == "api":
             cmd += ["--port", str(self.state.ports["api"])]
-        if name == "agent":
+        if agent:
             if self.options.slots is not None:
                 cmd += ["--artificial-slots", str(self.options.slots)]
             cmd += ["--api-url", self.state.api_url]
+        if name.startswith("agent-"):  # a further agent on this machine: its own id and files
+            suffix = name.removeprefix("agent-")
+            cmd += ["--agent-id", f"{socket.gethostname()}-{suffix}"]
+            cmd += ["--work-dir", str(self.data_dir / name)]
         return cmd
 
     def _spawn(self, child: _Child) -> None:
@@ -759,6 +773,8 @@ def spawn_supervisor(options: ClusterOptions) -> subprocess.Popen[bytes]:
     ]  # fmt: skip
     if options.slots is not None:
         cmd += ["--slots", str(options.slots)]
+    if options.agents != 1:
+        cmd += ["--agents", str(options.agents)]
     logs_dir(options.data_dir).mkdir(parents=True, exist_ok=True)
     with open(supervisor_log(options.data_dir), "ab") as out:
         return subprocess.Popen(
@@ -896,6 +912,7 @@ def _main(argv: list[str] | None = None) -> int:
     sup = sub.add_parser("supervise", help="run the supervisor of an embedded cluster")
     sup.add_argument("--data-dir", type=Path, required=True)
     sup.add_argument("--slots", type=int, default=None)
+    sup.add_argument("--agents", type=int, default=1)
     sup.add_argument("--api-port", type=int, default=DEFAULT_API_PORT)
     sup.add_argument("--timeout", type=float, default=60.0)
     sup.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT)
@@ -906,6 +923,7 @@ def _main(argv: list[str] | None = None) -> int:
         api_port=args.api_port,
         timeout=args.timeout,
         stop_timeout=args.stop_timeout,
+        agents=args.agents,
     )
     try:
         return supervise(options)

@@ -498,6 +498,7 @@ class Agent:
                 if run.num_nodes > 1:
                     failure = await self._rendezvous(alloc, run)
                     if failure is not None:
+                        log.error("run not started", allocation_id=aid, reason=failure)
                         status = KILLED_BEFORE_START if alloc.kill_requested else RENDEZVOUS_FAILED
                         await self._report_exit(
                             aid, status, failure, agent_shutdown=alloc.agent_shutdown
@@ -539,6 +540,11 @@ class Agent:
             gang = self._spawn(self._watch_gang(alloc)) if run.num_nodes > 1 else None
             status = await procs.wait()
             if gang is not None:
+                if status == 0 and run.node_rank > 0 and not alloc.kill_requested:
+                    # A worker part that finished waits for the chief's part to end the run:
+                    # its report would end it while the chief still reports and checkpoints.
+                    log.info("part finished; waiting for the chief's", allocation_id=aid)
+                    await asyncio.wait({gang})
                 gang.cancel()
             log.info("run exited", allocation_id=aid, exit_code=status)
             # Kept at once: shipping the last logs and the started report may wait long on an
@@ -599,7 +605,8 @@ class Agent:
 
     async def _watch_gang(self, alloc: Allocation) -> None:
         """Stops this agent's part of a gang once the run is no longer current (another agent's
-        part failed or was lost): the survivors must not train on alone."""
+        part failed or was lost, or the chief's part ended it): the survivors must not train on
+        alone. Returns once the run is no longer current."""
         aid = alloc.allocation_id
         while alloc.active:
             try:
@@ -609,8 +616,9 @@ class Agent:
                 await asyncio.sleep(1.0)
                 continue
             if answer.get("current") is False:
-                log.warning("another part of the gang ended; stopping", allocation_id=aid)
-                self._kill(alloc, "another part of the gang ended")
+                if alloc.procs is not None and not alloc.procs.done:
+                    log.warning("another part of the gang ended; stopping", allocation_id=aid)
+                    self._kill(alloc, "another part of the gang ended")
                 return
 
     async def _report_exit(

@@ -13,16 +13,28 @@ from services.agent.slots import cpu_slots
 from tests.helpers import wait_until
 from tests.integration.test_agent_process import Cluster, cluster  # noqa: F401 (fixture)
 
-# Node rank 1 fails at once; node rank 0 would sleep for ten minutes.
-FAIL_ON_NODE_1 = (
-    'python3 -c "import os, sys, time; '
-    "print('rank', os.environ['RANK'], os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], "
-    "flush=True); sys.exit(3) if os.environ['GROUP_RANK'] == '1' else time.sleep(600)\""
-)
+# Node 0's rank writes its pid to $PID_FILE and sleeps ten minutes; node 1's rank waits for that
+# file (both parts run), then fails with exit code 3.
+GANG_SCRIPT = """
+import os, sys, time
+print("rank", os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], flush=True)
+if os.environ["GROUP_RANK"] == "0":
+    with open(os.environ["PID_FILE"] + ".part", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(os.environ["PID_FILE"] + ".part", os.environ["PID_FILE"])
+    time.sleep(600)
+while not os.path.exists(os.environ["PID_FILE"]):
+    time.sleep(0.05)
+sys.exit(3)
+"""
+GANG_ENTRYPOINT = ["python3", "-c", GANG_SCRIPT]
 
 
 async def allocate_gang(
-    c: Cluster, agents: dict[str, int], entrypoint: str, hparams: dict[str, Any] | None = None
+    c: Cluster,
+    agents: dict[str, int],
+    entrypoint: Any,
+    hparams: dict[str, Any] | None = None,
 ) -> tuple[int, str]:
     """Submits an experiment and places its trial on ``agents`` (id -> slots); returns (trial,
     allocation)."""
@@ -67,19 +79,20 @@ async def test_rendezvous_an_agent_never_joins_fails_the_run(cluster: Cluster) -
 
 async def test_one_failing_part_stops_the_whole_gang(cluster: Cluster) -> None:  # noqa: F811
     """Both agents rendezvous and start their ranks with the chief's endpoint; node 1's rank
-    exits 3, the run is recorded failed with that code, and node 0's agent stops its rank (which
-    would otherwise sleep ten minutes) because the run is no longer current."""
+    exits 3 once node 0's runs, the run is recorded failed with that code, and node 0's agent
+    stops its rank (which would otherwise sleep ten minutes): the run is no longer current."""
     chief = await cluster.start_agent("h1", "--rendezvous-timeout", "60")
     await cluster.start_agent("h2", "--rendezvous-timeout", "60")
-    trial, alloc = await allocate_gang(cluster, {"h1": 1, "h2": 1}, FAIL_ON_NODE_1)
+    trial, alloc = await allocate_gang(cluster, {"h1": 1, "h2": 1}, GANG_ENTRYPOINT)
     await cluster.command("h1", "start", alloc)
     await cluster.command("h2", "start", alloc)
     exited = await cluster.exited(trial, timeout=60)
-    assert (exited["outcome"], exited["exit_code"]) == ("failed", 3)
+    assert (exited["outcome"], exited["exit_code"]) == ("failed", 3), await cluster.logs(alloc)
     joins = await cluster.of_type(trial, "RendezvousJoined")
     assert sorted(j["agent_id"] for j in joins) == ["h1", "h2"]
     [chief_join] = [j for j in joins if j["agent_id"] == "h1"]
     endpoint = f"{chief_join['address']} {chief_join['port']}"
+    chief_rank = int((cluster.tmp / "child.pid").read_text())
 
     async def both_ranks_logged() -> bool:
         lines = [r["line"] for r in await cluster.logs(alloc)]
@@ -87,11 +100,4 @@ async def test_one_failing_part_stops_the_whole_gang(cluster: Cluster) -> None: 
 
     await wait_until(both_ranks_logged, timeout=30)
     await wait_until(lambda: "another part of the gang ended" in chief.log(), timeout=30)
-
-    def chief_rank_gone() -> bool:
-        return not any(
-            "time.sleep(600)" in " ".join(p.info["cmdline"] or [])
-            for p in psutil.process_iter(["cmdline"])
-        )
-
-    await wait_until(chief_rank_gone, timeout=30)
+    await wait_until(lambda: not psutil.pid_exists(chief_rank), timeout=30)
