@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast test-dist lint bench chaos demo up down clean browser web-assets screenshot
+.PHONY: install test test-fast test-dist horovod lint bench chaos demo up down clean browser web-assets screenshot
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -41,6 +41,22 @@ test: install browser
 # SIGKILLed mid-run: the gang restarts from its checkpoint and completes (a few minutes).
 test-dist: install
 	CAIRN_TEST_DIST=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_distributed.py
+
+# Horovod (opt-in, for `python3 -m cairn.launch.horovod`): 0.28.1 is the last release and its
+# PyTorch extension compiles as C++14, which torch 2.13's headers refuse; building it from the
+# source release with that one line set to C++17 works (CPU, gloo; no MPI, no TensorFlow).
+HOROVOD_VERSION := 0.28.1
+HOROVOD_SRC     := .horovod-build/horovod-$(HOROVOD_VERSION)
+horovod: install
+	rm -rf .horovod-build && mkdir -p .horovod-build
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+	    horovod==$(HOROVOD_VERSION) -d .horovod-build
+	tar -xzf .horovod-build/horovod-$(HOROVOD_VERSION).tar.gz -C .horovod-build
+	sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+	    $(HOROVOD_SRC)/horovod/torch/CMakeLists.txt
+	HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+	HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO \
+	    $(PY) -m pip install --disable-pip-version-check --no-build-isolation $(HOROVOD_SRC)
 
 lint: install
 	$(VENV)/bin/ruff check .
