@@ -46,6 +46,7 @@ def train(ctx: cairn.core.Context) -> int:
         steps = int(state["steps"])
         print(f"resumed from {info.latest_checkpoint} at batch {steps}", flush=True)
     ddp = DistributedDataParallel(model)
+    start = steps
 
     def checkpoint() -> None:
         if not gang.is_chief:
@@ -68,6 +69,8 @@ def train(ctx: cairn.core.Context) -> int:
         loss.backward()
         optimizer.step()
         steps += 1
+        if running_n == 0 and steps == start + 1:
+            print(f"training: first batch {steps} done", flush=True)  # on every rank
         running_loss += loss.item()
         running_n += 1
         if steps % validate_every == 0 or steps == total:
