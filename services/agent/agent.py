@@ -568,7 +568,8 @@ class Agent:
 
         Sets the chief's endpoint on ``run`` and returns ``None`` once every agent joined, or
         returns why the run cannot start: the others did not all join within
-        ``rendezvous_timeout`` seconds, the run ended meanwhile, or it was killed.
+        ``rendezvous_timeout`` seconds, the run ended meanwhile, or it was killed or preempted
+        (the log's kill or preemption request then decides the outcome).
         """
         aid = alloc.allocation_id
         address = self.config.address or reachable_address(self.config.api_url)
@@ -578,7 +579,7 @@ class Agent:
         )
         log.info("rendezvous joined", allocation_id=aid, address=address, nodes=answer["nodes"])
         while True:
-            if alloc.kill_requested:
+            if alloc.kill_requested or alloc.preempt_requested:
                 return f"{alloc.stop_reason} during the rendezvous"
             if not answer.get("current", True):
                 return "the run ended during the rendezvous"

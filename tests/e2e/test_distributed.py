@@ -120,3 +120,45 @@ async def test_rank_sigkilled_gang_restarts_from_checkpoint_and_completes(
     assert any("resumed from" in line for line in lines)
     assert not await events_of(store, "AgentLost")
     assert await check_log(store) == []
+
+
+async def test_four_ranks_follow_the_single_rank_loss_curve(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
+    """The example with 4 ranks on two agents and with 1 rank (same seed and global batch, no
+    dropout) reports the same training and validation losses at every validation, within 1e-3:
+    DDP's averaged gradient is the global batch's."""
+    curves: dict[int, list[tuple[int, float, float]]] = {}
+    for slots in (4, 1):
+        config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
+        config["hyperparameters"].update(max_batches=100, validate_every=25)
+        config["resources"] = {"slots_per_trial": slots}
+        config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
+        exp = await cluster.submit(config, DIGITS)
+        trial = await first_trial(cluster, store, exp)
+
+        async def completed(exp: int = exp) -> bool:
+            return await experiment_state(store, exp) == "COMPLETED"
+
+        await wait_for(cluster, completed, timeout=300)
+        events = await store.read_stream(names.trial_stream(trial))
+        [placed] = [e.payload["placements"] for e in events if e.type == "SlotsAllocated"]
+        assert sum(len(s) for s in placed.values()) == slots
+        training = {
+            e.payload["steps_completed"]: e.payload["metrics"]["loss"]
+            for e in events
+            if e.type == "WorkloadCompleted"
+        }
+        curves[slots] = [
+            (
+                e.payload["steps_completed"],
+                training[e.payload["steps_completed"]],
+                e.payload["metrics"]["validation_loss"],
+            )
+            for e in events
+            if e.type == "ValidationReported"
+        ]
+    assert [s for s, _, _ in curves[4]] == [25, 50, 75, 100] == [s for s, _, _ in curves[1]]
+    for (_, train4, val4), (_, train1, val1) in zip(curves[4], curves[1], strict=True):
+        assert train4 == pytest.approx(train1, rel=1e-3, abs=1e-4)
+        assert val4 == pytest.approx(val1, rel=1e-3, abs=1e-4)
