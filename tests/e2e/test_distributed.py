@@ -133,6 +133,7 @@ async def test_four_ranks_follow_the_single_rank_loss_curve(
         config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
         config["hyperparameters"].update(max_batches=100, validate_every=25)
         config["resources"] = {"slots_per_trial": slots}
+        config["reproducibility"] = {"experiment_seed": 7}  # the same trial seed in both
         config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
         exp = await cluster.submit(config, DIGITS)
         trial = await first_trial(cluster, store, exp)
