@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 import uuid
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ import pytest
 from cairn.core import DistributedContext
 from cairn.launch._gang import Gang, LaunchError, relabel, split_command
 from cairn.launch.torch_distributed import torchrun_argv
+from cairn.local.cluster import ClusterOptions, Supervisor, service_names
 from events.envelope import Metadata, RecordedEvent
 from services.agent.runtime import RunSpec, launcher_argv, trial_environment
 from services.api.rendezvous import fold_rendezvous
@@ -153,3 +155,18 @@ def test_launcher_arguments() -> None:
         split_command(["--"])
     with pytest.raises(LaunchError, match="not an integer"):
         Gang.from_env({"LOCAL_WORLD_SIZE": "two"})
+
+
+def test_cairn_up_with_two_agents_gives_each_its_own_id_and_files(tmp_path: Path) -> None:
+    """`cairn up --agents 2` starts `agent` as before and `agent-2` with its own agent id and
+    work directory, both with the requested slots."""
+    sup = Supervisor(ClusterOptions(data_dir=tmp_path, slots=2, agents=2))
+    sup.state.api_url = "http://127.0.0.1:1"
+    assert service_names(2)[-2:] == ["agent", "agent-2"]
+    assert service_names(1)[-1] == "agent"
+    first, second = sup.service_command("agent"), sup.service_command("agent-2")
+    assert first[1:3] == second[1:3] == ["-m", "services.agent"]
+    assert "--agent-id" not in first
+    assert second[second.index("--agent-id") + 1] == f"{socket.gethostname()}-2"
+    assert second[second.index("--work-dir") + 1] == str(tmp_path / "agent-2")
+    assert second[second.index("--artificial-slots") + 1] == "2"
