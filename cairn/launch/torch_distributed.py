@@ -13,14 +13,18 @@ the platform stops the gang's other agents and restarts the trial from its lates
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from cairn.launch._gang import Gang, LaunchError, run_child, split_command
 
 
-def torchrun_argv(gang: Gang, overrides: Sequence[str], command: Sequence[str]) -> list[str]:
-    """The ``torchrun`` command line for this agent's part of ``gang``."""
+def torchrun_argv(
+    gang: Gang, overrides: Sequence[str], command: Sequence[str], log_dir: str | None = None
+) -> list[str]:
+    """The ``torchrun`` command line for this agent's part of ``gang`` (its per-rank log files
+    in ``log_dir``; the ranks' output also goes to the console, prefixed)."""
     argv = [
         sys.executable,
         "-m",
@@ -41,6 +45,7 @@ def torchrun_argv(gang: Gang, overrides: Sequence[str], command: Sequence[str]) 
         "0.2",
         "--tee",
         "3",
+        *(["--log_dir", log_dir] if log_dir else []),
         *overrides,
     ]
     if not command[0].endswith(".py"):
@@ -62,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command[0].endswith(".py") and not Path(command[0]).exists():
         print(f"cairn.launch.torch_distributed: no script {command[0]}", file=sys.stderr)
         return 2
-    return run_child(torchrun_argv(gang, overrides, command), gang.rank_offset)
+    with tempfile.TemporaryDirectory(prefix="cairn-torchrun-") as logs:
+        return run_child(torchrun_argv(gang, overrides, command, logs), gang.rank_offset)
 
 
 if __name__ == "__main__":
