@@ -1,7 +1,8 @@
 """DDP on the digits MLP across two agents (2 slots each, gloo on CPU) through the torchrun
-launcher: one rank is SIGKILLed mid-run, the gang restarts from its checkpoint and completes.
+launcher: a rank or an agent SIGKILLed mid-run makes the whole gang restart from its checkpoint
+and complete; 4 ranks follow the loss curve of 1 rank.
 
-About two minutes on 2 cores, so it runs under ``make test-dist`` (``CAIRN_TEST_DIST=1``), not
+About five minutes on 2 cores, so it runs under ``make test-dist`` (``CAIRN_TEST_DIST=1``), not
 ``make test``; the cheap parts of the same path (rendezvous, its timeout, a failing part stopping
 the gang) are in ``tests/integration/test_agent_gang.py`` and ``test_api_rendezvous.py``.
 """
@@ -163,3 +164,41 @@ async def test_four_ranks_follow_the_single_rank_loss_curve(
     for (_, train4, val4), (_, train1, val1) in zip(curves[4], curves[1], strict=True):
         assert train4 == pytest.approx(train1, rel=1e-3, abs=1e-4)
         assert val4 == pytest.approx(val1, rel=1e-3, abs=1e-4)
+
+
+async def test_agent_sigkilled_gang_restarts_and_completes(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> None:
+    """After the first checkpoint agent-b is SIGKILLed and started again (as the supervisor
+    does): the run is recorded lost, agent-a stops its part, and the whole gang restarts on both
+    agents from the checkpoint (a lost run does not count against max_restarts) and completes."""
+    config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
+    config["hyperparameters"].update(max_batches=160, validate_every=40)
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
+    exp = await cluster.submit(config, DIGITS)
+    trial = await first_trial(cluster, store, exp)
+    stream = names.trial_stream(trial)
+    first = names.allocation_id(trial, 1)
+
+    async def checkpointed() -> bool:
+        return any(e.type == "CheckpointSaved" for e in await store.read_stream(stream))
+
+    await wait_for(cluster, checkpointed, timeout=240)
+    victim = cluster.procs["agent-b"]
+    cluster.kill("agent-b")
+    assert victim.returncode == -9, "the agent process was SIGKILLed"
+    cluster.start_agent("agent-b", 2, "--rendezvous-timeout", "120")
+
+    async def completed() -> bool:
+        return await experiment_state(store, exp) == "COMPLETED"
+
+    await wait_for(cluster, completed, timeout=360)
+    events = await store.read_stream(stream)
+    exits = [(e.payload["run_id"], e.payload["outcome"]) for e in events if e.type == "TrialExited"]
+    assert exits == [(1, "lost"), (2, "completed")]
+    [restarted] = [e.payload for e in events if e.type == "TrialRestarted"]
+    assert restarted["restarts"] == 0 and restarted["latest_checkpoint"]
+    allocated = [e.payload for e in events if e.type == "SlotsAllocated"]
+    assert all(sorted(a["placements"]) == ["agent-a", "agent-b"] for a in allocated)
+    assert not run_pids(first), "no process of the lost run is left"
+    assert await check_log(store) == []
