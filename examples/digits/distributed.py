@@ -20,10 +20,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from train import DEFAULTS, batch_at, build_model, evaluate, load_data, max_batches_of
 
-import cairn.core
+import cairn as det  # a Determined script: `import determined as det` is the only change
 
 
-def train(ctx: cairn.core.Context) -> int:
+def train(ctx: det.core.Context) -> int:
     """Trains, validates, checkpoints (chief) and honours preemption; returns the exit code."""
     info, gang = ctx.info, ctx.distributed
     hp: dict[str, Any] = {**DEFAULTS, **info.trial.hparams}
@@ -102,8 +102,8 @@ def main() -> int:
     """Joins the process group ``torchrun`` describes, trains, leaves."""
     dist.init_process_group("gloo")
     try:
-        gang = cairn.core.DistributedContext.from_torch_distributed()
-        with cairn.core.init(distributed=gang) as ctx:
+        gang = det.core.DistributedContext.from_torch_distributed()
+        with det.core.init(distributed=gang) as ctx:
             return train(ctx)
     finally:
         dist.destroy_process_group()
