@@ -43,9 +43,11 @@ test: install browser
 test-dist: install
 	CAIRN_TEST_DIST=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_distributed.py
 
-# Horovod (opt-in, for `python3 -m cairn.launch.horovod`): 0.28.1 is the last release and its
-# PyTorch extension compiles as C++14, which torch 2.13's headers refuse; building it from the
-# source release with that one line set to C++17 works (CPU, gloo; no MPI, no TensorFlow).
+# Horovod (opt-in, for `python3 -m cairn.launch.horovod`): 0.28.1 is the last release and it
+# compiles as C++14, which torch 2.13's headers refuse. The source release is built with
+# `set(CMAKE_CXX_STANDARD 14)` made 17: in horovod/torch (torch's headers) and at the top level
+# (gloo too, or gloo's C++14 out-of-line `Store::kDefaultTimeout` clashes at link time with the
+# inline one C++17 code sees). CPU and gloo only: no MPI, no TensorFlow. About 30 min on 2 cores.
 HOROVOD_VERSION := 0.28.1
 HOROVOD_SRC     := .horovod-build/horovod-$(HOROVOD_VERSION)
 horovod: install
@@ -54,7 +56,7 @@ horovod: install
 	    horovod==$(HOROVOD_VERSION) -d .horovod-build
 	tar -xzf .horovod-build/horovod-$(HOROVOD_VERSION).tar.gz -C .horovod-build
 	sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
-	    $(HOROVOD_SRC)/horovod/torch/CMakeLists.txt
+	    $(HOROVOD_SRC)/CMakeLists.txt $(HOROVOD_SRC)/horovod/torch/CMakeLists.txt
 	HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
 	HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO \
 	    $(PY) -m pip install --disable-pip-version-check --no-build-isolation $(HOROVOD_SRC)

@@ -1,10 +1,11 @@
 """``python3 -m cairn.launch.horovod [HOROVODRUN_OPTIONS... --] COMMAND...``.
 
-Runs ``horovodrun`` on the chief agent of the gang over every agent's slots
-(``-np WORLD_SIZE -H host:slots,...``); the other agents' parts wait for it. Horovod is an opt-in
-extra: 0.28.1 does not build against torch 2.13 as released (it compiles as C++14 and torch's
-headers need C++17); ``make horovod`` builds it with that one flag patched (see the Makefile).
-Without Horovod installed this launcher exits 2 and says so.
+Runs ``horovodrun -np N -H localhost:N`` over this agent's slots, each output line prefixed
+with its rank. A gang spanning several agents is refused (exit 2): Horovod reaches its other
+hosts over SSH, which a cairn agent does not provide; ``cairn.launch.torch_distributed`` spans
+agents. Horovod is an opt-in extra: 0.28.1 does not build against torch 2.13 as released (it
+compiles as C++14 and torch's headers need C++17); ``make horovod`` builds it with the standard
+raised (see the Makefile). Without Horovod installed this launcher exits 2 and says so.
 """
 
 from __future__ import annotations
