@@ -47,7 +47,7 @@ test-dist: install
 # compiles as C++14, which torch 2.13's headers refuse. The source release is built with
 # `set(CMAKE_CXX_STANDARD 14)` made 17: in horovod/torch (torch's headers) and at the top level
 # (gloo too, or gloo's C++14 out-of-line `Store::kDefaultTimeout` clashes at link time with the
-# inline one C++17 code sees). CPU and gloo only: no MPI, no TensorFlow. About 30 min on 2 cores.
+# inline one C++17 code sees). CPU and gloo only: no MPI, no TensorFlow. Minutes of compiling.
 HOROVOD_VERSION := 0.28.1
 HOROVOD_SRC     := .horovod-build/horovod-$(HOROVOD_VERSION)
 horovod: install

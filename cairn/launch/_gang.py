@@ -91,12 +91,12 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 _PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")
-_HOROVOD_PREFIX = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:")
+_HOROVOD_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 
 
 def relabel(line: str, rank_offset: int) -> str:
     """Rewrites ``torchrun``'s local prefix ``[default3]:`` as the global ``[rank=N] `` (and
-    ``horovodrun``'s ``[1,3]<stdout>:``, whose rank is global already)."""
+    ``horovodrun``'s ``[3]<stdout>:`` or ``[1,3]<stdout>:``, whose rank is global already)."""
     match = _PREFIX.match(line)
     if match is not None:
         return f"[rank={rank_offset + int(match.group(1))}] {line[match.end() :]}"

@@ -14,6 +14,7 @@ import importlib.util
 import shutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from cairn.launch._gang import Gang, LaunchError, run_child, split_command
 
@@ -23,11 +24,27 @@ MISSING = (
 )
 
 
+def horovodrun() -> str | None:
+    """The ``horovodrun`` beside this Python, else on ``PATH`` (``None`` without Horovod)."""
+    if importlib.util.find_spec("horovod") is None:
+        return None
+    sibling = Path(sys.executable).parent / "horovodrun"
+    return str(sibling) if sibling.exists() else shutil.which("horovodrun")
+
+
 def horovodrun_argv(gang: Gang, overrides: Sequence[str], command: Sequence[str]) -> list[str]:
     """The ``horovodrun`` command line for a gang on one agent (several agents: one host per
     agent, reached over SSH by Horovod itself, which a cairn agent does not provide)."""
     hosts = f"localhost:{gang.nproc_per_node}"
-    return ["horovodrun", "-np", str(gang.world_size), "-H", hosts, *overrides, *command]
+    return [
+        horovodrun() or "horovodrun",
+        "-np",
+        str(gang.world_size),
+        "-H",
+        hosts,
+        *overrides,
+        *command,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         overrides, command = split_command(words)
         gang = Gang.from_env()
-        if importlib.util.find_spec("horovod") is None or shutil.which("horovodrun") is None:
+        if horovodrun() is None:
             raise LaunchError(MISSING)
         if gang.nnodes > 1:
             raise LaunchError(

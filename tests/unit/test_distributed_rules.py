@@ -140,7 +140,7 @@ def test_torchrun_command_line_for_one_part_of_the_gang() -> None:
     assert "--master_addr 10.0.0.1 --master_port 1000" in text
     assert argv[-3:] == ["--no_python", "python3", "train.py"]
     assert relabel("[default1]:loss 0.3\n", gang.rank_offset) == "[rank=3] loss 0.3\n"
-    assert relabel("[1,3]<stdout>:hi", 0) == "[rank=3] hi"
+    assert relabel("[1,3]<stdout>:hi", 0) == relabel("[3]<stderr>:hi", 0) == "[rank=3] hi"
     assert relabel("plain line", 2) == "plain line"
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +11,7 @@ import pytest
 
 from cairn.launch import horovod
 
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None and bool(shutil.which("horovodrun"))
+HAVE_HOROVOD = horovod.horovodrun() is not None
 ROOT = Path(__file__).resolve().parents[2]
 
 ALLREDUCE = """
