@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench chaos failover property demo up down clean browser web-assets screenshot test-search
+.PHONY: install test test-fast test-dist horovod lint bench chaos failover property demo up down clean browser web-assets screenshot test-search
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -36,6 +36,30 @@ $(STAMP):
 
 test: install browser
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# DDP on the digits MLP across two agents (2 slots each, gloo on CPU): a rank SIGKILLed mid-run
+# and an agent SIGKILLed mid-run each restart the gang from its checkpoint to completion, and
+# 4 ranks follow the 1-rank loss curve (about 5 minutes on 2 cores).
+test-dist: install
+	CAIRN_TEST_DIST=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_distributed.py
+
+# Horovod (opt-in, for `python3 -m cairn.launch.horovod`): 0.28.1 is the last release and it
+# compiles as C++14, which torch 2.13's headers refuse. The source release is built with
+# `set(CMAKE_CXX_STANDARD 14)` made 17: in horovod/torch (torch's headers) and at the top level
+# (gloo too, or gloo's C++14 out-of-line `Store::kDefaultTimeout` clashes at link time with the
+# inline one C++17 code sees). CPU and gloo only: no MPI, no TensorFlow. Minutes of compiling.
+HOROVOD_VERSION := 0.28.1
+HOROVOD_SRC     := .horovod-build/horovod-$(HOROVOD_VERSION)
+horovod: install
+	rm -rf .horovod-build && mkdir -p .horovod-build
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+	    horovod==$(HOROVOD_VERSION) -d .horovod-build
+	tar -xzf .horovod-build/horovod-$(HOROVOD_VERSION).tar.gz -C .horovod-build
+	sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+	    $(HOROVOD_SRC)/CMakeLists.txt $(HOROVOD_SRC)/horovod/torch/CMakeLists.txt
+	HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+	HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO \
+	    $(PY) -m pip install --disable-pip-version-check --no-build-isolation $(HOROVOD_SRC)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -46,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--slots", type=int, default=None, help="give the agent N CPU slots instead of its GPUs"
     )
     up.add_argument(
+        "--agents",
+        type=int,
+        default=1,
+        help="start N agents on this machine, each with --slots (a gang can span them)",
+    )
+    up.add_argument(
         "--api-port",
         type=int,
         default=cluster.DEFAULT_API_PORT,
@@ -118,6 +124,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     options = cluster.ClusterOptions(
         data_dir=data_dir,
         slots=args.slots,
+        agents=max(args.agents, 1),
         api_port=args.api_port,
         timeout=args.timeout,
         stop_timeout=args.stop_timeout,

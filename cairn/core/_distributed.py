@@ -65,13 +65,20 @@ class DistributedContext:
             local_rank=_env_int("LOCAL_RANK", rank, env),
             local_size=local_size,
             cross_rank=_env_int("GROUP_RANK", rank // max(local_size, 1), env),
-            cross_size=max(size // max(local_size, 1), 1),
+            cross_size=_env_int(
+                "GROUP_WORLD_SIZE",
+                _env_int("CAIRN_NUM_NODES", max(size // max(local_size, 1), 1), env),
+                env,
+            ),
             chief_ip=env.get("MASTER_ADDR") or None,
         )
 
     @classmethod
     def from_torch_distributed(cls, chief_ip: str | None = None) -> DistributedContext:
-        """The context of a process launched by ``torchrun`` or by a multi-slot cairn agent."""
+        """The context of a process launched by ``torchrun`` (``cairn.launch.torch_distributed``)
+        or by a multi-slot cairn agent: ranks from ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/
+        ``LOCAL_WORLD_SIZE``, the agent's index from ``GROUP_RANK``, the chief's address from
+        ``MASTER_ADDR``. The process group is the script's to initialise."""
         ctx = cls.from_env()
         if chief_ip is not None:
             ctx.chief_ip = chief_ip

@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -100,6 +101,7 @@ class ClusterOptions:
         timeout: seconds for the whole start-up (servers, database, every service ready).
         stop_timeout: seconds a service gets to exit after SIGTERM before it is SIGKILLed.
         replicas: replicas of each decider (:data:`DECIDERS`); all but the lease holder stand by.
+        agents: how many agents to start (``agent``, ``agent-2``, ...), each with ``slots``.
     """
 
     data_dir: Path
@@ -108,6 +110,7 @@ class ClusterOptions:
     timeout: float = 60.0
     stop_timeout: float = STOP_TIMEOUT
     replicas: int = 1
+    agents: int = 1
 
 
 def replica_names(name: str, replicas: int) -> list[str]:
@@ -117,9 +120,15 @@ def replica_names(name: str, replicas: int) -> list[str]:
 
 
 def service_of(process: str) -> str:
-    """The service a process name runs (``searcher-2`` runs ``searcher``)."""
+    """The service a process name runs (``searcher-2`` runs ``searcher``, ``agent-2`` the agent)."""
     base, _, number = process.rpartition("-")
-    return base if base in DECIDERS and number.isdigit() else process
+    return base if base in (*DECIDERS, "agent") and number.isdigit() else process
+
+
+def service_names(agents: int) -> list[str]:
+    """The services ``cairn up`` starts: :data:`SERVICES`, the agent as ``agent``, ``agent-2``..."""
+    extra = [f"agent-{n}" for n in range(2, max(agents, 1) + 1)]
+    return [*SERVICES, *extra]
 
 
 DEFAULT_DIR_NAME = ".cairn"
@@ -371,7 +380,7 @@ class Supervisor:
         self.state.ports["api"] = port
         self.state.api_url = f"http://127.0.0.1:{port}"
         self._agent_token = agent_token(self.data_dir)
-        for service in SERVICES:
+        for service in service_names(self.options.agents):
             for name in replica_names(service, self.options.replicas):
                 log_path = logs_dir(self.data_dir) / f"{name}.log"
                 child = self._add(ProcessState(name=name, kind="service", log=str(log_path)))
@@ -385,13 +394,18 @@ class Supervisor:
         The DSN and NATS URL carry passwords, and any local user can read a command line, so
         they travel in the environment (``CAIRN_DB``, ``CAIRN_NATS``), as the agent token does.
         """
+        agent = service_of(name) == "agent"
         cmd = [sys.executable, "-m", f"services.{service_of(name)}"]
         if name == "api":
             cmd += ["--port", str(self.state.ports["api"])]
-        if name == "agent":
+        if agent:
             if self.options.slots is not None:
                 cmd += ["--artificial-slots", str(self.options.slots)]
             cmd += ["--api-url", self.state.api_url]
+        if name.startswith("agent-"):  # a further agent on this machine: its own id and files
+            suffix = name.removeprefix("agent-")
+            cmd += ["--agent-id", f"{socket.gethostname()}-{suffix}"]
+            cmd += ["--work-dir", str(self.data_dir / name)]
         return cmd
 
     def _spawn(self, child: _Child) -> None:
@@ -777,6 +791,8 @@ def spawn_supervisor(options: ClusterOptions) -> subprocess.Popen[bytes]:
     ]  # fmt: skip
     if options.slots is not None:
         cmd += ["--slots", str(options.slots)]
+    if options.agents != 1:
+        cmd += ["--agents", str(options.agents)]
     logs_dir(options.data_dir).mkdir(parents=True, exist_ok=True)
     with open(supervisor_log(options.data_dir), "ab") as out:
         return subprocess.Popen(
@@ -914,6 +930,7 @@ def _main(argv: list[str] | None = None) -> int:
     sup = sub.add_parser("supervise", help="run the supervisor of an embedded cluster")
     sup.add_argument("--data-dir", type=Path, required=True)
     sup.add_argument("--slots", type=int, default=None)
+    sup.add_argument("--agents", type=int, default=1)
     sup.add_argument("--api-port", type=int, default=DEFAULT_API_PORT)
     sup.add_argument("--timeout", type=float, default=60.0)
     sup.add_argument("--stop-timeout", type=float, default=STOP_TIMEOUT)
@@ -926,6 +943,7 @@ def _main(argv: list[str] | None = None) -> int:
         timeout=args.timeout,
         stop_timeout=args.stop_timeout,
         replicas=args.replicas,
+        agents=args.agents,
     )
     try:
         return supervise(options)

@@ -236,6 +236,25 @@ class TrialAlerted(Event):
     level: Literal["warn", "info", "debug", "error"] = "info"
 
 
+@register
+class RendezvousJoined(Event):
+    """One agent of a run's gang launched its part's setup and says where it can be reached.
+
+    The rendezvous of a run placed on several agents completes once every agent of its
+    ``SlotsAllocated`` placements has joined; the chief (the first agent id in sorted order)
+    hosts the collective's store at ``address:port``.
+    """
+
+    event_type = "RendezvousJoined"
+    schema_version = 1
+
+    trial_id: int
+    allocation_id: str
+    agent_id: str
+    address: str
+    port: int = Field(ge=1, le=65535)
+
+
 for _model in (
     SlotsAllocated,
     TrialStarted,

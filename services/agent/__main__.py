@@ -71,6 +71,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kill-grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL"
     )
+    p.add_argument(
+        "--rendezvous-timeout",
+        type=float,
+        default=float(env("CAIRN_RENDEZVOUS_TIMEOUT", "300")),
+        help="seconds a run on several agents waits for all of them before it fails "
+        "(CAIRN_RENDEZVOUS_TIMEOUT)",
+    )
+    p.add_argument(
+        "--address",
+        default=env("CAIRN_AGENT_ADDRESS") or None,
+        help="address the other agents of a gang reach this one by (CAIRN_AGENT_ADDRESS; "
+        "default: this machine's address on the route to the API)",
+    )
     p.add_argument("--log-level", default=env("CAIRN_LOG_LEVEL", "INFO"))
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
     return p
@@ -105,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat=args.heartbeat,
         preempt_timeout=args.preempt_timeout,
         kill_grace=args.kill_grace,
+        rendezvous_timeout=args.rendezvous_timeout,
+        address=args.address,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(config))

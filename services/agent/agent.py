@@ -52,7 +52,9 @@ from services.agent.runtime import (
     LogShipper,
     RunSpec,
     TrialProcesses,
+    free_port,
     prepare_work_dir,
+    reachable_address,
     safe_name,
     trial_environment,
 )
@@ -62,6 +64,8 @@ from services.agent.slots import Slot, discover_slots
 log = structlog.get_logger("agent")
 
 KILLED_BEFORE_START = 137  # reported when a kill arrives before the process was launched
+RENDEZVOUS_FAILED = 1  # reported when the agents of a gang did not all join in time
+GANG_POLL_SECONDS = 10.0
 
 
 @dataclass
@@ -80,6 +84,10 @@ class AgentConfig:
     preempt_timeout: float = 30.0
     kill_grace: float = 5.0
     hostname: str = field(default_factory=socket.gethostname)
+    rendezvous_timeout: float = 300.0
+    """Seconds a run placed on several agents waits for all of them to join; then it fails."""
+    address: str | None = None
+    """Where the other agents of a gang reach this one (default: see ``reachable_address``)."""
 
 
 @dataclass
@@ -487,6 +495,15 @@ class Agent:
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
                 run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                if run.num_nodes > 1:
+                    failure = await self._rendezvous(alloc, run)
+                    if failure is not None:
+                        log.error("run not started", allocation_id=aid, reason=failure)
+                        status = KILLED_BEFORE_START if alloc.kill_requested else RENDEZVOUS_FAILED
+                        await self._report_exit(
+                            aid, status, failure, agent_shutdown=alloc.agent_shutdown
+                        )
+                        return
                 envs = trial_environment(
                     run, agent_id=self.id, api_url=self.config.api_url, gpu_slots=self.gpu_slots
                 )
@@ -520,7 +537,15 @@ class Agent:
                     aid, self.id, self.incarnation, alloc.listed_from, f"started:{aid}:{self.id}"
                 )
             )
+            gang = self._spawn(self._watch_gang(alloc)) if run.num_nodes > 1 else None
             status = await procs.wait()
+            if gang is not None:
+                if status == 0 and run.node_rank > 0 and not alloc.kill_requested:
+                    # A worker part that finished waits for the chief's part to end the run:
+                    # its report would end it while the chief still reports and checkpoints.
+                    log.info("part finished; waiting for the chief's", allocation_id=aid)
+                    await asyncio.wait({gang})
+                gang.cancel()
             log.info("run exited", allocation_id=aid, exit_code=status)
             # Kept at once: shipping the last logs and the started report may wait long on an
             # API that is down, and the agent may be killed meanwhile (``cairn down``).
@@ -537,6 +562,65 @@ class Agent:
             alloc.state = "exited"
             if work is not None:
                 await asyncio.to_thread(shutil.rmtree, work, True)
+
+    async def _rendezvous(self, alloc: Allocation, run: RunSpec) -> str | None:
+        """Joins the rendezvous of a run placed on several agents and waits for the others.
+
+        Sets the chief's endpoint on ``run`` and returns ``None`` once every agent joined, or
+        returns why the run cannot start: the others did not all join within
+        ``rendezvous_timeout`` seconds, the run ended meanwhile, or it was killed or preempted
+        (the log's kill or preemption request then decides the outcome).
+        """
+        aid = alloc.allocation_id
+        address = self.config.address or reachable_address(self.config.api_url)
+        deadline = asyncio.get_running_loop().time() + self.config.rendezvous_timeout
+        answer = await self.client.rendezvous_join(
+            aid, self.id, address, free_port(), f"rendezvous:{aid}:{self.id}"
+        )
+        log.info("rendezvous joined", allocation_id=aid, address=address, nodes=answer["nodes"])
+        while True:
+            if alloc.kill_requested or alloc.preempt_requested:
+                return f"{alloc.stop_reason} during the rendezvous"
+            if not answer.get("current", True):
+                return "the run ended during the rendezvous"
+            if answer.get("complete"):
+                run.master_addr = str(answer["chief_address"])
+                run.master_port = int(answer["chief_port"])
+                run.node_rank = int(answer["node_rank"])
+                run.num_nodes = int(answer["num_nodes"])
+                log.info(
+                    "rendezvous complete",
+                    allocation_id=aid,
+                    chief=f"{run.master_addr}:{run.master_port}",
+                    node_rank=run.node_rank,
+                )
+                return None
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                missing = [a for a in answer.get("nodes", []) if a not in answer.get("joined", [])]
+                return (
+                    f"rendezvous timed out after {self.config.rendezvous_timeout:g}s: "
+                    f"agent(s) {', '.join(missing)} never joined"
+                )
+            answer = await self.client.rendezvous(aid, self.id, min(left, GANG_POLL_SECONDS))
+
+    async def _watch_gang(self, alloc: Allocation) -> None:
+        """Stops this agent's part of a gang once the run is no longer current (another agent's
+        part failed or was lost, or the chief's part ended it): the survivors must not train on
+        alone. Returns once the run is no longer current."""
+        aid = alloc.allocation_id
+        while alloc.active:
+            try:
+                answer = await self.client.preemption(aid, GANG_POLL_SECONDS)
+            except ApiError as exc:
+                log.warning("gang watch failing", allocation_id=aid, error=str(exc))
+                await asyncio.sleep(1.0)
+                continue
+            if answer.get("current") is False:
+                if alloc.procs is not None and not alloc.procs.done:
+                    log.warning("another part of the gang ended; stopping", allocation_id=aid)
+                    self._kill(alloc, "another part of the gang ended")
+                return
 
     async def _report_exit(
         self, allocation_id: str, exit_code: int, message: str, *, agent_shutdown: bool = False

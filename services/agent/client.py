@@ -237,3 +237,42 @@ class ApiClient:
         return await self.request(
             "POST", f"/allocations/{_seg(allocation_id)}/logs", body=body, retry_for=retry_for
         )
+
+    async def rendezvous_join(
+        self, allocation_id: str, agent_id: str, address: str, port: int, key: str
+    ) -> dict[str, Any]:
+        """``POST /allocations/{id}/rendezvous``: this agent's part of the gang is reachable at
+        ``address:port`` (retried for a minute)."""
+        body = {"agent_id": agent_id, "address": address, "port": port, "idempotency_key": key}
+        answer = await self.request(
+            "POST", f"/allocations/{_seg(allocation_id)}/rendezvous", body=body
+        )
+        if not isinstance(answer, dict):
+            raise ApiError(200, f"rendezvous answer is not an object: {answer!r}")
+        return answer
+
+    async def rendezvous(
+        self, allocation_id: str, agent_id: str, wait_seconds: float
+    ) -> dict[str, Any]:
+        """``GET /allocations/{id}/rendezvous``: long-polls up to ``wait_seconds`` for the
+        other agents of the gang."""
+        answer = await self.request(
+            "GET",
+            f"/allocations/{_seg(allocation_id)}/rendezvous",
+            params={"agent_id": agent_id, "timeout_seconds": str(wait_seconds)},
+        )
+        if not isinstance(answer, dict):
+            raise ApiError(200, f"rendezvous answer is not an object: {answer!r}")
+        return answer
+
+    async def preemption(self, allocation_id: str, wait_seconds: float) -> dict[str, Any]:
+        """``GET /allocations/{id}/signals/preemption``: long-polls up to ``wait_seconds``;
+        ``current: false`` once the run has ended or was replaced."""
+        answer = await self.request(
+            "GET",
+            f"/allocations/{_seg(allocation_id)}/signals/preemption",
+            params={"timeout_seconds": str(wait_seconds)},
+        )
+        if not isinstance(answer, dict):
+            raise ApiError(200, f"preemption answer is not an object: {answer!r}")
+        return answer

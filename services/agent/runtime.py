@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -46,6 +47,9 @@ over 32 MiB; one line is at most :data:`STREAM_LIMIT` bytes)."""
 LOG_BUFFER_LINES = 20_000
 STREAM_LIMIT = 1 << 20
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+_RANK_VARIABLES = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"}
+)
 
 
 def repo_root() -> Path:
@@ -73,6 +77,26 @@ def entrypoint_argv(entrypoint: str | list[str] | None) -> list[str]:
     if not argv:
         raise ValueError("the entrypoint is empty")
     return argv
+
+
+LAUNCHERS = {
+    "cairn.launch.torch_distributed": "cairn.launch.torch_distributed",
+    "cairn.launch.horovod": "cairn.launch.horovod",
+    "determined.launch.torch_distributed": "cairn.launch.torch_distributed",
+    "determined.launch.horovod": "cairn.launch.horovod",
+}
+"""Launcher modules (Determined's names map to cairn's): an entrypoint that runs one is started
+once per agent, and the launcher starts the ranks of that agent itself."""
+
+
+def launcher_argv(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` with a Determined launcher module renamed to cairn's, and whether it runs a
+    launcher (``python3 -m cairn.launch.torch_distributed ...``)."""
+    if len(argv) >= 3 and Path(argv[0]).name.startswith("python") and argv[1] == "-m":
+        module = LAUNCHERS.get(argv[2])
+        if module is not None:
+            return [argv[0], "-m", module, *argv[3:]], True
+    return argv, False
 
 
 def env_pairs(value: Any) -> dict[str, str]:
@@ -112,6 +136,13 @@ class RunSpec:
     preemption_timeout: float | None = None
     user: str = ""
     cluster_id: str = ""
+    launcher: bool = False
+    """The entrypoint is a launcher: one process on this agent starts the local ranks."""
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str | None = None
+    """The chief's address and port once the rendezvous completed (several agents only)."""
+    master_port: int | None = None
 
     @classmethod
     def from_api(cls, spec: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -123,18 +154,21 @@ class RunSpec:
         slot_ids = [str(s) for s in spec.get("slot_ids") or []]
         placements = spec.get("placements") or {}
         rank_offset, world = 0, max(len(slot_ids), 1)
+        node_rank, num_nodes = 0, 1
         if isinstance(placements, Mapping) and agent_id in placements:
             slot_ids = [str(s) for s in placements[agent_id]] or slot_ids
             agents = sorted(placements)
-            rank_offset = sum(len(placements[a]) for a in agents[: agents.index(agent_id)])
+            node_rank, num_nodes = agents.index(agent_id), len(agents)
+            rank_offset = sum(len(placements[a]) for a in agents[:node_rank])
             world = max(sum(len(v) for v in placements.values()), 1)
         config = dict(spec.get("config") or {})
+        argv, launcher = launcher_argv(entrypoint_argv(spec.get("entrypoint")))
         return cls(
             allocation_id=str(spec["allocation_id"]),
             trial_id=int(spec["trial_id"]),
             experiment_id=int(spec.get("experiment_id") or 0),
             run_id=int(spec.get("run_id") or 1),
-            argv=entrypoint_argv(spec.get("entrypoint")),
+            argv=argv,
             code_ref=spec.get("code_ref") or None,
             hparams=dict(spec.get("hparams") or {}),
             trial_seed=int(spec.get("trial_seed") or 0),
@@ -154,6 +188,9 @@ class RunSpec:
             ),
             user=str(spec.get("user") or ""),
             cluster_id=str(spec.get("cluster_id") or ""),
+            launcher=launcher,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
         )
 
 
@@ -161,6 +198,25 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this machine (for a gang's rendezvous store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def reachable_address(api_url: str) -> str:
+    """The address of this machine on the route to the API (what the gang's other agents
+    reach it by, as they reach the API); ``127.0.0.1`` when the API is local."""
+    host = urlsplit(api_url).hostname or "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((socket.gethostbyname(host), 9))  # UDP: nothing is sent
+            return str(sock.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
 
 
 def trial_environment(
@@ -183,7 +239,7 @@ def trial_environment(
     env = {
         k: v
         for k, v in (os.environ if base is None else base).items()
-        if not k.startswith("CAIRN_") and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+        if not k.startswith("CAIRN_") and k not in _RANK_VARIABLES
     }
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
     env["PYTHONUNBUFFERED"] = "1"
@@ -215,22 +271,28 @@ def trial_environment(
         }
     )
     local = max(len(run.slot_ids), 1)
-    if local == 1 and run.world_size == 1:
+    if local == 1 and run.world_size == 1 and not run.launcher:
         return [env]
-    port = str(_free_port())
+    gang = {
+        "WORLD_SIZE": str(run.world_size),
+        "LOCAL_WORLD_SIZE": str(local),
+        "GROUP_RANK": str(run.node_rank),
+        "CAIRN_NODE_RANK": str(run.node_rank),
+        "CAIRN_NUM_NODES": str(run.num_nodes),
+        "CAIRN_RANK_OFFSET": str(run.rank_offset),
+    }
+    if run.master_addr is not None and run.master_port is not None:
+        gang["MASTER_ADDR"], gang["MASTER_PORT"] = run.master_addr, str(run.master_port)
+    else:
+        gang["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
+        gang["MASTER_PORT"] = env.get("MASTER_PORT") or str(_free_port())
+    env.update(gang)
+    if run.launcher:
+        return [env]  # the launcher starts this agent's ranks and sets RANK/LOCAL_RANK itself
     envs = []
     for local_rank in range(local):
         one = dict(env)
-        one.update(
-            {
-                "RANK": str(run.rank_offset + local_rank),
-                "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(run.world_size),
-                "LOCAL_WORLD_SIZE": str(local),
-                "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
-                "MASTER_PORT": env.get("MASTER_PORT", port),
-            }
-        )
+        one.update({"RANK": str(run.rank_offset + local_rank), "LOCAL_RANK": str(local_rank)})
         envs.append(one)
     return envs
 

@@ -1,0 +1,143 @@
+"""The rendezvous of a run placed on several agents: agents join, then wait for the others.
+
+``POST /allocations/{id}/rendezvous`` records ``RendezvousJoined`` once per (allocation, agent);
+``GET /allocations/{id}/rendezvous`` long-polls until every agent of the gang has joined (or
+the run is no longer current) and answers the chief's endpoint, the asker's node rank, the
+number of nodes and the world size (see :mod:`services.api.rendezvous`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from events.envelope import new
+from events.names import trial_stream
+from events.store import Transaction
+from events.types import RendezvousJoined
+from services.api.auth import check_trial, principal_of
+from services.api.errors import bad_request, conflict, parse, read_json
+from services.api.inbox import claim, in_transaction, record
+from services.api.rendezvous import Rendezvous, fold_rendezvous
+from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, store_of
+from services.api.views import Reader, allocation_of, load_trial, read_facts, trial_of
+
+log = structlog.get_logger("api")
+routes = RouteTable("rendezvous")
+
+MAX_POLL_SECONDS = 60.0
+POLL_EVERY = 0.2
+
+
+class JoinBody(BaseModel):
+    """An agent of the run's gang is ready and reachable at ``address:port``."""
+
+    agent_id: str = Field(min_length=1, max_length=255)
+    address: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:_\-\[\]%]+$")
+    port: int = Field(ge=1, le=65535)
+    idempotency_key: str | None = Field(None, max_length=500)
+
+
+class RendezvousQuery(BaseModel):
+    """Who asks (its node rank is answered) and how long to wait for completion (capped 60 s)."""
+
+    agent_id: str | None = Field(None, max_length=255)
+    timeout_seconds: float = Field(0, ge=0, allow_inf_nan=False)
+
+
+class RendezvousResponse(BaseModel):
+    """The state of the rendezvous; ``chief_*`` only once it is ``complete``; ``current: false``
+    when the run has ended or was replaced (whoever waits should give up)."""
+
+    allocation_id: str
+    current: bool
+    complete: bool
+    nodes: list[str]
+    joined: list[str]
+    num_nodes: int
+    world_size: int
+    chief_address: str | None
+    chief_port: int | None
+    node_rank: int | None
+    rank_offset: int | None
+    local_size: int | None
+
+
+def _allocation(request: web.Request) -> tuple[str, int]:
+    allocation_id = request.match_info["allocation_id"]
+    trial_id = trial_of(allocation_id)
+    check_trial(principal_of(request), trial_id)
+    return allocation_id, trial_id
+
+
+async def _load(reader: Reader, allocation_id: str, trial_id: int) -> tuple[Rendezvous, bool, int]:
+    """The rendezvous, whether the run is current, and the trial stream's version."""
+    trial = await load_trial(reader, trial_id)
+    alloc = allocation_of(trial, allocation_id)
+    joins, _ = await read_facts(reader, trial_stream(trial_id), ("RendezvousJoined",))
+    view = fold_rendezvous(allocation_id, alloc.placements, joins)
+    return view, trial.is_current(allocation_id), trial.version
+
+
+@routes.post(
+    "/api/v1/allocations/{allocation_id}/rendezvous",
+    allow=AGENTS,
+    body=JoinBody,
+    response=RendezvousResponse,
+)
+async def join(request: web.Request) -> web.Response:
+    """Appends ``RendezvousJoined`` for the agent (once; a repeat answers the current state).
+
+    400 if the agent holds no slots in the allocation, 409 if the run is no longer current.
+    """
+    allocation_id, trial_id = _allocation(request)
+    body = parse(JoinBody, await read_json(request))
+
+    async def decide(tx: Transaction) -> dict[str, Any]:
+        view, current, version = await _load(tx, allocation_id, trial_id)
+        if body.agent_id not in view.placements:
+            raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
+        fresh, _ = await claim(tx, "api.allocation.rendezvous", f"{allocation_id}:{body.agent_id}")
+        if fresh and body.agent_id not in view.members:
+            if not current:
+                raise conflict(f"allocation {allocation_id} is no longer its trial's current run")
+            event = RendezvousJoined(
+                trial_id=trial_id,
+                allocation_id=allocation_id,
+                agent_id=body.agent_id,
+                address=body.address,
+                port=body.port,
+            )
+            meta = {"actor": f"agent:{body.agent_id}", "causation_id": body.idempotency_key}
+            await tx.append(trial_stream(trial_id), [new(event, **meta)], expected_version=version)
+            await record(tx, "api.allocation.rendezvous", f"{allocation_id}:{body.agent_id}", {})
+            view, current, _ = await _load(tx, allocation_id, trial_id)
+            log.info("rendezvous joined", allocation_id=allocation_id, agent_id=body.agent_id)
+        return {**view.answer(body.agent_id), "current": current}
+
+    return web.json_response(await in_transaction(store_of(request), decide))
+
+
+@routes.get(
+    "/api/v1/allocations/{allocation_id}/rendezvous",
+    allow=TRIAL_OR_AGENT,
+    query=RendezvousQuery,
+    response=RendezvousResponse,
+)
+async def wait(request: web.Request) -> web.Response:
+    """Long poll: answers once the rendezvous is complete or the run is no longer current,
+    else the state so far after ``timeout_seconds``."""
+    allocation_id, trial_id = _allocation(request)
+    query = parse(RendezvousQuery, dict(request.query))
+    deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
+    store = store_of(request)
+    while True:
+        view, current, _ = await _load(store, allocation_id, trial_id)
+        if view.complete or not current or time.monotonic() >= deadline:
+            return web.json_response({**view.answer(query.agent_id), "current": current})
+        await asyncio.sleep(min(POLL_EVERY, max(deadline - time.monotonic(), 0.0)))
