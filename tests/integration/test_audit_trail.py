@@ -227,6 +227,15 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
         ),
         (
             "POST",
+            "/api/v1/allocations/{allocation_id}/rendezvous",
+            "/api/v1/allocations/{alloc}/rendezvous",
+            agent,
+            {"agent_id": "gpu01", "address": "127.0.0.1", "port": 29500},
+            200,
+            "agent:gpu01",
+        ),
+        (
+            "POST",
             "/api/v1/trials/{trial_id}/reports",
             "/api/v1/trials/11/reports",
             api.trial_token(11),

@@ -18,7 +18,8 @@ def test_each_decider_gets_numbered_replicas_and_others_stay_single() -> None:
         else:
             assert names == [service]
         assert {service_of(n) for n in names} == {service}
-    assert service_of("agent-2") == "agent-2", "only deciders have numbered replicas"
+    assert service_of("agent-2") == "agent", "a further agent on this machine runs the agent"
+    assert service_of("tracker-2") == "tracker-2", "only deciders and agents are numbered"
 
 
 def test_replicas_out_of_range_is_a_usage_error() -> None:
