@@ -71,6 +71,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kill-grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL"
     )
+    p.add_argument(
+        "--docker-share-from",
+        default=env("CAIRN_DOCKER_SHARE_FROM"),
+        help="the container this agent runs in ('self': this host name); trial containers "
+        "share its volumes and network (CAIRN_DOCKER_SHARE_FROM)",
+    )
     p.add_argument("--log-level", default=env("CAIRN_LOG_LEVEL", "INFO"))
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
     return p
@@ -105,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat=args.heartbeat,
         preempt_timeout=args.preempt_timeout,
         kill_grace=args.kill_grace,
+        docker_share_from=(
+            socket.gethostname() if args.docker_share_from == "self" else args.docker_share_from
+        )
+        or None,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(config))

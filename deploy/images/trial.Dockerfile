@@ -1,0 +1,14 @@
+# cairn's trial image: Python 3.11, torch (CPU) and the cairn package trials import
+# (`cairn.core`). Built FROM the offline base image by build.sh, from wheels gathered on the host.
+ARG BASE
+FROM ${BASE}
+COPY wheels /tmp/wheels
+RUN python3 -m venv /opt/cairn \
+ && /opt/cairn/bin/pip install --no-index --no-cache-dir --find-links /tmp/wheels torch cairn \
+ && rm -rf /tmp/wheels \
+ && chmod 1777 /tmp
+ENV PATH=/opt/cairn/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp
+ENTRYPOINT ["/usr/bin/tini", "-g", "--"]
+CMD ["python3"]
