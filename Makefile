@@ -1,10 +1,11 @@
-# cairn: make install | test | lint | bench | chaos | demo
+# cairn: make install | test | lint | bench | chaos | demo | test-lab
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast lint bench chaos demo up down clean browser web-assets screenshot
+.PHONY: install test test-fast lint bench chaos demo up down clean browser web-assets screenshot \
+        test-lab
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -54,6 +55,13 @@ CHAOS_SEEDS   ?= 1-20
 CHAOS_TIMEOUT ?= 300
 chaos: install
 	$(PY) -m tests.chaos --seeds $(CHAOS_SEEDS) --timeout $(CHAOS_TIMEOUT)
+
+# The lab suite (never part of `make test`): a Docker engine (installed and started if need be),
+# the images built offline from Debian packages and wheels, the compose cluster, an ASHA
+# experiment with its trials in containers, an agent killed mid-trial; tests/lab.
+test-lab: install
+	deploy/lab/docker-engine.sh
+	CAIRN_LAB=1 $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 tests/lab
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser

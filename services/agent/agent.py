@@ -45,9 +45,13 @@ from events.bus import COMMANDS_STREAM, Bus
 from events.commands import agent_subject
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
-from services.agent.docker_runtime import DockerRuntimeError, TrialContainers
+from services.agent.docker_runtime import (
+    DockerRuntimeError,
+    TrialContainers,
+    remove_leftover_containers,
+    run_image,
+)
 from services.agent.docker_runtime import launch as launch_containers
-from services.agent.docker_runtime import remove_leftover_containers, run_image
 from services.agent.leftovers import RunProcesses, kill_leftovers, record_of
 from services.agent.outbox import ExitReport, UnreportedExits
 from services.agent.runtime import (

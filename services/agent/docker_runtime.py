@@ -180,9 +180,7 @@ def plan_containers(
             volumes.setdefault(source, dict(bind))
     else:
         volumes.setdefault(str(work), {"bind": str(work), "mode": "rw"})
-        volumes.setdefault(
-            str(run.checkpoint_dir), {"bind": str(run.checkpoint_dir), "mode": "rw"}
-        )
+        volumes.setdefault(str(run.checkpoint_dir), {"bind": str(run.checkpoint_dir), "mode": "rw"})
     plans = []
     for index, env in enumerate(envs):
         rank = env.get("RANK", str(index))

@@ -62,15 +62,15 @@ def test_container_gets_the_trial_environment_without_host_paths() -> None:
     assert inside["EXTRA"] == "1"
     assert "PATH" not in inside and "PYTHONPATH" not in inside
     own_path = _run({}, environment_variables=["PATH=/opt/x/bin"])
-    env = trial_environment(own_path, agent_id="a1", api_url="http://api", gpu_slots={}, base={})[
-        0
-    ]
+    env = trial_environment(own_path, agent_id="a1", api_url="http://api", gpu_slots={}, base={})[0]
     assert container_environment(env, own_path)["PATH"] == "/opt/x/bin"
 
 
 def test_plan_on_a_host_agent_mounts_work_and_checkpoints_at_their_paths() -> None:
     """An agent on the host: host network, work dir and checkpoint dir bound at the same paths."""
-    run = _run({"bind_mounts": [{"host_path": "/data", "container_path": "/in", "read_only": True}]})
+    run = _run(
+        {"bind_mounts": [{"host_path": "/data", "container_path": "/in", "read_only": True}]}
+    )
     envs = trial_environment(run, agent_id="a1", api_url="http://x", gpu_slots={}, base={})
     work = Path("/var/lib/agent/allocations/12.1.1")
     (plan,) = plan_containers(
@@ -95,8 +95,12 @@ def test_plan_in_an_agent_container_shares_its_volumes_and_network() -> None:
     envs = trial_environment(run, agent_id="a1", api_url="http://api:8080", gpu_slots={}, base={})
     attrs = {
         "Mounts": [
-            {"Type": "bind", "Source": "/var/run/docker.sock", "Destination": "/var/run/docker.sock",
-             "RW": True},
+            {
+                "Type": "bind",
+                "Source": "/var/run/docker.sock",
+                "Destination": "/var/run/docker.sock",
+                "RW": True,
+            },
             {"Type": "volume", "Name": "c_work1", "Destination": "/w", "RW": True},
             {"Type": "volume", "Name": "c_ckpt", "Destination": "/var/lib/cairn", "RW": True},
         ]
@@ -122,9 +126,7 @@ def test_plan_in_an_agent_container_shares_its_volumes_and_network() -> None:
 
 def test_plan_per_rank_gpus_and_devices() -> None:
     """Two local ranks give two containers (distinct names, ranks); GPUs become device requests."""
-    config = {
-        "resources": {"devices": [{"host_path": "/dev/fuse", "container_path": "/dev/fuse"}]}
-    }
+    config = {"resources": {"devices": [{"host_path": "/dev/fuse", "container_path": "/dev/fuse"}]}}
     run = _run(config, slots=["g0", "g1"])
     gpus = {"g0": "0", "g1": "1"}
     envs = trial_environment(run, agent_id="a1", api_url="http://x", gpu_slots=gpus, base={})
