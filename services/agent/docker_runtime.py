@@ -79,6 +79,8 @@ class ContainerPlan:
     devices: list[str] = field(default_factory=list)
     gpu_ids: list[str] = field(default_factory=list)
     shm_size: str | None = None
+    cap_add: list[str] = field(default_factory=list)
+    cap_drop: list[str] = field(default_factory=list)
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``docker.DockerClient().containers.create``."""
@@ -102,6 +104,10 @@ class ContainerPlan:
             kwargs["devices"] = self.devices
         if self.shm_size:
             kwargs["shm_size"] = self.shm_size
+        if self.cap_add:
+            kwargs["cap_add"] = self.cap_add
+        if self.cap_drop:
+            kwargs["cap_drop"] = self.cap_drop
         if self.gpu_ids:
             from docker.types import DeviceRequest
 
@@ -174,6 +180,13 @@ def plan_containers(
     resources = config.get("resources") or {}
     shm = resources.get("shm_size") if isinstance(resources, Mapping) else None
     gpu_ids = [gpu_slots[s] for s in run.slot_ids if s in gpu_slots]
+    environment = config.get("environment") or {}
+    caps = {
+        key: [str(c) for c in environment.get(key) or []]
+        if isinstance(environment, Mapping)
+        else []
+        for key in ("add_capabilities", "drop_capabilities")
+    }
     volumes = _bind_mounts(config)
     if share_from is not None:
         for source, bind in (shared_mounts or {}).items():
@@ -202,6 +215,8 @@ def plan_containers(
                 devices=_devices(config),
                 gpu_ids=gpu_ids,
                 shm_size=str(shm) if shm else None,
+                cap_add=caps["add_capabilities"],
+                cap_drop=caps["drop_capabilities"],
             )
         )
     return plans

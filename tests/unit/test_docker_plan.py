@@ -125,8 +125,15 @@ def test_plan_in_an_agent_container_shares_its_volumes_and_network() -> None:
 
 
 def test_plan_per_rank_gpus_and_devices() -> None:
-    """Two local ranks give two containers (distinct names, ranks); GPUs become device requests."""
-    config = {"resources": {"devices": [{"host_path": "/dev/fuse", "container_path": "/dev/fuse"}]}}
+    """Two local ranks give two containers (distinct names, ranks); GPUs become device requests;
+    devices, shared memory and capabilities pass through."""
+    config = {
+        "resources": {
+            "devices": [{"host_path": "/dev/fuse", "container_path": "/dev/fuse"}],
+            "shm_size": 1 << 30,
+        },
+        "environment": {"add_capabilities": ["SYS_ADMIN"], "drop_capabilities": ["NET_RAW"]},
+    }
     run = _run(config, slots=["g0", "g1"])
     gpus = {"g0": "0", "g1": "1"}
     envs = trial_environment(run, agent_id="a1", api_url="http://x", gpu_slots=gpus, base={})
@@ -138,6 +145,8 @@ def test_plan_per_rank_gpus_and_devices() -> None:
     (request,) = kwargs["device_requests"]
     assert request["DeviceIDs"] == ["0", "1"]
     assert kwargs["devices"] == ["/dev/fuse:/dev/fuse:mrw"]
+    assert kwargs["shm_size"] == str(1 << 30)
+    assert (kwargs["cap_add"], kwargs["cap_drop"]) == (["SYS_ADMIN"], ["NET_RAW"])
 
 
 def test_lines_split_across_chunks() -> None:
