@@ -7,8 +7,9 @@
 #   deploy/compose/quickstart.sh down   stops it and removes containers, network and volumes
 #   deploy/compose/quickstart.sh join   prints the command that joins an agent on another host
 #
-# .env (mode 600) holds POSTGRES_PASSWORD, CAIRN_ADMIN_PASSWORD, CAIRN_AGENT_TOKEN and the image
-# tags; it is kept across runs (delete it, with `down`, to start over with new secrets).
+# .env (mode 600) holds POSTGRES_PASSWORD, CAIRN_ADMIN_PASSWORD, CAIRN_AGENT_TOKEN, the image
+# tags and the Docker socket the agents use (path and group); it is kept across runs (delete it,
+# after `down`, to start over with new secrets).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -48,6 +49,10 @@ ENV
     )
     echo "wrote $env_file (new secrets)" >&2
   fi
+  local socket=/var/run/docker.sock
+  case "${DOCKER_HOST:-}" in unix://*) socket="${DOCKER_HOST#unix://}" ;; esac
+  set_var DOCKER_SOCKET "$socket"
+  set_var DOCKER_GID "$(stat -c %g "$socket")"
   while IFS='=' read -r name value; do
     set_var "$name" "$value"
   done < <("$repo/deploy/images/build.sh" services trial)

@@ -9,7 +9,9 @@ RUN python3 -m venv /opt/cairn \
  && rm -rf /tmp/wheels \
  && ln -s "$(/opt/cairn/bin/python -c 'import pgserver, pathlib; print(pathlib.Path(pgserver.__file__).parent / "pginstall/bin")')" /opt/pgbin \
  && useradd --create-home --uid 1000 cairn \
- && mkdir -p /var/lib/cairn && chown cairn:cairn /var/lib/cairn
+ && mkdir -p /var/lib/cairn /var/lib/cairn-agent /checkpoints /data \
+ && chown cairn:cairn /var/lib/cairn /var/lib/cairn-agent /checkpoints /data
+# A named volume mounted on one of these directories starts owned by cairn.
 COPY postgres-entrypoint.sh /usr/local/bin/cairn-postgres
 ENV PATH=/opt/cairn/bin:/opt/pgbin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1

@@ -88,7 +88,8 @@ class AgentConfig:
     kill_grace: float = 5.0
     hostname: str = field(default_factory=socket.gethostname)
     docker_share_from: str | None = None
-    """The container the agent runs in, if any: trial containers share its volumes and network."""
+    """The container the agent runs in, if any: trial containers join its network and get its
+    work and checkpoint mounts."""
 
 
 @dataclass
