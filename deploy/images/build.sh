@@ -23,11 +23,22 @@ export DOCKER_BUILDKIT=0
 
 base="$("$repo/deploy/base-image.sh")"
 
-gather() {  # gather NAME PIP-REQUIREMENTS... : a build context with the wheels of the requirements
-  local ctx="$cache/$1"
+wheels() {  # wheels DIR PIP-REQUIREMENTS... : the wheels of the requirements, into DIR
+  local dir="$1"
   shift
-  rm -rf "$ctx" && mkdir -p "$ctx/wheels"
-  SOURCE_DATE_EPOCH=315532800 "$python" -m pip wheel -q --disable-pip-version-check --wheel-dir "$ctx/wheels" "$@" >&2
+  rm -rf "$dir" && mkdir -p "$dir"
+  # A fixed timestamp makes the cairn wheel the same bytes when its sources are the same.
+  SOURCE_DATE_EPOCH=315532800 "$python" -m pip wheel -q --disable-pip-version-check \
+    --wheel-dir "$dir" "$@" >&2
+}
+
+gather() {  # gather NAME: the build context of image NAME
+  local ctx="$cache/$1"
+  mkdir -p "$ctx"
+  wheels "$ctx/wheels" "$repo"
+  if [ "$1" = trial ]; then
+    wheels "$ctx/torch-wheels" "torch==2.13.0"
+  fi
   cp "$here"/*.Dockerfile "$here"/postgres-entrypoint.sh "$ctx/"
   echo "$ctx"
 }
@@ -35,7 +46,8 @@ gather() {  # gather NAME PIP-REQUIREMENTS... : a build context with the wheels 
 build() {  # build NAME CONTEXT
   local name="$1" ctx="$2" digest tag
   digest="$( { echo "$base"; cat "$ctx/$name.Dockerfile" "$ctx/postgres-entrypoint.sh";
-               (cd "$ctx/wheels" && sha256sum -- * | sort); } | sha256sum | cut -c1-12)"
+               (cd "$ctx" && find . -name '*.whl' -print0 | sort -z | xargs -0 sha256sum); } \
+             | sha256sum | cut -c1-12)"
   tag="cairn-$name:$digest"
   if ! docker image inspect "$tag" >/dev/null 2>&1; then
     echo "building $tag" >&2
@@ -49,8 +61,8 @@ build() {  # build NAME CONTEXT
 
 for target in "${targets[@]}"; do
   case "$target" in
-    services) build services "$(gather services "$repo")" ;;
-    trial) build trial "$(gather trial "torch==2.13.0" "$repo")" ;;
+    services) build services "$(gather services)" ;;
+    trial) build trial "$(gather trial)" ;;
     *) echo "unknown image: $target (services or trial)" >&2; exit 2 ;;
   esac
 done
