@@ -22,7 +22,7 @@ else
 fi
 compose+=(--project-directory "$here" -f "$here/docker-compose.yml" --env-file "$env_file")
 
-secret() { python3 -c 'import secrets; print(secrets.token_urlsafe(24))'; }
+secret() { python3 -c 'import secrets; print(secrets.token_hex(20))'; }
 
 set_var() {  # set_var NAME VALUE: replaces or appends NAME=VALUE in .env
   python3 - "$env_file" "$1" "$2" <<'PY'

@@ -78,12 +78,12 @@ def cli(cluster: dict[str, str], *args: str, timeout: float = 120) -> Any:
     env = {**os.environ, "CAIRN_HOME": cluster["home"], "CAIRN_MASTER": cluster["url"]}
     out = subprocess.run(
         [sys.executable, "-m", "cairn.cli", "--json", *args],
-        check=True,
         capture_output=True,
         text=True,
         env=env,
         timeout=timeout,
     )
+    assert out.returncode == 0, f"cairn {' '.join(args)}: exit {out.returncode}: {out.stderr}"
     return json.loads(out.stdout) if out.stdout.strip() else None
 
 
@@ -112,7 +112,7 @@ def test_asha_in_containers_survives_an_agent_kill(
 ) -> None:
     """A trial whose agent container is SIGKILLed resumes on the other agent from its checkpoint,
     and the experiment completes."""
-    cli(cluster, "user", "login", "admin", "--password", cluster["CAIRN_ADMIN_PASSWORD"])
+    cli(cluster, "user", "login", "admin", f"--password={cluster['CAIRN_ADMIN_PASSWORD']}")
     created = cli(cluster, "experiment", "create", str(TRIAL_DIR / "adaptive.yaml"), str(TRIAL_DIR))
     exp_id = int(created["id"])
 
