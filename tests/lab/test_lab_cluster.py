@@ -155,7 +155,7 @@ def test_asha_in_containers_survives_an_agent_kill(
     wait_until(leftover_gone, timeout=300, every=2.0)
     cli(cluster, "experiment", "wait", str(exp_id), timeout=1800)
     after = cli(cluster, "trial", "describe", str(trial_id))
-    assert after["restarts"] >= 1
+    assert after["run_id"] > before["run_id"]  # a new run (a lost agent is not a restart)
     assert after["steps_completed"] > before["steps_completed"]
     described = cli(cluster, "experiment", "describe", str(exp_id))
     assert described["state"] == "COMPLETED"

@@ -43,7 +43,7 @@ def main(core: det.core.Context, hparams: dict, latest: str | None, trial_id: in
             batch += 1
             time.sleep(float(hparams["sleep"]))
             if batch % 10 == 0:
-                core.train.report_training_metrics(batch, {"loss": float(loss)})
+                core.train.report_training_metrics(batch, {"loss": loss.item()})
             if batch % 50 == 0:
                 core.train.report_validation_metrics(batch, {"validation_loss": validate(model)})
             if batch % every == 0:
