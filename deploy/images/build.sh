@@ -7,8 +7,8 @@
 # Wheels are gathered on the host (pip, which reads PyPI or a local wheel file) into a build
 # context, so `docker build` itself needs no network. Each tag is a digest of the base tag, the
 # Dockerfile and the wheels' contents: an image whose inputs did not change is not rebuilt.
-# Both are also tagged `:local`, the name docker-compose.yml and examples use. Prints
-# `CAIRN_SERVICES_IMAGE=...` and `CAIRN_TRIAL_IMAGE=...` lines.
+# Both are also tagged `:local`, the name experiment configs use; earlier builds are removed.
+# Prints `CAIRN_SERVICES_IMAGE=...` and `CAIRN_TRIAL_IMAGE=...` lines.
 #
 #   deploy/images/build.sh [services|trial]...   (default: both)
 set -euo pipefail
@@ -56,6 +56,9 @@ build() {  # build NAME CONTEXT
     echo "$tag is up to date" >&2
   fi
   docker tag "$tag" "cairn-$name:local"
+  # Earlier builds of this image go (an image a container still uses stays: rmi refuses it).
+  docker images "cairn-$name" --format '{{.Tag}}' | grep -v -x -e local -e "$digest" \
+    | sed "s/^/cairn-$name:/" | xargs -r docker rmi >/dev/null 2>&1 || true
   echo "CAIRN_$(echo "$name" | tr a-z A-Z)_IMAGE=$tag"
 }
 
