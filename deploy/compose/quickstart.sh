@@ -71,6 +71,11 @@ ENV
 
 down() {
   [ -f "$env_file" ] || { echo "no $env_file: nothing to take down" >&2; return 0; }
+  # Trial containers of an agent that died without stopping them hold the agent's volumes.
+  local id
+  for id in $("${compose[@]}" ps -q); do
+    docker ps -aq --filter "label=ai.cairn.agent-container=${id:0:12}" | xargs -r docker rm -f
+  done
   "${compose[@]}" down -v --remove-orphans
 }
 

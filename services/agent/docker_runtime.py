@@ -38,6 +38,9 @@ log = structlog.get_logger("agent")
 LABEL_AGENT = "ai.cairn.agent"
 LABEL_ALLOCATION = "ai.cairn.allocation"
 LABEL_TRIAL = "ai.cairn.trial"
+LABEL_AGENT_CONTAINER = "ai.cairn.agent-container"
+"""On trial containers of an agent that runs in a container: that container (as ``share_from``
+names it), so that whoever removes the agent's container can remove its trials too."""
 _HOST_ONLY = ("PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HOME")
 """Variables of the agent's environment that name host paths or host devices: a container takes
 them only when the experiment sets them itself."""
@@ -207,6 +210,7 @@ def plan_containers(
                     LABEL_AGENT: agent_id,
                     LABEL_ALLOCATION: run.allocation_id,
                     LABEL_TRIAL: str(run.trial_id),
+                    **({LABEL_AGENT_CONTAINER: share_from} if share_from else {}),
                 },
                 name=f"cairn-{safe_name(agent_id)}-{safe_name(run.allocation_id)}-{rank}",
                 user=user,

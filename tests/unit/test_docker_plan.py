@@ -125,6 +125,7 @@ def test_plan_in_an_agent_container_shares_its_volumes_and_network() -> None:
         shared_mounts=shared,
     )
     assert plan.network_mode == "container:abc123"
+    assert plan.labels["ai.cairn.agent-container"] == "abc123"
     assert plan.volumes == shared  # never the agent's Docker socket
 
 

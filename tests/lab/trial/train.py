@@ -24,14 +24,15 @@ def main(core: det.core.Context, hparams: dict, latest: str | None, trial_id: in
     model = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(model.parameters(), lr=float(hparams["learning_rate"]))
     batch = 0
+    agent = os.environ["CAIRN_AGENT_ID"]
     if latest is not None:
         with core.checkpoint.restore_path(latest) as path:
             state = torch.load(path / "model.pt")
         model.load_state_dict(state["model"])
         batch = int(state["batch"])
-        logging.info("resumed from checkpoint %s at batch %d on %s", latest, batch, os.uname()[1])
+        logging.info("resumed from checkpoint %s at batch %d on %s", latest, batch, agent)
     else:
-        logging.info("started from scratch on %s (torch %s)", os.uname()[1], torch.__version__)
+        logging.info("started from scratch on %s (torch %s)", agent, torch.__version__)
     every = int(hparams["checkpoint_every"])
     for op in core.searcher.operations():
         while batch < op.length:
