@@ -39,7 +39,7 @@ api_port() { grep -E '^CAIRN_API_PORT=' "$env_file" | cut -d= -f2; }
 up() {
   if [ ! -f "$env_file" ]; then
     (umask 077 && cat > "$env_file" <<ENV
-COMPOSE_PROJECT_NAME=cairn
+COMPOSE_PROJECT_NAME=${COMPOSE_PROJECT_NAME:-cairn}
 CAIRN_API_PORT=${CAIRN_API_PORT:-8080}
 CAIRN_NATS_PORT=${CAIRN_NATS_PORT:-4222}
 POSTGRES_PASSWORD=$(secret)
