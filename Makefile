@@ -1,10 +1,11 @@
-# cairn: make install | test | lint | bench | chaos | failover | demo
+# cairn: make install | test | lint | bench | chaos | failover | demo | test-lab
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast test-dist horovod lint bench chaos failover property demo up down clean browser web-assets screenshot test-search
+.PHONY: install test test-fast test-dist horovod lint bench chaos failover property demo up down clean \
+        browser web-assets screenshot test-search test-lab
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -96,6 +97,13 @@ failover: install
 test-search: install
 	CAIRN_SEARCH_E2E=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_pbt.py \
 		tests/integration/test_custom_searcher.py
+
+# The lab suite (never part of `make test`): a Docker engine (installed and started if need be),
+# the images built offline from Debian packages and wheels, the compose cluster, an ASHA
+# experiment with its trials in containers, an agent killed mid-trial; tests/lab.
+test-lab: install
+	deploy/lab/docker-engine.sh
+	CAIRN_LAB=1 $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 tests/lab
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser

@@ -30,12 +30,12 @@ class ConfigWarning(BaseModel):
 
 
 NO_CONTAINERS = "trials run as processes in the agent's environment, not in containers"
+NO_PULLS = "agents use the image on their host and pull it only when it is missing"
 TRIAL_API = "only Determined's deprecated Trial API used it; Core API code decides this itself"
 
 _TOP_LEVEL: dict[str, str] = {
     "workspace": "cairn has no workspaces",
     "project": "cairn has no projects",
-    "bind_mounts": NO_CONTAINERS,
     "profiling": "turn profiling on from the training code with ctx.profiler.on()",
     "optimizations": TRIAL_API,
     "records_per_epoch": TRIAL_API,
@@ -60,21 +60,16 @@ _TOP_LEVEL: dict[str, str] = {
 _RESOURCES: dict[str, str] = {
     "agent_label": "removed from Determined in 0.20.0; use resource_pool",
     "slots": "not used by experiments; use slots_per_trial",
-    "shm_size": NO_CONTAINERS,
-    "devices": NO_CONTAINERS,
     "is_single_node": "the scheduler decides where a trial's slots are",
     "native_parallel": "deprecated in Determined; launch distributed training from the entrypoint",
 }
 
 _ENVIRONMENT: dict[str, str] = {
-    "image": NO_CONTAINERS,
-    "force_pull_image": NO_CONTAINERS,
-    "registry_auth": NO_CONTAINERS,
+    "force_pull_image": NO_PULLS,
+    "registry_auth": "agents pull images without registry credentials",
     "proxy_ports": "cairn does not proxy ports of trials",
     "ports": "cairn does not proxy ports of trials",
     "pod_spec": "cairn does not run on Kubernetes",
-    "add_capabilities": NO_CONTAINERS,
-    "drop_capabilities": NO_CONTAINERS,
 }
 
 _SEARCHER: dict[str, str] = {

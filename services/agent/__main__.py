@@ -84,6 +84,12 @@ def parser() -> argparse.ArgumentParser:
         help="address the other agents of a gang reach this one by (CAIRN_AGENT_ADDRESS; "
         "default: this machine's address on the route to the API)",
     )
+    p.add_argument(
+        "--docker-share-from",
+        default=env("CAIRN_DOCKER_SHARE_FROM"),
+        help="the container this agent runs in ('self': this host name); trial containers "
+        "share its volumes and network (CAIRN_DOCKER_SHARE_FROM)",
+    )
     p.add_argument("--log-level", default=env("CAIRN_LOG_LEVEL", "INFO"))
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
     return p
@@ -120,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         kill_grace=args.kill_grace,
         rendezvous_timeout=args.rendezvous_timeout,
         address=args.address,
+        docker_share_from=(
+            socket.gethostname() if args.docker_share_from == "self" else args.docker_share_from
+        )
+        or None,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(config))

@@ -45,6 +45,13 @@ from events.bus import COMMANDS_STREAM, Bus
 from events.commands import agent_subject
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
+from services.agent.docker_runtime import (
+    DockerRuntimeError,
+    TrialContainers,
+    remove_leftover_containers,
+    run_image,
+)
+from services.agent.docker_runtime import launch as launch_containers
 from services.agent.leftovers import RunProcesses, kill_leftovers, record_of
 from services.agent.outbox import ExitReport, UnreportedExits
 from services.agent.runtime import (
@@ -88,6 +95,9 @@ class AgentConfig:
     """Seconds a run placed on several agents waits for all of them to join; then it fails."""
     address: str | None = None
     """Where the other agents of a gang reach this one (default: see ``reachable_address``)."""
+    docker_share_from: str | None = None
+    """The container the agent runs in, if any: trial containers join its network and get its
+    work and checkpoint mounts."""
 
 
 @dataclass
@@ -96,7 +106,7 @@ class Allocation:
 
     allocation_id: str
     state: str = "starting"  # starting | running | exited | skipped
-    procs: TrialProcesses | None = None
+    procs: TrialProcesses | TrialContainers | None = None
     preempt_requested: bool = False
     kill_requested: bool = False
     stop_reason: str = ""
@@ -167,6 +177,7 @@ class Agent:
         self._heartbeats = 0
         self._bus: Bus | None = None
         self._sub: Any = None
+        self._docker: Any = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -199,6 +210,7 @@ class Agent:
         killed = await asyncio.to_thread(kill_leftovers, self.run_processes)
         if killed:
             log.warning("stopped runs left by an earlier agent process", allocations=killed)
+        self._docker = await remove_leftover_containers(self.id)
 
     async def _until_stopped(self, coro: Any, stop: asyncio.Event) -> bool:
         task = asyncio.ensure_future(coro)
@@ -508,8 +520,25 @@ class Agent:
                     run, agent_id=self.id, api_url=self.config.api_url, gpu_slots=self.gpu_slots
                 )
                 shipper = LogShipper(self.client, aid, f"{self.id}:{self.incarnation}")
-                procs = TrialProcesses(aid, shipper, self.config.kill_grace)
-                await procs.launch(run.argv, work, envs)
+                device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
+                image = run_image(run.config, device)
+                procs: TrialProcesses | TrialContainers
+                if image is not None:
+                    procs, self._docker = await launch_containers(
+                        self._docker,
+                        run,
+                        image,
+                        envs,
+                        shipper,
+                        agent_id=self.id,
+                        work=work,
+                        gpu_slots=self.gpu_slots,
+                        kill_grace=self.config.kill_grace,
+                        share_from=self.config.docker_share_from,
+                    )
+                else:
+                    procs = TrialProcesses(aid, shipper, self.config.kill_grace)
+                    await procs.launch(run.argv, work, envs)
                 try:
                     record = record_of(aid, procs.pids)
                     await asyncio.to_thread(self.run_processes.keep, record)
@@ -517,7 +546,15 @@ class Agent:
                     procs.send_signal(signal.SIGKILL)  # never run what a restart could not find
                     await procs.wait()
                     raise
-            except (ValueError, KeyError, TypeError, ApiError, OSError, tarfile.TarError) as exc:
+            except (
+                ValueError,
+                KeyError,
+                TypeError,
+                ApiError,
+                OSError,
+                tarfile.TarError,
+                DockerRuntimeError,
+            ) as exc:
                 log.error("cannot start the run", allocation_id=aid, error=str(exc))
                 status = 127 if isinstance(exc, FileNotFoundError) else 1
                 await self._report_exit(aid, status, f"agent could not start the run: {exc}")

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Builds cairn's images FROM the offline base image (deploy/base-image.sh), no registry needed:
+#
+#   cairn-services:<digest>   every cairn service, PostgreSQL (pgserver wheel), nats-server
+#   cairn-trial:<digest>      Python 3.11, torch==2.13.0 (CPU), cairn
+#
+# Wheels are gathered on the host (pip, which reads PyPI or a local wheel file) into a build
+# context, so `docker build` itself needs no network. Each tag is a digest of the base tag, the
+# Dockerfile and the wheels' contents: an image whose inputs did not change is not rebuilt.
+# Both are also tagged `:local`, the name experiment configs use; earlier builds are removed.
+# Prints `CAIRN_SERVICES_IMAGE=...` and `CAIRN_TRIAL_IMAGE=...` lines.
+#
+#   deploy/images/build.sh [services|trial]...   (default: both)
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+python="${PYTHON:-python3}"
+cache="${CAIRN_IMAGE_CACHE:-$repo/deploy/images/.cache}"
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(services trial)
+export DOCKER_BUILDKIT=0
+
+base="$("$repo/deploy/base-image.sh")"
+
+wheels() {  # wheels DIR PIP-REQUIREMENTS... : the wheels of the requirements, into DIR
+  local dir="$1"
+  shift
+  rm -rf "$dir" && mkdir -p "$dir"
+  # A fixed timestamp makes the cairn wheel the same bytes when its sources are the same.
+  SOURCE_DATE_EPOCH=315532800 "$python" -m pip wheel -q --disable-pip-version-check \
+    --wheel-dir "$dir" "$@" >&2
+}
+
+gather() {  # gather NAME: the build context of image NAME
+  local ctx="$cache/$1"
+  mkdir -p "$ctx"
+  wheels "$ctx/wheels" "$repo"
+  if [ "$1" = trial ]; then
+    wheels "$ctx/torch-wheels" "torch==2.13.0"
+  fi
+  cp "$here"/*.Dockerfile "$here"/postgres-entrypoint.sh "$ctx/"
+  echo "$ctx"
+}
+
+build() {  # build NAME CONTEXT
+  local name="$1" ctx="$2" digest tag
+  digest="$( { echo "$base"; cat "$ctx/$name.Dockerfile" "$ctx/postgres-entrypoint.sh";
+               (cd "$ctx" && find . -name '*.whl' -print0 | sort -z | xargs -0 sha256sum); } \
+             | sha256sum | cut -c1-12)"
+  tag="cairn-$name:$digest"
+  if ! docker image inspect "$tag" >/dev/null 2>&1; then
+    echo "building $tag" >&2
+    docker build -q --build-arg "BASE=$base" -f "$ctx/$name.Dockerfile" -t "$tag" "$ctx" >&2
+  else
+    echo "$tag is up to date" >&2
+  fi
+  docker tag "$tag" "cairn-$name:local"
+  # Earlier builds of this image go (an image a container still uses stays: rmi refuses it).
+  docker images "cairn-$name" --format '{{.Tag}}' | grep -v -x -e local -e "$digest" \
+    | sed "s/^/cairn-$name:/" | xargs -r docker rmi >/dev/null 2>&1 || true
+  echo "CAIRN_$(echo "$name" | tr a-z A-Z)_IMAGE=$tag"
+}
+
+for target in "${targets[@]}"; do
+  case "$target" in
+    services) build services "$(gather services)" ;;
+    trial) build trial "$(gather trial)" ;;
+    *) echo "unknown image: $target (services or trial)" >&2; exit 2 ;;
+  esac
+done

