@@ -103,4 +103,5 @@ async def test_rendezvous_refuses_strangers_old_runs_and_malformed_joins(
     assert status == 403
     stale = await api.ok("GET", f"{path}?agent_id=a&timeout_seconds=30", token=api.agent)
     assert stale["current"] is False and stale["complete"] is False
-    assert await store.head() == head
+    after = await store.read_all(head)
+    assert {e.type for e in after} <= {"RequestRejected"}  # refusals are audited, nothing joined
