@@ -23,6 +23,7 @@ from events.envelope import RecordedEvent
 from events.errors import EventsError, StatementError
 from events.names import TrialIdError, coerce_trial_id, parse_trial_id
 from events.store import EventStore, Transaction
+from services.tracker.rebuild import rebuild_consumer
 
 log = structlog.get_logger("tracker")
 
@@ -211,20 +212,6 @@ async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
         How many events were applied.
     """
     await migrate(store)
-    applied = 0
-    async with store.transaction() as tx:
-        await tx.lock_checkpoint(NAME)
-        with translate_errors():
-            await tx.conn.execute(f"TRUNCATE {', '.join(TABLES)}")
-            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
-        position = 0
-        while position < head:
-            events = await tx.read_all(position, upto=head, limit=batch)
-            await apply_page(tx.conn, events)
-            applied += len(events)
-            if len(events) < batch:
-                break
-            position = events[-1].position
-        await tx.set_checkpoint(NAME, head)
-    log.info("audit trail rebuilt", events=applied, head=head)
+    applied = await rebuild_consumer(store, AuditConsumer(), TABLES, batch=batch)
+    log.info("audit trail rebuilt", events=applied)
     return applied

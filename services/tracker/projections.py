@@ -57,6 +57,7 @@ from events.types import (
 )
 from services.tracker import schema
 from services.tracker.batch import MetricRun, apply_run, group_of
+from services.tracker.rebuild import rebuild_consumer
 
 log = structlog.get_logger("tracker")
 
@@ -664,27 +665,6 @@ async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
         How many events were applied.
     """
     await schema.migrate(store)
-    consumer = ProjectionsConsumer()
-    applied = 0
-    async with store.transaction() as tx:
-        await tx.lock_checkpoint(NAME)
-        with translate_errors():
-            await tx.conn.execute(f"TRUNCATE {', '.join(schema.TABLES)}")
-            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
-        position = 0
-        while position < head:
-            events = await tx.read_all(position, upto=head, limit=batch, types=TYPES)
-            await consumer.handle_page(tx, events)
-            applied += len(events)
-            if len(events) < batch:
-                break
-            position = events[-1].position
-        with translate_errors():
-            await tx.conn.execute(
-                """INSERT INTO checkpoints (name, position) VALUES ($1, $2)
-                   ON CONFLICT (name) DO UPDATE SET position = $2, updated_at = now()""",
-                NAME,
-                head,
-            )
-    log.info("projections rebuilt", events=applied, head=head)
+    applied = await rebuild_consumer(store, ProjectionsConsumer(), schema.TABLES, batch=batch)
+    log.info("projections rebuilt", events=applied)
     return applied

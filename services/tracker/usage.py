@@ -42,6 +42,7 @@ from events.types import (
     TrialExited,
     TrialRequested,
 )
+from services.tracker.rebuild import rebuild_consumer
 
 log = structlog.get_logger("tracker.usage")
 
@@ -231,24 +232,8 @@ async def _slots_allocated(conn: Connection, e: SlotsAllocated, ms: int) -> None
 async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
     """Truncates the usage tables, resets their checkpoint and replays the log to its head,
     in one transaction holding the consumer's checkpoint lock; returns the events applied."""
-    consumer = UsageConsumer()
-    applied = 0
-    async with store.transaction() as tx:
-        await tx.lock_checkpoint(NAME)
-        with translate_errors():
-            await tx.conn.execute(f"TRUNCATE {', '.join(TABLES)}")
-            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
-        position = 0
-        while position < head:
-            events = await tx.read_all(position, upto=head, limit=batch, types=TYPES)
-            for event in events:
-                await consumer.handle(tx, event)
-            applied += len(events)
-            if len(events) < batch:
-                break
-            position = events[-1].position
-        await tx.set_checkpoint(NAME, head)
-    log.info("usage rebuilt", events=applied, head=head)
+    applied = await rebuild_consumer(store, UsageConsumer(), TABLES, batch=batch)
+    log.info("usage rebuilt", events=applied)
     return applied
 
 

@@ -4,33 +4,17 @@ a process, leaves a log with no decision twice and no slot held twice."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cairn.local.servers import ServerProcess
 from events.check import check_log
 from events.store import EventStore
 from tests.e2e.harness import Cluster, experiment_state, wait_for
 from tests.e2e.test_trials import SCRIPTED, scripted
 
 TERMINAL = {"COMPLETED", "CANCELED", "ERROR"}
-
-
-@pytest.fixture
-async def cluster(
-    store: EventStore, db_url: str, nats_server: ServerProcess, tmp_path: Path
-) -> AsyncIterator[Cluster]:
-    """Relay, searcher, scheduler, API and one 4-slot agent, as processes."""
-    c = Cluster(db_url, nats_server.url, tmp_path)
-    c.start_all(slots=4)
-    try:
-        await c.login()
-        yield c
-    finally:
-        c.stop()
 
 
 def asha(checkpoints: Path) -> dict[str, Any]:

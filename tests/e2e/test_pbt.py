@@ -8,13 +8,11 @@ under ``make test-search`` (``CAIRN_SEARCH_E2E=1``) and is skipped otherwise.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cairn.local.servers import ServerProcess
 from events.check import check_log
 from events.names import trial_stream
 from events.store import EventStore
@@ -25,20 +23,6 @@ from tests.e2e.test_trials import SCRIPTED, scripted
 pytestmark = pytest.mark.skipif(
     not os.environ.get("CAIRN_SEARCH_E2E"), reason="a live-cluster search test: make test-search"
 )
-
-
-@pytest.fixture
-async def cluster(
-    store: EventStore, db_url: str, nats_server: ServerProcess, tmp_path: Path
-) -> AsyncIterator[Cluster]:
-    """Relay, searcher, scheduler, API and one 4-slot agent, as processes."""
-    c = Cluster(db_url, nats_server.url, tmp_path)
-    c.start_all(slots=4)
-    try:
-        await c.login()
-        yield c
-    finally:
-        c.stop()
 
 
 def pbt(checkpoints: Path) -> dict[str, Any]:

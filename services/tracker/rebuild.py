@@ -1,0 +1,45 @@
+"""Rebuilding one of the tracker's projections from position 0 of the log."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from events.consumer import Consumer
+from events.db import translate_errors
+from events.store import EventStore
+
+
+async def rebuild_consumer(
+    store: EventStore, consumer: Consumer, tables: Sequence[str], *, batch: int = 5000
+) -> int:
+    """Truncates ``tables``, replays the log to its head through ``consumer.handle_page`` and
+    moves the consumer's checkpoint to that head.
+
+    Everything happens in one transaction holding the consumer's checkpoint lock, so a live
+    consumer waits and readers never see half-built tables.
+
+    Args:
+        store: the event store.
+        consumer: the projection's consumer (its ``name`` and ``types`` are used).
+        tables: the tables it owns, emptied first.
+        batch: events read per page.
+
+    Returns:
+        How many events were applied.
+    """
+    applied = 0
+    async with store.transaction() as tx:
+        await tx.lock_checkpoint(consumer.name)
+        with translate_errors():
+            await tx.conn.execute(f"TRUNCATE {', '.join(tables)}")
+            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+        position = 0
+        while position < head:
+            events = await tx.read_all(position, upto=head, limit=batch, types=consumer.types)
+            await consumer.handle_page(tx, events)
+            applied += len(events)
+            if len(events) < batch:
+                break
+            position = events[-1].position
+        await tx.set_checkpoint(consumer.name, head)
+    return applied
