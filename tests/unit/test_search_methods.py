@@ -352,6 +352,20 @@ def test_single_runs_one_trial() -> None:
     assert method.is_shutdown and method.progress() == 1.0
 
 
+def test_single_replaces_an_invalid_hp_trial_only_when_a_new_draw_can_differ() -> None:
+    """invalid_hp: a random space gets a new trial; an all-constant space ends the search."""
+    random_space = make_method(config({"name": "single"}))
+    (rid,) = creates(random_space.initial_operations())
+    assert random_space.on_trial_exited_early(rid, "invalid_hp") == []
+    assert len(creates(random_space.on_trial_closed(rid))) == 1
+    constant = make_method(
+        config({"name": "single"}, {"lr": 0.1, "k": {"type": "categorical", "vals": [3]}})
+    )
+    (rid,) = creates(constant.initial_operations())
+    assert constant.on_trial_exited_early(rid, "invalid_hp") == []
+    assert constant.on_trial_closed(rid) == [Shutdown()]
+
+
 def test_grid_axes_follow_determined_grid_math() -> None:
     """count spacing, int clamping/rounding/dedup, midpoint for count 1, log base, categorical."""
     cfg = config(

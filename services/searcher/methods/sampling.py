@@ -105,3 +105,18 @@ def grid_points(hps: Mapping[str, Any]) -> list[dict[str, Any]]:
 def grid_size(hps: Mapping[str, Any]) -> int:
     """How many points :func:`grid_points` returns, without building them."""
     return math.prod(len(grid_axis(hp)) for _, hp in iter_leaves(hps))
+
+
+def sample_space_size(hps: Mapping[str, Any]) -> int | None:
+    """How many distinct draws :func:`sample_hparams` can give; None when unbounded."""
+    size = 1
+    for _, hp in iter_leaves(hps):
+        if isinstance(hp, ConstHP):
+            continue
+        if isinstance(hp, CategoricalHP):
+            size *= len({repr(v) for v in hp.vals})
+        elif isinstance(hp, IntHP):
+            size *= hp.maxval - hp.minval + 1
+        else:
+            return None
+    return size
