@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import tarfile
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
 from cairn.errors import CairnError, UsageError
+from events.archive import extract_tar
 
 
 def register(sub: Any) -> None:
@@ -66,14 +66,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 def extract(data: bytes, target: Path) -> list[str]:
     """Unpacks a tar.gz into ``target`` (nothing may land outside it); returns the files."""
-    target.mkdir(parents=True, exist_ok=True)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-            members = tar.getmembers()
-            tar.extractall(target, filter="data")
+        return extract_tar(data, target)
     except (tarfile.TarError, OSError) as exc:
         raise CairnError(f"cannot unpack the checkpoint into {target}: {exc}") from None
-    return sorted(m.name for m in members if m.isfile())
 
 
 def cmd_download(args: argparse.Namespace) -> int:

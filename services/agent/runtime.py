@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from events.archive import extract_tar
 from events.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient, ApiError
 from services.agent.signals import exit_status, terminate
@@ -325,47 +326,10 @@ class CodeCache:
                 log.info("downloading code", code_ref=code_ref)
                 await self._client.download_code(code_ref, tarball)
         try:
-            await asyncio.to_thread(_extract, tarball, dest)
+            await asyncio.to_thread(extract_tar, tarball, dest)
         except (tarfile.TarError, EOFError, OSError):
             tarball.unlink(missing_ok=True)  # a corrupt cache entry is fetched again next time
             raise
-
-
-def _extract(tarball: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(tarball, "r:*") as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
-        else:  # Python before 3.11.4 (Debian 12's 3.11.2, in the cairn images)
-            tar.extractall(dest, members=safe_members(tar, dest))
-
-
-def safe_members(tar: tarfile.TarFile, dest: Path) -> list[tarfile.TarInfo]:
-    """The members of ``tar`` if all of them stay inside ``dest`` (what the ``data`` filter of
-    newer Pythons checks): regular files, directories and links whose paths and link targets
-    resolve under ``dest``; group/other write and set-id bits are dropped.
-
-    Raises:
-        tarfile.TarError: a member is absolute, escapes ``dest``, or is a device or FIFO.
-    """
-    root = dest.resolve()
-    out = []
-    for member in tar.getmembers():
-        where = (root / member.name).resolve()
-        if os.path.isabs(member.name) or not where.is_relative_to(root):
-            raise tarfile.TarError(f"{member.name!r} lies outside the destination")
-        if member.issym() or member.islnk():
-            base = where.parent if member.issym() else root
-            target = (base / member.linkname).resolve()
-            if os.path.isabs(member.linkname) or not target.is_relative_to(root):
-                raise tarfile.TarError(f"{member.name!r} links outside the destination")
-        elif not (member.isfile() or member.isdir()):
-            raise tarfile.TarError(f"{member.name!r} is a device or FIFO")
-        member.mode &= 0o755
-        member.uid = member.gid = 0
-        member.uname = member.gname = ""
-        out.append(member)
-    return out
 
 
 class LogShipper:

@@ -25,7 +25,6 @@ facts and learns each request's trial id from them, as recorded.
 
 from __future__ import annotations
 
-import io
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 import structlog
 
 from events import lifecycle
+from events.archive import extract_tar
 from events.config import ConfigError, CustomSearcher, ExperimentConfig, parse_config
 from events.consumer import Consumer
 from events.envelope import Event, RecordedEvent
@@ -217,8 +217,7 @@ class SearcherConsumer(Consumer):
         dest = self._code_root / str(exp_id)
         dest.mkdir(parents=True, exist_ok=True)
         try:
-            with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:*") as tar:
-                tar.extractall(dest, filter="data")
+            extract_tar(bytes(data), dest)
         except (tarfile.TarError, OSError) as exc:
             log.error(
                 "custom searcher's code cannot be unpacked", experiment=exp_id, error=str(exc)

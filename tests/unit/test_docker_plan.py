@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from events.archive import safe_members
 from services.agent.docker_runtime import (
     LABEL_AGENT,
     LABEL_ALLOCATION,
@@ -19,7 +20,7 @@ from services.agent.docker_runtime import (
     plan_containers,
     run_image,
 )
-from services.agent.runtime import RunSpec, safe_members, trial_environment
+from services.agent.runtime import RunSpec, trial_environment
 
 
 def _run(config: dict[str, Any], slots: list[str] | None = None, **spec: Any) -> RunSpec:
