@@ -220,3 +220,54 @@ def test_the_scan_sees_the_sql_it_forbids() -> None:
     assert not list(trespasses("services.tracker.read", "SELECT * FROM tr_trials", owners))
     assert not list(trespasses("services.api.runs", "SELECT 1 FROM events WHERE true", owners))
     assert not list(trespasses("services.api.x", "read from the tracker's tables", owners))
+
+
+DATABASE_MODULES = frozenset({"asyncpg", "events.db", "events.store", "events.consumer"})
+"""Modules through which code reaches the database."""
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The modules ``path`` imports (``from a import b``: ``a.b`` where that is a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(name.name for name in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{name.name}" for name in node.names)
+    return found
+
+
+def source_of(module: str) -> Path | None:
+    """The file of a module of this repository, if it is one."""
+    base = ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_the_cli_uses_services_only_as_libraries() -> None:
+    """What ``cairn`` imports of ``services`` (the searcher's preview, for ``preview-search``)
+    and everything that imports in turn is pure code: no module of it reaches the database, so
+    the CLI reads no service's tables."""
+    pending = [
+        name
+        for path in (ROOT / "cairn").rglob("*.py")
+        for name in imported_modules(path)
+        if name.startswith("services.")
+    ]
+    assert pending, "the CLI imports nothing of services any more: drop this test"
+    seen: set[str] = set()
+    while pending:
+        module = pending.pop()
+        path = source_of(module)
+        if module in seen or path is None:
+            continue
+        seen.add(module)
+        imports = imported_modules(path)
+        assert not imports & DATABASE_MODULES, f"{module} imports {imports & DATABASE_MODULES}"
+        pending.extend(m for m in imports if m.split(".")[0] in {"events", "services"})
+        parts = module.split(".")
+        pending.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # packages run first
+    assert "services.searcher.preview" in seen
