@@ -4,6 +4,7 @@ SQL naming it: other packages read through the owner's read module or learn from
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -92,6 +93,18 @@ def string_literals(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.value
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of a file (each file is parsed once for every test here)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+@functools.cache
+def sources() -> tuple[Path, ...]:
+    """Every Python file of the scanned packages, in a stable order."""
+    return tuple(path for root in SCANNED for path in sorted((ROOT / root).rglob("*.py")))
+
+
 def module_of(path: Path) -> str:
     """The dotted module name of a file under the repository."""
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
@@ -123,15 +136,13 @@ def violations() -> list[str]:
     """Every SQL literal outside its tables' owner, as ``path:line: what``."""
     owners = owner_of()
     found = []
-    for root in SCANNED:
-        for path in sorted((ROOT / root).rglob("*.py")):
-            rel = str(path.relative_to(ROOT))
-            if rel in EXCLUDED:
-                continue
-            module = module_of(path)
-            tree = ast.parse(path.read_text(), filename=rel)
-            for line, text in string_literals(tree):
-                found.extend(f"{rel}:{line}: {what}" for what in trespasses(module, text, owners))
+    for path in sources():
+        rel = str(path.relative_to(ROOT))
+        if rel in EXCLUDED:
+            continue
+        module = module_of(path)
+        for line, text in string_literals(parsed(path)):
+            found.extend(f"{rel}:{line}: {what}" for what in trespasses(module, text, owners))
     return found
 
 
@@ -147,7 +158,7 @@ def package_of(module: str) -> str | None:
 def foreign_migrations(path: Path) -> Iterator[str]:
     """Where the module at ``path`` reaches for another owner's migrations."""
     module = module_of(path)
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     aliases: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -177,8 +188,7 @@ def test_each_package_runs_only_its_own_migrations() -> None:
     when it starts, and readers of an owner's tables tolerate their absence until then."""
     found = [
         f"{path.relative_to(ROOT)}:{where}"
-        for root in SCANNED
-        for path in sorted((ROOT / root).rglob("*.py"))
+        for path in sources()
         for where in foreign_migrations(path)
     ]
     assert found == []
@@ -229,7 +239,7 @@ DATABASE_MODULES = frozenset({"asyncpg", "events.db", "events.store", "events.co
 def imported_modules(path: Path) -> set[str]:
     """The modules ``path`` imports (``from a import b``: ``a.b`` where that is a module)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found.update(name.name for name in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -253,7 +263,8 @@ def test_the_cli_uses_services_only_as_libraries() -> None:
     the CLI reads no service's tables."""
     pending = [
         name
-        for path in (ROOT / "cairn").rglob("*.py")
+        for path in sources()
+        if belongs(module_of(path), "cairn")
         for name in imported_modules(path)
         if name.startswith("services.")
     ]
