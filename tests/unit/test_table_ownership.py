@@ -73,6 +73,20 @@ def created_by(lists: Sequence[Sequence[tuple[str, str]]]) -> set[str]:
     return alive
 
 
+@functools.cache
+def retired() -> dict[str, str]:
+    """Relation -> the package whose migrations created and later dropped it."""
+    gone: dict[str, str] = {}
+    for package, lists in MIGRATION_HOMES.items():
+        alive = created_by(lists)
+        for steps in lists:
+            for _, sql in steps:
+                gone.update((m.group(2), package) for m in _CREATE.finditer(sql))
+        for name in alive:
+            gone.pop(name, None)
+    return gone
+
+
 def docstrings(tree: ast.AST) -> set[int]:
     """The ``id`` of every docstring node (module, class and function docstrings)."""
     found: set[int] = set()
@@ -119,8 +133,12 @@ def trespasses(module: str, text: str, owners: dict[str, str]) -> Iterator[str]:
     """What SQL in ``text`` of ``module`` creates a relation no package owns, or names one
     another package owns."""
     for match in _CREATE.finditer(text):
-        if match.group(2) not in owners:
-            yield f"{match.group(2)} (created, but in no package's OWNED_TABLES)"
+        name = match.group(2)
+        creator = owners.get(name) or retired().get(name)
+        if creator is None:
+            yield f"{name} (created, but in no package's OWNED_TABLES)"
+        elif not belongs(module, creator):
+            yield f"{name} (owned by {creator}) in CREATE"
     for match in _NAMED.finditer(text):
         name = match.group("name") or match.group("relation")
         owner = owners.get(name)
