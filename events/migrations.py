@@ -12,6 +12,22 @@ from events.db import Connection
 
 _LOCK_KEY = 0x6361_6972  # "cair": serializes concurrent migrators
 
+OWNED_TABLES: tuple[str, ...] = (
+    "events",
+    "checkpoints",
+    "snapshots",
+    "inbox",
+    "schema_migrations",
+    "experiment_ids",
+    "trial_ids",
+)
+"""The relations (tables and sequences) of the log, owned by this package: only modules of
+``events`` hold SQL naming them, except that any service may read ``events`` (the log is the
+one interface the services share; appends go through :mod:`events.store`)."""
+
+SHARED_READ: frozenset[str] = frozenset({"events"})
+"""The owned relations other packages may name in a read (never a write)."""
+
 CORE: Sequence[tuple[str, str]] = (
     (
         "0001_events",

@@ -1,22 +1,25 @@
-"""Readers of the tracker's projections (``tr_*`` tables, see ``docs/tracking.md``) and the
-response models of the query API built from them.
+"""The query API's view of the tracker's projections (see ``docs/tracking.md``): response
+models, and readers that combine the tracker's rows (:mod:`services.tracker.read`, the only
+SQL on its tables) with the gateway's own telemetry (heartbeats, progress).
 
-The tables belong to the tracker and may lag the log by a moment; where the tracker has not
-created them yet every reader answers as if they were empty. Timestamps leave as ISO 8601 text.
+The projections may lag the log by a moment; where the tracker has not created its tables yet
+every reader answers as if they were empty. Timestamps leave as ISO 8601 text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from events import lifecycle
-from events.db import translate_errors
+from events.db import Connection, translate_errors
 from events.errors import StatementError
 from events.store import EventStore
+from services.api import read as api_read
+from services.tracker import read as tracker_read
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 2**62
@@ -180,63 +183,7 @@ async def count(store: EventStore, sql: str, *args: Any) -> int:
     return int(row[0]) if row is not None else 0
 
 
-class Where:
-    """A conjunction of SQL conditions with numbered parameters."""
-
-    def __init__(self) -> None:
-        self.conditions: list[str] = []
-        self.args: list[Any] = []
-
-    def add(self, condition: str, *values: Any) -> None:
-        """Adds ``condition``, where ``{}`` placeholders become the next parameter numbers."""
-        numbers = []
-        for value in values:
-            self.args.append(value)
-            numbers.append(f"${len(self.args)}")
-        self.conditions.append(condition.format(*numbers))
-
-    def sql(self) -> str:
-        """``WHERE ...`` (or nothing)."""
-        return "WHERE " + " AND ".join(self.conditions) if self.conditions else ""
-
-    def next(self, count: int = 1) -> list[str]:
-        """Placeholders for ``count`` parameters appended after the conditions' ones."""
-        return [f"${len(self.args) + i + 1}" for i in range(count)]
-
-    async def page(
-        self,
-        store: EventStore,
-        columns: str,
-        table: str,
-        order: str,
-        limit: int | None,
-        offset: int,
-    ) -> tuple[list[dict[str, Any]], int]:
-        """The rows of ``table`` matching these conditions, in ``order``, one page of them, and
-        how many match in all (``limit`` None: every row)."""
-        total = await count(store, f"SELECT count(*) FROM {table} {self.sql()}", *self.args)
-        lim, off = self.next(2)
-        rows = await fetch(
-            store,
-            f"SELECT {columns} FROM {table} {self.sql()} ORDER BY {order} LIMIT {lim} OFFSET {off}",
-            *self.args,
-            limit,
-            offset,
-        )
-        return [as_dict(r) for r in rows], total
-
-
-# --- experiments ----------------------------------------------------------------------------
-
-_EXPERIMENT_COLUMNS = """
-    e.experiment_id AS id, e.name, e.owner, e.state, e.archived, e.searcher_name,
-    e.searcher_metric, e.smaller_is_better, e.num_trials, e.max_trials, e.best_trial_id,
-    e.best_metric, e.resource_pool, e.submitted_at, e.ended_at,
-    (SELECT count(*) FROM tr_trials t WHERE t.experiment_id = e.experiment_id
-       AND t.state = 'ACTIVE' AND t.started_at IS NOT NULL)::int AS running_trials,
-    CASE WHEN e.state = 'COMPLETED' THEN 1.0 ELSE
-      (SELECT avg(p.progress) FROM trial_progress p JOIN tr_trials t USING (trial_id)
-       WHERE t.experiment_id = e.experiment_id) END AS progress"""
+# --- the tracker's rows, with the gateway's telemetry beside them ------------------------------
 
 
 async def list_experiments(
@@ -262,34 +209,48 @@ async def list_experiments(
         limit: page size.
         offset: rows skipped.
     """
-    where = Where()
-    if states is not None:
-        where.add("e.state = ANY({}::text[])", list(states))
-    if owner is not None:
-        where.add("e.owner = {}", owner)
-    if archived is not None:
-        where.add("e.archived = {}", archived)
-    if name is not None:
-        where.add("strpos(lower(coalesce(e.name, '')), lower({})) > 0", name)
-    order = f"e.experiment_id {'DESC' if descending else 'ASC'}"
-    return await where.page(store, _EXPERIMENT_COLUMNS, "tr_experiments e", order, limit, offset)
+    async with store.pool.acquire() as conn:
+        rows, total = await tracker_read.list_experiments(
+            conn,
+            states=states,
+            owner=owner,
+            archived=archived,
+            name=name,
+            descending=descending,
+            limit=limit,
+            offset=offset,
+        )
+        summaries = [dict(r) for r in rows]
+        await _with_progress(conn, summaries)
+    return [as_dict(s) for s in summaries], total
 
 
 async def experiment_row(store: EventStore, experiment_id: int) -> dict[str, Any] | None:
     """One experiment's summary from the projection, or ``None``."""
-    row = await fetchrow(
-        store,
-        f"SELECT {_EXPERIMENT_COLUMNS} FROM tr_experiments e WHERE e.experiment_id = $1",
-        experiment_id,
-    )
-    return as_dict(row) if row is not None else None
+    async with store.pool.acquire() as conn:
+        row = await tracker_read.experiment(conn, experiment_id)
+        if row is None:
+            return None
+        summary = dict(row)
+        await _with_progress(conn, [summary])
+    return as_dict(summary)
 
 
-# --- trials ---------------------------------------------------------------------------------
-
-_TRIAL_COLUMNS = """
-    trial_id, experiment_id, seq, state, hparams, trial_seed, run_id, restarts, steps_completed,
-    latest_checkpoint, best_metric, latest_validation, requested_at, started_at, ended_at"""
+async def _with_progress(conn: Connection, summaries: list[dict[str, Any]]) -> None:
+    """Sets each summary's ``progress``: 1 once COMPLETED, else the mean progress its trials
+    reported (``None`` if none did); two queries for the whole page."""
+    pending = [s["id"] for s in summaries if s["state"] != "COMPLETED"]
+    experiment_of = await tracker_read.experiments_of_trials(conn, pending) if pending else {}
+    reported = await api_read.progress_of(conn, list(experiment_of)) if experiment_of else {}
+    per_experiment: dict[int, list[float]] = {}
+    for trial_id, progress in reported.items():
+        per_experiment.setdefault(experiment_of[trial_id], []).append(progress)
+    for summary in summaries:
+        values = per_experiment.get(summary["id"])
+        if summary["state"] == "COMPLETED":
+            summary["progress"] = 1.0
+        else:
+            summary["progress"] = sum(values) / len(values) if values else None
 
 
 async def list_trials(
@@ -303,48 +264,40 @@ async def list_trials(
     offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of an experiment's trials (by sequence, or best metric first) and their count."""
-    where = Where()
-    where.add("experiment_id = {}", experiment_id)
-    if states is not None:
-        where.add("state = ANY({}::text[])", list(states))
-    direction = "ASC" if smaller_is_better else "DESC"
-    order = f"best_metric {direction} NULLS LAST, seq" if best_first else "seq"
-    return await where.page(store, _TRIAL_COLUMNS, "tr_trials", order, limit, offset)
+    async with store.pool.acquire() as conn:
+        rows, total = await tracker_read.list_trials(
+            conn,
+            experiment_id,
+            states=states,
+            best_first=best_first,
+            smaller_is_better=smaller_is_better,
+            limit=limit,
+            offset=offset,
+        )
+    return [as_dict(r) for r in rows], total
 
 
 async def trial_row(store: EventStore, trial_id: int) -> dict[str, Any] | None:
     """One trial's summary from the projection, or ``None``."""
-    row = await fetchrow(
-        store, f"SELECT {_TRIAL_COLUMNS} FROM tr_trials WHERE trial_id = $1", trial_id
-    )
+    async with store.pool.acquire() as conn:
+        row = await tracker_read.trial(conn, trial_id)
     return as_dict(row) if row is not None else None
 
 
 async def allocations_of(store: EventStore, trial_id: int) -> list[dict[str, Any]]:
     """A trial's allocations by run."""
-    rows = await fetch(
-        store,
-        """SELECT allocation_id, trial_id, experiment_id, run_id, placements, state, outcome,
-                  exit_code, agent_id, allocated_at, started_at, ended_at
-           FROM tr_allocations WHERE trial_id = $1 ORDER BY run_id""",
-        trial_id,
-    )
+    async with store.pool.acquire() as conn:
+        rows = await tracker_read.allocations_of(conn, trial_id)
     return [as_dict(r) for r in rows]
 
 
 async def trial_progress(store: EventStore, trial_id: int) -> float | None:
     """The trial's last reported progress (gateway table ``trial_progress``), or ``None``."""
-    row = await fetchrow(store, "SELECT progress FROM trial_progress WHERE trial_id = $1", trial_id)
-    return float(row["progress"]) if row is not None else None
+    async with store.pool.acquire() as conn:
+        return (await api_read.progress_of(conn, [trial_id])).get(trial_id)
 
 
-# --- checkpoints ----------------------------------------------------------------------------
-
-_CHECKPOINT_COLUMNS = """
-    uuid, trial_id, experiment_id, run_id, steps_completed, resources, metadata, state,
-    reported_at, deleted_at, validation, searcher_metric"""
-
-CheckpointState = Literal["COMPLETED", "DELETED", "all"]
+CheckpointState = tracker_read.CheckpointState
 
 
 async def list_checkpoints(
@@ -362,59 +315,47 @@ async def list_checkpoints(
 
     Ordered best searcher metric first (``by_metric``; unvalidated ones last) or most steps first.
     """
-    where = Where()
-    if experiment_id is not None:
-        where.add("experiment_id = {}", experiment_id)
-    if trial_id is not None:
-        where.add("trial_id = {}", trial_id)
-    if state != "all":
-        where.add("state = {}", state)
-    direction = "ASC" if smaller_is_better else "DESC"
-    steps = "steps_completed DESC, reported_at DESC, uuid"
-    order = f"searcher_metric {direction} NULLS LAST, {steps}" if by_metric else steps
-    return await where.page(store, _CHECKPOINT_COLUMNS, "tr_checkpoints", order, limit, offset)
+    async with store.pool.acquire() as conn:
+        rows, total = await tracker_read.list_checkpoints(
+            conn,
+            experiment_id=experiment_id,
+            trial_id=trial_id,
+            state=state,
+            by_metric=by_metric,
+            smaller_is_better=smaller_is_better,
+            limit=limit,
+            offset=offset,
+        )
+    return [as_dict(r) for r in rows], total
 
 
 async def checkpoint_row(store: EventStore, uuid: str) -> dict[str, Any] | None:
     """One checkpoint from the projection, or ``None``."""
-    row = await fetchrow(
-        store, f"SELECT {_CHECKPOINT_COLUMNS} FROM tr_checkpoints WHERE uuid = $1", uuid
-    )
+    async with store.pool.acquire() as conn:
+        row = await tracker_read.checkpoint(conn, uuid)
     return as_dict(row) if row is not None else None
-
-
-# --- agents ---------------------------------------------------------------------------------
 
 
 async def list_slots(store: EventStore, agent_id: str | None = None) -> list[dict[str, Any]]:
     """Every slot (of one agent, or of all), by agent and slot id."""
-    rows = await fetch(
-        store,
-        """SELECT agent_id, slot_id, device, name, enabled, draining, allocation_id
-           FROM tr_slots WHERE $1::text IS NULL OR agent_id = $1
-           ORDER BY agent_id, slot_id""",
-        agent_id,
-    )
+    async with store.pool.acquire() as conn:
+        rows = await tracker_read.list_slots(conn, agent_id)
     return [as_dict(r) for r in rows]
 
 
 async def list_agents(store: EventStore, agent_id: str | None = None) -> list[dict[str, Any]]:
     """Every agent (or one) with its slots and last heartbeat, by agent id."""
-    rows = await fetch(
-        store,
-        """SELECT a.agent_id, a.resource_pool, a.hostname, a.state, a.registered_at, a.lost_at,
-                  h.beat_at AS last_heartbeat
-           FROM tr_agents a LEFT JOIN agent_heartbeats h USING (agent_id)
-           WHERE $1::text IS NULL OR a.agent_id = $1
-           ORDER BY a.agent_id""",
-        agent_id,
-    )
+    async with store.pool.acquire() as conn:
+        rows = await tracker_read.list_agents(conn, agent_id)
+        slot_rows = await tracker_read.list_slots(conn, agent_id)
+        beats = await api_read.beat_times(conn, [r["agent_id"] for r in rows]) if rows else {}
     slots: dict[str, list[dict[str, Any]]] = {}
-    for slot in await list_slots(store, agent_id):
-        slots.setdefault(slot["agent_id"], []).append(slot)
+    for slot in slot_rows:
+        slots.setdefault(slot["agent_id"], []).append(as_dict(slot))
     agents = []
     for row in rows:
         agent = as_dict(row)
+        agent["last_heartbeat"] = _plain(beats.get(row["agent_id"]))
         agent["slots"] = slots.get(agent["agent_id"], [])
         agent["enabled"] = any(s["enabled"] for s in agent["slots"])
         agents.append(agent)

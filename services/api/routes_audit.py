@@ -15,9 +15,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from events.registry import known_types
 from services.api.errors import parse
-from services.api.projections_read import fetch
 from services.api.routing import Access, RouteTable, store_of
 from services.api.views import MAX_ID
+from services.tracker import read as tracker_read
 
 routes = RouteTable("audit")
 
@@ -55,7 +55,7 @@ class AuditQuery(BaseModel):
         return value
 
 
-def row_of(record: Any) -> dict[str, Any]:
+def row_of(record: tracker_read.AuditRow) -> dict[str, Any]:
     """An ``audit_trail`` row as the API shows it."""
     at: datetime = record["recorded_at"]
     detail = record["detail"]
@@ -99,26 +99,18 @@ class AuditResponse(BaseModel):
 async def get_audit(request: web.Request) -> web.Response:
     """The audit trail, newest first (admin; filters: actor, experiment, type, time range)."""
     query = parse(AuditQuery, dict(request.query))
-    rows = await fetch(
-        store_of(request),
-        """SELECT * FROM audit_trail
-           WHERE ($1::text IS NULL OR actor = $1)
-             AND ($2::bigint IS NULL OR experiment_id = $2)
-             AND ($3::text IS NULL OR type = $3)
-             AND ($4::text IS NULL OR request_id = $4)
-             AND ($5::timestamptz IS NULL OR recorded_at >= $5)
-             AND ($6::timestamptz IS NULL OR recorded_at < $6)
-             AND ($7::bigint IS NULL OR position < $7)
-           ORDER BY position DESC LIMIT $8""",
-        query.actor,
-        query.experiment_id,
-        query.type,
-        query.request_id,
-        query.since,
-        query.until,
-        query.before,
-        query.limit,
-    )
+    async with store_of(request).pool.acquire() as conn:
+        rows = await tracker_read.audit_page(
+            conn,
+            actor=query.actor,
+            experiment_id=query.experiment_id,
+            type=query.type,
+            request_id=query.request_id,
+            since=query.since,
+            until=query.until,
+            before=query.before,
+            limit=query.limit,
+        )
     entries = [row_of(r) for r in rows]
     next_before = entries[-1]["position"] if len(entries) == query.limit else None
     return web.json_response({"entries": entries, "next_before": next_before})

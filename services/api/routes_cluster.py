@@ -17,6 +17,7 @@ from services.api import projections_read as pr
 from services.api.auth import principal_of
 from services.api.errors import parse
 from services.api.routing import USERS, RouteTable, store_of
+from services.tracker import read as tracker_read
 
 routes = RouteTable("cluster")
 
@@ -89,18 +90,8 @@ async def queue(request: web.Request) -> web.Response:
     """Trials of active experiments that hold no slots, in the order of their priority (lower
     first) and request time."""
     principal = principal_of(request)
-    rows = await pr.fetch(
-        store_of(request),
-        """SELECT t.trial_id, t.experiment_id, e.name, e.owner, e.resource_pool,
-                  e.config -> 'resources' ->> 'priority' AS priority,
-                  e.config -> 'resources' ->> 'slots_per_trial' AS slots, t.requested_at
-           FROM tr_trials t JOIN tr_experiments e USING (experiment_id)
-           WHERE e.state = 'ACTIVE' AND t.state = 'ACTIVE'
-             AND NOT EXISTS (SELECT 1 FROM tr_allocations a
-                             WHERE a.trial_id = t.trial_id AND a.state <> 'TERMINATED')
-           ORDER BY t.requested_at, t.trial_id
-           LIMIT 10000""",
-    )
+    async with store_of(request).pool.acquire() as conn:
+        rows = await tracker_read.waiting_trials(conn)
     entries = []
     for row in rows:
         mine = principal.is_admin or row["owner"] == principal.name
@@ -126,12 +117,8 @@ async def queue(request: web.Request) -> web.Response:
 async def holders(request: web.Request) -> web.Response:
     """The allocations not yet terminated: which trial holds the slots of each."""
     principal = principal_of(request)
-    rows = await pr.fetch(
-        store_of(request),
-        """SELECT a.allocation_id, a.trial_id, a.experiment_id, a.state, a.agent_id, e.owner
-           FROM tr_allocations a JOIN tr_experiments e USING (experiment_id)
-           WHERE a.state <> 'TERMINATED' ORDER BY a.allocation_id LIMIT 10000""",
-    )
+    async with store_of(request).pool.acquire() as conn:
+        rows = await tracker_read.live_allocations(conn)
     out = []
     for row in rows:
         mine = principal.is_admin or row["owner"] == principal.name
@@ -172,19 +159,15 @@ async def utilisation(request: web.Request) -> web.Response:
     store = store_of(request)
     now = datetime.now(UTC)
     start = (now - timedelta(minutes=query.minutes)).replace(second=0, microsecond=0)
-    rows = await pr.fetch(
-        store,
-        """SELECT coalesce(started_at, allocated_at) AS since, ended_at, placements
-           FROM tr_allocations WHERE ended_at IS NULL OR ended_at > $1""",
-        start,
-    )
+    async with store.pool.acquire() as conn:
+        rows = await tracker_read.allocation_spans(conn, start)
+        total = await tracker_read.enabled_slots(conn)
     spans = []
     for row in rows:
         placements = row["placements"] if isinstance(row["placements"], dict) else {}
         slots = sum(len(v) for v in placements.values() if isinstance(v, list))
         spans.append((row["since"], row["ended_at"] or now, slots))
     minutes = query.minutes + 1
-    total = await pr.count(store, "SELECT count(*) FROM tr_slots WHERE enabled")
     return web.json_response(
         {
             "total_slots": total,

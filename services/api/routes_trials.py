@@ -22,7 +22,6 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
-from services.api import tables
 from services.api.access import readable_trial
 from services.api.auth import check_trial, principal_of
 from services.api.errors import ApiError, bad_request, parse, read_json
@@ -31,6 +30,7 @@ from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
 from services.api.runs import load_run_state
 from services.api.views import trial_id_of
+from services.tracker import read as tracker_read
 
 log = structlog.get_logger("api")
 routes = RouteTable("trials")
@@ -390,28 +390,14 @@ async def metrics(request: web.Request) -> web.Response:
     trial_id = trial_id_of(request.match_info["trial_id"])
     await readable_trial(request, trial_id)
     query = parse(MetricsQuery, dict(request.query))
-    # Row i (0-based, by steps) of a series of n > m points is kept iff some k in 0..m-1 has
-    # floor(k * (n - 1) / (m - 1)) = i: m evenly spaced points, the first and the last included.
-    rows = await tables.fetch(
-        store_of(request),
-        """WITH s AS (
-               SELECT run_id, "group", steps_completed, metrics, archived, reported_at,
-                      row_number() OVER w - 1 AS i,
-                      count(*) OVER (PARTITION BY "group", run_id) AS n
-               FROM tr_metrics
-               WHERE trial_id = $1 AND ($2::text IS NULL OR "group" = $2)
-                 AND ($3 OR NOT archived)
-               WINDOW w AS (PARTITION BY "group", run_id ORDER BY steps_completed))
-           SELECT run_id, "group", steps_completed, metrics, archived, reported_at FROM s
-           WHERE $4::bigint IS NULL OR n <= $4
-              OR ($4 = 1 AND i = n - 1)
-              OR ($4 > 1 AND ((i * ($4 - 1) + n - 2) / (n - 1)) * (n - 1) < (i + 1) * ($4 - 1))
-           ORDER BY "group", steps_completed, run_id""",
-        trial_id,
-        query.group,
-        query.archived,
-        query.max_points,
-    )
+    async with store_of(request).pool.acquire() as conn:
+        rows = await tracker_read.trial_metrics(
+            conn,
+            trial_id,
+            group=query.group,
+            archived=query.archived,
+            max_points=query.max_points,
+        )
     return web.json_response(
         {
             "trial_id": trial_id,

@@ -14,9 +14,21 @@ from events import migrations
 from events.db import translate_errors
 from events.names import sql_trial_id
 from events.store import EventStore
-from services.tracker import schema as tracker_schema
 
 NAMESPACE = "api"
+
+OWNED_TABLES: tuple[str, ...] = (
+    "api_users",
+    "api_tokens",
+    "api_secrets",
+    "code_blobs",
+    "agent_heartbeats",
+    "trial_progress",
+    "task_logs",
+    "trial_status",
+)
+"""The gateway's tables: only modules of ``services.api`` hold SQL naming them; other services
+read them through :mod:`services.api.read`."""
 
 MIGRATIONS: Sequence[tuple[str, str]] = (
     (
@@ -133,13 +145,15 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
 
 
 async def migrate(store: EventStore) -> int:
-    """Applies the gateway's pending migrations, and the tracker's (the gateway reads its
-    ``tr_*`` projections); returns how many of the gateway's ran."""
+    """Applies the gateway's pending migrations; returns how many ran.
+
+    Only the gateway's own: every service migrates the tables it owns when it starts, and the
+    gateway reads the tracker's through :mod:`services.tracker.read`, which answers as if they
+    were empty until the tracker has created them.
+    """
     async with store.pool.acquire() as conn:
         with translate_errors():
-            ran = await migrations.apply(conn, NAMESPACE, MIGRATIONS)
-        await tracker_schema.migrate_conn(conn)
-    return ran
+            return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
 
 
 async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:

@@ -10,7 +10,6 @@ decisions with the version that state saw: a plan overtaken by another writer lo
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import structlog
@@ -18,6 +17,7 @@ import structlog
 from events.consumer import Consumer
 from events.envelope import Event, RecordedEvent
 from events.store import EventStore, Transaction
+from services.api import read as api_read
 from services.scheduler.planner import Report, Reports, Settings, plan, reap
 from services.scheduler.state import STREAMS, TYPES, ClusterState
 
@@ -95,37 +95,26 @@ class Heartbeats:
 async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
     """The agents' heartbeats as of now (None before the API made their table).
 
-    ``folded`` is the position of the last event folded into the state. The exits beyond it are
-    read after the heartbeats, so any exit an agent reported before the heartbeat read here is
-    among them (an agent drops a run from its heartbeats only once its exit is committed).
+    The gateway owns the heartbeats (telemetry, not facts of the log); they are read through
+    its read API in this transaction. ``folded`` is the position of the last event folded into
+    the state. The exits beyond it are read after the heartbeats, so any exit an agent reported
+    before the heartbeat read here is among them (an agent drops a run from its heartbeats only
+    once its exit is committed).
     """
-    exists = await tx.conn.fetchval("SELECT to_regclass('agent_heartbeats') IS NOT NULL")
-    if not exists:
+    beats = await api_read.heartbeats(tx.conn)
+    if beats is None:
         return None
-    now = float(await tx.conn.fetchval("SELECT extract(epoch FROM now())"))
-    rows = await tx.conn.fetch(
-        # to_jsonb: a table the API has not yet migrated to add incarnation/seq still reads.
-        "SELECT agent_id, extract(epoch FROM beat_at) AS t, to_jsonb(h)::text AS row"
-        " FROM agent_heartbeats h"
-    )
     exits = await tx.conn.fetch(
         "SELECT payload->>'allocation_id' AS a FROM events WHERE position > $1"
         " AND type = 'TrialExited'",
         folded,
     )
-    agents: dict[str, Report] = {}
-    for r in rows:
-        row = json.loads(r["row"])
-        running = row.get("running")
-        agents[r["agent_id"]] = Report(
-            incarnation=str(row.get("incarnation") or ""),
-            seq=int(row.get("seq") or 0),
-            running=frozenset(str(a) for a in running)
-            if isinstance(running, list)
-            else frozenset(),
-        )
+    agents = {
+        agent_id: Report(incarnation=beat.incarnation, seq=beat.seq, running=beat.running)
+        for agent_id, beat in beats.agents.items()
+    }
     return Heartbeats(
-        now=now,
-        last_beat={r["agent_id"]: float(r["t"]) for r in rows},
+        now=beats.now,
+        last_beat={agent_id: beat.at for agent_id, beat in beats.agents.items()},
         reports=Reports(agents=agents, exits_unfolded=frozenset(str(e["a"]) for e in exits)),
     )

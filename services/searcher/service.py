@@ -41,6 +41,7 @@ from events.envelope import Event, RecordedEvent
 from events.names import experiment_stream
 from events.store import EventStore, Transaction
 from events.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
+from services.api import read as api_read
 from services.searcher.methods import (
     Create,
     Operation,
@@ -206,9 +207,8 @@ class SearcherConsumer(Consumer):
         exp_id = int(p["experiment_id"])
         if exp_id in self._code:
             return
-        data = await self.store.pool.fetchval(
-            "SELECT data FROM code_blobs WHERE code_ref = $1", str(code_ref)
-        )
+        async with self.store.pool.acquire() as conn:
+            data = await api_read.code_blob(conn, str(code_ref))
         if data is None:
             log.error("custom searcher's code is missing", experiment=exp_id, code_ref=code_ref)
             return

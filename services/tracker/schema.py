@@ -12,7 +12,9 @@ from events import migrations
 from events.db import Connection, translate_errors
 from events.names import sql_trial_id
 from events.store import EventStore
+from services.tracker.audit import TABLES as AUDIT_TABLES
 from services.tracker.usage import MIGRATION as USAGE_MIGRATION
+from services.tracker.usage import TABLES as USAGE_TABLES
 
 NAMESPACE = "tracker"
 
@@ -26,6 +28,11 @@ TABLES: tuple[str, ...] = (
     "tr_metrics",
 )
 """Every projection table, in a stable order."""
+
+OWNED_TABLES: tuple[str, ...] = TABLES + USAGE_TABLES + AUDIT_TABLES
+"""Every table of the tracker (projections, usage, audit trail): only modules of
+``services.tracker`` hold SQL naming them; the gateway reads them through
+:mod:`services.tracker.read`."""
 
 PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "tr_experiments": ("experiment_id",),

@@ -201,6 +201,7 @@ async def test_tables_of_text_trial_ids_are_migrated_to_the_same_integers(
                INSERT INTO trial_progress (trial_id, progress) VALUES ('7.1', 0.5);"""
         )
     await tables.migrate(store)
+    await tracker_schema.migrate(store)
     trials = await store.pool.fetch("SELECT trial_id FROM tr_trials ORDER BY trial_id")
     assert [r["trial_id"] for r in trials] == [LEGACY, 17]
     assert await store.pool.fetchval("SELECT trial_id FROM trial_progress") == LEGACY
