@@ -220,16 +220,18 @@ class Transaction:
         versions = [current + n + 1 for n in range(len(items))]
         by_version = {r["o_version"]: r for r in rows}
         recorded = [
-            RecordedEvent.model_construct(
-                position=by_version[v]["o_position"],
-                stream_id=stream_id,
-                stream_version=v,
-                event_id=item.event_id,
-                type=item.event.event_type,
-                schema_version=item.event.schema_version,
-                payload=payload,
-                metadata=meta,
-                recorded_at=by_version[v]["o_recorded_at"],
+            stored_event(
+                {
+                    "position": by_version[v]["o_position"],
+                    "stream_id": stream_id,
+                    "stream_version": v,
+                    "event_id": item.event_id,
+                    "type": item.event.event_type,
+                    "schema_version": item.event.schema_version,
+                    "payload": payload,
+                    "metadata": meta,
+                    "recorded_at": by_version[v]["o_recorded_at"],
+                }
             )
             for v, item, payload, meta in zip(versions, items, payloads, metas, strict=True)
         ]

@@ -76,3 +76,15 @@ async def test_fence_is_checked_inside_a_transaction(store: EventStore) -> None:
     stamped = [e.metadata.epoch for e in await store.read_stream("experiment-8")]
     assert stamped == [second.epoch, second.epoch]
     await second.release()
+
+
+async def test_appended_events_equal_the_log_read_back(store: EventStore) -> None:
+    """What an append returns (built without validation) equals what a read of the log gives,
+    field for field, for a single append and for a batch in a transaction."""
+    single = await store.append("experiment-11", [submitted(11)], expected_version=0)
+    async with store.transaction() as tx:
+        batch = await tx.append("experiment-11", [submitted(12), submitted(13)], expected_version=1)
+    read = await store.read_stream("experiment-11")
+    assert [*single, *batch] == read
+    assert [e.model_fields_set for e in [*single, *batch]] == [e.model_fields_set for e in read]
+    assert [e.model_dump() for e in [*single, *batch]] == [e.model_dump() for e in read]
