@@ -72,8 +72,13 @@ Pool: TypeAlias = asyncpg.Pool
 Connection: TypeAlias = TranslatingConnection
 
 
-# 19 digits in a row may be an integer beyond 64 bits, which orjson reads as a float.
-_LONG_NUMBER = re.compile(r"\d{19}")
+# 19 digits in a row may be an integer beyond 64 bits, which orjson reads as a float. Found by
+# mapping every ASCII digit to "1" and every other ASCII character to a space, then looking for
+# nineteen "1"s: several times faster than a regular expression on a replay's hot path.
+_DIGITS_AS_ONES = str.maketrans(
+    {chr(c): "1" if chr(c) in "0123456789" else " " for c in range(128)}
+)
+_LONG_NUMBER = "1" * 19
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -90,7 +95,7 @@ def loads(text: str) -> Any:
     beyond 64 bits (orjson would make it a float) or holds what orjson refuses (a number
     beyond a double's range), where the standard parser decides.
     """
-    if _LONG_NUMBER.search(text) is None:
+    if _LONG_NUMBER not in text.translate(_DIGITS_AS_ONES):
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:

@@ -73,9 +73,7 @@ class RecordedEvent(BaseModel):
 
     def decode(self) -> Event:
         """Returns the payload as the current version of its event model."""
-        from events.registry import decode
-
-        return decode(self.type, self.schema_version, self.payload)
+        return _decode(self.type, self.schema_version, self.payload)
 
 
 def stream_type_of(stream_id: str) -> str:
@@ -100,8 +98,11 @@ def stored_metadata(values: dict[str, Any] | None) -> Metadata:
     of its cost on a replay's hot path."""
     meta = Metadata.__new__(Metadata)
     given = values or {}
-    known = {k: v for k, v in given.items() if k in _METADATA_FIELDS}
-    extra = {k: v for k, v in given.items() if k not in _METADATA_FIELDS}
+    if given.keys() <= _METADATA_FIELDS:
+        known, extra = given, {}
+    else:
+        known = {k: v for k, v in given.items() if k in _METADATA_FIELDS}
+        extra = {k: v for k, v in given.items() if k not in _METADATA_FIELDS}
     object.__setattr__(meta, "__dict__", {**_NO_METADATA, **known})
     object.__setattr__(meta, "__pydantic_fields_set__", set(given))
     object.__setattr__(meta, "__pydantic_extra__", extra)
@@ -118,3 +119,12 @@ def stored_event(values: dict[str, Any]) -> RecordedEvent:
     object.__setattr__(event, "__pydantic_extra__", None)
     object.__setattr__(event, "__pydantic_private__", None)
     return event
+
+
+def _decode(event_type: str, schema_version: int, payload: dict[str, Any]) -> Event:
+    # Imported on first use: events.registry imports this module.
+    global _decode
+    from events.registry import decode
+
+    _decode = decode
+    return decode(event_type, schema_version, payload)

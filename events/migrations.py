@@ -107,6 +107,55 @@ CORE: Sequence[tuple[str, str]] = (
                            'SlotsAllocated', 'TrialExited', 'TrialStateChanged');
         """,
     ),
+    (
+        "0006_append_function",
+        # The whole append in one statement, so a single append outside a transaction costs
+        # one round trip (events.store): under the append lock, check the leader's fence and
+        # the stream's expected version, then insert and queue the wake-up. A refused append
+        # inserts nothing and reports why (o_fenced: the lease's epoch; o_current: the
+        # stream's version); an empty result never happens.
+        """
+        CREATE OR REPLACE FUNCTION cairn_append(
+            p_stream text, p_ids uuid[], p_types text[], p_versions int[], p_payloads text[],
+            p_metas text[], p_expected bigint, p_lease_stream text, p_epoch bigint,
+            p_channel text)
+        RETURNS TABLE (o_current bigint, o_fenced bigint, o_position bigint, o_version bigint,
+                       o_recorded_at timestamptz)
+        LANGUAGE plpgsql AS $$
+        DECLARE
+            v_current bigint;
+            v_epoch bigint;
+        BEGIN
+            PERFORM set_config('lock_timeout', '10s', true);
+            LOCK TABLE events IN EXCLUSIVE MODE;
+            IF p_lease_stream IS NOT NULL THEN
+                SELECT coalesce(max(e.stream_version), 0) INTO v_epoch
+                FROM events e WHERE e.stream_id = p_lease_stream;
+                IF v_epoch <> p_epoch THEN
+                    RETURN QUERY SELECT NULL::bigint, v_epoch, NULL::bigint, NULL::bigint,
+                                        NULL::timestamptz;
+                    RETURN;
+                END IF;
+            END IF;
+            SELECT coalesce(max(e.stream_version), 0) INTO v_current
+            FROM events e WHERE e.stream_id = p_stream;
+            IF p_expected IS NOT NULL AND v_current <> p_expected THEN
+                RETURN QUERY SELECT v_current, NULL::bigint, NULL::bigint, NULL::bigint,
+                                    NULL::timestamptz;
+                RETURN;
+            END IF;
+            PERFORM pg_notify(p_channel, p_stream);
+            RETURN QUERY
+                INSERT INTO events AS e (event_id, stream_id, stream_version, type,
+                                         schema_version, payload, metadata)
+                SELECT u.i, p_stream, v_current + u.n, u.t, u.s, u.p::jsonb, u.m::jsonb
+                FROM unnest(p_ids, p_types, p_versions, p_payloads, p_metas)
+                     WITH ORDINALITY AS u(i, t, s, p, m, n)
+                RETURNING v_current, NULL::bigint, e.position, e.stream_version, e.recorded_at;
+        END
+        $$;
+        """,
+    ),
 )
 
 

@@ -28,6 +28,9 @@ from events.registry import encode, to_current
 
 NOTIFY_CHANNEL = "cairn_events"
 _LOCK_APPENDS = "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
+# One statement appends (migration 0006_append_function): it takes the append lock, checks the
+# fence and the expected version, inserts and queues the wake-up.
+_APPEND = "SELECT * FROM cairn_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
 _COLUMNS = (
     "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
     "recorded_at"
@@ -85,12 +88,20 @@ class Transaction:
             stamped on each event) and is checked against; see :meth:`write_as`.
     """
 
-    def __init__(self, conn: Connection, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        in_transaction: bool = True,
+    ) -> None:
         self.conn = conn
         self.max_event_bytes = max_event_bytes
         self.fence: Fence | None = None
         self._locked = False
         self._fenced: Fence | None = None
+        # False only for EventStore.append's single statement, which commits on its own.
+        self._in_transaction = in_transaction
 
     def write_as(self, fence: Fence | None) -> None:
         """Makes every later append of this transaction a write of the leader holding ``fence``:
@@ -182,58 +193,51 @@ class Transaction:
                 raise EventTooLargeError(
                     stream_id, item.event.event_type, size, self.max_event_bytes, part, part_size
                 )
-        await self.lock_appends()
-        if fence is not None:
-            await self.check_fence(fence)
-        # One statement reads the stream's version, inserts (only if it is the expected one)
-        # and queues the wake-up; the append lock taken above keeps the version current.
+        check = fence if fence is not None and fence != self._fenced else None
         with translate_errors(stream_id):
             rows = await self.conn.fetch(
-                """WITH cur AS (
-                       SELECT coalesce(max(stream_version), 0) AS v
-                       FROM events WHERE stream_id = $2),
-                   ins AS (
-                       INSERT INTO events (event_id, stream_id, stream_version, type,
-                                           schema_version, payload, metadata)
-                       SELECT u.e, $2, cur.v + u.n, u.t, u.s, u.p::jsonb, u.m::jsonb
-                       FROM cur, unnest($1::uuid[], $3::text[], $4::int[], $5::text[],
-                                        $6::text[]) WITH ORDINALITY AS u(e, t, s, p, m, n)
-                       WHERE $8::bigint IS NULL OR cur.v = $8
-                       RETURNING position, stream_version, recorded_at),
-                   note AS (SELECT pg_notify($7, $2))
-                   SELECT cur.v AS current, ins.position, ins.stream_version, ins.recorded_at
-                   FROM cur CROSS JOIN note LEFT JOIN ins ON true
-                   ORDER BY ins.position""",
-                [i.event_id for i in items],
+                _APPEND,
                 stream_id,
+                [i.event_id for i in items],
                 [i.event.event_type for i in items],
                 [i.event.schema_version for i in items],
                 payload_texts,
                 meta_texts,
-                NOTIFY_CHANNEL,
                 expected_version,
+                lease_stream(check.lease) if check is not None else None,
+                check.epoch if check is not None else None,
+                NOTIFY_CHANNEL,
             )
-        current = int(rows[0]["current"])
-        if expected_version is not None and current != expected_version:
+        self._locked = True  # the statement took the append lock, held until commit
+        if check is not None:
+            fenced = rows[0]["o_fenced"]
+            if fenced is not None:
+                raise FencedError(check.lease, check.epoch, int(fenced))
+            self._fenced = check
+        current = int(rows[0]["o_current"])
+        if rows[0]["o_position"] is None:
             raise ConcurrencyError(stream_id, expected_version, current)
         versions = [current + n + 1 for n in range(len(items))]
-        by_version = {r["stream_version"]: r for r in rows}
+        by_version = {r["o_version"]: r for r in rows}
         recorded = [
-            RecordedEvent.model_construct(
-                position=by_version[v]["position"],
-                stream_id=stream_id,
-                stream_version=v,
-                event_id=item.event_id,
-                type=item.event.event_type,
-                schema_version=item.event.schema_version,
-                payload=payload,
-                metadata=meta,
-                recorded_at=by_version[v]["recorded_at"],
+            stored_event(
+                {
+                    "position": by_version[v]["o_position"],
+                    "stream_id": stream_id,
+                    "stream_version": v,
+                    "event_id": item.event_id,
+                    "type": item.event.event_type,
+                    "schema_version": item.event.schema_version,
+                    "payload": payload,
+                    "metadata": meta,
+                    "recorded_at": by_version[v]["o_recorded_at"],
+                }
             )
             for v, item, payload, meta in zip(versions, items, payloads, metas, strict=True)
         ]
         origin.count_appended(len(recorded))
-        await faults.point("store.before_commit")
+        if self._in_transaction:
+            await faults.point("store.before_commit")
         return recorded
 
     async def read_all(
@@ -396,26 +400,17 @@ class EventStore:
     ) -> list[RecordedEvent]:
         """Appends in a transaction of its own; see :meth:`Transaction.append`.
 
-        The transaction is begun and the append lock taken in one round trip, so a single
-        append costs three: begin and lock, the insert, the commit.
+        The append is one statement (lock, fence and version checks, insert, wake-up) run
+        outside an explicit transaction, so it commits on its own: one round trip in all.
         """
         if not events:
             return []
         with translate_errors():
             async with self.pool.acquire() as conn:
-                tx = Transaction(conn, max_event_bytes=self.max_event_bytes)
-                try:
-                    await conn.execute(f"BEGIN; {_LOCK_APPENDS}")
-                    tx._locked = True
-                    recorded = await tx.append(
-                        stream_id, events, expected_version=expected_version, fence=fence
-                    )
-                except BaseException:
-                    with contextlib.suppress(Exception):
-                        await conn.execute("ROLLBACK")
-                    raise
-                await conn.execute("COMMIT")
-                return recorded
+                tx = Transaction(conn, max_event_bytes=self.max_event_bytes, in_transaction=False)
+                return await tx.append(
+                    stream_id, events, expected_version=expected_version, fence=fence
+                )
 
     async def read_all(
         self,

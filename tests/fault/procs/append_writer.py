@@ -1,4 +1,9 @@
-"""A writer process for fault tests: appends one batch to a stream, then exits."""
+"""A writer process for fault tests: appends one batch to a stream in a transaction, then exits.
+
+The batch goes through ``Transaction.append``, whose ``store.before_commit`` fault point lets a
+test kill the writer between the insert and the commit (``EventStore.append`` is a single
+statement that commits on its own: it has no such moment).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ async def main(dsn: str, stream: str, count: int) -> None:
         )
         for n in range(count)
     ]
-    await store.append(stream, events)
+    async with store.transaction() as tx:
+        await tx.append(stream, events)
     await store.close()
 
 
