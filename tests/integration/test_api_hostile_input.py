@@ -142,15 +142,16 @@ async def test_lone_surrogates_are_400_naming_the_field(api: Api, store: EventSt
 async def test_unstorable_text_in_a_report_batch_is_400_however_it_is_encoded(
     api: Api, store: EventStore
 ) -> None:
-    """A report batch whose text PostgreSQL cannot store is a 400 naming the item's field
-    whether the problem is escaped (``\\u0000``, ``\\ud800``) or raw: a surrogate's UTF-8
-    bytes (which json decodes with ``surrogatepass``) or a UTF-16 body; nothing is appended."""
+    """Text PostgreSQL cannot store, in a checkpoint's free-form metadata (which no model
+    checks), is a 400 naming the field whether it is escaped (``\\u0000``, ``\\ud800``) or
+    raw: a surrogate's UTF-8 bytes (json decodes them with ``surrogatepass``) or a UTF-16
+    body; no checkpoint is appended."""
     await submit_experiment(store)
     await allocate(store, 11)
     token = api.trial_token(11)
-    head = '{"items": [{"kind": "metrics", "group": "training", "steps_completed": 1, '
-    head += '"metrics": {"a": 1}, "idempotency_key": "k'
-    tail = '"}]}'
+    head = '{"items": [{"kind": "checkpoint", "uuid": "c1", "idempotency_key": "k", '
+    head += '"metadata": {"steps_completed": 1, "note": "x'
+    tail = '"}}]}'
     raw = {
         "escaped NUL": (head + "\\u0000" + tail).encode(),
         "escaped surrogate": (head + "\\ud800" + tail).encode(),
@@ -160,9 +161,8 @@ async def test_unstorable_text_in_a_report_batch_is_400_however_it_is_encoded(
     for name, data in raw.items():
         status, body = await api.call("POST", "/api/v1/trials/11/reports", token=token, data=data)
         assert status == 400, (name, status, body)
-        assert body["error"]["path"] == "items[0].idempotency_key", (name, body)
-    types = await stored_besides_refusals(store)
-    assert "WorkloadCompleted" not in types
+        assert body["error"]["path"] == "items[0].metadata.note", (name, body)
+    assert "CheckpointSaved" not in await stored_besides_refusals(store)
 
 
 async def test_a_config_too_large_is_413(api: Api, store: EventStore) -> None:
