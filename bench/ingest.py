@@ -202,6 +202,28 @@ def _tracker_hook(name: str) -> Callable[..., Awaitable[None]] | None:
     return hook if callable(hook) else None
 
 
+async def _projected(store: EventStore, trial_id: int, n: int) -> bool:
+    """Whether ``tr_metrics`` holds all ``n`` training points of ``trial_id``.
+
+    The tracker projects the log in order and commits each page's rows at once, so the count
+    cannot reach ``n`` before the row of the last step is there: until it is, one key lookup
+    answers (a count every poll would read the growing table over and over, taking the
+    machine from the processes being measured); then the count confirms it.
+    """
+    last = await store.pool.fetchval(
+        """SELECT true FROM tr_metrics
+           WHERE trial_id = $1 AND run_id = 1 AND "group" = 'training' AND steps_completed = $2""",
+        trial_id,
+        n,
+    )
+    if not last:
+        return False
+    count = await store.pool.fetchval(
+        "SELECT count(*) FROM tr_metrics WHERE trial_id = $1", trial_id
+    )
+    return bool(count >= n)
+
+
 async def _live(store: EventStore, dsn: str, url: str, n: int, work: Path) -> float:
     """Seconds from the first submit of ``n`` points until ``tr_metrics`` holds them all, with
     the tracker's consumers running meanwhile in a process of their own, as in a deployment
@@ -223,10 +245,7 @@ async def _live(store: EventStore, dsn: str, url: str, n: int, work: Path) -> fl
         t0 = time.perf_counter()
         await asyncio.to_thread(_report_points, url, token, LIVE_TRIAL_ID, n)
         while True:
-            projected = await store.pool.fetchval(
-                "SELECT count(*) FROM tr_metrics WHERE trial_id = $1", LIVE_TRIAL_ID
-            )
-            if projected >= n:
+            if await _projected(store, LIVE_TRIAL_ID, n):
                 return time.perf_counter() - t0
             if proc.poll() is not None:
                 raise RuntimeError(f"the tracker exited ({proc.poll()}):\n{_tail(log)}")

@@ -19,6 +19,13 @@ Invariants:
   made stale by another writer between the read and the append loses with
   :class:`~events.errors.ConcurrencyError`: the transaction rolls back, the consumer rebuilds its
   state and the runner re-plans at once on a fresh read.
+- A projection (``Consumer.projection``: it only writes tables derived from the log, appends
+  nothing and touches nothing outside the database) commits without waiting for its WAL to
+  reach the disk (``synchronous_commit = off``). A crash of PostgreSQL itself may then lose its
+  last few commits, but always whole: effects and checkpoint go together, so on restart it
+  applies those events again from the older checkpoint, exactly once. Its sources, the events,
+  are committed durably by their writers; the wait saved is a disk flush per page, which
+  otherwise queues behind (and in front of) the appends' own flushes.
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ class Consumer:
             those streams knows each one's version from ``RecordedEvent.stream_version``.
         tick_always: call :meth:`before_commit` on every catch-up, even with no new events
             (for decisions driven by time, such as heartbeat timeouts).
+        projection: the consumer only writes tables derived from the log through ``tx``: it
+            appends nothing, has no effect outside the database and no ``after_commit``. Its
+            transactions then commit asynchronously (see the module's invariants).
     """
 
     name: str = "consumer"
@@ -59,6 +69,7 @@ class Consumer:
     types: frozenset[str] | None = None
     envelopes: frozenset[str] = frozenset()
     tick_always: bool = False
+    projection: bool = False
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
         """Applies one event inside the consumer's transaction."""
@@ -153,6 +164,8 @@ class ConsumerRunner:
         name = self.consumer.name
         async with self.store.transaction() as tx:
             tx.write_as(self.fence)
+            if self.consumer.projection:
+                await tx.conn.execute("SET LOCAL synchronous_commit = off")
             checkpoint = await tx.lock_checkpoint(name)
             if upto is not None and upto <= checkpoint:
                 return True, checkpoint, 0

@@ -39,6 +39,24 @@ def _path(link: _Link) -> Path:
     return out
 
 
+def within_depth(data: Any, max_depth: int) -> bool:
+    """Whether ``data`` nests lists and mappings at most ``max_depth`` levels deep (the top
+    level is depth 1). Visits each container once, level by level, and no scalar twice: a
+    cheap first check before :func:`find_unstorable` is asked where the problem is."""
+    level = [data] if isinstance(data, dict | list | tuple) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            return False
+        below: list[Any] = []
+        for container in level:
+            members = container.values() if isinstance(container, dict) else container
+            below.extend(m for m in members if isinstance(m, dict | list | tuple))
+        level = below
+    return True
+
+
 def find_unstorable(
     data: Any, *, max_depth: int | None = None, finite: bool = False
 ) -> tuple[Path, str] | None:

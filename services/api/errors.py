@@ -21,7 +21,7 @@ from events.errors import (
     EventTooLargeError,
     StoreUnavailableError,
 )
-from events.storable import find_unstorable
+from events.storable import find_unstorable, within_depth
 
 log = structlog.get_logger("api")
 M = TypeVar("M", bound=BaseModel)
@@ -130,6 +130,18 @@ def parse(model: type[M], data: Any, prefix: str = "") -> M:
         where, problem = found
         path = dotted([*([prefix] if prefix else []), *where])
         raise bad_request(f"{path}: {problem}", path)
+    return validate(model, data, prefix)
+
+
+def validate(model: type[M], data: Any, prefix: str = "") -> M:
+    """:func:`parse` for a part of a body :func:`read_json` returned, which has already been
+    checked for what PostgreSQL cannot store: only the model's own rules are applied.
+
+    Args:
+        model: the request model.
+        data: a part of the decoded body.
+        prefix: where ``data`` sits in the request, e.g. ``items[3]``, prepended to error paths.
+    """
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -154,6 +166,12 @@ async def read_json(request: web.Request) -> Any:
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
+    # Strings of an all-ASCII body without a backslash hold no NUL (JSON refuses it raw and it
+    # has no escape to come from) and no lone surrogate (neither an escape nor, in any of the
+    # encodings json accepts, a byte of 0xD8 or more to encode one): only the depth is left to
+    # check, which is cheap. Otherwise the full walk finds the problem and its path.
+    if raw.isascii() and b"\\" not in raw and within_depth(data, MAX_JSON_DEPTH):
+        return data
     found = find_unstorable(data, max_depth=MAX_JSON_DEPTH)
     if found is not None:
         where, problem = found

@@ -24,7 +24,7 @@ from events.types import (
 )
 from services.api.access import readable_trial
 from services.api.auth import check_trial, principal_of
-from services.api.errors import ApiError, bad_request, parse, read_json
+from services.api.errors import ApiError, bad_request, parse, read_json, validate
 from services.api.inbox import claim_many
 from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
@@ -176,6 +176,7 @@ def _trial_id(request: web.Request) -> int:
 
 
 def _parse_items(data: Any) -> list[ItemBase]:
+    """The items of a body :func:`read_json` returned (so already checked for storability)."""
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
         raise bad_request("items: must be a list of report items", "items")
     raw_items: list[Any] = data["items"]
@@ -189,7 +190,7 @@ def _parse_items(data: Any) -> list[ItemBase]:
             raise bad_request(
                 f"items[{i}].kind: must be one of {sorted(_ITEM_MODELS)}", f"items[{i}].kind"
             )
-        item = parse(model, raw, prefix=f"items[{i}]")
+        item = validate(model, raw, prefix=f"items[{i}]")
         if isinstance(item, CheckpointItem):
             _check_checkpoint(item, i)
         items.append(item)

@@ -178,6 +178,7 @@ class AuditConsumer(Consumer):
     """Projects every event of the log into the audit trail (consumer ``tracker-audit``)."""
 
     name = NAME
+    projection = True
     types = None
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:

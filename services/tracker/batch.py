@@ -23,11 +23,13 @@ the caller flushes the run before any other event.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+
+import orjson
 
 from events.db import Connection
 from events.types import MetricsReported, ValidationReported, WorkloadCompleted
@@ -78,8 +80,13 @@ def group_of(e: Report) -> str:
     return e.group
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+def _metrics_json(metrics: dict[str, float]) -> str:
+    """A report's metrics as JSON text for a jsonb column: orjson's text (the same jsonb value
+    as the standard encoder's, several times faster); a non-finite value keeps the standard
+    text, which PostgreSQL refuses, as it refuses the event applied on its own."""
+    if all(math.isfinite(v) for v in metrics.values()):
+        return orjson.dumps(metrics).decode()
+    return json.dumps(metrics, separators=(",", ":"))
 
 
 def final_steps(current: int, steps: Sequence[int], archivable: Sequence[int]) -> int:
@@ -151,7 +158,7 @@ async def apply_run(conn: Connection, run: MetricRun) -> list[tuple[ValidationRe
         [k[1] for k in keys],
         [k[2] for k in keys],
         [k[3] for k in keys],
-        [_json(dict(rows[k].event.metrics)) for k in keys],
+        [_metrics_json(dict(rows[k].event.metrics)) for k in keys],
         [rows[k].at for k in keys],
     )
     if archivable:

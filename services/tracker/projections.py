@@ -97,6 +97,7 @@ class ProjectionsConsumer(Consumer):
     """Applies log events to the ``tr_*`` tables (consumer ``tracker-projections``)."""
 
     name = NAME
+    projection = True
     types = TYPES
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:

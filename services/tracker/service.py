@@ -20,6 +20,10 @@ from services.tracker.projections import ProjectionsConsumer
 from services.tracker.usage import UsageConsumer
 
 MAX_ROUNDS = 10
+PAGE = 2000
+"""Events read and applied per transaction by the projection consumers (the runner's default is
+500): a page costs a checkpoint lock, a read, a few statements per table and a commit whatever
+its size, and their batched statements take a page of any size in one go."""
 
 
 async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) -> None:
@@ -35,10 +39,10 @@ async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) ->
     """
     await schema.migrate(store)
     await audit.migrate(store)
-    await ConsumerRunner(store, None, AuditConsumer()).catch_up()
-    projections = ConsumerRunner(store, None, ProjectionsConsumer())
+    await ConsumerRunner(store, None, AuditConsumer(), batch=PAGE).catch_up()
+    projections = ConsumerRunner(store, None, ProjectionsConsumer(), batch=PAGE)
     gc = ConsumerRunner(store, None, GCConsumer(default_checkpoint_root(checkpoint_root)))
-    await ConsumerRunner(store, None, UsageConsumer()).catch_up()
+    await ConsumerRunner(store, None, UsageConsumer(), batch=PAGE).catch_up()
     for _ in range(MAX_ROUNDS):
         projected = await projections.catch_up()
         await gc.catch_up()
@@ -66,9 +70,11 @@ async def run_consumers(
     """
     root = default_checkpoint_root(checkpoint_root)
     runners = [
-        ConsumerRunner(store, bus, ProjectionsConsumer(), catch_up_every=catch_up_every),
+        ConsumerRunner(
+            store, bus, ProjectionsConsumer(), batch=PAGE, catch_up_every=catch_up_every
+        ),
         ConsumerRunner(store, bus, GCConsumer(root), catch_up_every=catch_up_every),
-        ConsumerRunner(store, bus, AuditConsumer(), catch_up_every=catch_up_every),
-        ConsumerRunner(store, bus, UsageConsumer(), catch_up_every=catch_up_every),
+        ConsumerRunner(store, bus, AuditConsumer(), batch=PAGE, catch_up_every=catch_up_every),
+        ConsumerRunner(store, bus, UsageConsumer(), batch=PAGE, catch_up_every=catch_up_every),
     ]
     await asyncio.gather(*(runner.run(stop) for runner in runners))

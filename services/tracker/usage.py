@@ -117,6 +117,7 @@ class UsageConsumer(Consumer):
     """Folds allocation facts into ``tr_usage`` (consumer ``tracker-usage``)."""
 
     name = NAME
+    projection = True
     types = TYPES
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:

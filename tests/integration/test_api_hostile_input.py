@@ -14,7 +14,13 @@ from events.store import EventStore
 from services.api.app import all_routes
 from services.api.errors import MAX_JSON_DEPTH
 from tests.helpers import wait_until
-from tests.integration.test_api_support import CONFIG, Api, running_api
+from tests.integration.test_api_support import (
+    CONFIG,
+    Api,
+    allocate,
+    running_api,
+    submit_experiment,
+)
 from tests.unit.test_config_limits import BILLION_LAUGHS
 
 HEALTH = "/api/v1/health"
@@ -131,6 +137,32 @@ async def test_lone_surrogates_are_400_naming_the_field(api: Api, store: EventSt
     )
     assert status == 400 and body["error"]["path"] == "username"
     assert await stored_besides_refusals(store) == []
+
+
+async def test_unstorable_text_in_a_report_batch_is_400_however_it_is_encoded(
+    api: Api, store: EventStore
+) -> None:
+    """Text PostgreSQL cannot store, in a checkpoint's free-form metadata (which no model
+    checks), is a 400 naming the field whether it is escaped (``\\u0000``, ``\\ud800``) or
+    raw: a surrogate's UTF-8 bytes (json decodes them with ``surrogatepass``) or a UTF-16
+    body; no checkpoint is appended."""
+    await submit_experiment(store)
+    await allocate(store, 11)
+    token = api.trial_token(11)
+    head = '{"items": [{"kind": "checkpoint", "uuid": "c1", "idempotency_key": "k", '
+    head += '"metadata": {"steps_completed": 1, "note": "x'
+    tail = '"}}]}'
+    raw = {
+        "escaped NUL": (head + "\\u0000" + tail).encode(),
+        "escaped surrogate": (head + "\\ud800" + tail).encode(),
+        "raw surrogate, UTF-8": (head + "\ud800" + tail).encode("utf-8", "surrogatepass"),
+        "raw surrogate, UTF-16": (head + "\ud800" + tail).encode("utf-16-le", "surrogatepass"),
+    }
+    for name, data in raw.items():
+        status, body = await api.call("POST", "/api/v1/trials/11/reports", token=token, data=data)
+        assert status == 400, (name, status, body)
+        assert body["error"]["path"] == "items[0].metadata.note", (name, body)
+    assert "CheckpointSaved" not in await stored_besides_refusals(store)
 
 
 async def test_a_config_too_large_is_413(api: Api, store: EventStore) -> None:
