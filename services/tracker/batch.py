@@ -30,9 +30,12 @@ from datetime import datetime
 from typing import Any
 
 from events.db import Connection
+from events.lifecycle import TERMINAL
 from events.types import MetricsReported, ValidationReported, WorkloadCompleted
+from services.tracker.series import roll_up_reported
 
 Report = WorkloadCompleted | ValidationReported | MetricsReported
+TERMINAL_STATES = sorted(TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -102,13 +105,15 @@ async def apply_run(conn: Connection, run: MetricRun) -> list[tuple[ValidationRe
     """Applies the points of ``run``; returns the validations (with their experiment) whose own
     effects the caller applies next, in order."""
     trial_ids = sorted({p.event.trial_id for p in run.points})
-    experiments = {
-        int(r["trial_id"]): int(r["experiment_id"])
-        for r in await conn.fetch(
-            "SELECT trial_id, experiment_id FROM tr_trials WHERE trial_id = ANY($1::bigint[])",
-            trial_ids,
-        )
-    }
+    found = await conn.fetch(
+        """SELECT trial_id, experiment_id, state = ANY($2::text[]) AS ended
+           FROM tr_trials WHERE trial_id = ANY($1::bigint[])""",
+        trial_ids,
+        TERMINAL_STATES,
+    )
+    experiments = {int(r["trial_id"]): int(r["experiment_id"]) for r in found}
+    # Reports for an ended trial (rare) change the points its rollups were built from.
+    ended = [int(r["trial_id"]) for r in found if r["ended"]]
     points = [p for p in run.points if p.event.trial_id in experiments]
     if not points:
         return []
@@ -165,6 +170,8 @@ async def apply_run(conn: Connection, run: MetricRun) -> list[tuple[ValidationRe
             [runs[t] for t in arch],
             [low[t] for t in arch],
         )
+    if ended:
+        await roll_up_reported(conn, ended)
     current = {
         int(r["trial_id"]): int(r["steps_completed"])
         for r in await conn.fetch(
