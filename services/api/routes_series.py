@@ -1,12 +1,14 @@
 """Chart data for the web UI: downsampled metric series of an experiment's trials (one metric)
 and of one trial (every metric), and an experiment's logs across its trials.
 
-Series are read from the tracker's ``tr_metrics`` and downsampled in the database (the lowest and
-highest value of each bucket of steps, :mod:`services.api.downsample`), so a 1,000-trial
-experiment answers with about a hundred points per trial. Each answer carries
-``position``: the tracker's checkpoint when the read began; the projection holds at least the
-events up to it, so a client that follows ``/api/v1/events/stream`` after that position misses
-no point (it may see a few twice, which it recognises by their steps).
+The tracker reads the series (:mod:`services.tracker.series`, which owns their SQL): buckets of
+steps with the lowest and highest value of each, from its rollups of ended trials and from the
+live trials' points, so a 1,000-trial experiment answers with about a hundred points per trial
+without reading its million points. :mod:`services.api.downsample` sizes the buckets and turns
+each into at most two points. Each answer carries ``position``: the tracker's checkpoint when
+the read began; the projection holds at least the events up to it, so a client that follows
+``/api/v1/events/stream`` after that position misses no point (it may see a few twice, which it
+recognises by their steps).
 """
 
 from __future__ import annotations
