@@ -23,7 +23,7 @@ position 0 writes the same rollups.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,23 +38,17 @@ _TERMINAL = sorted(TERMINAL)
 
 
 @dataclass(frozen=True)
-class Bucket:
-    """One chart bucket of a series: its first and last step and its lowest and highest value."""
-
-    first: int
-    last: int
-    low: float
-    high: float
-
-
-@dataclass(frozen=True)
 class SeriesBuckets:
-    """The buckets of one series, in step order."""
+    """The buckets of one series in step order, as parallel columns: each bucket's first and
+    last step and its lowest and highest value."""
 
     trial_id: int
     group: str
     metric: str
-    buckets: list[Bucket]
+    firsts: list[int]
+    lasts: list[int]
+    lows: list[float]
+    highs: list[float]
 
 
 def power_width(max_steps: int, buckets: int) -> int:
@@ -222,36 +216,65 @@ async def experiment_series(
     """Every trial's series of one metric in buckets of ``width`` steps (a power of two, at least
     :func:`experiment_width`): ended trials from their rollups, live ones from their points."""
     rows = await conn.fetch(
-        """WITH ended AS (
-               SELECT DISTINCT ON (r.trial_id) r.trial_id, r.firsts, r.lasts, r.lows, r.highs
-               FROM tr_series_rollups r
-               JOIN tr_trials t ON t.trial_id = r.trial_id AND t.state = ANY($5::text[])
-               WHERE r.experiment_id = $1 AND r."group" = $2 AND r.metric = $3
-                 AND r.width <= $4
-               ORDER BY r.trial_id, r.width DESC)
-           SELECT trial_id, u.first / $4 AS b, min(u.first) AS first, max(u.last) AS last,
-                  min(u.low) AS low, max(u.high) AS high
-           FROM ended, unnest(ended.firsts, ended.lasts, ended.lows, ended.highs)
-                AS u(first, last, low, high)
-           GROUP BY trial_id, b
+        """(SELECT DISTINCT ON (r.trial_id) r.trial_id, r.width, r.firsts, r.lasts, r.lows,
+                   r.highs
+            FROM tr_series_rollups r
+            JOIN tr_trials t ON t.trial_id = r.trial_id AND t.state = ANY($5::text[])
+            WHERE r.experiment_id = $1 AND r."group" = $2 AND r.metric = $3 AND r.width <= $4
+            ORDER BY r.trial_id, r.width DESC)
            UNION ALL
-           SELECT trial_id, x / $4 AS b, min(x), max(x), min(y), max(y)
-           FROM (SELECT m.trial_id, m.steps_completed AS x, (m.metrics -> $3)::float8 AS y
-                 FROM tr_metrics m
-                 WHERE m.trial_id IN (SELECT trial_id FROM tr_trials
-                                      WHERE experiment_id = $1
-                                        AND NOT (state = ANY($5::text[])))
-                   AND m."group" = $2 AND NOT m.archived AND m.metrics ? $3
-                   AND jsonb_typeof(m.metrics -> $3) = 'number') p
-           GROUP BY trial_id, b
-           ORDER BY trial_id, b""",
+           SELECT trial_id, $4, array_agg(first ORDER BY b), array_agg(last ORDER BY b),
+                  array_agg(low ORDER BY b), array_agg(high ORDER BY b)
+           FROM (SELECT trial_id, x / $4 AS b, min(x) AS first, max(x) AS last, min(y) AS low,
+                        max(y) AS high
+                 FROM (SELECT m.trial_id, m.steps_completed AS x,
+                              (m.metrics -> $3)::float8 AS y
+                       FROM tr_metrics m
+                       WHERE m.trial_id IN (SELECT trial_id FROM tr_trials
+                                            WHERE experiment_id = $1
+                                              AND NOT (state = ANY($5::text[])))
+                         AND m."group" = $2 AND NOT m.archived AND m.metrics ? $3
+                         AND jsonb_typeof(m.metrics -> $3) = 'number') p
+                 GROUP BY trial_id, b) s
+           GROUP BY trial_id
+           ORDER BY trial_id""",
         experiment_id,
         group,
         metric,
         width,
         _TERMINAL,
     )
-    return _series(rows, lambda r: (int(r["trial_id"]), group, metric))
+    return [_merged(r, group, metric, width) for r in rows]
+
+
+def _merged(row: Any, group: str, metric: str, width: int) -> SeriesBuckets:
+    """A row of buckets ``row["width"]`` steps wide merged into buckets of ``width`` (a multiple
+    of it: the nested buckets' first, last, lowest and highest)."""
+    firsts: list[int] = row["firsts"]
+    lasts: list[int] = row["lasts"]
+    lows: list[float] = row["lows"]
+    highs: list[float] = row["highs"]
+    out = SeriesBuckets(int(row["trial_id"]), group, metric, [], [], [], [])
+    if int(row["width"]) == width:
+        out.firsts.extend(firsts)
+        out.lasts.extend(lasts)
+        out.lows.extend(lows)
+        out.highs.extend(highs)
+        return out
+    current = -1
+    for first, last, low, high in zip(firsts, lasts, lows, highs, strict=True):
+        bucket = first // width
+        if bucket != current:
+            current = bucket
+            out.firsts.append(first)
+            out.lasts.append(last)
+            out.lows.append(low)
+            out.highs.append(high)
+        else:
+            out.lasts[-1] = last
+            out.lows[-1] = min(out.lows[-1], low)
+            out.highs[-1] = max(out.highs[-1], high)
+    return out
 
 
 async def raw_experiment_series(
@@ -293,18 +316,19 @@ async def trial_series(conn: Connection, trial_id: int, buckets: int) -> list[Se
     return _series(rows, lambda r: (trial_id, str(r["g"]), str(r["k"])))
 
 
-def _series(rows: Sequence[Any], key_of: Any) -> list[SeriesBuckets]:
+def _series(
+    rows: Sequence[Any], key_of: Callable[[Any], tuple[int, str, str]]
+) -> list[SeriesBuckets]:
     """Bucket rows (ordered by series, then bucket) grouped into series."""
     out: list[SeriesBuckets] = []
     for row in rows:
         trial_id, group, metric = key_of(row)
-        if not out or (out[-1].trial_id, out[-1].group, out[-1].metric) != (
-            trial_id,
-            group,
-            metric,
-        ):
-            out.append(SeriesBuckets(trial_id, group, metric, []))
-        out[-1].buckets.append(
-            Bucket(int(row["first"]), int(row["last"]), float(row["low"]), float(row["high"]))
-        )
+        last = out[-1] if out else None
+        if last is None or (last.trial_id, last.group, last.metric) != (trial_id, group, metric):
+            last = SeriesBuckets(trial_id, group, metric, [], [], [], [])
+            out.append(last)
+        last.firsts.append(int(row["first"]))
+        last.lasts.append(int(row["last"]))
+        last.lows.append(float(row["low"]))
+        last.highs.append(float(row["high"]))
     return out
