@@ -173,6 +173,9 @@ async def test_rollups_serve_what_a_direct_downsample_of_the_points_gives(
     mixed = await served(store, "validation", "loss", 1)
     eleven = next(s for s in mixed if s.trial_id == 11)
     assert eleven.lows[eleven.firsts.index(60)] == curve(11, 2, 60)
+    # A trial that ended before rollups existed (none stored) is read from its points.
+    await store.pool.execute("DELETE FROM tr_series_rollups WHERE trial_id = 11")
+    await assert_served_equals_direct(store)
 
 
 async def test_continued_and_late_reported_trials_never_serve_stale_rollups(
