@@ -11,8 +11,9 @@ precomputed rollup exact:
   (group, metric) series, the buckets at a few power-of-two widths (``tr_series_rollups``, one
   row per width with the buckets as parallel arrays), in the tracker's transaction.
 - A chart of width ``W`` reads each ended trial's coarsest stored width ``<= W`` and merges its
-  buckets, and reads live trials' raw points (few at a time); both give what bucketing the raw
-  points at ``W`` gives. ``W`` is never finer than an ended series' finest stored width.
+  buckets, and buckets the points of live trials (few at a time) and of ended trials without
+  rollups (projected before they existed); both give what bucketing every point at ``W`` gives.
+  ``W`` is never finer than an ended series' finest stored width.
 - A trial that leaves its terminal state (a continued experiment) loses its rollups, and a report
   for a trial that is still terminal recomputes them (:func:`roll_up_reported`), so no chart is
   ever drawn from stale buckets.
@@ -64,7 +65,8 @@ def level_widths(max_steps: int) -> list[int]:
 
 # --- the rollups (written by the tracker's projections) -----------------------------------------
 
-# A trial's numeric points, by (group, metric); the one definition both paths bucket.
+# A trial's unarchived numeric points by (group, metric): what its rollups and its own chart
+# bucket (the experiment chart's live branch selects the same points of one metric).
 _POINTS = """
     SELECT m."group" AS g, k.key AS k, m.steps_completed AS x, k.value::float8 AS y
     FROM tr_metrics m, jsonb_each(m.metrics) k
