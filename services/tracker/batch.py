@@ -2,7 +2,8 @@
 
 Metric reports (``WorkloadCompleted``, ``ValidationReported``, ``MetricsReported``) are most of
 the log. A run of consecutive reports in a page is applied as: one lookup of the trials'
-experiments, one multi-row upsert of the points, one archive of rolled-back rows, one update of
+experiments and states, one multi-row upsert of the points, one archive of rolled-back rows, a
+rebuild of the chart rollups of ended trials (rare: reports after a trial's end), one update of
 the trials' ``steps_completed``, then each validation's own effects in order.
 
 Invariant: the result equals applying the reports one by one (``projections._metrics``). That
