@@ -1,10 +1,10 @@
 """Downsampling of metric series for charts: the lowest and the highest value of each bucket of
 steps, so a chart of a few hundred buckets keeps every spike and dip of a long series.
 
-The database groups a series' points into buckets of equal width in steps (shared by every
-series of one chart, so a bucket is about one pixel column whatever the series' length) and
-reports per bucket its first and last step and its lowest and highest value, with plain scalar
-aggregates (fast on millions of rows). :func:`bucket_points` turns one bucket into at most two
+The tracker groups a series' points into buckets of equal width in steps (shared by every
+series of one chart, so a bucket is about one pixel column whatever the series' length; see
+:mod:`services.tracker.series`) and reports per bucket its first and last step and its lowest
+and highest value. :func:`bucket_points` turns one bucket into at most two
 points: a bucket of one point is that point exactly; otherwise the lowest and highest values are
 placed at the bucket's first and last step, in the order that continues the line from the
 previous bucket, so the drawn line spans the bucket's whole range of values.
@@ -23,11 +23,6 @@ def bucket_count(requested: int, series: int) -> int:
     response stays within :data:`POINT_BUDGET` points, and never below :data:`MIN_BUCKETS`."""
     per_series = POINT_BUDGET // max(1, 2 * series)
     return max(MIN_BUCKETS, min(requested, MAX_BUCKETS, per_series))
-
-
-def bucket_width(max_steps: int, buckets: int) -> int:
-    """Steps per bucket so that ``buckets`` buckets cover steps ``0..max_steps``."""
-    return max(1, -(-(max_steps + 1) // max(1, buckets)))
 
 
 def bucket_points(

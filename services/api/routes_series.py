@@ -1,32 +1,40 @@
 """Chart data for the web UI: downsampled metric series of an experiment's trials (one metric)
 and of one trial (every metric), and an experiment's logs across its trials.
 
-Series are read from the tracker's ``tr_metrics`` and downsampled in the database (the lowest and
-highest value of each bucket of steps, :mod:`services.api.downsample`), so a 1,000-trial
-experiment answers with about a hundred points per trial. Each answer carries
-``position``: the tracker's checkpoint when the read began; the projection holds at least the
-events up to it, so a client that follows ``/api/v1/events/stream`` after that position misses
-no point (it may see a few twice, which it recognises by their steps).
+The tracker reads the series (:mod:`services.tracker.series`, which owns their SQL): buckets of
+steps with the lowest and highest value of each, from its rollups of ended trials and from the
+live trials' points, so a 1,000-trial experiment answers with about a hundred points per trial
+without reading its million points. :mod:`services.api.downsample` sizes the buckets and turns
+each into at most two points. Each answer carries ``position``: the tracker's checkpoint when
+the read began; the projection holds at least the events up to it, so a client that follows
+``/api/v1/events/stream`` after that position misses no point (it may see a few twice, which it
+recognises by their steps).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from events.db import translate_errors
+from events.errors import StatementError
 from events.store import EventStore
-from services.api import projections_read as pr
 from services.api import tables
 from services.api.access import readable_experiment, readable_trial
-from services.api.downsample import append_points, bucket_count, bucket_points, bucket_width
+from services.api.downsample import append_points, bucket_count, bucket_points
 from services.api.errors import bad_request, parse
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import MAX_ID, trial_id_of
+from services.tracker import series
 from services.tracker.projections import NAME as TRACKER
+from services.tracker.series import SeriesBuckets
 
 routes = RouteTable("charts")
+T = TypeVar("T")
 
 MAX_NAME = 200
 
@@ -138,42 +146,37 @@ def _experiment_id(request: web.Request) -> int:
 
 async def tracker_position(store: EventStore) -> int:
     """The tracker's checkpoint: the projections reflect the log at least up to it."""
-    value = await tables.fetchval(
-        store, "SELECT position FROM checkpoints WHERE name = $1", TRACKER
-    )
-    return int(value or 0)
+    return await _read(store, series.position, TRACKER) or 0
 
 
-async def _metric_names(store: EventStore, experiment_id: int) -> dict[str, list[str]]:
-    """Metric names by group, from the first trials' reports and every trial's last validation
-    (reading every row of a large experiment for its names would cost more than its chart)."""
-    rows = await pr.fetch(
-        store,
-        """SELECT DISTINCT g, k FROM (
-               SELECT m."group" AS g, jsonb_object_keys(m.metrics) AS k FROM tr_metrics m
-               WHERE m.trial_id IN (SELECT trial_id FROM tr_trials WHERE experiment_id = $1
-                                    ORDER BY seq LIMIT 3)
-               UNION ALL
-               SELECT 'validation', jsonb_object_keys(t.latest_validation -> 'metrics')
-               FROM tr_trials t
-               WHERE t.experiment_id = $1
-                 AND jsonb_typeof(t.latest_validation -> 'metrics') = 'object'
-           ) s ORDER BY g, k""",
-        experiment_id,
-    )
-    names: dict[str, list[str]] = {}
-    for row in rows:
-        names.setdefault(str(row["g"]), []).append(str(row["k"]))
-    return names
+async def _read(store: EventStore, read: Callable[..., Awaitable[T]], *args: Any) -> T | None:
+    """Runs a tracker read on a pooled connection; ``None`` when the tracker has not created its
+    tables yet."""
+    with translate_errors():
+        try:
+            async with store.pool.acquire() as conn:
+                return await read(conn, *args)
+        except StatementError as exc:
+            if exc.undefined_table:
+                return None
+            raise
 
 
-def _add_bucket(series: Series, row: Any) -> None:
-    """Appends one bucket row (``first``, ``last``, ``low``, ``high``) to ``series``."""
-    previous = series.values[-1] if series.values else None
-    points = bucket_points(
-        int(row["first"]), int(row["last"]), float(row["low"]), float(row["high"]), previous
-    )
-    append_points(series.steps, series.values, points)
+def _points(found: SeriesBuckets) -> dict[str, list[Any]]:
+    """A series' buckets as parallel columns of steps and values (at most two per bucket)."""
+    steps: list[int] = []
+    values: list[float] = []
+    for first, last, low, high in zip(
+        found.firsts, found.lasts, found.lows, found.highs, strict=True
+    ):
+        previous = values[-1] if values else None
+        append_points(steps, values, bucket_points(first, last, low, high, previous))
+    return {"steps": steps, "values": values}
+
+
+def _json(body: dict[str, Any]) -> web.Response:
+    """A JSON response encoded by orjson (a chart carries up to a few hundred thousand numbers)."""
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
 @routes.get(
@@ -192,58 +195,27 @@ async def experiment_series(request: web.Request) -> web.Response:
     metric = query.metric or view.searcher.get("metric")
     if not isinstance(metric, str) or not metric:
         raise bad_request("metric: name a metric (the experiment has no searcher metric)", "metric")
-    trials = await pr.count(
-        store, "SELECT count(*) FROM tr_trials WHERE experiment_id = $1", view.experiment_id
-    )
+    experiment_id = view.experiment_id
+    trials = await _read(store, series.trial_count, experiment_id) or 0
     buckets = bucket_count(query.buckets, trials)
-    # The trials' steps bound their reports' steps (cheap: one row per trial); reading the
-    # metric rows for their largest step would cost as much as the chart itself.
-    top = await pr.fetchrow(
-        store,
-        "SELECT max(steps_completed) AS top FROM tr_trials WHERE experiment_id = $1",
-        view.experiment_id,
+    width = (
+        await _read(store, series.experiment_width, experiment_id, query.group, metric, buckets)
+        or 1
     )
-    if top is None or not top["top"]:
-        top = await pr.fetchrow(
-            store,
-            """SELECT max(steps_completed) AS top FROM tr_metrics
-               WHERE experiment_id = $1 AND "group" = $2""",
-            view.experiment_id,
-            query.group,
-        )
-    width = bucket_width(int(top["top"] or 0) if top is not None else 0, buckets)
-    rows = await pr.fetch(
-        store,
-        # Metric values in the log are always finite numbers (the gateway keeps only those).
-        """SELECT trial_id, x / $4 AS b, min(x) AS first, max(x) AS last,
-                  min(y) AS low, max(y) AS high
-           FROM (SELECT trial_id, steps_completed AS x, (metrics -> $3)::float8 AS y
-                 FROM tr_metrics
-                 WHERE experiment_id = $1 AND "group" = $2 AND NOT archived
-                   AND metrics ? $3) p
-           GROUP BY trial_id, b ORDER BY trial_id, b""",
-        view.experiment_id,
-        query.group,
-        metric,
-        width,
+    found = (
+        await _read(store, series.experiment_series, experiment_id, query.group, metric, width)
+        or []
     )
-    series: dict[int, TrialSeries] = {}
-    for row in rows:
-        trial_id = int(row["trial_id"])
-        entry = series.get(trial_id)
-        if entry is None:
-            entry = series[trial_id] = TrialSeries(trial_id=trial_id, steps=[], values=[])
-        _add_bucket(entry, row)
     body = {
-        "experiment_id": view.experiment_id,
+        "experiment_id": experiment_id,
         "group": query.group,
         "metric": metric,
         "buckets": buckets,
         "position": position,
-        "metrics": await _metric_names(store, view.experiment_id),
-        "trials": [s.model_dump() for s in series.values()],
+        "metrics": await _read(store, series.metric_names, experiment_id) or {},
+        "trials": [{"trial_id": s.trial_id, **_points(s)} for s in found],
     }
-    return web.json_response(body)
+    return _json(body)
 
 
 @routes.get(
@@ -259,38 +231,15 @@ async def trial_series(request: web.Request) -> web.Response:
     await readable_trial(request, trial_id)
     store = store_of(request)
     position = await tracker_position(store)
-    top = await pr.fetchrow(
-        store, "SELECT max(steps_completed) AS top FROM tr_metrics WHERE trial_id = $1", trial_id
-    )
     buckets = bucket_count(query.buckets, 1)
-    width = bucket_width(int(top["top"] or 0) if top is not None else 0, buckets)
-    rows = await pr.fetch(
-        store,
-        """SELECT g, k, x / $2 AS b, min(x) AS first, max(x) AS last,
-                  min(y) AS low, max(y) AS high
-           FROM (SELECT t."group" AS g, m.key AS k, t.steps_completed AS x,
-                        m.value::float8 AS y
-                 FROM tr_metrics t, jsonb_each(t.metrics) m
-                 WHERE t.trial_id = $1 AND NOT t.archived
-                   AND jsonb_typeof(m.value) = 'number') p
-           GROUP BY g, k, b ORDER BY g, k, b""",
-        trial_id,
-        width,
-    )
-    series: dict[tuple[str, str], NamedSeries] = {}
-    for row in rows:
-        key = (str(row["g"]), str(row["k"]))
-        entry = series.get(key)
-        if entry is None:
-            entry = series[key] = NamedSeries(group=key[0], metric=key[1], steps=[], values=[])
-        _add_bucket(entry, row)
+    found = await _read(store, series.trial_series, trial_id, buckets) or []
     body = {
         "trial_id": trial_id,
         "buckets": buckets,
         "position": position,
-        "series": [s.model_dump() for s in series.values()],
+        "series": [{"group": s.group, "metric": s.metric, **_points(s)} for s in found],
     }
-    return web.json_response(body)
+    return _json(body)
 
 
 @routes.get(
@@ -304,13 +253,14 @@ async def experiment_logs(request: web.Request) -> web.Response:
     query = parse(ExperimentLogsQuery, dict(request.query))
     view = await readable_experiment(request, _experiment_id(request))
     tail = query.tail is not None
-    rows = await pr.fetch(
-        store_of(request),
+    store = store_of(request)
+    trial_ids = await _read(store, series.trial_ids, view.experiment_id) or []
+    rows = await tables.fetch(
+        store,
         f"""SELECT id, trial_id, allocation_id, rank, stream, ts, line FROM task_logs
-            WHERE trial_id IN (SELECT trial_id FROM tr_trials WHERE experiment_id = $1)
-              AND id > $2
+            WHERE trial_id = ANY($1::bigint[]) AND id > $2
             ORDER BY id {"DESC" if tail else "ASC"} LIMIT $3""",
-        view.experiment_id,
+        trial_ids,
         query.after_id,
         query.tail if query.tail is not None else query.limit,
     )

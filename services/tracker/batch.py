@@ -2,7 +2,8 @@
 
 Metric reports (``WorkloadCompleted``, ``ValidationReported``, ``MetricsReported``) are most of
 the log. A run of consecutive reports in a page is applied as: one lookup of the trials'
-experiments, one multi-row upsert of the points, one archive of rolled-back rows, one update of
+experiments and states, one multi-row upsert of the points, one archive of rolled-back rows, a
+rebuild of the chart rollups of ended trials (rare: reports after a trial's end), one update of
 the trials' ``steps_completed``, then each validation's own effects in order.
 
 Invariant: the result equals applying the reports one by one (``projections._metrics``). That
@@ -32,9 +33,12 @@ from datetime import datetime
 import orjson
 
 from events.db import Connection
+from events.lifecycle import TERMINAL
 from events.types import MetricsReported, ValidationReported, WorkloadCompleted
+from services.tracker.series import roll_up_reported
 
 Report = WorkloadCompleted | ValidationReported | MetricsReported
+TERMINAL_STATES = sorted(TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -109,13 +113,15 @@ async def apply_run(conn: Connection, run: MetricRun) -> list[tuple[ValidationRe
     """Applies the points of ``run``; returns the validations (with their experiment) whose own
     effects the caller applies next, in order."""
     trial_ids = sorted({p.event.trial_id for p in run.points})
-    experiments = {
-        int(r["trial_id"]): int(r["experiment_id"])
-        for r in await conn.fetch(
-            "SELECT trial_id, experiment_id FROM tr_trials WHERE trial_id = ANY($1::bigint[])",
-            trial_ids,
-        )
-    }
+    found = await conn.fetch(
+        """SELECT trial_id, experiment_id, state = ANY($2::text[]) AS ended
+           FROM tr_trials WHERE trial_id = ANY($1::bigint[])""",
+        trial_ids,
+        TERMINAL_STATES,
+    )
+    experiments = {int(r["trial_id"]): int(r["experiment_id"]) for r in found}
+    # Reports for an ended trial (rare) change the points its rollups were built from.
+    ended = [int(r["trial_id"]) for r in found if r["ended"]]
     points = [p for p in run.points if p.event.trial_id in experiments]
     if not points:
         return []
@@ -172,6 +178,8 @@ async def apply_run(conn: Connection, run: MetricRun) -> list[tuple[ValidationRe
             [runs[t] for t in arch],
             [low[t] for t in arch],
         )
+    if ended:
+        await roll_up_reported(conn, ended)
     current = {
         int(r["trial_id"]): int(r["steps_completed"])
         for r in await conn.fetch(

@@ -55,7 +55,7 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
-from services.tracker import schema
+from services.tracker import schema, series
 from services.tracker.batch import MetricRun, apply_run, group_of
 from services.tracker.rebuild import rebuild_consumer
 
@@ -431,6 +431,7 @@ async def _trial_state(conn: Connection, e: TrialStateChanged, at: datetime) -> 
         e.state,
         at if e.state in TERMINAL else None,
     )
+    await series.on_trial_state(conn, e.trial_id, e.state)
 
 
 async def _slots_allocated(conn: Connection, e: SlotsAllocated, at: datetime) -> None:
@@ -527,6 +528,12 @@ async def _metrics(
         dict(e.metrics),
         at,
     )
+    if await conn.fetchval(
+        "SELECT state = ANY($2::text[]) FROM tr_trials WHERE trial_id = $1",
+        e.trial_id,
+        sorted(TERMINAL),
+    ):
+        await series.roll_up_reported(conn, [e.trial_id])
     if isinstance(e, ValidationReported):
         await _validation_effects(conn, e, experiment_id)
 

@@ -26,6 +26,7 @@ TABLES: tuple[str, ...] = (
     "tr_allocations",
     "tr_checkpoints",
     "tr_metrics",
+    "tr_series_rollups",
 )
 """Every projection table, in a stable order."""
 
@@ -42,6 +43,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "tr_allocations": ("allocation_id",),
     "tr_checkpoints": ("uuid",),
     "tr_metrics": ("trial_id", "run_id", '"group"', "steps_completed"),
+    "tr_series_rollups": ("trial_id", '"group"', "metric", "width"),
 }
 """Each table's primary key columns (quoted where needed), for ordered snapshots."""
 
@@ -180,6 +182,27 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         ),
     ),
     USAGE_MIGRATION,
+    (
+        "0004_series_rollups",
+        # An ended trial's chart buckets per (group, metric) at a few power-of-two widths
+        # (services.tracker.series); buckets in step order as parallel arrays.
+        """
+        CREATE TABLE tr_series_rollups (
+            trial_id       bigint NOT NULL,
+            experiment_id  bigint NOT NULL,
+            "group"        text NOT NULL,
+            metric         text NOT NULL,
+            width          bigint NOT NULL,
+            firsts         bigint[] NOT NULL,
+            lasts          bigint[] NOT NULL,
+            lows           double precision[] NOT NULL,
+            highs          double precision[] NOT NULL,
+            PRIMARY KEY (trial_id, "group", metric, width)
+        );
+        CREATE INDEX tr_series_rollups_chart
+            ON tr_series_rollups (experiment_id, "group", metric, trial_id, width);
+        """,
+    ),
 )
 
 

@@ -7,7 +7,6 @@ from services.api.downsample import (
     POINT_BUDGET,
     bucket_count,
     bucket_points,
-    bucket_width,
 )
 
 
@@ -17,14 +16,6 @@ def test_bucket_count_stays_within_the_point_budget() -> None:
     assert bucket_count(300, 1000) == POINT_BUDGET // 2000
     assert bucket_count(300, 10**6) == MIN_BUCKETS
     assert bucket_count(10**6, 1) == 2000
-
-
-def test_bucket_width_covers_every_step() -> None:
-    """``buckets`` buckets of the width cover steps 0..max_steps; the width is at least 1."""
-    for top, buckets in ((0, 10), (9, 10), (10, 10), (999, 50), (1000, 50), (7, 300)):
-        width = bucket_width(top, buckets)
-        assert width >= 1
-        assert top // width < buckets
 
 
 def test_bucket_points_keep_extremes_in_line_order() -> None:
