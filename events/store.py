@@ -465,13 +465,17 @@ class EventStore:
     async def checkpoint(self, name: str) -> int:
         """Returns consumer ``name``'s checkpoint (0 if it has none)."""
         with translate_errors():
-            value = await self.pool.fetchval(
-                "SELECT position FROM checkpoints WHERE name = $1", name
-            )
-        return int(value or 0)
+            return await read_checkpoint(self.pool, name)
 
     async def next_experiment_id(self) -> int:
         """Allocates a new experiment id (ids are never reused; gaps are possible)."""
         with translate_errors():
             value = await self.pool.fetchval("SELECT nextval('experiment_ids')")
         return int(value)
+
+
+async def read_checkpoint(conn: Any, name: str) -> int:
+    """Consumer ``name``'s checkpoint read on ``conn`` (a connection or pool; 0 if it has none),
+    for readers that want it in their own transaction."""
+    value = await conn.fetchval("SELECT position FROM checkpoints WHERE name = $1", name)
+    return int(value or 0)

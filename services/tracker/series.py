@@ -30,6 +30,7 @@ from typing import Any
 
 from events.db import Connection
 from events.lifecycle import TERMINAL
+from events.store import read_checkpoint
 
 LEVEL_BUCKETS: tuple[int, ...] = (1024, 256, 64, 16)
 """At most this many buckets per stored width of a series: the finest width bounds how fine a
@@ -140,8 +141,7 @@ async def roll_up_reported(conn: Connection, trial_ids: Sequence[int]) -> None:
 
 async def position(conn: Connection, consumer: str) -> int:
     """The checkpoint of ``consumer``: its projections reflect the log at least up to it."""
-    value = await conn.fetchval("SELECT position FROM checkpoints WHERE name = $1", consumer)
-    return int(value or 0)
+    return await read_checkpoint(conn, consumer)
 
 
 async def trial_count(conn: Connection, experiment_id: int) -> int:

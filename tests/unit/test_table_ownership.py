@@ -31,10 +31,7 @@ MIGRATION_HOMES: dict[str, Sequence[Sequence[tuple[str, str]]]] = {
 }
 """Owning package -> its migration lists (one namespace each)."""
 
-EXCLUDED: dict[str, str] = {
-    # TODO: scan it once its series queries move into a tracker module (being rewritten apart).
-    "services/api/routes_series.py": "its series queries are moving into the tracker",
-}
+EXCLUDED: dict[str, str] = {}
 """Module path -> why it is not scanned yet."""
 
 _CREATE = re.compile(
