@@ -30,6 +30,7 @@ class ProcessCluster:
     agent_token: str = "local-agent-token"
     api_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    agents: set[str] = field(default_factory=set)
 
     @property
     def api_url(self) -> str:
@@ -73,6 +74,7 @@ class ProcessCluster:
 
     def start_agent(self, agent_id: str, slots: int, *args: str) -> subprocess.Popen[bytes]:
         """Starts an agent with ``slots`` artificial CPU slots (and any extra flags)."""
+        self.agents.add(agent_id)
         return self.start(
             agent_id,
             "services.agent",
@@ -89,19 +91,13 @@ class ProcessCluster:
         proc.wait(10)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM to every process, then SIGKILL to the groups of those still running."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        """Stops the agents, then the services: SIGTERM, and SIGKILL to the groups of those
+        still running after ``timeout`` seconds. Agents go first so that the runs they stop are
+        reported to an API that still listens (an agent retries that report until it is taken).
+        """
+        agents = [p for name, p in self.procs.items() if name in self.agents]
+        _terminate(agents, timeout)
+        _terminate([p for p in self.procs.values() if p not in agents], timeout)
 
     def check_alive(self) -> None:
         """Raises if a process exited, with the tail of its log."""
@@ -116,3 +112,19 @@ class ProcessCluster:
             f"== {p.name}\n{p.read_text(errors='replace')[-tail:]}"
             for p in sorted(self.workdir.glob("*.log"))
         )
+
+
+def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """SIGTERMs ``procs``, waits up to ``timeout`` for all, then SIGKILLs the stragglers' groups."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

@@ -13,14 +13,15 @@ Off-cluster: ``python train.py lr=0.003 max_batches=300 --checkpoint-dir DIR``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 import cairn.core
@@ -35,11 +36,29 @@ DEFAULTS: dict[str, Any] = {
 VALIDATION_SIZE = 297  # of 1797 images; the first 1500 of a fixed shuffle train
 
 
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 1797 digits: pixels (0..16, 64 per image) and labels.
+
+    Read from the CSV that scikit-learn bundles, as its ``load_digits`` does, without importing
+    ``sklearn.datasets`` (SciPy and all), which costs a trial process more than its training.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        csv = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if csv.is_file():
+            table = np.loadtxt(csv, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(int)
+    from sklearn.datasets import load_digits  # another layout: its own loader
+
+    data = load_digits()
+    return data.data, data.target
+
+
 def load_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Train/validation tensors from the bundled dataset, pixels scaled to [0, 1]."""
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
+    pixels, labels = digits()
+    x = torch.tensor(pixels, dtype=torch.float32) / 16.0
+    y = torch.tensor(labels, dtype=torch.long)
     order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
     x, y = x[order], y[order]
     cut = len(x) - VALIDATION_SIZE

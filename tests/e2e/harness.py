@@ -9,14 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 
 from cairn.client import code_tarball as client_tarball
 from cairn.local.processes import ProcessCluster
 from events.names import experiment_stream
 from events.store import EventStore
-from tests.helpers import wait_until
+from tests.helpers import run_pids, wait_until
 
 AGENT_TOKEN = "e2e-agent-token"
+GANG_AGENTS = ("agent-a", "agent-b")
 
 
 def code_tarball(directory: Path) -> str:
@@ -34,6 +36,11 @@ class Cluster(ProcessCluster):
     def start_all(self, *, slots: int = 2, agent_timeout: float = 15.0) -> None:
         self.start_services("--agent-timeout", str(agent_timeout), timeout=30)
         self.start_agent("agent-a", slots)
+
+    def start_agents(self, slots: int, *args: str, ids: tuple[str, ...] = GANG_AGENTS) -> None:
+        """Starts an agent per id with ``slots`` CPU slots each (and ``args``)."""
+        for agent_id in ids:
+            self.start_agent(agent_id, slots, *args)
 
     def start_agent(self, agent_id: str, slots: int, *args: str) -> subprocess.Popen[bytes]:
         return super().start_agent(
@@ -120,3 +127,14 @@ async def experiment_state(store: EventStore, experiment_id: int) -> str | None:
 async def wait_for(cluster: Cluster, predicate: Any, timeout: float = 60.0) -> None:
     """:func:`~tests.helpers.wait_until` that fails with the services' logs."""
     await wait_until(predicate, timeout, every=0.2, detail=cluster.logs)
+
+
+def rank_pid(allocation_id: str, rank: int) -> int | None:
+    """The process of global ``rank`` of a run (a ``torchrun`` worker), if it runs."""
+    for pid in run_pids(allocation_id):
+        try:
+            if psutil.Process(pid).environ().get("RANK") == str(rank):
+                return pid
+        except psutil.Error:
+            continue
+    return None

@@ -4,7 +4,9 @@ and complete; 4 ranks follow the loss curve of 1 rank.
 
 About five minutes on 2 cores, so it runs under ``make test-dist`` (``CAIRN_TEST_DIST=1``), not
 ``make test``; the cheap parts of the same path (rendezvous, its timeout, a failing part stopping
-the gang) are in ``tests/integration/test_agent_gang.py`` and ``test_api_rendezvous.py``.
+the gang) are in ``tests/integration/test_agent_gang.py`` and ``test_api_rendezvous.py``, and a
+rank SIGKILLed in a two-agent gang of one rank each (restart from the checkpoint to the fault-free
+accuracy) in ``test_gang_fault.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -22,7 +23,14 @@ from cairn.local.servers import ServerProcess
 from events import names
 from events.check import check_log
 from events.store import EventStore
-from tests.e2e.harness import Cluster, events_of, experiment_state, first_trial, wait_for
+from tests.e2e.harness import (
+    Cluster,
+    events_of,
+    experiment_state,
+    first_trial,
+    rank_pid,
+    wait_for,
+)
 from tests.helpers import run_pids
 
 pytestmark = [
@@ -43,24 +51,12 @@ async def cluster(
     """Every service as a process and two agents with two CPU slots each."""
     c = Cluster(db_url, nats_server.url, tmp_path)
     c.start_services("--agent-timeout", "30", timeout=30)
-    for agent in ("agent-a", "agent-b"):
-        c.start_agent(agent, 2, "--rendezvous-timeout", "120")
+    c.start_agents(2, "--rendezvous-timeout", "120")
     try:
         await c.login()
         yield c
     finally:
         c.stop()
-
-
-def rank_pid(allocation_id: str, rank: int) -> int | None:
-    """The process of global ``rank`` of the run (a torchrun worker), if it runs."""
-    for pid in run_pids(allocation_id):
-        try:
-            if psutil.Process(pid).environ().get("RANK") == str(rank):
-                return pid
-        except psutil.Error:
-            continue
-    return None
 
 
 async def test_rank_sigkilled_gang_restarts_from_checkpoint_and_completes(

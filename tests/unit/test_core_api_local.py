@@ -3,6 +3,7 @@ plain ``python train.py`` subprocesses."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -357,3 +358,18 @@ def test_digits_example_learns_off_cluster(tmp_path: Path) -> None:
     accuracies = re.findall(r"validation_accuracy ([0-9.]+)", result.stdout)
     assert len(accuracies) == 3 and float(accuracies[-1]) > 0.85, result.stdout
     assert any((d / "model.pt").exists() for d in tmp_path.iterdir())
+
+
+def test_digits_example_reads_the_same_images_as_scikit_learn() -> None:
+    """The digits example's own reader of scikit-learn's bundled CSV (no ``sklearn.datasets``
+    import in a trial) gives exactly ``load_digits()``'s pixels and labels."""
+    from sklearn.datasets import load_digits
+
+    spec = importlib.util.spec_from_file_location("digits_example_train", DIGITS)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    pixels, labels = example.digits()
+    expected = load_digits()
+    assert pixels.shape == (1797, 64) and pixels.dtype == expected.data.dtype
+    assert (pixels == expected.data).all() and (labels == expected.target).all()
