@@ -590,8 +590,12 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         services = [c for c in self.children.values() if c.record.kind == "service"]
-        procs = [c.proc for c in services if c.proc is not None]
-        _terminate(procs, self.options.stop_timeout)
+        # Agents first: the runs they stop are reported to an API that still listens (an agent
+        # retries that report until it is taken).
+        agents = [c.proc for c in services if service_of(c.record.name) == "agent"]
+        rest = [c.proc for c in services if service_of(c.record.name) != "agent"]
+        terminate([p for p in agents if p is not None], self.options.stop_timeout)
+        terminate([p for p in rest if p is not None], self.options.stop_timeout)
         for name in ("nats", "postgres"):
             child = self.children.get(name)
             if child is not None and child.server is not None:
@@ -607,7 +611,7 @@ class Supervisor:
                     child.ready_file.unlink()
 
 
-def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+def terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
     """SIGTERMs ``procs``, waits up to ``timeout`` for all, then SIGKILLs the stragglers' groups."""
     for proc in procs:
         if proc.poll() is None:

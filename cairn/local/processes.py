@@ -6,15 +6,14 @@ up`` has its own supervisor with restarts.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cairn.local.cluster import terminate
 from cairn.local.servers import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,8 +95,8 @@ class ProcessCluster:
         reported to an API that still listens (an agent retries that report until it is taken).
         """
         agents = [p for name, p in self.procs.items() if name in self.agents]
-        _terminate(agents, timeout)
-        _terminate([p for p in self.procs.values() if p not in agents], timeout)
+        terminate(agents, timeout)
+        terminate([p for p in self.procs.values() if p not in agents], timeout)
 
     def check_alive(self) -> None:
         """Raises if a process exited, with the tail of its log."""
@@ -112,19 +111,3 @@ class ProcessCluster:
             f"== {p.name}\n{p.read_text(errors='replace')[-tail:]}"
             for p in sorted(self.workdir.glob("*.log"))
         )
-
-
-def _terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    """SIGTERMs ``procs``, waits up to ``timeout`` for all, then SIGKILLs the stragglers' groups."""
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        try:
-            proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
