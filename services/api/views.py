@@ -47,7 +47,6 @@ from events.types import TrialKillRequested, TrialStateChanged
 from services.api.auth import Principal
 from services.api.errors import forbidden, not_found
 
-TERMINAL_STATES = lifecycle.ENDED
 MAX_ID = 2**63 - 1
 """Largest id a ``bigint`` column holds; larger ids in a path are simply unknown (404)."""
 
