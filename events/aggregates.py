@@ -4,9 +4,9 @@ Each fold takes recorded events (upcast at the read boundary by
 :func:`events.store.row_to_event`), decodes them into their current models and returns a plain
 state object. Folds read no clock, RNG or database, so the state at any position of the log is
 the fold of the events up to it: the API answers both "now" and "as it was at position p" with
-the same code. State changes are applied as recorded: their writers check them against
-:mod:`events.lifecycle` before appending, and the tracker's projections apply them the same way
-(``lifecycle.fold_*`` is the stricter replay that also lists refused changes).
+the same code. State changes go through :mod:`events.lifecycle`'s rules, as in every other fold
+of a state: a change the state machine refuses is skipped, never applied (``lifecycle.fold_*``
+folds the state alone and also lists the refused changes).
 
 The event types each fold reads are listed beside it (``*_FACTS``), so a reader can fetch only
 those; a fold ignores any other type it is given.
@@ -22,7 +22,7 @@ from typing import Any
 from events import lifecycle
 from events.config.secrets import mask_secrets
 from events.envelope import RecordedEvent
-from events.names import AGENT_PREFIX
+from events.names import agent_of_stream
 from events.types import (
     AgentLost,
     AgentRegistered,
@@ -225,19 +225,22 @@ def apply_experiment(view: ExperimentView, recorded: RecordedEvent) -> None:
         view.code_ref = event.code_ref
         view.warnings = [w.model_dump() for w in event.warnings]
         view.owner = event.owner
-        view.state = lifecycle.ACTIVE if event.activate else lifecycle.PAUSED
+        view.state = lifecycle.initial_experiment_state(event.activate)
         view.submitted_at = recorded.recorded_at
         view.submitted_position = recorded.position
     elif isinstance(event, ExperimentStateChanged):
-        view.state = event.state
-        if event.state in lifecycle.TERMINAL:
+        after = lifecycle.next_experiment_state(view.state, event.state)
+        if after is None:
+            return
+        view.state = after
+        if after in lifecycle.TERMINAL:
             view.ended_at = recorded.recorded_at
     elif isinstance(event, ExperimentArchived):
         view.archived = event.archived
     elif isinstance(event, SettingsChange):
         view.config = apply_settings(view.config, event)
     elif isinstance(event, ExperimentContinued):
-        if view.state in lifecycle.TERMINAL:
+        if lifecycle.can_continue(view.state):
             view.state = lifecycle.ACTIVE
             view.ended_at = None
             view.config = dict(event.config)
@@ -375,7 +378,7 @@ def apply_trial(view: TrialView, recorded: RecordedEvent) -> None:
     elif isinstance(event, CheckpointSaved):
         view.latest_checkpoint = event
     elif isinstance(event, TrialStateChanged):
-        view.state = event.state
+        view.state = lifecycle.next_trial_state(view.state, event.state) or view.state
     elif isinstance(event, TrialEarlyExited):
         view.early_exited = True
 
@@ -422,8 +425,10 @@ def fold_trial_summary(
         elif isinstance(event, CheckpointSaved):
             summary["latest_checkpoint"] = event.uuid
         elif isinstance(event, TrialStateChanged):
-            state = event.state
-            ended_at = recorded.recorded_at if state in lifecycle.TERMINAL else None
+            after = lifecycle.next_trial_state(state, event.state)
+            if after is not None and after != state:
+                state = after
+                ended_at = recorded.recorded_at if state in lifecycle.TERMINAL else None
         elif isinstance(event, WorkloadCompleted | ValidationReported | MetricsReported):
             steps = event.steps_completed
             rolled_back = any(s > steps for r, s in run_steps.items() if r < event.run_id)
@@ -558,8 +563,8 @@ def fold_cluster(events: Iterable[RecordedEvent]) -> ClusterView:
     """Folds every agent stream, and the slot allocations and releases on trial streams."""
     view = ClusterView()
     for recorded in events:
-        if recorded.stream_id.startswith(AGENT_PREFIX):
-            agent_id = recorded.stream_id[len(AGENT_PREFIX) :]
+        agent_id = agent_of_stream(recorded.stream_id)
+        if agent_id is not None:
             agent = view.agents.get(agent_id)
             if agent is None:
                 agent = view.agents[agent_id] = AgentView(agent_id)

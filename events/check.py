@@ -155,8 +155,8 @@ class LogChecker:
             )
 
     def _submitted_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
-        self._states[event.stream_id] = (
-            lifecycle.ACTIVE if p.get("activate", True) else lifecycle.PAUSED
+        self._states[event.stream_id] = lifecycle.initial_experiment_state(
+            bool(p.get("activate", True))
         )
 
     def _state_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
@@ -167,17 +167,22 @@ class LogChecker:
             if p.get("reason") != "requeue":
                 self._find("duplicate-state", event, f"{event.stream_id} already {current}")
             return
-        check = lifecycle.check_experiment if kind == "experiment" else lifecycle.check_trial
-        try:
-            check(current, target)
-        except lifecycle.IllegalTransitionError as exc:
-            self._find("illegal-transition", event, f"{event.stream_id}: {exc}")
+        rule = (
+            lifecycle.next_experiment_state if kind == "experiment" else lifecycle.next_trial_state
+        )
+        after = rule(current, target)
+        if after is None:
+            self._find(
+                "illegal-transition",
+                event,
+                f"{event.stream_id}: {kind} cannot go from {current} to {target}",
+            )
             return
-        self._states[event.stream_id] = target
+        self._states[event.stream_id] = after
 
     def _continued_event(self, event: RecordedEvent, _p: dict[str, object]) -> None:
         current = self._states.get(event.stream_id, lifecycle.ACTIVE)
-        if current not in lifecycle.TERMINAL:
+        if not lifecycle.can_continue(current):
             self._find("illegal-transition", event, f"{event.stream_id}: continued while {current}")
             return
         self._states[event.stream_id] = lifecycle.ACTIVE

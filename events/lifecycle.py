@@ -1,13 +1,17 @@
-"""Experiment and trial state machines (Determined's state names and transition rules).
+"""Experiment and trial states and their state machines (Determined's names and rules).
 
-``check_*`` refuse an illegal transition with :class:`IllegalTransitionError`; the folds apply
-``ExperimentStateChanged`` / ``TrialStateChanged`` events through the same rules and skip (never
-apply) one that is illegal, so a bad write can never corrupt a folded state.
+This module is the one vocabulary of lifecycle states (the names, the stopping, terminal and
+ended sets) and the one rule set for changing them. Writers call ``check_*``, which refuses an
+illegal transition with :class:`IllegalTransitionError`, before they append. Every fold of a
+recorded ``ExperimentStateChanged`` / ``TrialStateChanged`` (the aggregates, the scheduler's and
+the searcher's state, the tracker's projections, the log checker) asks ``next_*_state`` what the
+state becomes, and a change it refuses is skipped, never applied: the same stream folds to the
+same state in every consumer, and a bad write can never corrupt a folded state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from events.envelope import RecordedEvent
@@ -21,7 +25,9 @@ DELETING, DELETED, DELETE_FAILED = "DELETING", "DELETED", "DELETE_FAILED"
 
 STOPPING = frozenset({STOPPING_COMPLETED, STOPPING_CANCELED, STOPPING_KILLED, STOPPING_ERROR})
 TERMINAL = frozenset({COMPLETED, CANCELED, ERROR})
-ENDED = TERMINAL | frozenset({DELETING, DELETED, DELETE_FAILED})
+DELETION = frozenset({DELETING, DELETED, DELETE_FAILED})
+"""States of an experiment being, or having been, deleted (its settings no longer change)."""
+ENDED = TERMINAL | DELETION
 """States after which an experiment or trial never runs again (ended, or being or been deleted)."""
 STATES = frozenset({ACTIVE, PAUSED, DELETING, DELETED, DELETE_FAILED}) | STOPPING | TERMINAL
 # A stopping state ends in this terminal state.
@@ -87,6 +93,49 @@ def check_trial(current: str, target: str) -> None:
         raise IllegalTransitionError("trial", current, target)
 
 
+def next_experiment_state(current: str, target: str) -> str | None:
+    """What a recorded change to ``target`` makes an experiment in state ``current``.
+
+    Returns:
+        ``target`` when the state machine allows ``current -> target``; ``None`` when it refuses
+        the change (a fold skips it: nothing of the event is applied).
+    """
+    try:
+        check_experiment(current, target)
+    except IllegalTransitionError:
+        return None
+    return target
+
+
+def next_trial_state(current: str, target: str) -> str | None:
+    """What a recorded change to ``target`` makes a trial in state ``current``.
+
+    A change to the state the trial is already in is allowed and changes nothing (the
+    scheduler's ``requeue`` keeps an ACTIVE trial ACTIVE while it frees the trial's run).
+
+    Returns:
+        ``target`` when allowed; ``None`` when the state machine refuses the change.
+    """
+    if target == current:
+        return current
+    try:
+        check_trial(current, target)
+    except IllegalTransitionError:
+        return None
+    return target
+
+
+def initial_experiment_state(activate: bool) -> str:
+    """The state an ``ExperimentSubmitted`` puts an experiment in (PAUSED unless activated)."""
+    return ACTIVE if activate else PAUSED
+
+
+def can_continue(state: str) -> bool:
+    """Whether ``ExperimentContinued`` applies to an experiment in ``state`` (only an ended one,
+    COMPLETED, CANCELED or ERROR, is made ACTIVE again; in any other state the fact is refused)."""
+    return state in TERMINAL
+
+
 @dataclass
 class Lifecycle:
     """A folded state plus the transitions that were refused (kept for audit, never applied)."""
@@ -100,9 +149,9 @@ def fold_experiment(events: Iterable[RecordedEvent]) -> Lifecycle:
     life = Lifecycle(state=ACTIVE)
     for event in events:
         if event.type == "ExperimentSubmitted":
-            life.state = ACTIVE if event.payload.get("activate", True) else PAUSED
+            life.state = initial_experiment_state(bool(event.payload.get("activate", True)))
         elif event.type == "ExperimentStateChanged":
-            _step(life, event, check_experiment)
+            _step(life, event, next_experiment_state)
         elif event.type == CONTINUED:
             continue_experiment(life)
     return life
@@ -115,7 +164,7 @@ CONTINUED = "ExperimentContinued"
 def continue_experiment(life: Lifecycle) -> None:
     """Applies ``ExperimentContinued``: an ended (COMPLETED, CANCELED, ERROR) experiment is
     ACTIVE again; in any other state the fact is refused like an illegal transition."""
-    if life.state in TERMINAL:
+    if can_continue(life.state):
         life.state = ACTIVE
 
 
@@ -124,17 +173,14 @@ def fold_trial(events: Iterable[RecordedEvent]) -> Lifecycle:
     life = Lifecycle(state=ACTIVE)
     for event in events:
         if event.type == "TrialStateChanged":
-            if event.payload["state"] == life.state:
-                continue
-            _step(life, event, check_trial)
+            _step(life, event, next_trial_state)
     return life
 
 
-def _step(life: Lifecycle, event: RecordedEvent, check: object) -> None:
+def _step(life: Lifecycle, event: RecordedEvent, rule: Callable[[str, str], str | None]) -> None:
     target = str(event.payload["state"])
-    try:
-        check(life.state, target)  # type: ignore[operator]
-    except IllegalTransitionError:
+    after = rule(life.state, target)
+    if after is None:
         life.refused.append((event.position, life.state, target))
         return
-    life.state = target
+    life.state = after

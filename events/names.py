@@ -124,6 +124,21 @@ def agent_stream(agent_id: str) -> str:
     return f"{AGENT_PREFIX}{agent_id}"
 
 
+def experiment_of_stream(stream_id: str) -> int | None:
+    """The experiment whose stream ``stream_id`` is; ``None`` for any other stream."""
+    if not stream_id.startswith(EXPERIMENT_PREFIX):
+        return None
+    text = stream_id[len(EXPERIMENT_PREFIX) :]
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+def agent_of_stream(stream_id: str) -> str | None:
+    """The agent whose stream ``stream_id`` is; ``None`` for any other stream."""
+    if not stream_id.startswith(AGENT_PREFIX):
+        return None
+    return stream_id[len(AGENT_PREFIX) :] or None
+
+
 def allocation_id(trial_id: int, run_id: int) -> str:
     """The allocation of a trial's run ``run_id``: ``17.1`` (legacy ``9.1.1``)."""
     return f"{trial_label(trial_id)}.{run_id}"

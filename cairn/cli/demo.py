@@ -14,11 +14,11 @@ from cairn.client import Client
 from cairn.errors import CairnError
 from cairn.local import cluster
 from cairn.local.state import read_state
+from events import lifecycle
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits"
 BASELINE_ACCURACY = 0.9
-TERMINAL = ("COMPLETED", "CANCELED", "ERROR")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,7 +113,7 @@ def _follow(client: Client, exp_id: int, timeout: float) -> dict[str, Any]:
     while time.monotonic() < deadline:
         summary = client.call("GET", f"/experiments/{exp_id}")
         _draw(summary)
-        if summary["state"] in TERMINAL:
+        if summary["state"] in lifecycle.TERMINAL:
             print()
             return dict(summary)
         time.sleep(1.0)
@@ -122,7 +122,7 @@ def _follow(client: Client, exp_id: int, timeout: float) -> dict[str, Any]:
 
 def _draw(summary: dict[str, Any]) -> None:
     trials = summary.get("trials") or []
-    done = sum(1 for t in trials if t.get("state") in TERMINAL)
+    done = sum(1 for t in trials if t.get("state") in lifecycle.TERMINAL)
     total = max(int(summary.get("max_trials") or 0), len(trials), 1)
     best = summary.get("best_metric")
     metric = summary.get("searcher_metric") or "metric"

@@ -25,8 +25,6 @@ from cairn.client import ApiError, Client
 from cairn.errors import CairnError, UnreachableError, UsageError
 from events import lifecycle
 
-TERMINAL = lifecycle.ENDED
-TRIAL_DONE = lifecycle.TERMINAL
 FOLLOW_INTERVAL = 1.0
 UNREACHABLE_GRACE = 60.0
 
@@ -225,14 +223,14 @@ def follow(client: Client, exp_id: int, interval: float, *, progress: bool) -> d
             state = str(exp.get("state"))
             if bar is not None:
                 trials = exp.get("trials") or []
-                done = sum(1 for t in trials if t.get("state") in TRIAL_DONE)
+                done = sum(1 for t in trials if t.get("state") in lifecycle.TERMINAL)
                 note = "  ".join(p for p in (state, _best_note(exp)) if p)
                 total = _max_trials(exp)
                 fraction = None
                 if isinstance(exp.get("progress"), int | float) and total:
                     fraction = float(exp["progress"]) * len(trials) / total
                 bar.update(done, total, note, fraction)
-            if state in TERMINAL:
+            if state in lifecycle.ENDED:
                 return exp
             time.sleep(interval)
     finally:

@@ -72,7 +72,7 @@ CONTINUABLE_SEARCH = ("max_restarts",)
 length the searcher gave them."""
 REOPENING_SEARCHERS = frozenset({"single", "random", "grid", "tpe"})
 """Searchers that can take a closed trial back (ASHA's decisions to stop trials are final)."""
-UNCHANGEABLE = frozenset({"DELETING", "DELETED", "DELETE_FAILED"})
+UNCHANGEABLE = lifecycle.DELETION
 
 
 def _text(value: str, what: str) -> str:

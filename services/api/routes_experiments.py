@@ -40,7 +40,6 @@ from services.api.routing import USERS, RouteTable, store_of
 from services.api.templates import with_template
 from services.api.views import (
     MAX_ID,
-    TERMINAL_STATES,
     ExperimentView,
     check_owner,
     load_experiment,
@@ -581,7 +580,7 @@ def _action_handler(action: str) -> Any:
             check_owner(principal, view.owner)
             if view.state == target:
                 return {"id": experiment_id, "state": view.state, "changed": False}
-            if view.state in TERMINAL_STATES or view.state not in sources:
+            if view.state in lifecycle.ENDED or view.state not in sources:
                 raise conflict(f"cannot {action} an experiment in state {view.state}")
             try:
                 lifecycle.check_experiment(view.state, target)

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
+from events import lifecycle
 from events.db import translate_errors
 from events.names import experiment_stream, trial_stream
 from events.store import row_to_event
@@ -23,7 +24,6 @@ from services.api.errors import not_found
 from services.api.routing import ANYONE, RouteTable, store_of
 from services.api.views import (
     MAX_ID,
-    TERMINAL_STATES,
     load_trial_control,
     read_facts,
     trial_id_of,
@@ -136,7 +136,7 @@ async def searcher_operation(request: web.Request) -> web.Response:
         for event in (recorded.decode() for recorded in stops)
     )
     control = await load_trial_control(store, trial_id)
-    completed = stopped or control.terminal or view.state in TERMINAL_STATES or length is None
+    completed = stopped or control.terminal or view.state in lifecycle.ENDED or length is None
     return web.json_response(
         {"completed": completed, "length": None if completed else length, "unit": unit}
     )

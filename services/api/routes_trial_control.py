@@ -10,6 +10,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from events import lifecycle
 from events.envelope import RecordedEvent, new
 from events.errors import StoreUnavailableError
 from events.names import trial_stream
@@ -23,7 +24,6 @@ from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import (
-    TERMINAL_STATES,
     ExperimentView,
     check_owner,
     experiment_of,
@@ -188,7 +188,7 @@ async def _trial_finished(store: EventStore, trial_id: int) -> bool:
     if control.terminal:
         return True
     view = await load_experiment(store, await experiment_of(store, trial_id), with_trials=False)
-    return view.state in TERMINAL_STATES
+    return view.state in lifecycle.ENDED
 
 
 @routes.get("/api/v1/trials/{trial_id}/logs", allow=USERS, query=LogsQuery, response=LogsResponse)
@@ -267,7 +267,7 @@ async def kill_trial(request: web.Request) -> web.Response:
         if trial_id not in view.trials:
             raise not_found(f"no trial {trial_id}")
         control = await load_trial_control(tx, trial_id)
-        if control.terminal or view.state in TERMINAL_STATES:
+        if control.terminal or view.state in lifecycle.ENDED:
             raise conflict(f"trial {trial_id} has ended ({control.state})")
         if control.kill_pending:
             return {"trial_id": trial_id, "state": control.state, "changed": False}

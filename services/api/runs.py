@@ -25,7 +25,6 @@ from events.names import experiment_stream, trial_stream
 from events.store import Transaction, row_to_event
 from services.api.errors import ApiError, conflict, not_found
 from services.api.views import (
-    TERMINAL_STATES,
     AllocationView,
     Reader,
     TrialView,
@@ -80,7 +79,7 @@ class RunState:
         """
         if self.trial_state in lifecycle.TERMINAL:
             raise not_current(f"trial {self.trial_id} has ended ({self.trial_state})")
-        if self.experiment_state in TERMINAL_STATES:
+        if self.experiment_state in lifecycle.ENDED:
             raise not_current(
                 f"trial {self.trial_id}'s experiment has ended ({self.experiment_state})"
             )

@@ -10,7 +10,7 @@ the view's version fails if anything at all was appended since.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,7 +47,6 @@ from events.types import TrialKillRequested, TrialStateChanged
 from services.api.auth import Principal
 from services.api.errors import forbidden, not_found
 
-TERMINAL_STATES = lifecycle.ENDED
 MAX_ID = 2**63 - 1
 """Largest id a ``bigint`` column holds; larger ids in a path are simply unknown (404)."""
 
@@ -252,17 +251,27 @@ class TrialControlView:
         return self.state in lifecycle.TERMINAL
 
 
-async def load_trial_control(reader: Reader, trial_id: int) -> TrialControlView:
-    """Folds a trial's state changes and kill requests (a trial with no stream yet is ACTIVE)."""
-    events, head = await read_facts(reader, trial_stream(trial_id), TRIAL_CONTROL_FACTS)
-    view = TrialControlView(trial_id, version=head)
-    view.state = lifecycle.fold_trial(events).state
+def fold_trial_control(trial_id: int, events: Iterable[RecordedEvent]) -> TrialControlView:
+    """Folds a trial's state changes (through the lifecycle's rules: a refused change is never
+    applied) and kill requests; a trial with no events is ACTIVE."""
+    view = TrialControlView(trial_id)
     for recorded in events:
         event = recorded.decode()
         if isinstance(event, TrialKillRequested):
             view.kill_pending = True
-        elif isinstance(event, TrialStateChanged) and event.state in lifecycle.TERMINAL:
-            view.kill_pending = False
+        elif isinstance(event, TrialStateChanged):
+            after = lifecycle.next_trial_state(view.state, event.state)
+            if after is not None:
+                view.state = after
+                view.kill_pending = view.kill_pending and after not in lifecycle.TERMINAL
+    return view
+
+
+async def load_trial_control(reader: Reader, trial_id: int) -> TrialControlView:
+    """Loads a trial's lifecycle state and pending kill (:func:`fold_trial_control`)."""
+    events, head = await read_facts(reader, trial_stream(trial_id), TRIAL_CONTROL_FACTS)
+    view = fold_trial_control(trial_id, events)
+    view.version = head
     return view
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from events import lifecycle
 from events.envelope import Event
-from events.names import allocation_id, experiment_stream, trial_stream
+from events.names import agent_stream, allocation_id, experiment_stream, trial_stream
 from events.types import (
     AgentLost,
     ExperimentStateChanged,
@@ -38,16 +39,9 @@ from services.scheduler.policy.state import (
     SchedulerType,
     Slot,
 )
-from services.scheduler.state import STOPPING, ClusterState, Experiment, Run, Trial
+from services.scheduler.state import ClusterState, Experiment, Run, Trial
 
 Decision = tuple[str, Event]
-
-_STOPPED = {
-    "STOPPING_COMPLETED": "COMPLETED",
-    "STOPPING_CANCELED": "CANCELED",
-    "STOPPING_KILLED": "CANCELED",
-    "STOPPING_ERROR": "ERROR",
-}
 
 
 @dataclass(frozen=True)
@@ -104,7 +98,7 @@ def plan(state: ClusterState, settings: Settings, reports: Reports | None = None
             settled = _unallocated(trial, exp)
             if settled is not None:
                 decisions.append(settled)
-            elif exp.state == "ACTIVE":
+            elif exp.state == lifecycle.ACTIVE:
                 pending.append(trial)
     decisions.extend(_allocate(state, pending, settings))
     decisions.extend(_finish_experiments(state))
@@ -120,15 +114,15 @@ def _state(trial: Trial, state: str, reason: str) -> Decision:
 def _after_exit(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
     outcome = run.exited
     if outcome == "completed" or trial.early_exit is not None:
-        return [_state(trial, "COMPLETED", "exited")]
+        return [_state(trial, lifecycle.COMPLETED, "exited")]
     if trial.kill_requested:
-        return [_state(trial, "CANCELED", "killed by user")]
+        return [_state(trial, lifecycle.CANCELED, "killed by user")]
     if trial.stop_requested:
-        return [_state(trial, "COMPLETED", "stopped by searcher")]
-    if exp.state in STOPPING or run.killing:
-        return [_state(trial, "CANCELED", exp.state.lower())]
+        return [_state(trial, lifecycle.COMPLETED, "stopped by searcher")]
+    if exp.state in lifecycle.STOPPING or run.killing:
+        return [_state(trial, lifecycle.CANCELED, exp.state.lower())]
     if outcome in ("preempted", "killed"):
-        return [_state(trial, "ACTIVE", "requeue")]
+        return [_state(trial, lifecycle.ACTIVE, "requeue")]
     if outcome == "lost" or trial.restarts < exp.max_restarts:
         restarts = trial.restarts + (0 if outcome == "lost" else 1)
         event = TrialRestarted(
@@ -138,7 +132,7 @@ def _after_exit(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
             reason=f"run {run.run_id} {outcome}",
         )
         return [(trial_stream(trial.trial_id), event)]
-    return [_state(trial, "ERROR", f"failed {trial.restarts + 1} times (max_restarts)")]
+    return [_state(trial, lifecycle.ERROR, f"failed {trial.restarts + 1} times (max_restarts)")]
 
 
 def _orphaned(state: ClusterState, run: Run) -> bool:
@@ -199,7 +193,7 @@ def _lost(trial: Trial, run: Run, message: str) -> list[Decision]:
 
 def _signals(state: ClusterState, trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
     agents = sorted(run.placements)
-    if (exp.state == "STOPPING_KILLED" or trial.kill_requested) and not run.killing:
+    if (exp.state == lifecycle.STOPPING_KILLED or trial.kill_requested) and not run.killing:
         kill = KillRequested(
             trial_id=trial.trial_id,
             allocation_id=run.allocation_id,
@@ -216,7 +210,7 @@ def _signals(state: ClusterState, trial: Trial, run: Run, exp: Experiment) -> li
         a in state.agents and state.agents[a].evicting(slots) for a, slots in run.placements.items()
     ):
         reason = "slots disabled"
-    elif exp.state == "PAUSED" or exp.state in STOPPING:
+    elif exp.state == lifecycle.PAUSED or exp.state in lifecycle.STOPPING:
         reason = exp.state.lower()
     if reason is None:
         return []
@@ -228,11 +222,11 @@ def _signals(state: ClusterState, trial: Trial, run: Run, exp: Experiment) -> li
 
 def _unallocated(trial: Trial, exp: Experiment) -> Decision | None:
     if trial.kill_requested:
-        return _state(trial, "CANCELED", "killed by user before running")
+        return _state(trial, lifecycle.CANCELED, "killed by user before running")
     if trial.stop_requested:
-        return _state(trial, "COMPLETED", "stopped by searcher before running")
-    if exp.state in STOPPING:
-        return _state(trial, "CANCELED", exp.state.lower())
+        return _state(trial, lifecycle.COMPLETED, "stopped by searcher before running")
+    if exp.state in lifecycle.STOPPING:
+        return _state(trial, lifecycle.CANCELED, exp.state.lower())
     return None
 
 
@@ -330,11 +324,11 @@ def _finish_experiments(state: ClusterState) -> list[Decision]:
     decisions: list[Decision] = []
     for exp_id in sorted(state.experiments):
         exp = state.experiments[exp_id]
-        if exp.state not in STOPPING:
+        if exp.state not in lifecycle.STOPPING:
             continue
         if any(state.trials[t].live for t in exp.trials):
             continue
-        final = _STOPPED[exp.state]
+        final = lifecycle.STOPPED[exp.state]
         event = ExperimentStateChanged(experiment_id=exp_id, state=final, reason="all trials done")
         decisions.append((experiment_stream(exp_id), event))
     return decisions
@@ -354,7 +348,7 @@ def reap(
         beat = last_beat.get(agent_id)
         if agent.lost or beat is None or now - beat <= timeout:
             continue
-        decisions.append((f"agent-{agent_id}", AgentLost(agent_id=agent_id)))
+        decisions.append((agent_stream(agent_id), AgentLost(agent_id=agent_id)))
         for trial in sorted(state.trials.values(), key=lambda t: t.order):
             run = trial.run
             if run is None or run.exited is not None or agent_id not in run.placements:

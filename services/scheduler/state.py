@@ -18,10 +18,6 @@ from typing import Any
 from events import lifecycle
 from events.envelope import RecordedEvent
 
-TERMINAL = lifecycle.ENDED
-"""States in which a trial never runs again (ended, or being or been deleted)."""
-STOPPING = lifecycle.STOPPING
-
 STREAMS = frozenset({"trial", "experiment", "agent"})
 """The stream types the scheduler appends its decisions to."""
 
@@ -83,7 +79,7 @@ class Trial:
     trial_id: int
     experiment_id: int
     order: int
-    state: str = "ACTIVE"
+    state: str = lifecycle.ACTIVE
     run_id: int = 0
     run: Run | None = None
     restarts: int = 0
@@ -95,8 +91,8 @@ class Trial:
 
     @property
     def live(self) -> bool:
-        """Not yet in a terminal state."""
-        return self.state not in TERMINAL
+        """Not yet ended (a trial in a state of ``lifecycle.ENDED`` never runs again)."""
+        return self.state not in lifecycle.ENDED
 
     @property
     def running(self) -> bool:
@@ -184,7 +180,7 @@ def _submitted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     priority = res.get("priority")
     s.experiments[p["experiment_id"]] = Experiment(
         experiment_id=p["experiment_id"],
-        state="ACTIVE" if p.get("activate", True) else "PAUSED",
+        state=lifecycle.initial_experiment_state(bool(p.get("activate", True))),
         slots_per_trial=int(res.get("slots_per_trial") or 1),
         priority=int(priority) if priority is not None else 42,
         weight=float(res.get("weight") or 1.0),
@@ -198,8 +194,11 @@ def _submitted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
 
 def _experiment_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     exp = s.experiments.get(p["experiment_id"])
-    if exp is not None:
-        exp.state = p["state"]
+    if exp is None:
+        return
+    after = lifecycle.next_experiment_state(exp.state, p["state"])
+    if after is not None:  # a change the state machine refuses is never applied
+        exp.state = after
 
 
 def _resources_changed(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
@@ -221,9 +220,9 @@ def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     """An ended experiment is ACTIVE again and each continued trial starts over as a fresh
     request would (no stop, kill or early exit pending, its restart budget whole)."""
     exp = s.experiments.get(p["experiment_id"])
-    if exp is None or exp.state not in _ENDED:
+    if exp is None or not lifecycle.can_continue(exp.state):
         return
-    exp.state = "ACTIVE"
+    exp.state = lifecycle.ACTIVE
     max_restarts = (p.get("config") or {}).get("max_restarts")
     if max_restarts is not None:
         exp.max_restarts = int(max_restarts)
@@ -234,9 +233,6 @@ def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
             trial.kill_requested = False
             trial.early_exit = None
             trial.restarts = 0
-
-
-_ENDED = lifecycle.TERMINAL
 
 
 def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:
@@ -316,7 +312,10 @@ def _trial_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     trial = s.trials.get(p["trial_id"])
     if trial is None:
         return
-    trial.state = p["state"]
+    after = lifecycle.next_trial_state(trial.state, p["state"])
+    if after is None:  # refused by the state machine: nothing of it is applied
+        return
+    trial.state = after
     if p.get("reason") == "requeue":
         trial.run = None
         trial.requeue = True

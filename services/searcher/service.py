@@ -68,7 +68,8 @@ TYPES = frozenset(
         "CheckpointSaved",
     }
 )
-TERMINAL_TRIAL = frozenset({"COMPLETED", "CANCELED", "ERROR"})
+_OPEN = (lifecycle.ACTIVE, lifecycle.PAUSED)
+"""The states in which a search still creates trials and may end the experiment."""
 _EARLY_REASON = {
     "invalid_hp": "invalid_hp",
     "user_requested_stop": "user_canceled",
@@ -89,12 +90,13 @@ class Search:
     experiment_id: int
     config: ExperimentConfig
     method: SearchMethod
-    state: str = "ACTIVE"
+    state: str = lifecycle.ACTIVE
     trials: int = 0
     trial_of: dict[str, int] = field(default_factory=dict)
     request_of: dict[int, str] = field(default_factory=dict)
     early: dict[int, str] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
+    trial_states: dict[int, str] = field(default_factory=dict)
     shut_down: bool = False
     failed: bool = False
     replayed: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -276,9 +278,10 @@ class SearcherConsumer(Consumer):
             return
         if event.type == "ExperimentStateChanged":
             search = self.searches.get(p["experiment_id"])
-            if search is not None:
-                search.state = p["state"]
-                if search.state in lifecycle.TERMINAL:
+            after = lifecycle.next_experiment_state(search.state, p["state"]) if search else None
+            if search is not None and after is not None:  # a refused change is never applied
+                search.state = after
+                if after in lifecycle.TERMINAL:
                     _close(search)
             return
         if event.type == "ExperimentContinued":
@@ -310,12 +313,19 @@ class SearcherConsumer(Consumer):
             self._run(search, ops)
         elif event.type == "TrialEarlyExited":
             search.early[trial_id] = _EARLY_REASON.get(p["reason"], "errored")
-        elif event.type == "TrialStateChanged" and p["state"] in TERMINAL_TRIAL:
+        elif event.type == "TrialStateChanged":
+            before = search.trial_states.get(trial_id, lifecycle.ACTIVE)
+            after = lifecycle.next_trial_state(before, p["state"])
+            if after is None:  # refused by the state machine: nothing of it is applied
+                return
+            search.trial_states[trial_id] = after
+            if after not in lifecycle.TERMINAL:
+                return
             search.closed.add(trial_id)
             reason = search.early.get(trial_id)
-            if p["state"] == "ERROR":
+            if after == lifecycle.ERROR:
                 reason = "errored"
-            elif p["state"] == "CANCELED":
+            elif after == lifecycle.CANCELED:
                 reason = reason or "user_canceled"
             if reason is not None:
                 self._run(search, search.method.on_trial_exited_early(request_id, reason))
@@ -357,7 +367,7 @@ class SearcherConsumer(Consumer):
         except (ConfigError, SearcherError) as exc:
             log.error("experiment has no usable search", experiment=exp_id, error=str(exc))
             return
-        state = "ACTIVE" if p.get("activate", True) else "PAUSED"
+        state = lifecycle.initial_experiment_state(bool(p.get("activate", True)))
         search = Search(exp_id, config, method, state=state)
         self.searches[exp_id] = search
         self._run(search, method.initial_operations())
@@ -367,7 +377,7 @@ class SearcherConsumer(Consumer):
         until they close once more (the gateway only continues searches whose method can reopen
         a trial)."""
         search = self.searches.get(int(p["experiment_id"]))
-        if search is None or search.state not in lifecycle.TERMINAL:
+        if search is None or not lifecycle.can_continue(search.state):
             return  # refused by the experiment's state machine too
         reopened = False
         for continued in p["trials"]:
@@ -384,7 +394,7 @@ class SearcherConsumer(Consumer):
             search.closed.discard(trial_id)
             search.early.pop(trial_id, None)
         if reopened:
-            search.state = "ACTIVE"
+            search.state = lifecycle.ACTIVE
             search.shut_down = False
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
@@ -394,7 +404,7 @@ class SearcherConsumer(Consumer):
             self._failed(search, failure)
             return
         for op in ops:
-            if isinstance(op, Create) and search.state not in ("ACTIVE", "PAUSED"):
+            if isinstance(op, Create) and search.state not in _OPEN:
                 continue  # a stopping experiment starts nothing new
             if isinstance(op, Create):
                 search.trials += 1
@@ -408,13 +418,13 @@ class SearcherConsumer(Consumer):
                 self._emit(stream, _StopTrial(search.experiment_id, op.request_id))
             elif isinstance(op, Shutdown) and not search.shut_down:
                 search.shut_down = True
-                if search.state in ("ACTIVE", "PAUSED"):
+                if search.state in _OPEN:
                     state = (
-                        "STOPPING_ERROR"
+                        lifecycle.STOPPING_ERROR
                         if op.failure
-                        else "STOPPING_CANCELED"
+                        else lifecycle.STOPPING_CANCELED
                         if op.cancel
-                        else "STOPPING_COMPLETED"
+                        else lifecycle.STOPPING_COMPLETED
                     )
                     self._emit(
                         stream,
@@ -433,12 +443,12 @@ class SearcherConsumer(Consumer):
         if search.failed or self.replaying:
             return  # a failure met in replay only is recorded by the next live call
         search.failed = True
-        if search.state in ("ACTIVE", "PAUSED"):
+        if search.state in _OPEN:
             self._emit(
                 experiment_stream(search.experiment_id),
                 ExperimentStateChanged(
                     experiment_id=search.experiment_id,
-                    state="STOPPING_ERROR",
+                    state=lifecycle.STOPPING_ERROR,
                     reason=reason[:1000],
                     actor="searcher",
                 ),

@@ -21,7 +21,7 @@ from events.consumer import Consumer
 from events.db import Connection, translate_errors
 from events.envelope import RecordedEvent
 from events.errors import EventsError, StatementError
-from events.names import TrialIdError, coerce_trial_id, parse_trial_id
+from events.names import TrialIdError, coerce_trial_id, experiment_of_stream, trial_of_stream
 from events.store import EventStore, Transaction
 from services.tracker.rebuild import rebuild_consumer
 
@@ -85,12 +85,7 @@ def _trial_of(event: RecordedEvent) -> int | None:
             return coerce_trial_id(raw)
         except (TrialIdError, TypeError, ValueError):
             return None
-    if event.stream_type == "trial":
-        try:
-            return parse_trial_id(event.stream_id.partition("-")[2])
-        except TrialIdError:
-            return None
-    return None
+    return trial_of_stream(event.stream_id)
 
 
 async def apply(conn: Connection, event: RecordedEvent) -> None:
@@ -161,13 +156,9 @@ async def apply_page(conn: Connection, events: Sequence[RecordedEvent]) -> None:
 
 def _experiment_of(event: RecordedEvent) -> int | None:
     experiment_id = _int(event.payload.get("experiment_id"))
-    if experiment_id is None and event.stream_type == "experiment":
-        experiment_id = _int_or_none(event.stream_id.partition("-")[2])
+    if experiment_id is None:
+        experiment_id = experiment_of_stream(event.stream_id)
     return experiment_id
-
-
-def _int_or_none(text: str) -> int | None:
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def _text(value: Any) -> str | None:

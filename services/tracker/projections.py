@@ -24,9 +24,10 @@ from events.errors import EventsError, StatementError
 from events.lifecycle import (
     DELETED,
     TERMINAL,
-    IllegalTransitionError,
-    check_experiment,
-    check_trial,
+    can_continue,
+    initial_experiment_state,
+    next_experiment_state,
+    next_trial_state,
 )
 from events.store import EventStore, Transaction
 from events.types import (
@@ -283,7 +284,7 @@ async def _experiment_submitted(
         str(config.get("description") or ""),
         list(labels) if isinstance(labels, list | tuple) else [],
         e.owner,
-        "ACTIVE" if e.activate else "PAUSED",
+        initial_experiment_state(e.activate),
         str(searcher.get("name") or ""),
         str(searcher.get("metric") or ""),
         bool(searcher.get("smaller_is_better", True)),
@@ -300,12 +301,8 @@ async def _experiment_state(conn: Connection, e: ExperimentStateChanged, at: dat
     current = await conn.fetchval(
         "SELECT state FROM tr_experiments WHERE experiment_id = $1", e.experiment_id
     )
-    if current is None:
-        return
-    try:
-        check_experiment(str(current), e.state)
-    except IllegalTransitionError:
-        return  # the folds refuse it too: never applied
+    if current is None or next_experiment_state(str(current), e.state) is None:
+        return  # refused by the state machine: never applied
     if e.state == DELETED:
         await delete_experiment(conn, e.experiment_id)
         return
@@ -367,7 +364,7 @@ async def _experiment_continued(conn: Connection, e: ExperimentContinued) -> Non
     current = await conn.fetchval(
         "SELECT state FROM tr_experiments WHERE experiment_id = $1", e.experiment_id
     )
-    if current is None or current not in TERMINAL:
+    if current is None or not can_continue(str(current)):
         return  # the folds refuse it too: never applied
     await conn.execute(
         """UPDATE tr_experiments SET state = 'ACTIVE', ended_at = NULL, config = $2,
@@ -419,12 +416,8 @@ async def _trial_requested(conn: Connection, e: TrialRequested, at: datetime) ->
 
 async def _trial_state(conn: Connection, e: TrialStateChanged, at: datetime) -> None:
     current = await conn.fetchval("SELECT state FROM tr_trials WHERE trial_id = $1", e.trial_id)
-    if current is None or current == e.state:
-        return
-    try:
-        check_trial(str(current), e.state)
-    except IllegalTransitionError:
-        return
+    if current is None or current == e.state or next_trial_state(str(current), e.state) is None:
+        return  # no change, or refused by the state machine: never applied
     await conn.execute(
         "UPDATE tr_trials SET state = $2, ended_at = $3 WHERE trial_id = $1",
         e.trial_id,

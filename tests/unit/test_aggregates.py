@@ -131,9 +131,9 @@ def test_replaying_all_fixtures_in_one_log_folds_every_aggregate() -> None:
     assert all(a["state"] in ("active", "lost") for a in cluster.agent_list())
 
 
-def test_state_changes_apply_as_recorded_like_the_projection() -> None:
-    """The experiment and trial folds apply recorded state changes as the tracker's projection
-    does (writers check them before appending), with the end time of a terminal state."""
+def test_state_changes_apply_like_the_projection() -> None:
+    """The experiment and trial folds apply legal state changes as the tracker's projection
+    does, with the end time of a terminal state."""
     submitted = json.loads((FIXTURES / "ExperimentSubmitted.v2.json").read_text())
     experiment_id = submitted["experiment_id"]
     change = {"experiment_id": experiment_id, "state": "STOPPING_COMPLETED"}

@@ -75,7 +75,7 @@ def test_folded_trial_never_degrades_backwards(targets: list[str]) -> None:
     life = lc.Lifecycle(state="ACTIVE")
     for n, target in enumerate(targets, 1):
         before = life.state
-        lc._step(life, changed(n, "trial", target), lc.check_trial)
+        lc._step(life, changed(n, "trial", target), lc.next_trial_state)
         if before in lc.STOPPING and life.state in lc.STOPPING:
             assert lc.SEVERITY[life.state] >= lc.SEVERITY[before]
         assert life.state in lc.STATES
