@@ -590,12 +590,7 @@ class Supervisor:
 
     def _stop_all(self) -> None:
         services = [c for c in self.children.values() if c.record.kind == "service"]
-        # Agents first: the runs they stop are reported to an API that still listens (an agent
-        # retries that report until it is taken).
-        agents = [c.proc for c in services if service_of(c.record.name) == "agent"]
-        rest = [c.proc for c in services if service_of(c.record.name) != "agent"]
-        terminate([p for p in agents if p is not None], self.options.stop_timeout)
-        terminate([p for p in rest if p is not None], self.options.stop_timeout)
+        terminate([c.proc for c in services if c.proc is not None], self.options.stop_timeout)
         for name in ("nats", "postgres"):
             child = self.children.get(name)
             if child is not None and child.server is not None:

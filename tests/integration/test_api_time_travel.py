@@ -74,7 +74,11 @@ async def later(store: EventStore) -> None:
     )
     await allocate(store, 12)
     await store.append(
-        experiment_stream(1), [ExperimentStateChanged(experiment_id=1, state="COMPLETED")]
+        experiment_stream(1),
+        [
+            ExperimentStateChanged(experiment_id=1, state="STOPPING_COMPLETED"),
+            ExperimentStateChanged(experiment_id=1, state="COMPLETED"),
+        ],
     )
 
 
