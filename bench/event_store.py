@@ -43,7 +43,7 @@ _COLUMNS = (
     "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
     "recorded_at"
 )
-_INSERT_COLUMNS = (
+INSERT_COLUMNS = (
     "event_id",
     "stream_id",
     "stream_version",
@@ -52,6 +52,7 @@ _INSERT_COLUMNS = (
     "payload",
     "metadata",
 )
+"""The ``events`` columns a bulk load writes (the rest take their defaults)."""
 _RAW_INSERT_ONE = """INSERT INTO raw_events (event_id, stream_id, stream_version, type,
                                              schema_version, payload, metadata)
                      VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)"""
@@ -354,7 +355,7 @@ async def _appends(ctx: BenchContext, report: Report) -> None:
                 stream = f"rawc-2.{b % 100}"
                 await raw.copy_records_to_table(
                     "raw_events",
-                    columns=_INSERT_COLUMNS,
+                    columns=INSERT_COLUMNS,
                     records=[
                         (uuid.uuid4(), stream, base + i + 1, typ, 1, _dumps(p), "{}")
                         for i, (typ, p) in enumerate(items)
@@ -401,7 +402,7 @@ async def _load(raw: asyncpg.Connection, n_experiments: int) -> int:
                     meta = f'{{"actor":"agent","correlation_id":"trial-{exp}.{trial}"}}'
                 event_id = uuid.UUID(int=rng.getrandbits(128), version=4)
                 records.append((event_id, stream_id, step + 1, typ, version, payload, meta))
-        await raw.copy_records_to_table("events", columns=_INSERT_COLUMNS, records=records)
+        await raw.copy_records_to_table("events", columns=INSERT_COLUMNS, records=records)
         loaded += len(records)
         if loaded >= next_report or loaded == total:
             progress(f"  loaded {loaded:,}/{total:,}")

@@ -34,6 +34,7 @@ from typing import Any
 import asyncpg
 
 from bench.common import BenchContext, Measure, Report, progress
+from bench.event_store import INSERT_COLUMNS
 from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
 from events.config import parse_config
@@ -63,15 +64,6 @@ ROUNDS = 3
 PAUSES = 2
 TARGET_S = 2.0
 REPLICAS = ("searcher-a", "searcher-b")
-_INSERT_COLUMNS = (
-    "event_id",
-    "stream_id",
-    "stream_version",
-    "type",
-    "schema_version",
-    "payload",
-    "metadata",
-)
 
 
 def _config(max_trials: int) -> dict[str, Any]:
@@ -186,7 +178,7 @@ async def _load(dsn: str) -> int:
                             f'{{"actor":"{actor}"}}',
                         )
                     )
-            await conn.copy_records_to_table("events", columns=_INSERT_COLUMNS, records=records)
+            await conn.copy_records_to_table("events", columns=INSERT_COLUMNS, records=records)
             total += len(records)
         await conn.execute(
             """INSERT INTO checkpoints (name, position)

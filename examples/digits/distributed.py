@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from train import DEFAULTS, batch_at, build_model, evaluate, load_data, max_batches_of
+from train import DEFAULTS, batch_at, build_model, evaluate, load_data, max_batches_of, restore
 
 import cairn as det  # a Determined script: `import determined as det` is the only change
 
@@ -37,14 +37,7 @@ def train(ctx: det.core.Context) -> int:
     total = max_batches_of(hp, info.trial.config)
     validate_every = max(int(hp["validate_every"]), 1)
 
-    steps = 0
-    if info.latest_checkpoint is not None:
-        with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
-            state = torch.load(path / "model.pt", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        steps = int(state["steps"])
-        print(f"resumed from {info.latest_checkpoint} at batch {steps}", flush=True)
+    steps = restore(ctx, model, optimizer)
     ddp = DistributedDataParallel(model)
     start = steps
 

@@ -114,6 +114,21 @@ def batch_at(step: int, n: int, batch_size: int, seed: int) -> torch.Tensor:
     return order[index * batch_size : (index + 1) * batch_size]
 
 
+def restore(ctx: cairn.core.Context, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Loads the trial's latest checkpoint into ``model`` and ``optimizer``, if it has one;
+    returns the batches already trained (0 when starting fresh)."""
+    latest = ctx.info.latest_checkpoint
+    if latest is None:
+        return 0
+    with ctx.checkpoint.restore_path(latest) as path:
+        state = torch.load(path / "model.pt", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    steps = int(state["steps"])
+    print(f"resumed from {latest} at batch {steps}", flush=True)
+    return steps
+
+
 def train(ctx: cairn.core.Context) -> int:
     """Trains, validates, checkpoints and honours preemption; returns the exit code."""
     info = ctx.info
@@ -131,14 +146,7 @@ def train(ctx: cairn.core.Context) -> int:
     total = max_batches_of(hp, info.trial.config)
     validate_every = max(int(hp["validate_every"]), 1)
 
-    steps = 0
-    if info.latest_checkpoint is not None:
-        with ctx.checkpoint.restore_path(info.latest_checkpoint) as path:
-            state = torch.load(path / "model.pt", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        steps = int(state["steps"])
-        print(f"resumed from {info.latest_checkpoint} at batch {steps}", flush=True)
+    steps = restore(ctx, model, optimizer)
 
     def checkpoint() -> None:
         metadata = {"steps_completed": steps, "trial_id": info.trial.trial_id, "hparams": hp}

@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from events import faults
+from events.aggregates import AGENT_FACTS, EXPERIMENT_FACTS
 from events.consumer import Consumer
 from events.db import Connection, translate_errors
 from events.envelope import Event, RecordedEvent
@@ -65,15 +66,7 @@ log = structlog.get_logger("tracker")
 NAME = "tracker-projections"
 TYPES = frozenset(
     {
-        "ExperimentSubmitted",
-        "ExperimentStateChanged",
-        "ExperimentArchived",
-        "ExperimentRenamed",
-        "ExperimentDescribed",
-        "ExperimentLabelsChanged",
-        "ExperimentResourcesChanged",
-        "ExperimentContinued",
-        "TrialRequested",
+        *EXPERIMENT_FACTS,
         "TrialStateChanged",
         "TrialRestarted",
         "SlotsAllocated",
@@ -85,10 +78,7 @@ TYPES = frozenset(
         "MetricsReported",
         "CheckpointSaved",
         "CheckpointsDeleted",
-        "AgentRegistered",
-        "AgentLost",
-        "SlotsDisabled",
-        "SlotsEnabled",
+        *AGENT_FACTS,
     }
 )
 """The event types the projections read; others only move the checkpoint."""

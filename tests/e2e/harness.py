@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import subprocess
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,3 +140,19 @@ def rank_pid(allocation_id: str, rank: int) -> int | None:
         except psutil.Error:
             continue
     return None
+
+
+@contextlib.asynccontextmanager
+async def gang_processes(
+    db_url: str, nats_url: str, workdir: Path, slots: int, rendezvous_timeout: float
+) -> AsyncIterator[Cluster]:
+    """Every service as a process and the two gang agents with ``slots`` CPU slots each, logged
+    in; stopped on exit."""
+    c = Cluster(db_url, nats_url, workdir)
+    c.start_services("--agent-timeout", "30", timeout=30)
+    c.start_agents(slots, "--rendezvous-timeout", str(rendezvous_timeout))
+    try:
+        await c.login()
+        yield c
+    finally:
+        c.stop()

@@ -28,6 +28,7 @@ from tests.e2e.harness import (
     events_of,
     experiment_state,
     first_trial,
+    gang_processes,
     rank_pid,
     wait_for,
 )
@@ -49,14 +50,27 @@ async def cluster(
     store: EventStore, db_url: str, nats_server: ServerProcess, tmp_path: Path
 ) -> AsyncIterator[Cluster]:
     """Every service as a process and two agents with two CPU slots each."""
-    c = Cluster(db_url, nats_server.url, tmp_path)
-    c.start_services("--agent-timeout", "30", timeout=30)
-    c.start_agents(2, "--rendezvous-timeout", "120")
-    try:
-        await c.login()
+    async with gang_processes(db_url, nats_server.url, tmp_path, 2, 120) as c:
         yield c
-    finally:
-        c.stop()
+
+
+async def submit_until_checkpointed(
+    cluster: Cluster, store: EventStore, tmp_path: Path
+) -> tuple[int, int]:
+    """Submits the distributed example (160 batches) and waits for its first checkpoint;
+    returns the experiment and trial ids."""
+    config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
+    config["hyperparameters"].update(max_batches=160, validate_every=40)
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
+    exp = await cluster.submit(config, DIGITS)
+    trial = await first_trial(cluster, store, exp)
+    stream = names.trial_stream(trial)
+
+    async def checkpointed() -> bool:
+        return any(e.type == "CheckpointSaved" for e in await store.read_stream(stream))
+
+    await wait_for(cluster, checkpointed, timeout=240)
+    return exp, trial
 
 
 async def test_rank_sigkilled_gang_restarts_from_checkpoint_and_completes(
@@ -65,18 +79,9 @@ async def test_rank_sigkilled_gang_restarts_from_checkpoint_and_completes(
     """slots_per_trial 4 spans both agents; after the first checkpoint rank 3 is SIGKILLed: the
     run fails, the whole gang restarts (restarts 1) from that checkpoint with a fresh
     rendezvous, and the trial completes with the accuracy of a healthy run."""
-    config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
-    config["hyperparameters"].update(max_batches=160, validate_every=40)
-    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
-    exp = await cluster.submit(config, DIGITS)
-    trial = await first_trial(cluster, store, exp)
+    exp, trial = await submit_until_checkpointed(cluster, store, tmp_path)
     stream = names.trial_stream(trial)
     first = names.allocation_id(trial, 1)
-
-    async def checkpointed() -> bool:
-        return any(e.type == "CheckpointSaved" for e in await store.read_stream(stream))
-
-    await wait_for(cluster, checkpointed, timeout=240)
     victim = rank_pid(first, 3)
     assert victim is not None, "rank 3 of the first run is running"
     os.kill(victim, signal.SIGKILL)
@@ -168,18 +173,9 @@ async def test_agent_sigkilled_gang_restarts_and_completes(
     """After the first checkpoint agent-b is SIGKILLed and started again (as the supervisor
     does): the run is recorded lost, agent-a stops its part, and the whole gang restarts on both
     agents from the checkpoint (a lost run does not count against max_restarts) and completes."""
-    config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
-    config["hyperparameters"].update(max_batches=160, validate_every=40)
-    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
-    exp = await cluster.submit(config, DIGITS)
-    trial = await first_trial(cluster, store, exp)
+    exp, trial = await submit_until_checkpointed(cluster, store, tmp_path)
     stream = names.trial_stream(trial)
     first = names.allocation_id(trial, 1)
-
-    async def checkpointed() -> bool:
-        return any(e.type == "CheckpointSaved" for e in await store.read_stream(stream))
-
-    await wait_for(cluster, checkpointed, timeout=240)
     victim = cluster.procs["agent-b"]
     cluster.kill("agent-b")
     assert victim.returncode == -9, "the agent process was SIGKILLed"

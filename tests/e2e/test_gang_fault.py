@@ -25,6 +25,7 @@ from tests.e2e.harness import (
     Cluster,
     experiment_state,
     first_trial,
+    gang_processes,
     rank_pid,
     wait_for,
 )
@@ -40,14 +41,8 @@ async def gang_cluster(
     store: EventStore, db_url: str, nats_server: ServerProcess, tmp_path: Path
 ) -> AsyncIterator[Cluster]:
     """Every service as a process and two agents with one CPU slot each."""
-    c = Cluster(db_url, nats_server.url, tmp_path)
-    c.start_services("--agent-timeout", "30", timeout=30)
-    c.start_agents(1, "--rendezvous-timeout", "60")
-    try:
-        await c.login()
+    async with gang_processes(db_url, nats_server.url, tmp_path, 1, 60) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def gang_config(tmp_path: Path) -> dict[str, Any]:
