@@ -466,7 +466,7 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         set_actor(
             request,
             actor_of(principal.kind, principal.name),
-            intake=principal.kind in ("agent", "trial", "join"),
+            intake=principal.kind in ("agent", "trial"),
         )
         allowed = route.allow if route is not None else frozenset()
         if not (principal.kind in allowed or ("admin" in allowed and principal.is_admin)):

@@ -26,7 +26,7 @@ USERS: frozenset[Access] = frozenset({"user"})
 AGENTS: frozenset[Access] = frozenset({"agent", "admin"})
 TRIAL_OR_AGENT: frozenset[Access] = frozenset({"trial", "agent", "admin"})
 ANYONE: frozenset[Access] = frozenset({"user", "agent", "trial"})
-JOINERS: frozenset[Access] = frozenset({"join"})
+JOINERS: frozenset[Access] = frozenset({"join", "admin"})
 
 
 @dataclass(frozen=True)
