@@ -136,13 +136,12 @@ def stub_body(event: RecordedEvent, size: int) -> bytes:
 class Bus:
     """A NATS connection with JetStream, plus the few operations cairn needs on it."""
 
-    def __init__(
-        self, nc: NatsClient, js: JetStreamContext, *, inbox_prefix: str | None = None
-    ) -> None:
+    def __init__(self, nc: NatsClient, js: JetStreamContext) -> None:
         self.nc = nc
         self.js = js
         self.stubbed = 0
-        self.inbox_prefix = inbox_prefix
+        self.inbox_prefix: str | None = None
+        """Where replies reach this connection (set by :meth:`connect`)."""
 
     @property
     def max_payload(self) -> int:
@@ -190,7 +189,8 @@ class Bus:
             raise BusUnavailableError(
                 f"cannot connect to NATS at {redact_url(url)}: {exc}"
             ) from exc
-        bus = cls(nc, nc.jetstream(timeout=timeout), inbox_prefix=inbox_prefix)
+        bus = cls(nc, nc.jetstream(timeout=timeout))
+        bus.inbox_prefix = inbox_prefix
         if manage_streams:
             try:
                 await bus.ensure_streams()
