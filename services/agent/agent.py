@@ -46,7 +46,7 @@ from events.bus_auth import agent_durable
 from events.commands import agent_subject
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
-from services.agent.credential import Credential, obtain
+from services.agent.credential import Credential, CredentialError, obtain
 from services.agent.docker_runtime import (
     DockerRuntimeError,
     TrialContainers,
@@ -299,6 +299,16 @@ class Agent:
     async def register(self) -> None:
         """``POST /agents/{id}/register`` with this agent's slots (retried until it lands)."""
         self._registrations += 1
+        try:
+            await self._register_once()
+        except ApiError as exc:
+            if exc.status == 401:
+                raise CredentialError(
+                    f"the API refused agent {self.id}'s credential (an admin revoked it?): {exc}"
+                ) from exc
+            raise
+
+    async def _register_once(self) -> None:
         await self.client.register(
             self.id,
             self.config.resource_pool,
