@@ -33,8 +33,8 @@ async def join(api: Api, agent_id: str) -> str:
 
 async def test_another_agents_allocation_spec_is_forbidden(api: Api, store: EventStore) -> None:
     """Agent B's own credential gets 403 for the spec of a run placed on agent A, and cannot
-    report it started or exited, even naming A; A's credential gets the spec with a token of
-    that run."""
+    report it started or exited (even naming A), ship its logs or report its trial's metrics;
+    A's credential gets the spec with a token of that run."""
     await submit_experiment(store)
     alloc = await allocate(store, 11, agent="agent-a")
     agent_a, agent_b = await join(api, "agent-a"), await join(api, "agent-b")
@@ -55,6 +55,11 @@ async def test_another_agents_allocation_spec_is_forbidden(api: Api, store: Even
         f"/api/v1/allocations/{alloc}/logs",
         token=agent_b,
         json={"idempotency_key": "l", "lines": [{"line": "x"}]},
+    )
+    assert status == 403
+    item = {"kind": "progress", "idempotency_key": "p", "progress": 0.5}
+    status, _ = await api.call(
+        "POST", "/api/v1/trials/11/reports", token=agent_b, json={"items": [item]}
     )
     assert status == 403
     got = await api.ok("GET", spec, token=agent_a)
