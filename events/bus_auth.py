@@ -390,18 +390,6 @@ def read_private(path: Path, *, what: str) -> str:
     return text
 
 
-def check_creds_file(path: Path) -> Path:
-    """``path`` if it holds a user credential that only its owner can read.
-
-    Raises:
-        BusAuthError: it does not.
-    """
-    text = read_private(path, what="NATS credentials")
-    if "BEGIN NATS USER JWT" not in text or "BEGIN USER NKEY SEED" not in text:
-        raise BusAuthError(f"{path} is not a NATS credentials file")
-    return path
-
-
 def subjects_of(creds_text: str) -> dict[str, Sequence[str]]:
     """What a ``.creds`` text allows: ``{"pub": [...], "sub": [...]}`` (for listings and tests)."""
     jwt = creds_text.split("-----BEGIN NATS USER JWT-----\n", 1)[-1].split("\n", 1)[0]
