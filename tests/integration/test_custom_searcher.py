@@ -18,8 +18,10 @@ from events.names import trial_stream
 from events.store import EventStore
 from events.types import ExperimentSubmitted, TrialStateChanged, ValidationReported
 from services.api import tables
-from services.searcher.methods import custom
+from services.searcher.custom_worker import CustomWorkers
+from services.searcher.sandbox import SandboxSettings
 from services.searcher.service import SearcherConsumer
+from tests.helpers import wait_until
 from tests.integration.test_searcher_service import CONFIG, _fresh_store
 
 DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"
@@ -82,22 +84,51 @@ async def submit(store: EventStore, exp_id: int, searcher: dict[str, Any], code:
     await store.append(f"experiment-{exp_id}", [event])
 
 
-async def drive(store: EventStore, restart_at: frozenset[int] = frozenset()) -> list[Any]:
+class Searcher:
+    """A searcher consumer with its custom searcher workers, as a leader runs them (no lease)."""
+
+    def __init__(self, store: EventStore, settings: SandboxSettings) -> None:
+        self.store = store
+        self.consumer = SearcherConsumer(store)
+        self.workers = CustomWorkers(store, fence=None, settings=settings)
+        self.consumer.workers = self.workers
+        self.runner = ConsumerRunner(store, None, self.consumer)
+
+    async def rebuild(self) -> None:
+        """Folds the log, as a restarted searcher does before it leads."""
+        await self.consumer.rebuild()
+
+    async def settle(self, timeout: float = 60.0) -> None:
+        """Catches up until no custom searcher owes an answer (each answer is a fact the
+        workers append, which the next catch-up folds)."""
+
+        async def settled() -> bool:
+            await self.runner.catch_up()
+            return not any(s.answers_due for s in self.consumer.custom.values())
+
+        await wait_until(settled, timeout=timeout, every=0.05)
+
+    async def close(self) -> None:
+        """Stops the workers and their processes."""
+        await self.workers.close()
+
+
+async def drive(
+    store: EventStore,
+    restart_at: frozenset[int] = frozenset(),
+    settings: SandboxSettings | None = None,
+) -> list[Any]:
     """Each round every open trial reports one validation (loss from its hparams) and
     completes; returns the searcher's decisions once every experiment stopped."""
-    consumer = SearcherConsumer(store)
-    runner = ConsumerRunner(store, None, consumer)
+    settings = settings or SandboxSettings()
+    searcher = Searcher(store, settings)
     try:
         for round_no in range(100):
             if round_no in restart_at:
-                for search in consumer.searches.values():
-                    strategy = search.method.strategy
-                    if isinstance(strategy, custom.CustomStrategy):
-                        strategy.close()  # the old process dies with its searcher
-                consumer = SearcherConsumer(store)
-                await consumer.rebuild()
-                runner = ConsumerRunner(store, None, consumer)
-            await runner.catch_up()
+                await searcher.close()  # the old processes die with their searcher
+                searcher = Searcher(store, settings)  # a fresh process: it knows only the log
+                await searcher.rebuild()
+            await searcher.settle()
             events = await store.read_all(limit=100_000)
             experiments = {
                 e.payload["experiment_id"] for e in events if e.type == "ExperimentSubmitted"
@@ -128,10 +159,7 @@ async def drive(store: EventStore, restart_at: frozenset[int] = frozenset()) -> 
         else:
             raise AssertionError("the searches did not end")
     finally:
-        for search in consumer.searches.values():
-            strategy = search.method.strategy
-            if isinstance(strategy, custom.CustomStrategy):
-                strategy.close()
+        await searcher.close()
     return [
         (e.type, e.payload.get("experiment_id"), e.payload.get("hparams"), e.payload.get("state"))
         for e in await store.read_all(limit=100_000)
@@ -182,13 +210,10 @@ HOSTILE_CASES = {
 }
 
 
-async def test_hostile_custom_searchers_fail_their_experiments_only(
-    store: EventStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_hostile_custom_searchers_fail_their_experiments_only(store: EventStore) -> None:
     """Custom searchers that raise, never answer, create past max_trials or answer garbage
     each end their own experiment in STOPPING_ERROR with the reason; an experiment beside
     them in the same searcher runs to completion."""
-    monkeypatch.setattr(custom, "DEFAULT_CALL_TIMEOUT", 1.0)
     code = tarball({"hostile.py": HOSTILE})
     for exp_id, cls in enumerate(HOSTILE_CASES, start=1):
         searcher = {"name": "custom", "searcher_class": f"hostile:{cls}", "max_trials": 2}
@@ -196,7 +221,7 @@ async def test_hostile_custom_searchers_fail_their_experiments_only(
     random = {"name": "random", "max_trials": 2, "max_concurrent_trials": 2}
     other = {**CONFIG, "searcher": {"metric": "validation_loss", **random}}
     await store.append("experiment-9", [ExperimentSubmitted(experiment_id=9, config=other)])
-    decisions = await drive(store)
+    decisions = await drive(store, settings=SandboxSettings(call_timeout=1.0))
     ends = {d[1]: d[3] for d in decisions if d[0] == "ExperimentStateChanged"}
     assert ends == {**dict.fromkeys(range(1, 6), "STOPPING_ERROR"), 9: "STOPPING_COMPLETED"}
     for exp_id, reason in enumerate(HOSTILE_CASES.values(), start=1):
