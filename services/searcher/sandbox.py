@@ -152,8 +152,13 @@ def sandbox_argv(code_dir: Path, settings: SandboxSettings, identity: Identity |
     ]  # fmt: skip
     inner = confined_argv(host, identity=identity, network=False)
     if os.geteuid() == 0:
+        # The namespace's init is a root process that forks the confined host and never changes
+        # its credentials, so it keeps the parent-death signal its own parent set (a change of
+        # uid, as the host's, clears it): if the service dies, the outer process is killed,
+        # then the init, and with it every process of the namespace.
         pid_namespace = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--"]
-        inner = [*pid_namespace, *inner]
+        init = ["unshare", "--fork", "--kill-child", "--"]
+        inner = [*pid_namespace, *init, *inner]
     return ["setpriv", "--pdeathsig", "KILL", "--", *inner]
 
 
