@@ -364,5 +364,14 @@ class Sandbox:
             self.proc.stdin.close()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.proc.wait(), _EXIT_WAIT)
+        if self.proc.stdout is not None:  # read to the end, so the pipe's transport closes
+            with contextlib.suppress(TimeoutError, OSError):
+                await asyncio.wait_for(_discard(self.proc.stdout), _EXIT_WAIT)
         if self.workdir.exists():
             await asyncio.to_thread(shutil.rmtree, self.workdir, True)
+
+
+async def _discard(stream: asyncio.StreamReader) -> None:
+    """Reads ``stream`` to its end, keeping nothing."""
+    while await stream.read(_READ_CHUNK):
+        pass

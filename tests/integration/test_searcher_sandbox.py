@@ -70,7 +70,7 @@ class Probe(SearchMethod):
         return [self.context.create(probe(args["secret"], args["port"], args["code_root"]))]
 '''
 
-HOSTILE = '''
+HOSTILE = """
 import os, sys, time
 from cairn.searcher import SearchMethod
 
@@ -114,7 +114,7 @@ class Lingers(SearchMethod):
             time.sleep(3600)
             os._exit(0)
         return []
-'''
+"""
 
 
 def tarball(files: dict[str, str]) -> bytes:
@@ -168,7 +168,10 @@ def processes_under(root: Path) -> list[psutil.Process]:
 
 @contextlib.asynccontextmanager
 async def sandbox(
-    root: Path, code: dict[str, str], searcher_class: str, searcher_args: dict[str, Any] | None = None
+    root: Path,
+    code: dict[str, str],
+    searcher_class: str,
+    searcher_args: dict[str, Any] | None = None,
 ) -> AsyncIterator[Sandbox]:
     """A started sandbox whose user class is loaded; closed on exit."""
     settings = SandboxSettings(call_timeout=3.0)
@@ -176,7 +179,11 @@ async def sandbox(
         tarball(code), settings=settings, identity=default_identity(), root=root
     )
     try:
-        init = {"call": "init", "config": config(searcher_class, **(searcher_args or {})), "seed": 1}
+        init = {
+            "call": "init",
+            "config": config(searcher_class, **(searcher_args or {})),
+            "seed": 1,
+        }
         await box.ask(init, hook="__init__", timeout=60)
         yield box
     finally:
