@@ -31,8 +31,9 @@ import asyncio
 import contextlib
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import structlog
 
@@ -53,6 +54,7 @@ ANSWER_TYPES = frozenset({"CustomSearcherAnswered", "CustomSearcherFailed"})
 """The facts that settle a custom searcher's call."""
 _ANSWER_IDS = uuid.UUID("0b6f3c8e-52a1-4f0c-9e7d-2d4a8c1f6b35")
 _RETRY_FIRST, _RETRY_MOST = 0.2, 5.0
+T = TypeVar("T")
 
 
 def answer_event_id(experiment_id: int, call: int) -> uuid.UUID:
@@ -128,8 +130,6 @@ class CustomWorker:
             log.warning(
                 "custom searcher worker fenced off", experiment=self.experiment_id, error=str(exc)
             )
-        except asyncio.CancelledError:
-            raise
         except Exception:
             log.exception("custom searcher worker failed", experiment=self.experiment_id)
         finally:
@@ -140,7 +140,7 @@ class CustomWorker:
         strategy = self.strategy
         assert strategy is not None
         if self._sandbox is None:
-            await self._read_settled()
+            await self._retrying("experiment unreadable", self._read_settled)
             if call <= self.settled:
                 return True  # settled by a previous leader; the fold will catch up
         message = strategy.calls[call - 1]
@@ -215,26 +215,37 @@ class CustomWorker:
         Raises:
             SandboxError: the experiment has no code.
         """
-        if strategy.code_ref is None:
+        code_ref = strategy.code_ref
+        if code_ref is None:
             raise SandboxError("the experiment has no code")
+
+        async def read() -> bytes | None:
+            with translate_errors():
+                async with self.store.pool.acquire() as conn:
+                    return await api_read.code_blob(conn, code_ref)
+
+        data = await self._retrying("custom searcher's code unreadable", read)
+        if data is None:
+            raise SandboxError(f"the experiment's code {code_ref} is missing")
+        return data
+
+    async def _retrying(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, tried again after a growing pause while the database is unavailable.
+
+        Raises:
+            FencedError: a newer leader was elected.
+            DuplicateEventError: the event is already in the log.
+        """
         delay = _RETRY_FIRST
         while True:
             try:
-                with translate_errors():
-                    async with self.store.pool.acquire() as conn:
-                        data = await api_read.code_blob(conn, strategy.code_ref)
+                return await attempt()
+            except (FencedError, DuplicateEventError):
+                raise
             except EventsError as exc:
-                log.warning(
-                    "custom searcher's code unreadable",
-                    experiment=self.experiment_id,
-                    error=str(exc),
-                )
+                log.warning(what, experiment=self.experiment_id, error=str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MOST)
-                continue
-            if data is None:
-                raise SandboxError(f"the experiment's code {strategy.code_ref} is missing")
-            return data
 
     async def _read_settled(self, tx: Transaction | None = None) -> int:
         """Reads the experiment's stream past what was read before (in ``tx`` when given),
@@ -259,40 +270,32 @@ class CustomWorker:
         """
         stream = experiment_stream(self.experiment_id)
         new = NewEvent(event=fact, event_id=answer_event_id(self.experiment_id, call))
-        delay = _RETRY_FIRST
-        while True:
-            try:
-                async with self.store.transaction() as tx:
-                    tx.write_as(self.fence)
-                    if self.fence is not None:
-                        await tx.check_fence(self.fence)
-                    else:
-                        await tx.lock_appends()
-                    version = await self._read_settled(tx)
-                    if self.settled != call - 1:
-                        log.info(
-                            "custom searcher answer dropped as stale",
-                            experiment=self.experiment_id,
-                            call=call,
-                            settled=self.settled,
-                        )
-                        return False
-                    recorded = await tx.append(stream, [new], expected_version=version)
-                self.settled = call
-                self._seen_version = recorded[-1].stream_version
-                return True
-            except DuplicateEventError:
-                return False
-            except FencedError:
-                raise
-            except EventsError as exc:
-                log.warning(
-                    "custom searcher answer not recorded yet",
-                    experiment=self.experiment_id,
-                    error=str(exc),
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _RETRY_MOST)
+
+        async def append() -> bool:
+            async with self.store.transaction() as tx:
+                tx.write_as(self.fence)
+                if self.fence is not None:
+                    await tx.check_fence(self.fence)
+                else:
+                    await tx.lock_appends()
+                version = await self._read_settled(tx)
+                if self.settled != call - 1:
+                    log.info(
+                        "custom searcher answer dropped as stale",
+                        experiment=self.experiment_id,
+                        call=call,
+                        settled=self.settled,
+                    )
+                    return False
+                recorded = await tx.append(stream, [new], expected_version=version)
+            self.settled = call
+            self._seen_version = recorded[-1].stream_version
+            return True
+
+        try:
+            return await self._retrying("custom searcher answer not recorded yet", append)
+        except DuplicateEventError:
+            return False  # settled already: the stale check's read cannot have missed it
 
     async def stop_sandbox(self) -> None:
         """Kills the process, if one runs."""
