@@ -11,8 +11,9 @@ Invariants:
   holds what Python needs and nothing of the cluster's.
 - It runs in a process group of its own. Each exchange has a wall-clock limit and a size limit;
   on either, on an exit, and on :meth:`Sandbox.close`, the whole group is SIGKILLed, and the
-  pid namespace dies with its init (the host), so a child that left the group dies too. If the
-  service itself dies, the kernel kills the sandbox (``setpriv --pdeathsig``).
+  pid namespace dies with its init, so a child that left the group dies too. If the service
+  itself dies, the kernel kills the sandbox: the outer process and the namespace's init keep
+  a parent-death signal (``setpriv --pdeathsig``, ``unshare --kill-child``).
 - The code is unpacked into a fresh directory whose name cannot be guessed, under a root the
   identity may traverse but not list. The code is the service's and only readable by the
   identity; a private temporary directory (``HOME``, ``TMPDIR``) is all it may write.
@@ -36,15 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-import structlog
 
 from events.archive import extract_tar
 from events.limits import MAX_EVENT_BYTES
 from events.storable import find_unstorable
 from events.types import CustomSearcherOp
 from services.confine import Identity, confined_argv
-
-log = structlog.get_logger("searcher")
 
 TIMEOUT_ENV = "CAIRN_CUSTOM_SEARCHER_TIMEOUT"
 """The environment variable that sets :attr:`SandboxSettings.call_timeout`."""
