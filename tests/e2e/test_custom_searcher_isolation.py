@@ -3,7 +3,7 @@ spinning searchers cost the other user's random search no time, fail only their 
 are never run again once ended (a searcher SIGKILL and restart included), and find no credential
 and no network from inside their sandbox.
 
-A cluster of processes and searchers that run into their time limit cost ~2 min on two cores:
+A cluster of processes and searchers that run into their time limit cost ~40 s on two cores:
 this runs under ``make test-search`` (``CAIRN_SEARCH_E2E=1``) and is skipped otherwise. The
 sandbox switches uid, so it needs root.
 """
