@@ -210,7 +210,7 @@ def bystander() -> Iterator[tuple[int, int]]:
 
 
 async def test_sandboxed_searcher_finds_no_credential_and_no_network(
-    root: Path, bystander: tuple[int, int], tmp_path: Path
+    root: Path, bystander: tuple[int, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A searcher that reads every /proc/*/environ, connects to a loopback port, lists the
     sandboxes' root and writes its code directory finds no credential and reaches nothing;
@@ -221,6 +221,7 @@ async def test_sandboxed_searcher_finds_no_credential_and_no_network(
         (tmp_path / "probe_control.py").write_text(PROBE)
         import probe_control
 
+        monkeypatch.chdir(tmp_path)  # the control writes its file here, not in the checkout
         control = probe_control.probe(SECRET, port, str(root))
     finally:
         sys.path.remove(str(tmp_path))
