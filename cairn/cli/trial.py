@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -78,6 +79,7 @@ def register(sub: Any) -> None:
 
 LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _LEVEL_ALIASES = {"WARN": "WARNING", "FATAL": "CRITICAL"}
+_RANK_PREFIX = re.compile(r"^\[rank=(\d+)\] ")
 
 
 def add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -162,10 +164,20 @@ def sort_choice(args: argparse.Namespace) -> tuple[str | None, bool | None]:
 
 def line_level(line: str) -> str | None:
     """The level a ``LOG_FORMAT`` line starts with (``INFO: [12] name: ...``), if any."""
-    head, sep, _ = line.partition(":")
+    head, sep, _ = _RANK_PREFIX.sub("", line, count=1).partition(":")
     word = head.strip().upper()
     word = _LEVEL_ALIASES.get(word, word)
     return word if sep and word in LEVELS else None
+
+
+def line_rank(entry: dict[str, Any]) -> int | None:
+    """The rank a log line came from: its ``[rank=N] `` prefix (a launcher's ranks share one
+    process's output), else the rank of the process that wrote it."""
+    match = _RANK_PREFIX.match(str(entry.get("line", "")))
+    if match is not None:
+        return int(match.group(1))
+    rank = entry.get("rank")
+    return rank if isinstance(rank, int) else None
 
 
 def log_filter(args: argparse.Namespace) -> Callable[[dict[str, Any]], bool]:
@@ -178,7 +190,7 @@ def log_filter(args: argparse.Namespace) -> Callable[[dict[str, Any]], bool]:
     after = getattr(args, "timestamp_after", None)
 
     def keep(entry: dict[str, Any]) -> bool:
-        if ranks and entry.get("rank") not in ranks:
+        if ranks and line_rank(entry) not in ranks:
             return False
         if streams and entry.get("stream") not in streams:
             return False
