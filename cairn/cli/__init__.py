@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-u",
         "--user",
+        dest="as_user",
         default=None,
         metavar="username",
         help="run as this user (logs in with CAIRN_PASSWORD or DET_PASS, else asks)",

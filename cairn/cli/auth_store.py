@@ -12,9 +12,10 @@ __all__ = ["connect", "forget", "resolve_master", "store", "stored"]
 
 
 def connect(args: argparse.Namespace) -> Client:
-    """A client for ``args.master`` as ``args.user`` (see :func:`cairn.auth.session`).
+    """A client for ``args.master`` as ``args.as_user`` (the global ``-u``; see
+    :func:`cairn.auth.session`).
 
     Raises:
         AuthRequiredError: no usable credentials (exit 3).
     """
-    return session(getattr(args, "master", None), getattr(args, "user", None))
+    return session(getattr(args, "master", None), getattr(args, "as_user", None))

@@ -103,7 +103,7 @@ def cmd_login(args: argparse.Namespace) -> int:
     master = auth_store.resolve_master(args.master)
     username = (
         args.username
-        or getattr(args, "user", None)
+        or getattr(args, "as_user", None)
         or os.environ.get("CAIRN_USER")
         or os.environ.get("DET_USER")
         or _ask("Username: ")

@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("tpl create t t.yaml", "cmd_set", {"must_be": "new"}),
         ("template set-value config t t.yaml", "cmd_set", {"must_be": "existing"}),
         ("template rm t", "cmd_remove", {}),
-        ("-u alice -m host:8080 e list", "cmd_list", {"user": "alice", "master": "host:8080"}),
+        ("-u alice -m host:8080 e list", "cmd_list", {"as_user": "alice", "master": "host:8080"}),
+        ("-u alice audit --user bob", "cmd_audit", {"as_user": "alice", "user": "bob"}),
     ],
 )
 def test_det_command_lines_parse_to_cairns_verbs(
