@@ -142,6 +142,10 @@ class Context:
         """True when an agent started this process."""
         return self.info.on_cluster
 
+    def start(self) -> None:
+        """Determined's explicit start; a cairn context is started by :func:`init` already, so
+        this does nothing."""
+
     def on_close(self, hook: Callable[[bool], None]) -> None:
         """Calls ``hook(failed)`` once this context has closed (``failed``: it was left by an
         exception other than :class:`InvalidHP`, or :meth:`close` was told so). Used by

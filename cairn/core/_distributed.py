@@ -117,6 +117,10 @@ class DistributedContext:
             chief_ip=chief_ip,
         )
 
+    def close(self) -> None:
+        """Determined's release of its communication sockets; cairn holds none (collectives go
+        through ``torch.distributed``), so this does nothing."""
+
     @property
     def is_chief(self) -> bool:
         """True on rank 0."""
