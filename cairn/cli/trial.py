@@ -411,7 +411,7 @@ def print_logs(client: Client, trial_id: int, args: argparse.Namespace) -> int:
         _follow(client, trial_id, args)
         return 0
     keep = log_filter(args)
-    filtered = keep is not None and any(
+    filtered = any(
         getattr(args, name, None)
         for name in ("rank_ids", "stdtypes", "level", "timestamp_before", "timestamp_after")
     )
