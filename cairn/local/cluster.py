@@ -61,6 +61,7 @@ from cairn.local.state import (
     state_path,
     write_state,
 )
+from events.config.cluster import CLUSTER_CONFIG_FILE, ClusterConfigError, load_cluster_config
 from events.redact import redact_url
 
 SERVICES: tuple[str, ...] = ("relay", "api", "searcher", "scheduler", "tracker", "agent")
@@ -170,6 +171,15 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env.update(extra or {})
     return env
+
+
+def cluster_config_path(data_dir: Path) -> Path:
+    """The embedded cluster's config file (:mod:`events.config.cluster`): ``DIR/cluster.yaml``.
+
+    Every service gets its path (``CAIRN_CLUSTER_CONFIG``) when it exists; without it every
+    setting has its default (checkpoints only under ``DIR/checkpoints``).
+    """
+    return data_dir / CLUSTER_CONFIG_FILE
 
 
 def agent_token(data_dir: Path) -> str:
@@ -299,6 +309,7 @@ class Supervisor:
         self._save()
         log.info("cluster starting", data_dir=str(self.data_dir), slots=self.options.slots)
         try:
+            self._check_cluster_config()
             self._start_servers()
             self._check_stop()
             self._prepare_database()
@@ -324,6 +335,16 @@ class Supervisor:
             dsn=redact_url(self.state.dsn),
             nats=redact_url(self.state.nats_url),
         )
+
+    def _check_cluster_config(self) -> None:
+        """Refuses to start with a cluster config that a service would refuse."""
+        path = cluster_config_path(self.data_dir)
+        if not path.exists():
+            return
+        try:
+            load_cluster_config(path)
+        except ClusterConfigError as exc:
+            raise ClusterStartError(f"invalid cluster config:\n{_indent(str(exc))}") from exc
 
     def _add(self, record: ProcessState) -> _Child:
         child = _Child(record)
@@ -413,6 +434,7 @@ class Supervisor:
         assert child.ready_file is not None
         with contextlib.suppress(FileNotFoundError):
             child.ready_file.unlink()
+        config_file = cluster_config_path(self.data_dir)
         env = child_env(
             {
                 "CAIRN_DB": self.state.dsn,
@@ -422,6 +444,7 @@ class Supervisor:
                 "CAIRN_HOME": str(self.data_dir),
                 "CAIRN_AGENT_TOKEN": self._agent_token,
                 "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
+                "CAIRN_CLUSTER_CONFIG": str(config_file) if config_file.exists() else "",
             }
         )
         with open(child.record.log, "ab") as out:

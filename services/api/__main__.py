@@ -23,7 +23,7 @@ log = structlog.get_logger("api")
 async def run(ctx: ServiceContext) -> None:
     """Serves the gateway until stopped."""
     secret = await cluster_secret(ctx.store)
-    app = create_app(ctx.store, ctx.bus, secret=secret)
+    app = create_app(ctx.store, ctx.bus, secret=secret, cluster=ctx.cluster)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:

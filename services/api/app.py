@@ -7,6 +7,7 @@ from pathlib import Path
 from aiohttp import web
 
 from events.bus import Bus
+from events.config.cluster import ClusterConfig
 from events.config.storage import default_checkpoint_root
 from events.store import EventStore
 from services.api import (
@@ -67,7 +68,12 @@ def all_routes() -> list[Route]:
 
 
 def create_app(
-    store: EventStore, bus: Bus | None, *, secret: bytes, checkpoint_root: Path | None = None
+    store: EventStore,
+    bus: Bus | None,
+    *,
+    secret: bytes,
+    checkpoint_root: Path | None = None,
+    cluster: ClusterConfig | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
@@ -81,6 +87,7 @@ def create_app(
         checkpoint_root: the default checkpoint root for experiments without
             ``checkpoint_storage`` (checkpoint downloads); ``None``: ``CAIRN_CHECKPOINT_ROOT``,
             else ``$CAIRN_HOME/checkpoints``, else ``~/.cairn/checkpoints``.
+        cluster: the cluster config (``None``: every default).
 
     Returns:
         The application, ready for an ``AppRunner``.
@@ -89,7 +96,7 @@ def create_app(
         middlewares=[audit_middleware, error_middleware, auth_middleware, body_limit_middleware],
         client_max_size=DEFAULT_MAX_BODY,
     )
-    state = ApiState(store=store, bus=bus, secret=secret)
+    state = ApiState(store=store, bus=bus, secret=secret, cluster=cluster or ClusterConfig())
     app[STATE] = state
     app[LIMITER] = RejectionLimiter()
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)

@@ -15,6 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from events.bus import Bus
+from events.config.cluster import ClusterConfig
 from events.store import EventStore
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -114,6 +115,7 @@ class ApiState:
         secret: the cluster secret that signs trial tokens.
         routes: every route by handler, for the auth middleware.
         agent_token: the token agents present; loaded when the app starts.
+        cluster: the cluster config (:mod:`events.config.cluster`).
     """
 
     store: EventStore
@@ -121,6 +123,7 @@ class ApiState:
     secret: bytes
     routes: dict[Handler, Route] = field(default_factory=dict)
     agent_token: str = ""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 STATE = web.AppKey("cairn_api", ApiState)
@@ -134,3 +137,8 @@ def state_of(request: web.Request) -> ApiState:
 def store_of(request: web.Request) -> EventStore:
     """The event store of the app serving ``request``."""
     return request.app[STATE].store
+
+
+def cluster_of(request: web.Request) -> ClusterConfig:
+    """The cluster config of the app serving ``request``."""
+    return request.app[STATE].cluster
