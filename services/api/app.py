@@ -26,18 +26,21 @@ from services.api import (
     routes_searcher,
     routes_series,
     routes_templates,
+    routes_tokens,
     routes_trial_control,
     routes_trials,
     routes_usage,
     routes_users,
     routes_webui,
     tables,
+    tokens,
 )
 from services.api.audit_trail import LIMITER, RejectionLimiter, audit_middleware
 from services.api.auth import agent_token, auth_middleware, ensure_admin
 from services.api.errors import error_middleware
 from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
 from services.api.routing import STATE, ApiState, Route, RouteTable
+from services.api.throttle import THROTTLER, LoginThrottler
 
 ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_auth.routes,
@@ -53,6 +56,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_searcher.routes,
     routes_checkpoints.routes,
     routes_users.routes,
+    routes_tokens.routes,
     routes_events.routes,
     openapi.routes,
     routes_series.routes,
@@ -77,8 +81,8 @@ def create_app(
 ) -> web.Application:
     """Builds the gateway application.
 
-    On startup it applies the ``api`` migrations, creates the initial admin user and loads the
-    agent token.
+    On startup it applies the ``api`` migrations, gives tokens issued without an expiry the
+    cluster's token lifetime, creates the initial admin user and loads the agent token.
 
     Args:
         store: the event store (its pool also serves the gateway's own tables).
@@ -99,6 +103,7 @@ def create_app(
     state = ApiState(store=store, bus=bus, secret=secret, cluster=cluster or ClusterConfig())
     app[STATE] = state
     app[LIMITER] = RejectionLimiter()
+    app[THROTTLER] = LoginThrottler(state.cluster.accounts.login_throttle)
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
     routes_master.mark_started(app)
     for route in [*all_routes(), *routes_webui.routes.routes]:
@@ -111,5 +116,6 @@ def create_app(
 async def _startup(app: web.Application) -> None:
     state = app[STATE]
     await tables.migrate(state.store)
+    await tokens.bound_lifetimes(state.store, state.cluster.accounts.token_lifetime)
     await ensure_admin(state.store)
     state.agent_token = await agent_token(state.store)

@@ -51,6 +51,8 @@ class Route:
         hidden: left out of the OpenAPI document (the web UI's files).
         audit: whether a successful call that appends no event is recorded as
             ``RequestAccepted`` (``False`` for telemetry: heartbeats, log lines).
+        more_errors: statuses it may answer besides the common ones, with what they mean
+            (``{"429": ...}`` for a throttled route), for the OpenAPI document.
     """
 
     method: str
@@ -67,6 +69,7 @@ class Route:
     max_body: int | None = None
     hidden: bool = False
     audit: bool = True
+    more_errors: dict[str, str] | None = None
 
 
 @dataclass

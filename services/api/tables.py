@@ -141,6 +141,14 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
             for table in ("trial_progress", "task_logs", "trial_status")
         ),
     ),
+    (
+        "0009_token_ids",
+        # User tokens are listed and revoked by an id that is not the token (nor its hash).
+        """
+        ALTER TABLE api_tokens ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY UNIQUE;
+        CREATE INDEX api_tokens_username ON api_tokens (username);
+        """,
+    ),
 )
 
 

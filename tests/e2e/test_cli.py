@@ -133,7 +133,9 @@ def test_user_login_whoami_create_logout(cluster: Env) -> None:
     assert "admin" in ok(cluster, "user", "whoami").stdout
 
     ok(cluster, "u", "create", "alice", "--password", "pw-alice")
-    assert cli(cluster, "user", "create", "alice", "--password", "x").returncode == 5
+    assert cli(cluster, "user", "create", "alice", "--password", "pw-alice2").returncode == 5
+    short = cli(cluster, "user", "create", "bert", "--password", "x")
+    assert short.returncode == 1 and "at least 8 characters" in short.stderr
     users = as_json(cluster, "user", "list")["users"]
     assert {"alice", "admin"} <= {u["username"] for u in users}
 
@@ -382,8 +384,10 @@ def test_config_set_and_label(cluster: Env, finished: dict[str, Any], tmp_path: 
     bad = cli(cluster, "e", "set", "priority", exp_id, "0")
     assert bad.returncode == 1 and "resources.priority" in bad.stderr
 
-    ok(cluster, "user", "create", "mallory", "--password", "pw-m")
-    other = as_user(cluster, tmp_path / "m", "mallory", "pw-m", "e", "set", "name", exp_id, "x")
+    ok(cluster, "user", "create", "mallory", "--password", "pw-mallory")
+    other = as_user(
+        cluster, tmp_path / "m", "mallory", "pw-mallory", "e", "set", "name", exp_id, "x"
+    )
     assert other.returncode == 5, other.stderr
 
 
@@ -447,15 +451,15 @@ def test_continue_resumes_from_the_latest_checkpoint_then_delete_it(
 def test_user_password_and_deactivation(cluster: Env, tmp_path: Path) -> None:
     """A user changes their own password (old one required); an admin deactivates them, after
     which they cannot log in (exit 3), and activates them again."""
-    ok(cluster, "user", "create", "dora", "--password", "pw-d")
+    ok(cluster, "user", "create", "dora", "--password", "pw-dora1")
     home = tmp_path / "dora"
     changed = as_user(
-        cluster, home, "dora", "pw-d", "user", "change-password",
-        "--old-password", "pw-d", "--password", "pw-d2",
+        cluster, home, "dora", "pw-dora1", "user", "change-password",
+        "--old-password", "pw-dora1", "--password", "pw-dora2",
     )  # fmt: skip
     assert changed.returncode == 0, changed.stderr
     other = as_user(
-        cluster, home, "dora", "pw-d2", "user", "change-password", "admin", "--password", "x"
+        cluster, home, "dora", "pw-dora2", "user", "change-password", "admin", "--password", "x"
     )
     assert other.returncode == 5
     ok(cluster, "user", "deactivate", "dora")
@@ -463,10 +467,10 @@ def test_user_password_and_deactivation(cluster: Env, tmp_path: Path) -> None:
         u["username"] == "dora" and not u["active"]
         for u in as_json(cluster, "user", "list")["users"]
     )
-    refused = as_user(cluster, tmp_path / "fresh", "dora", "pw-d2", "user", "whoami")
+    refused = as_user(cluster, tmp_path / "fresh", "dora", "pw-dora2", "user", "whoami")
     assert refused.returncode == 3 and "deactivated" in refused.stderr
     ok(cluster, "user", "activate", "dora")
-    again = as_user(cluster, tmp_path / "again", "dora", "pw-d2", "--json", "user", "whoami")
+    again = as_user(cluster, tmp_path / "again", "dora", "pw-dora2", "--json", "user", "whoami")
     assert again.returncode == 0 and json.loads(again.stdout)["username"] == "dora"
 
 

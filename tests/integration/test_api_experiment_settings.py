@@ -366,10 +366,11 @@ async def test_change_password_own_or_admin(api: Api, store: EventStore) -> None
         "POST", path, token=bob, json={"password": "n", "old_password": "no"}
     )
     assert status == 403
-    await api.ok("POST", path, token=bob, json={"password": "new-pw", "old_password": "pw"})
+    new = "new-password"
+    await api.ok("POST", path, token=bob, json={"password": new, "old_password": "pw"})
     assert (await api.call("GET", "/api/v1/me", token=bob))[0] == 200
     assert (await api.call("GET", "/api/v1/me", token=other_bob))[0] == 401
-    assert await api.login("bob", "new-pw")
+    assert await api.login("bob", new)
     await api.ok("POST", path, token=api.admin, json={"password": "by-admin"})
     assert await api.login("bob", "by-admin")
     assert await error_path(api, "POST", path, api.admin, {"password": ""}) == (400, "password")

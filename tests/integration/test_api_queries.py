@@ -498,11 +498,14 @@ async def test_users_are_created_and_listed_by_admins_only(api: Api, store: Even
         "POST",
         "/api/v1/users",
         token=api.admin,
-        json={"username": "carol", "password": "pw", "admin": False},
+        json={"username": "carol", "password": "carol-password", "admin": False},
     )
     assert body == {"username": "carol", "admin": False}
     status, _ = await api.call(
-        "POST", "/api/v1/users", token=api.admin, json={"username": "carol", "password": "x"}
+        "POST",
+        "/api/v1/users",
+        token=api.admin,
+        json={"username": "carol", "password": "other-password"},
     )
     assert status == 409
     status, answer = await api.call(
@@ -514,7 +517,7 @@ async def test_users_are_created_and_listed_by_admins_only(api: Api, store: Even
         ("admin", True),
         ("carol", False),
     ]
-    carol = await api.login("carol", "pw")
+    carol = await api.login("carol", "carol-password")
     status, _ = await api.call("GET", "/api/v1/users", token=carol)
     assert status == 403
     status, _ = await api.call(
