@@ -134,15 +134,11 @@ def _size_of(body: Any, listed: int) -> int:
         return listed
 
 
-def _has_files(storage: CheckpointStorage, uuid: str) -> bool:
-    """Whether the checkpoint is one cairn wrote (its marker names it)."""
-    return storage.owned(uuid)
-
-
 @routes.get("/api/v1/checkpoints/{uuid}/download", allow=USERS, raw_response="application/gzip")
 async def download_checkpoint(request: web.Request) -> web.StreamResponse:
-    """The checkpoint's directory as a tar.gz (entries relative to the directory); 404 when it
-    was deleted or its files are missing."""
+    """The checkpoint's regular files as a tar.gz (entries relative to its directory); 404 when
+    it was deleted, its files are missing or they are not a checkpoint cairn wrote (no marker),
+    403 when its storage is one the cluster config does not allow."""
     row, config = await _visible_checkpoint(request)
     uuid = str(row["uuid"])
     if row["state"] != "COMPLETED":
@@ -155,7 +151,7 @@ async def download_checkpoint(request: web.Request) -> web.StreamResponse:
             request.app[CHECKPOINT_ROOT],
             policy=cluster_of(request).checkpoint_storage,
         )
-        present = await asyncio.to_thread(_has_files, storage, uuid)
+        present = await asyncio.to_thread(storage.owned, uuid)
     except StorageNotAllowedError as exc:
         message = f"checkpoint {uuid} is in storage the cluster does not allow: {exc}"
         raise forbidden(message) from None

@@ -311,7 +311,7 @@ def remove_checkpoints(storage: CheckpointStorage, uuids: Iterable[str]) -> Remo
             continue
         try:
             if not storage.owned(uuid):
-                if storage.files(uuid) or uuid in storage.uuids():
+                if storage.files(uuid):
                     log.warning(
                         "not a checkpoint cairn wrote; left in place",
                         uuid=uuid,

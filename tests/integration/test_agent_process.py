@@ -39,6 +39,7 @@ from services.agent.slots import cpu_slots
 from services.api.app import create_app
 from services.api.auth import agent_token, cluster_secret
 from tests.helpers import wait_until
+from tests.integration.test_api_support import TEST_CLUSTER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -267,7 +268,7 @@ async def cluster(
     store: EventStore, bus: Bus, nats_server: Any, tmp_path: Path
 ) -> AsyncIterator[Cluster]:
     """The real gateway on a fresh database, plus the bus and a scratch dir."""
-    app = create_app(store, None, secret=await cluster_secret(store))
+    app = create_app(store, None, secret=await cluster_secret(store), cluster=TEST_CLUSTER)
 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
