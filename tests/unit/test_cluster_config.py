@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn.local.cluster import ClusterOptions, ClusterStartError, Supervisor, cluster_config_path
 from events.config.cluster import (
     ClusterConfig,
     ClusterConfigError,
@@ -84,3 +85,18 @@ def test_a_missing_file_is_an_error_not_the_defaults(tmp_path: Path) -> None:
 def test_an_empty_file_is_all_defaults() -> None:
     """An empty document (or only comments) is every default."""
     assert parse_cluster_config("# nothing yet\n") == ClusterConfig()
+
+
+def test_cairn_up_refuses_an_invalid_cluster_config_before_starting_anything(
+    tmp_path: Path,
+) -> None:
+    """An invalid ``DIR/cluster.yaml`` stops ``cairn up`` with the file and field named, before
+    PostgreSQL or any service starts; the state file says why."""
+    (tmp_path / "cluster.yaml").write_text("accounts: {token_lifetime: soon}\n")
+    supervisor = Supervisor(ClusterOptions(data_dir=tmp_path))
+    with pytest.raises(ClusterStartError) as caught:
+        supervisor.start()
+    assert f"{tmp_path / 'cluster.yaml'}: accounts.token_lifetime" in str(caught.value)
+    assert not (tmp_path / "pg").exists()
+    assert supervisor.state.status == "failed"
+    assert cluster_config_path(tmp_path) == tmp_path / "cluster.yaml"
