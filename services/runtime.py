@@ -2,8 +2,9 @@
 
 A service is ``python -m services.<name> --db DSN --nats URL`` (or env ``CAIRN_DB`` /
 ``CAIRN_NATS``); ``--cluster-config PATH`` (``CAIRN_CLUSTER_CONFIG``) names the cluster config
-(:mod:`events.config.cluster`), read once here and handed to the service. When the launcher sets ``CAIRN_READY_FILE``, the service writes that file once it
-is connected and serving, which is how ``cairn up`` knows it is healthy.
+(:mod:`events.config.cluster`), read once here and handed to the service. When the launcher sets
+``CAIRN_READY_FILE``, the service writes that file once it is connected and serving, which is
+how ``cairn up`` knows it is healthy.
 """
 
 from __future__ import annotations

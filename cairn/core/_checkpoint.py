@@ -170,12 +170,25 @@ class CheckpointContext:
         self._new_uuid = new_uuid
 
     def _issue_uuid(self, *, collective: bool) -> str:
-        """A new checkpoint's uuid: the chief's, broadcast to every rank when ``collective``."""
+        """A new checkpoint's uuid: the chief's, broadcast to every rank when ``collective``.
+
+        Raises:
+            RuntimeError: no uuid could be had (on every rank of a collective alike, so none is
+                left waiting in it).
+        """
         if not collective:
             return self._new_uuid()
         dist = self._distributed
-        mine = self._new_uuid() if dist.is_chief else ""
-        return str(dist.broadcast(mine))
+        mine, failure = "", ""
+        if dist.is_chief:
+            try:
+                mine = self._new_uuid()
+            except RuntimeError as exc:
+                failure = str(exc)
+        mine, failure = dist.broadcast((mine, failure))
+        if failure:
+            raise RuntimeError(failure)
+        return str(mine)
 
     @property
     def location(self) -> str:
