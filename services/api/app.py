@@ -7,6 +7,7 @@ from pathlib import Path
 from aiohttp import web
 
 from events.bus import Bus
+from events.bus_auth import Authority
 from events.config.cluster import ClusterConfig
 from events.config.storage import default_checkpoint_root
 from events.store import EventStore
@@ -36,7 +37,7 @@ from services.api import (
     tokens,
 )
 from services.api.audit_trail import LIMITER, RejectionLimiter, audit_middleware
-from services.api.auth import agent_token, auth_middleware, ensure_admin
+from services.api.auth import auth_middleware, ensure_admin, join_token
 from services.api.errors import error_middleware
 from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
 from services.api.routing import STATE, ApiState, Route, RouteTable
@@ -77,12 +78,14 @@ def create_app(
     *,
     secret: bytes,
     checkpoint_root: Path | None = None,
+    join_token_file: str | None = None,
+    nats_authority: Authority | None = None,
     cluster: ClusterConfig | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
     On startup it applies the ``api`` migrations, gives tokens issued without an expiry the
-    cluster's token lifetime, creates the initial admin user and loads the agent token.
+    cluster's token lifetime, creates the initial admin user and loads the join token.
 
     Args:
         store: the event store (its pool also serves the gateway's own tables).
@@ -91,6 +94,9 @@ def create_app(
         checkpoint_root: the default checkpoint root for experiments without
             ``checkpoint_storage`` (checkpoint downloads); ``None``: ``CAIRN_CHECKPOINT_ROOT``,
             else ``$CAIRN_HOME/checkpoints``, else ``~/.cairn/checkpoints``.
+        join_token_file: the file holding the cluster's join token (see
+            :func:`services.api.auth.join_token`).
+        nats_authority: the bus's signing authority, to give joining agents NATS users.
         cluster: the cluster config (``None``: every default).
 
     Returns:
@@ -100,7 +106,14 @@ def create_app(
         middlewares=[audit_middleware, error_middleware, auth_middleware, body_limit_middleware],
         client_max_size=DEFAULT_MAX_BODY,
     )
-    state = ApiState(store=store, bus=bus, secret=secret, cluster=cluster or ClusterConfig())
+    state = ApiState(
+        store=store,
+        bus=bus,
+        secret=secret,
+        join_token_file=join_token_file,
+        nats_authority=nats_authority,
+        cluster=cluster or ClusterConfig(),
+    )
     app[STATE] = state
     app[LIMITER] = RejectionLimiter()
     app[THROTTLER] = LoginThrottler(state.cluster.accounts.login_throttle)
@@ -118,4 +131,4 @@ async def _startup(app: web.Application) -> None:
     await tables.migrate(state.store)
     await tokens.bound_lifetimes(state.store, state.cluster.accounts.token_lifetime)
     await ensure_admin(state.store)
-    state.agent_token = await agent_token(state.store)
+    state.join_token = await join_token(state.store, state.join_token_file)

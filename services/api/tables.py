@@ -26,6 +26,7 @@ OWNED_TABLES: tuple[str, ...] = (
     "trial_progress",
     "task_logs",
     "trial_status",
+    "agent_credentials",
 )
 """The gateway's tables: only modules of ``services.api`` hold SQL naming them; other services
 read them through :mod:`services.api.read`."""
@@ -142,7 +143,23 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         ),
     ),
     (
-        "0009_token_ids",
+        "0009_agent_credentials",
+        # Each agent's own credential, issued once from the join token (its hash only); a
+        # revoked one stays, so the agent id cannot join again with the join token alone.
+        """CREATE TABLE agent_credentials (
+               agent_id     text PRIMARY KEY,
+               token_hash   text NOT NULL UNIQUE,
+               subject      text NOT NULL,
+               nats_user    text NOT NULL DEFAULT '',
+               incarnation  text NOT NULL DEFAULT '',
+               issued_at    timestamptz NOT NULL DEFAULT now(),
+               revoked_at   timestamptz,
+               revoked_by   text
+           );
+           CREATE UNIQUE INDEX agent_credentials_subject ON agent_credentials (subject);""",
+    ),
+    (
+        "0010_token_ids",
         # User tokens are listed and revoked by an id that is not the token (nor its hash).
         """
         ALTER TABLE api_tokens ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY UNIQUE;
