@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
+from aiohttp import web
 
 from cairn.cli import main as cli_main
 from events.config import safe_yaml
@@ -26,7 +27,8 @@ from events.config.cluster import ClusterConfig, parse_cluster_config
 from events.store import EventStore
 from events.types import TemplateSet
 from services.api import routes_events
-from services.api.auth import hash_token
+from services.api.app import create_app
+from services.api.auth import cluster_secret, hash_token
 from tests.helpers import wait_until
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_support import TEST_CLUSTER, Api, running_api
@@ -72,27 +74,43 @@ async def login(api: Api, username: str, password: str) -> tuple[int, Any, dict[
         return resp.status, await resp.json(), dict(resp.headers)
 
 
-async def test_tokens_expire_after_the_cluster_lifetime(store: EventStore) -> None:
-    """A login's token carries ``expires_at`` = now + the configured lifetime (30 days by
-    default) and stops working then; a token stored without an expiry gets one from its
-    creation when the gateway starts."""
+async def test_tokens_last_30_days_by_default_and_older_ones_get_a_lifetime(
+    store: EventStore,
+) -> None:
+    """A login's token carries ``expires_at`` = now + 30 days by default; a token stored
+    without an expiry gets the configured lifetime from its creation when the gateway starts
+    (and is gone if that has passed)."""
     async with running_api(store) as api:
         status, body, _ = await login(api, "admin", "admin")
+        assert status == 200, body
         expires = datetime.fromisoformat(body["expires_at"])
         assert abs(expires - datetime.now(UTC) - timedelta(days=30)) < timedelta(minutes=5)
-    await store.pool.execute(
-        "INSERT INTO api_tokens (token_hash, username, created_at) "
-        "VALUES ($1, 'admin', now() - interval '2 hours')",
-        hash_token("old-token"),
-    )
-    async with running_api(store, cluster=cluster(token_lifetime="2s")) as api:
-        status, _ = await api.call("GET", "/api/v1/me", token="old-token")
-        assert status == 401
-        bound = await store.pool.fetchval(
-            "SELECT count(*) FROM api_tokens WHERE expires_at IS NULL"
+        for name, age in (("old-token", "2 hours"), ("recent-token", "1 minute")):
+            await store.pool.execute(
+                "INSERT INTO api_tokens (token_hash, username, created_at) "
+                f"VALUES ($1, 'admin', now() - interval '{age}')",
+                hash_token(name),
+            )
+        assert (await api.call("GET", "/api/v1/me", token="old-token"))[0] == 200
+    secret = await cluster_secret(store)
+    restarted = web.AppRunner(create_app(store, None, secret=secret, cluster=cluster()))
+    await restarted.setup()  # the gateway's start-up, lifetime "1h"
+    await restarted.cleanup()
+    rows = dict(
+        await store.pool.fetch(
+            "SELECT token_hash, expires_at - created_at FROM api_tokens WHERE token_hash = ANY($1)",
+            [hash_token("old-token"), hash_token("recent-token")],
         )
-        assert bound == 0
+    )
+    assert rows == {hash_token("recent-token"): timedelta(hours=1)}
+
+
+async def test_a_token_stops_working_when_its_lifetime_ends(store: EventStore) -> None:
+    """With a 2-second token lifetime a fresh token works, then is refused (401) once it has
+    expired."""
+    async with running_api(store, cluster=cluster(token_lifetime="2s")) as api:
         status, body, _ = await login(api, "admin", "admin")
+        assert status == 200, body
         token = body["token"]
         assert (await api.call("GET", "/api/v1/me", token=token))[0] == 200
 
