@@ -8,7 +8,8 @@ Determined's ``determined.launch.deepspeed`` does. Workers build their context w
 
 A gang spanning several agents is refused (exit 2): DeepSpeed reaches its other hosts with
 ``pdsh``/SSH, which a cairn agent does not provide; ``cairn.launch.torch_distributed`` spans
-agents. DeepSpeed is not a dependency of cairn: without it this launcher exits 2 and says so.
+agents. DeepSpeed is an opt-in extra (``make deepspeed``; ``make test-deepspeed`` runs a trial
+through this launcher on two CPU slots): without it this launcher exits 2 and says so.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pathlib import Path
 from cairn.launch._gang import Gang, LaunchError, run_child, split_command
 
 MISSING = (
-    "deepspeed is not installed in this environment (it is not a dependency of cairn): "
-    "pip install deepspeed, or use cairn.launch.torch_distributed"
+    "deepspeed is not installed (an opt-in extra: `make deepspeed` installs it), "
+    "or use cairn.launch.torch_distributed"
 )
 
 
