@@ -51,14 +51,12 @@ from pathlib import Path
 
 import structlog
 
+from events.identities import CLUSTER_UID
+
 log = structlog.get_logger("confine")
 
 MAX_ID = 2**32 - 2
 """The largest uid or gid (``2**32 - 1`` is the kernel's "no id")."""
-DEFAULT_UID = 2_000_000_000
-"""The cluster's unprivileged identity (uid and gid): code of no particular user. Users get
-their own identities just above it (:mod:`events.identities`); the range sits far above the
-uids that system and regular accounts and the usual subordinate-uid ranges use."""
 USER_CODE_UMASK = 0o077
 """What user code creates is readable by its own identity only (and by root)."""
 SHARED_DIR_MODE = 0o1733
@@ -184,11 +182,13 @@ def host() -> Host:
     return found
 
 
-def default_identity(*, uid: int = DEFAULT_UID) -> Identity | None:
-    """The cluster's unprivileged identity, for user code that belongs to no particular user.
+def default_identity(*, uid: int = CLUSTER_UID) -> Identity | None:
+    """The cluster's unprivileged identity, for user code that belongs to no particular user
+    (each user's own comes from :mod:`events.identities`).
 
     Args:
-        uid: its uid and gid (:data:`DEFAULT_UID` unless the cluster chose another).
+        uid: its uid and gid (:data:`events.identities.CLUSTER_UID` unless the cluster chose
+            another).
 
     Returns:
         ``Identity(uid, uid, "cairn")`` where the launcher can change uids (runs as root with
