@@ -311,4 +311,3 @@ def init(
         ),
         session=session,
     )
-
