@@ -103,11 +103,14 @@ def host_request_errors(
         path = resolve(raw)
         shown = raw if path == raw else f"{raw} ({path})"
         engine = [s for s in sockets if _under(s, path)]
-        if engine:
-            errors.append((where, f"{shown} holds a container engine's socket ({engine[0]})"))
-        elif not any(_under(path, root) for root in roots):
+        if not any(_under(path, root) for root in roots):
             allowed = _shown(roots) if roots else "[] (the cluster allows no bind mount)"
-            errors.append((where, f"{shown} is outside the allowed roots {allowed}"))
+            note = f"; it holds a container engine's socket ({engine[0]})" if engine else ""
+            errors.append((where, f"{shown} is outside the allowed roots {allowed}{note}"))
+        elif engine:
+            errors.append(
+                (where, f"{shown} holds a container engine's socket ({engine[0]}), never allowed")
+            )
     resources = config.get("resources") or {}
     devices = resources.get("devices") if isinstance(resources, Mapping) else None
     allowed_devices = {resolve(str(d)) for d in policy.allowed_devices}
