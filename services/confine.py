@@ -208,13 +208,23 @@ def can_change_identity() -> bool:
 
 
 def runtime_paths() -> list[Path]:
-    """What any Python user code needs to read: the interpreter's prefixes, the directories on
-    this process's ``sys.path`` and the directory holding ``cairn`` (real paths)."""
-    paths = {Path(os.path.realpath(p)) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+    """What any Python user code needs to read: the interpreter's prefixes, the package
+    directories on this process's ``sys.path`` and the directory holding ``cairn`` (real paths).
+
+    Other ``sys.path`` entries (the directory a service was started in) are left out: they are
+    the launcher's, not the runtime's.
+    """
+    prefixes = {Path(os.path.realpath(p)) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
+    paths = set(prefixes)
     paths.add(Path(os.path.realpath(sys.executable)).parent)
     for entry in sys.path:
-        if entry and os.path.isdir(entry):
-            paths.add(Path(os.path.realpath(entry)))
+        if not entry or not os.path.isdir(entry):
+            continue
+        real = Path(os.path.realpath(entry))
+        if real.name in ("site-packages", "dist-packages") or any(
+            real == p or p in real.parents for p in prefixes
+        ):
+            paths.add(real)
     spec = importlib.util.find_spec("cairn")
     if spec is not None and spec.submodule_search_locations:
         package = Path(os.path.realpath(next(iter(spec.submodule_search_locations))))
@@ -231,19 +241,28 @@ def _searchable(info: os.stat_result, identity: Identity) -> bool:
     return bool(mode & stat.S_IXOTH)
 
 
-def blocking_ancestor(path: Path, identity: Identity) -> Path | None:
-    """The highest directory above ``path`` (``path`` excluded) that ``identity`` cannot
-    traverse, judged by the mode bits (ACLs are not read); ``None`` when it can reach ``path``.
-    """
+def blocking_ancestors(path: Path, identity: Identity) -> list[Path]:
+    """The directories above ``path`` (``path`` excluded), highest first, that ``identity``
+    cannot traverse, judged by the mode bits (ACLs are not read); empty when it can reach
+    ``path``."""
     path = Path(os.path.abspath(path))
+    found = []
     for ancestor in reversed(path.parents):
         try:
             info = os.stat(ancestor)
         except OSError:
-            return None
+            break
         if not _searchable(info, identity):
-            return ancestor
-    return None
+            found.append(ancestor)
+    return found
+
+
+def searchable(path: Path, identity: Identity) -> bool:
+    """Whether ``identity`` may traverse directory ``path`` itself (mode bits)."""
+    try:
+        return _searchable(os.stat(path), identity)
+    except OSError:
+        return False
 
 
 def _normal(paths: Iterable[Path]) -> list[str]:
@@ -253,16 +272,18 @@ def _normal(paths: Iterable[Path]) -> list[str]:
 def view_plan(view: View, identity: Identity | None) -> dict[str, object]:
     """The plan :mod:`services.confine_view` builds for ``view`` (see its docstring).
 
-    An exposed directory under an ancestor that ``identity`` cannot traverse gets that ancestor
-    covered too, and itself bound back into the cover.
+    Every ancestor of an exposed directory that ``identity`` cannot traverse is covered too
+    (the exposed directory is bound back into the cover), and an exposed directory the identity
+    cannot enter itself is left out.
     """
     exposes = list(view.expose) + (runtime_paths() if view.runtime else [])
     covers = list(view.hide)
     if identity is not None:
+        # A directory the identity cannot enter is no use exposed, and exposed it would stand
+        # between the identity and what lies below it.
+        exposes = [p for p in exposes if searchable(p, identity)]
         for path in exposes:
-            blocker = blocking_ancestor(path, identity)
-            if blocker is not None:
-                covers.append(blocker)
+            covers.extend(blocking_ancestors(path, identity))
     return {"covers": _normal(covers), "exposes": _normal(exposes), "umask": view.umask}
 
 

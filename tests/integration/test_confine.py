@@ -21,7 +21,7 @@ from services.confine import (
     ConfinementError,
     Identity,
     View,
-    blocking_ancestor,
+    blocking_ancestors,
     confined_argv,
     confined_environment,
     default_identity,
@@ -167,7 +167,7 @@ def test_interpreter_under_a_private_ancestor_is_reached_and_the_ancestor_shows_
     (private / "python").mkdir(parents=True)
     (private / "secret.txt").write_text("secret")
     private.chmod(0o700)
-    assert blocking_ancestor(private / "python", IDENTITY) == private
+    assert blocking_ancestors(private / "python", IDENTITY) == [private]
     view = View(expose=(private / "python",))
     done = run(
         tmp,
@@ -176,6 +176,28 @@ def test_interpreter_under_a_private_ancestor_is_reached_and_the_ancestor_shows_
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['python']"
+
+
+def test_a_private_directory_asked_for_does_not_stand_in_front_of_one_below_it(tmp: Path) -> None:
+    """Exposing a mode-0700 directory the identity cannot enter (a launcher's own working
+    directory) does not hide the identity's work directory below it: every private directory on
+    the way is covered and the work directory bound back."""
+    top = tmp / "top"
+    outer = top / "outer"
+    work = outer / "agent" / "work"
+    work.mkdir(parents=True)
+    for private in (outer / "agent", outer, top):
+        private.chmod(0o700)
+    (work / "code.py").write_text("print('reached')")
+    os.chown(work, IDENTITY.uid, IDENTITY.gid)
+    os.chown(work / "code.py", IDENTITY.uid, IDENTITY.gid)
+    view = View(hide=(outer / "agent",), expose=(outer, work))
+    command = confined_argv([PYTHON, "code.py"], identity=IDENTITY, view=view)
+    done = subprocess.run(
+        command, cwd=work, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, "reached"), done.stderr
 
 
 def test_the_started_pid_is_the_user_program_and_sigterm_to_its_group_reaches_it(
