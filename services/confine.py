@@ -30,13 +30,16 @@ The rules it keeps:
   launcher's uid, in a user and mount namespace when the kernel allows unprivileged ones, so
   the hidden paths (the data directory's secret files) stay hidden and cannot be unmounted. It
   can still signal processes of that uid; the services' environments are protected only by their
-  being non-dumpable. ``docs/security.md`` states this limit.
+  being non-dumpable. A container engine socket the launcher may write (through its groups) is
+  covered too, and without a user namespace to cover it user code is refused: it would be root
+  on the host. ``docs/security.md`` states these limits.
 
 Nothing here runs at import time; the machine is probed once, on first use.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -46,11 +49,12 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
 
+from events.config.host_requests import ENGINE_SOCKETS
 from events.identities import CLUSTER_UID
 
 log = structlog.get_logger("confine")
@@ -287,6 +291,18 @@ def view_plan(view: View, identity: Identity | None) -> dict[str, object]:
     return {"covers": _normal(covers), "exposes": _normal(exposes), "umask": view.umask}
 
 
+def reachable_engine_sockets() -> list[Path]:
+    """The container engine sockets this process may write to (through its uid or groups):
+    user code that kept this process's uid and groups could drive the engine."""
+    found = []
+    for name in ENGINE_SOCKETS:
+        path = Path(name)
+        with contextlib.suppress(OSError):
+            if path.exists() and os.access(path, os.W_OK):
+                found.append(path)
+    return found
+
+
 def _setpriv(setpriv: str, identity: Identity) -> list[str]:
     return [
         setpriv,
@@ -365,13 +381,22 @@ def confined_argv(
         flags = ["--mount", "--propagation", "private", *([] if network else ["--net"])]
         assert found.unshare is not None
         return [found.unshare, *flags, "--", *_view_builder(plan), *drop, *program]
+    sockets = reachable_engine_sockets()
     if not found.user_ns:
+        if sockets:
+            raise ConfinementError(
+                f"user code would reach the container engine's socket {sockets[0]} through "
+                "this launcher's groups and would be root on the host: run the launcher as "
+                "root (user code then runs as another uid, without those groups) or take it "
+                "out of the socket's group"
+            )
         if view.hide:
             log.warning(
                 "no user namespace: hidden paths are protected by their permissions only",
                 reason=found.reasons.get("mount_ns"),
             )
         return program
+    view = replace(view, hide=(*view.hide, *sockets))
     plan = view_plan(view, None)
     plan["nest"] = [os.getuid(), os.getgid()]
     flags = ["--user", "--map-root-user", "--mount", "--propagation", "private"]

@@ -78,6 +78,14 @@ def _mkdir(path: Path, mode: int) -> bool:
     return True
 
 
+def _narrow(path: Path, mode: int) -> None:
+    """Sets ``path``'s mode if this process owns it (else leaves it, saying so)."""
+    if path.stat().st_uid != os.geteuid():
+        log.warning("not the owner; mode left as it is", path=str(path), wanted=oct(mode))
+        return
+    path.chmod(mode)
+
+
 def _own(path: Path, identity: Identity | None, mode: int = PRIVATE_MODE) -> None:
     path.mkdir(parents=True, exist_ok=True)
     if identity is not None:
@@ -120,16 +128,17 @@ class Confinement:
         return assigned or Identity(CLUSTER_UID, CLUSTER_UID, "cairn")
 
     def secure_work_dir(self) -> None:
-        """Gives the work directory its modes: 0711, and 0700 for the agent's own entries."""
+        """Gives the work directory its modes: 0711, and 0700 for the agent's own entries
+        (those the agent owns: a volume's mount point owned by another user keeps its mode)."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.work_dir.chmod(TRAVERSE_MODE)
+        _narrow(self.work_dir, TRAVERSE_MODE)
         for name in _PRIVATE_ENTRIES:
             path = self.work_dir / name
             if path.exists():
-                path.chmod(PRIVATE_MODE if path.is_dir() else 0o600)
+                _narrow(path, PRIVATE_MODE if path.is_dir() else 0o600)
         for name in ("allocations", "homes", "tmp"):
             _mkdir(self.work_dir / name, TRAVERSE_MODE)
-            (self.work_dir / name).chmod(TRAVERSE_MODE)
+            _narrow(self.work_dir / name, TRAVERSE_MODE)
 
     def prepare(
         self,
