@@ -55,7 +55,7 @@ from pathlib import Path
 import structlog
 
 from events.config.host_requests import ENGINE_SOCKETS
-from events.identities import CLUSTER_UID
+from events.identities import CLUSTER_UID, UnixIdentity
 
 log = structlog.get_logger("confine")
 
@@ -203,6 +203,16 @@ def default_identity(*, uid: int = CLUSTER_UID) -> Identity | None:
     if not found.root or found.setpriv is None:
         return None
     return Identity(uid, uid, "cairn")
+
+
+def identity_of(decided: UnixIdentity) -> Identity:
+    """The :class:`Identity` of a user's identity as the log decided it
+    (:func:`events.identities.fold_identities`).
+
+    Raises:
+        ConfinementError: it names uid or gid 0.
+    """
+    return Identity(decided.uid, decided.gid, decided.user)
 
 
 def can_change_identity() -> bool:
