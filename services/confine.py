@@ -91,8 +91,10 @@ class Identity:
     def __post_init__(self) -> None:
         for name in ("uid", "gid"):
             value = getattr(self, name)
+            if value == 0 and not isinstance(value, bool):
+                raise ConfinementError(f"{name} 0: user code never runs as root")
             if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_ID:
-                raise ConfinementError(f"{name} {value!r}: user code never runs as 0 (root)")
+                raise ConfinementError(f"{name} {value!r}: must be an integer from 1 to {MAX_ID}")
 
     @property
     def name(self) -> str:

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="changing uids needs r
 
 IDENTITY = Identity(2_000_000_101, 2_000_000_101, "alice")
 PYTHON = sys.executable
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = textwrap.dedent(
     """
@@ -321,3 +322,53 @@ def test_leftover_grandchild_keeps_the_group_and_is_killed_with_it(tmp: Path) ->
             return fh.read().split()[2] == "Z"
 
     wait_until_sync(gone, timeout=10)
+
+
+def test_without_root_hidden_paths_stay_hidden_and_cannot_be_uncovered(tmp: Path) -> None:
+    """A launcher that is not root (run here as an unprivileged uid) cannot change uids, but
+    its user code runs in a user and mount namespace where a hidden directory is empty, and
+    neither ``umount`` nor a namespace of the code's own brings its files back."""
+    secret_dir = tmp / "data"
+    secret_dir.mkdir()
+    (secret_dir / "pg.password").write_text("hunter2")
+    (secret_dir / "pg.password").chmod(0o644)
+    work = tmp / "work"
+    work.mkdir()
+    os.chown(work, IDENTITY.uid, IDENTITY.gid)
+    check = textwrap.dedent(
+        f"""
+        import os, subprocess
+        print("visible", os.listdir({str(secret_dir)!r}))
+        print("umount", subprocess.run(["umount", {str(secret_dir)!r}]).returncode != 0)
+        nested = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+             "umount -l {secret_dir} 2>/dev/null; ls {secret_dir}"],
+            capture_output=True, text=True,
+        )
+        print("nested", repr(nested.stdout.strip()))
+        """
+    )
+    launcher = textwrap.dedent(
+        f"""
+        import os, subprocess
+        from pathlib import Path
+        from services.confine import View, confined_argv, host
+        assert not host().root and host().user_ns, host()
+        print("launcher", os.listdir({str(secret_dir)!r}))
+        view = View(hide=(Path({str(secret_dir)!r}),), expose=(Path({str(work)!r}),))
+        argv = confined_argv([{PYTHON!r}, "-c", {check!r}], identity=None, view=view)
+        done = subprocess.run(argv, cwd={str(work)!r}, capture_output=True, text=True)
+        print(done.stdout, done.stderr, done.returncode)
+        """
+    )
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
+    outer = View(expose=(work, tmp), proc=False)
+    command = confined_argv([PYTHON, "-c", launcher], identity=IDENTITY, view=outer)
+    done = subprocess.run(
+        command, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [
+        line for line in done.stdout.split("\n") if line.startswith(("visible", "umount", "nested"))
+    ]
+    assert lines == ["visible []", "umount True", "nested ''"], done.stdout
