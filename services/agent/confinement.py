@@ -11,10 +11,11 @@ What the identity may write, and nothing else of the agent:
   identity (mode 0700), removed when the run ends;
 - ``<work_dir>/homes/<uid>/``: ``HOME`` (caches survive between runs of one identity);
 - ``<work_dir>/tmp/<allocation_id>/``: ``TMPDIR``, removed when the run ends;
-- the checkpoint directory, and TensorBoard's under it: a checkpoint directory the agent
-  creates is shared (mode 1733: each identity creates its own checkpoints, none lists or
-  removes another's); one that already exists must be writable by the identity, else the run
-  fails saying so.
+- the checkpoint directory: one the agent creates is shared (mode 1733: each identity creates
+  its own checkpoints, none lists or removes another's); one that already exists must be
+  writable by the identity, else the run fails saying so;
+- the trial's TensorBoard directory under it, which the agent creates for the identity (the
+  levels above it are the agent's, mode 0711).
 
 ``<work_dir>`` and the directories above are mode 0711 (no listing) and everything else of the
 agent's (code cache, command and exit records) is 0700. In a mount namespace, the work directory
@@ -166,21 +167,30 @@ class Confinement:
         _own(tmp, identity)
         self._shared(checkpoint_dir, identity, field="checkpoint_storage.host_path")
         tensorboard = checkpoint_dir / tensorboard_dir(experiment_id, trial_id)
-        for shared in (checkpoint_dir / "tensorboard", checkpoint_dir / "tensorboard/experiment"):
-            self._shared(shared, identity, field="checkpoint_storage", ours=True)
-        for level in (tensorboard.parent.parent, tensorboard.parent, tensorboard):
-            if not level.exists():
-                _own(level, identity)
+        try:
+            self._tensorboard(checkpoint_dir, tensorboard, identity)
+        except OSError as exc:  # TensorBoard files are optional; the trial says if it needs them
+            log.warning("no TensorBoard directory for the run", path=str(tensorboard), error=exc)
         return RunPlaces(work, home, tmp, checkpoint_dir, tensorboard)
 
-    def _shared(
-        self, path: Path, identity: Identity | None, *, field: str, ours: bool = False
-    ) -> None:
+    def _tensorboard(self, root: Path, trial_dir: Path, identity: Identity | None) -> None:
+        """Makes ``<root>/tensorboard/experiment/<experiment>/trial/<trial>`` the identity's.
+
+        The two shared levels are the agent's (mode 0711: traversed, never written by user
+        code), so no trial can create another experiment's directory before its owner's runs.
+        """
+        for shared in (root / "tensorboard", root / "tensorboard" / "experiment"):
+            if not _mkdir(shared, TRAVERSE_MODE) and shared.stat().st_uid == os.geteuid():
+                shared.chmod(TRAVERSE_MODE)
+        for level in (trial_dir.parent.parent, trial_dir.parent, trial_dir):
+            if not level.exists():
+                _own(level, identity)
+
+    def _shared(self, path: Path, identity: Identity | None, *, field: str) -> None:
         """Makes ``path`` a directory every identity may create entries in."""
         if _mkdir(path, SHARED_DIR_MODE):
             return
-        ours = ours or path == self.default_checkpoints
-        if ours and path.stat().st_uid == os.geteuid():
+        if path == self.default_checkpoints and path.stat().st_uid == os.geteuid():
             path.chmod(SHARED_DIR_MODE)
             return
         if identity is not None and not may_write(path, identity):
