@@ -1,7 +1,8 @@
 """What every service process shares: flags, logging, connections, readiness, clean shutdown.
 
 A service is ``python -m services.<name> --db DSN --nats URL`` (or env ``CAIRN_DB`` /
-``CAIRN_NATS``). When the launcher sets ``CAIRN_READY_FILE``, the service writes that file once it
+``CAIRN_NATS``); the NATS URL names the service's credentials file, never a secret
+(``nats://host:4222?creds=/path/relay.creds``, see :mod:`events.bus_auth`). When the launcher sets ``CAIRN_READY_FILE``, the service writes that file once it
 is connected and serving, which is how ``cairn up`` knows it is healthy.
 """
 
@@ -63,7 +64,11 @@ def base_parser(name: str) -> argparse.ArgumentParser:
     """The flags every service takes."""
     parser = argparse.ArgumentParser(prog=f"python -m services.{name}")
     parser.add_argument("--db", default=os.environ.get("CAIRN_DB"), help="PostgreSQL DSN")
-    parser.add_argument("--nats", default=os.environ.get("CAIRN_NATS"), help="NATS URL")
+    parser.add_argument(
+        "--nats",
+        default=os.environ.get("CAIRN_NATS"),
+        help="NATS URL; ?creds=PATH names the service's NATS credentials file",
+    )
     parser.add_argument("--log-level", default=os.environ.get("CAIRN_LOG_LEVEL", "INFO"))
     return parser
 

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cairn.local.cluster import terminate
+from cairn.local.cluster import join_token_file, service_nats_env, terminate
 from cairn.local.servers import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,6 @@ class ProcessCluster:
     db_url: str
     nats_url: str
     workdir: Path
-    agent_token: str = "local-agent-token"
     api_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)
@@ -36,18 +35,25 @@ class ProcessCluster:
         """The API gateway's base URL."""
         return f"http://127.0.0.1:{self.api_port}"
 
-    def env(self) -> dict[str, str]:
-        """The environment every service gets."""
+    def env(self, service: str = "admin") -> dict[str, str]:
+        """The environment a process of ``service`` (``relay``, ``agent``, ...) gets: each
+        service its own NATS user, agents the join token file (see
+        :func:`cairn.local.cluster.service_nats_env`)."""
         env = dict(os.environ)
+        env.pop("CAIRN_AGENT_TOKEN", None)
         env.update(
             PYTHONPATH=str(ROOT),
             CAIRN_DB=self.db_url,
-            CAIRN_NATS=self.nats_url,
             CAIRN_API_URL=self.api_url,
-            CAIRN_AGENT_TOKEN=self.agent_token,
             CAIRN_FAULTS="",
+            **service_nats_env(service, self.nats_url, self.workdir),
         )
         return env
+
+    @property
+    def join_token(self) -> str:
+        """The cluster's join token (created on first use)."""
+        return join_token_file(self.workdir).read_text().strip()
 
     def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
         """Starts ``python -m module args`` in its own session, logging to ``<name>.log``."""
@@ -55,7 +61,7 @@ class ProcessCluster:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, *args],
                 cwd=self.workdir,
-                env=self.env(),
+                env=self.env(module.removeprefix("services.")),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -51,7 +51,14 @@ log = structlog.get_logger("agent")
 
 PRIVATE_MODE = 0o700
 TRAVERSE_MODE = 0o711
-_PRIVATE_ENTRIES = ("code", "run-processes", "unreported-exits", "executed-commands")
+_PRIVATE_ENTRIES = (
+    "code",
+    "run-processes",
+    "unreported-exits",
+    "executed-commands",
+    "credential.json",
+    "nats.creds",
+)
 
 
 class RunDirectoryError(Exception):
