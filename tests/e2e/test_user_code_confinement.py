@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -35,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).resolve().parent / "probe"
 LINKED_UID, LINKED_GID = 4242, 4343
 ZERO_CAPS = "0000000000000000"
+NATS_SECRET = re.compile(r"\bS[OAU][A-Z2-7]{50,}\b")
+"""An NKEY seed (operator, account, user), as the bus's authority and credentials hold them."""
 
 
 @dataclass
@@ -58,12 +61,19 @@ class Embedded:
         return pids
 
     def secrets(self) -> dict[str, str]:
-        """Every credential of the cluster found on disk or given to it."""
+        """Every credential of the cluster found on disk or given to it: passwords and tokens,
+        the bus's keys and signed users, the agent's own API token."""
         found = {"admin password": self.admin_password}
         for path in [*self.home.glob("*.password"), *self.home.glob("*.token")]:
             value = path.read_text().strip()
             if value:
                 found[path.name] = value
+        for path in [*self.home.rglob("*.creds"), *self.home.rglob("authority.json")]:
+            for n, value in enumerate(NATS_SECRET.findall(path.read_text())):
+                found[f"{path.name} #{n}"] = value
+        for path in self.home.rglob("credential.json"):
+            found[f"{path.parent.name}'s API token"] = json.loads(path.read_text())["token"]
+        assert len(found) > 5, found  # the cluster's secrets are where this test looks
         return found
 
 
