@@ -65,6 +65,7 @@ from cairn.local.state import (
     write_state,
 )
 from events.bus_auth import USER_ROLES
+from events.config.cluster import CLUSTER_CONFIG_FILE, ClusterConfigError, load_cluster_config
 from events.redact import redact_url
 
 SERVICES: tuple[str, ...] = ("relay", "api", "searcher", "scheduler", "tracker", "agent")
@@ -174,6 +175,15 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env.update(extra or {})
     return env
+
+
+def cluster_config_path(data_dir: Path) -> Path:
+    """The embedded cluster's config file (:mod:`events.config.cluster`): ``DIR/cluster.yaml``.
+
+    Every service gets its path (``CAIRN_CLUSTER_CONFIG``) when it exists; without it every
+    setting has its default (checkpoints only under ``DIR/checkpoints``).
+    """
+    return data_dir / CLUSTER_CONFIG_FILE
 
 
 def join_token_file(data_dir: Path) -> Path:
@@ -318,6 +328,7 @@ class Supervisor:
         self._save()
         log.info("cluster starting", data_dir=str(self.data_dir), slots=self.options.slots)
         try:
+            self._check_cluster_config()
             self._start_servers()
             self._check_stop()
             self._prepare_database()
@@ -343,6 +354,16 @@ class Supervisor:
             dsn=redact_url(self.state.dsn),
             nats=redact_url(self.state.nats_url),
         )
+
+    def _check_cluster_config(self) -> None:
+        """Refuses to start with a cluster config that a service would refuse."""
+        path = cluster_config_path(self.data_dir)
+        if not path.exists():
+            return
+        try:
+            load_cluster_config(path)
+        except ClusterConfigError as exc:
+            raise ClusterStartError(f"invalid cluster config:\n{_indent(str(exc))}") from exc
 
     def _add(self, record: ProcessState) -> _Child:
         child = _Child(record)
@@ -432,6 +453,7 @@ class Supervisor:
         assert child.ready_file is not None
         with contextlib.suppress(FileNotFoundError):
             child.ready_file.unlink()
+        config_file = cluster_config_path(self.data_dir)
         env = child_env(
             {
                 "CAIRN_DB": self.state.dsn,
@@ -439,6 +461,7 @@ class Supervisor:
                 "CAIRN_API_URL": self.state.api_url,
                 "CAIRN_HOME": str(self.data_dir),
                 "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
+                "CAIRN_CLUSTER_CONFIG": str(config_file) if config_file.exists() else "",
                 **service_nats_env(name, self.state.nats_url, self.data_dir),
             }
         )

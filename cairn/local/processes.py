@@ -29,6 +29,7 @@ class ProcessCluster:
     api_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)
+    cluster_config: Path | None = None
 
     @property
     def api_url(self) -> str:
@@ -46,9 +47,18 @@ class ProcessCluster:
             CAIRN_DB=self.db_url,
             CAIRN_API_URL=self.api_url,
             CAIRN_FAULTS="",
+            CAIRN_CLUSTER_CONFIG=str(self.cluster_config or ""),
             **service_nats_env(service, self.nats_url, self.workdir),
         )
         return env
+
+    def allow_checkpoints_under(self, *roots: Path) -> None:
+        """Writes ``workdir/cluster.yaml`` allowing checkpoint storage under ``roots`` (besides
+        the default root) and has every service started from now on read it."""
+        path = self.workdir / "cluster.yaml"
+        listed = ", ".join(f'"{root}"' for root in roots)
+        path.write_text(f"checkpoint_storage:\n  allowed_roots: [{listed}]\n")
+        self.cluster_config = path
 
     @property
     def join_token(self) -> str:

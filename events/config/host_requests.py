@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 ENGINE_SOCKETS = (
@@ -33,7 +32,8 @@ ENGINE_SOCKETS = (
 
 
 class HostPolicy(Protocol):
-    """What trials may ask of a host (the cluster config's ``tasks`` section)."""
+    """What trials may ask of a host: the cluster config's ``tasks`` section
+    (:class:`events.config.cluster.TaskPolicy`, whose defaults allow nothing)."""
 
     @property
     def allowed_bind_mount_roots(self) -> Sequence[str]:
@@ -49,15 +49,6 @@ class HostPolicy(Protocol):
     def allowed_capabilities(self) -> Sequence[str]:
         """Capabilities trials may add (``SYS_PTRACE``)."""
         ...
-
-
-@dataclass(frozen=True)
-class NoHostAccess:
-    """The policy of a cluster whose config allows nothing (every list empty)."""
-
-    allowed_bind_mount_roots: Sequence[str] = field(default_factory=tuple)
-    allowed_devices: Sequence[str] = field(default_factory=tuple)
-    allowed_capabilities: Sequence[str] = field(default_factory=tuple)
 
 
 def capability_name(value: str) -> str:

@@ -23,6 +23,7 @@ from events import logging as cairn_logging
 from services.agent.agent import Agent, AgentConfig
 from services.agent.credential import CredentialError
 from services.agent.runtime import safe_name
+from services.runtime import add_cluster_config_flag, cluster_config_of
 
 
 def parser() -> argparse.ArgumentParser:
@@ -107,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
         help="a path no trial may see (repeatable; the work directory and $CAIRN_HOME always "
         "are hidden)",
     )
+    add_cluster_config_flag(p)
     p.add_argument("--log-level", default=env("CAIRN_LOG_LEVEL", "INFO"))
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
     return p
@@ -149,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             socket.gethostname() if args.docker_share_from == "self" else args.docker_share_from
         )
         or None,
+        host_policy=cluster_config_of(args, log).tasks,
         hide=tuple(p.absolute() for p in args.hide)
         + ((Path(cairn_home).absolute(),) if cairn_home else ()),
     )

@@ -44,7 +44,8 @@ from events import faults
 from events.bus import COMMANDS_STREAM, Bus
 from events.bus_auth import agent_durable
 from events.commands import agent_subject
-from events.config.host_requests import HostPolicy, NoHostAccess
+from events.config.cluster import TaskPolicy
+from events.config.host_requests import HostPolicy
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
 from services.agent.confinement import Confinement, RunDirectoryError, RunPlaces
@@ -109,8 +110,9 @@ class AgentConfig:
     work and checkpoint mounts."""
     hide: tuple[Path, ...] = ()
     """Paths no run's code may see besides the work directory (the cluster's data directory)."""
-    host_policy: HostPolicy = field(default_factory=NoHostAccess)
-    """What the cluster allows trials of this host (bind mounts, devices, capabilities)."""
+    host_policy: HostPolicy = field(default_factory=TaskPolicy)
+    """What the cluster allows trials of this host (bind mounts, devices, capabilities): the
+    cluster config's ``tasks``."""
 
 
 @dataclass

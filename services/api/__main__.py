@@ -38,6 +38,7 @@ async def run(ctx: ServiceContext) -> None:
         secret=secret,
         join_token_file=ctx.args.join_token_file,
         nats_authority=authority,
+        cluster=ctx.cluster,
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from events.bus import Bus
 from events.bus_auth import Authority
+from events.config.cluster import ClusterConfig
 from events.config.storage import default_checkpoint_root
 from events.store import EventStore
 from services.api import (
@@ -26,18 +27,21 @@ from services.api import (
     routes_searcher,
     routes_series,
     routes_templates,
+    routes_tokens,
     routes_trial_control,
     routes_trials,
     routes_usage,
     routes_users,
     routes_webui,
     tables,
+    tokens,
 )
 from services.api.audit_trail import LIMITER, RejectionLimiter, audit_middleware
 from services.api.auth import auth_middleware, ensure_admin, join_token
 from services.api.errors import error_middleware
 from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
 from services.api.routing import STATE, ApiState, Route, RouteTable
+from services.api.throttle import THROTTLER, LoginThrottler
 
 ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_auth.routes,
@@ -53,6 +57,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_searcher.routes,
     routes_checkpoints.routes,
     routes_users.routes,
+    routes_tokens.routes,
     routes_events.routes,
     openapi.routes,
     routes_series.routes,
@@ -75,11 +80,12 @@ def create_app(
     checkpoint_root: Path | None = None,
     join_token_file: str | None = None,
     nats_authority: Authority | None = None,
+    cluster: ClusterConfig | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
-    On startup it applies the ``api`` migrations, creates the initial admin user and loads the
-    join token.
+    On startup it applies the ``api`` migrations, gives tokens issued without an expiry the
+    cluster's token lifetime, creates the initial admin user and loads the join token.
 
     Args:
         store: the event store (its pool also serves the gateway's own tables).
@@ -91,6 +97,7 @@ def create_app(
         join_token_file: the file holding the cluster's join token (see
             :func:`services.api.auth.join_token`).
         nats_authority: the bus's signing authority, to give joining agents NATS users.
+        cluster: the cluster config (``None``: every default).
 
     Returns:
         The application, ready for an ``AppRunner``.
@@ -105,9 +112,11 @@ def create_app(
         secret=secret,
         join_token_file=join_token_file,
         nats_authority=nats_authority,
+        cluster=cluster or ClusterConfig(),
     )
     app[STATE] = state
     app[LIMITER] = RejectionLimiter()
+    app[THROTTLER] = LoginThrottler(state.cluster.accounts.login_throttle)
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
     routes_master.mark_started(app)
     for route in [*all_routes(), *routes_webui.routes.routes]:
@@ -120,5 +129,6 @@ def create_app(
 async def _startup(app: web.Application) -> None:
     state = app[STATE]
     await tables.migrate(state.store)
+    await tokens.bound_lifetimes(state.store, state.cluster.accounts.token_lifetime)
     await ensure_admin(state.store)
     state.join_token = await join_token(state.store, state.join_token_file)

@@ -1,5 +1,6 @@
 """The gateway's side of :mod:`events.config.host_requests`: a config that asks for host paths,
-devices or capabilities the cluster does not allow is a 400 naming the field."""
+devices or capabilities the cluster config (``tasks``) does not allow is a 400 naming the
+field."""
 
 from __future__ import annotations
 
@@ -8,17 +9,9 @@ from typing import Any
 
 from aiohttp import web
 
-from events.config.host_requests import HostPolicy, NoHostAccess, host_request_errors
+from events.config.host_requests import host_request_errors
 from services.api.errors import ApiError
-
-HOST_POLICY = web.AppKey("cairn_host_policy", HostPolicy)
-"""What trials may ask of the agents' hosts (absent: nothing)."""
-
-
-def host_policy(request: web.Request) -> HostPolicy:
-    """The cluster's task policy as the app serving ``request`` holds it."""
-    policy: HostPolicy = request.app.get(HOST_POLICY) or NoHostAccess()
-    return policy
+from services.api.routing import cluster_of
 
 
 def check_host_requests(request: web.Request, config: Mapping[str, Any]) -> None:
@@ -28,7 +21,7 @@ def check_host_requests(request: web.Request, config: Mapping[str, Any]) -> None
         ApiError: 400, ``invalid config: bind_mounts[0].host_path: / is outside the allowed
             roots [...]``, with every such error in ``errors``.
     """
-    errors = host_request_errors(config, host_policy(request))
+    errors = host_request_errors(config, cluster_of(request).tasks)
     if not errors:
         return
     path, message = errors[0]

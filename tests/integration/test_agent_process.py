@@ -40,6 +40,7 @@ from services.agent.slots import cpu_slots
 from services.api.app import create_app
 from services.api.auth import cluster_secret, join_token
 from tests.helpers import wait_until
+from tests.integration.test_api_support import TEST_CLUSTER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -277,7 +278,11 @@ async def cluster(
     auth_dir = nats_auth_dir_of(nats_server.url)
     assert auth_dir is not None
     app = create_app(
-        store, None, secret=await cluster_secret(store), nats_authority=nats_authority(auth_dir)
+        store,
+        None,
+        secret=await cluster_secret(store),
+        nats_authority=nats_authority(auth_dir),
+        cluster=TEST_CLUSTER,
     )
 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

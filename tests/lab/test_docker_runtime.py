@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from events.config.host_requests import NoHostAccess
+from events.config.cluster import TaskPolicy
 from services.agent.docker_runtime import (
     LABEL_AGENT,
     LABEL_ALLOCATION,
@@ -235,7 +235,7 @@ async def test_the_agent_refuses_host_paths_devices_and_capabilities_not_allowed
         await launch(
             docker_engine, run, base_image, envs, shipper, agent_id=agent_id, work=work,
             gpu_slots={}, kill_grace=1.0, share_from=None, identity=IDENTITY,
-            policy=NoHostAccess(),
+            policy=TaskPolicy(),
         )  # fmt: skip
     labelled = {"label": f"{LABEL_AGENT}={agent_id}"}
     assert docker_engine.containers.list(all=True, filters=labelled) == []

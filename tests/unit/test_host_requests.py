@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from events.config.host_requests import NoHostAccess, capability_name, host_request_errors
+from events.config.cluster import TaskPolicy
+from events.config.host_requests import capability_name, host_request_errors
 from services.agent.docker_runtime import DockerRuntimeError, check_host_requests
 
 
@@ -32,7 +33,7 @@ def test_nothing_is_allowed_by_default() -> None:
         "resources": {"devices": [{"host_path": "/dev/fuse", "container_path": "/dev/fuse"}]},
         "environment": {"add_capabilities": ["NET_ADMIN"], "drop_capabilities": ["ALL"]},
     }
-    errors = host_request_errors(config, NoHostAccess())
+    errors = host_request_errors(config, TaskPolicy())
     assert [p for p, _ in errors] == [
         "bind_mounts[0].host_path",
         "resources.devices[0].host_path",
