@@ -17,8 +17,9 @@ What the identity may write, and nothing else of the agent:
 - the trial's TensorBoard directory under it, which the agent creates for the identity (the
   levels above it are the agent's, mode 0711).
 
-``<work_dir>`` and the directories above are mode 0711 (no listing) and everything else of the
-agent's (code cache, command and exit records) is 0700. In a mount namespace, the work directory
+``<work_dir>`` and its ``allocations/``, ``homes/`` and ``tmp/`` are mode 0711 (no listing) and
+everything else of the agent's (code cache, command and exit records, credentials) is 0700 or
+0600. In a mount namespace, the work directory
 and the cluster's data directory are moreover covered, with only the run's own directories
 exposed.
 """
