@@ -64,7 +64,7 @@ class Embedded:
         """Every credential of the cluster found on disk or given to it: passwords and tokens,
         the bus's keys and signed users, the agent's own API token."""
         found = {"admin password": self.admin_password}
-        for path in [*self.home.glob("*.password"), *self.home.glob("*.token")]:
+        for path in [*self.home.rglob("*.password"), *self.home.rglob("*.token")]:
             value = path.read_text().strip()
             if value:
                 found[path.name] = value
