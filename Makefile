@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast test-dist horovod lint bench chaos failover property demo up down clean \
+.PHONY: install test test-fast test-dist horovod deepspeed test-deepspeed lint bench chaos failover property demo up down clean \
         browser web-assets screenshot test-search test-lab
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
@@ -61,6 +61,19 @@ horovod: install
 	HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
 	HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=GLOO \
 	    $(PY) -m pip install --disable-pip-version-check --no-build-isolation $(HOROVOD_SRC)
+
+# DeepSpeed (opt-in, for `python3 -m determined.launch.deepspeed` / `cairn.launch.deepspeed`):
+# its release is a source package that builds against the installed torch, so it is installed
+# without build isolation and without its CUDA-only dependencies (CPU ranks talk over gloo; its
+# shared-memory op is compiled on first use, about a minute).
+DEEPSPEED_PINS := deepspeed==0.19.8 hjson==3.1.0 ninja==1.13.2 py-cpuinfo==9.0.0 msgpack==1.2.4 \
+                  einops==0.8.2
+deepspeed: install
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation $(DEEPSPEED_PINS)
+
+# A trial on two CPU slots through `python3 -m determined.launch.deepspeed` (a few minutes).
+test-deepspeed: deepspeed
+	CAIRN_TEST_DEEPSPEED=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_deepspeed_trial.py
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -14,7 +14,7 @@ import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.client import HTTPException, HTTPResponse
 from pathlib import Path
 from typing import Any
@@ -51,17 +51,33 @@ class ApiError(CairnError):
         self.exit_code = exit_code_for_status(status)
 
 
-def code_tarball(directory: Path) -> bytes:
-    """The directory as a tar.gz (caches and checkpoints left out)."""
+def code_tarball(directory: Path | None, includes: Sequence[Path] = ()) -> bytes:
+    """The directory as a tar.gz (caches and checkpoints left out), plus each of ``includes``
+    (a file or a directory) at the top level under its own name, as Determined's ``-i``.
+
+    Raises:
+        CairnError: the packed code is over 64 MiB, or an include does not exist.
+    """
     skip = {"__pycache__", ".git", "checkpoints", ".cairn"}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(directory.rglob("*")):
-            if path.is_file() and not skip.intersection(path.relative_to(directory).parts):
-                tar.add(path, arcname=str(path.relative_to(directory)))
+        roots = [(directory, Path())] if directory is not None else []
+        for extra in includes:
+            if not extra.exists():
+                raise CairnError(f"{extra}: no such file or directory to include")
+            if extra.is_file():
+                tar.add(extra, arcname=extra.name)
+            else:
+                roots.append((extra, Path(extra.resolve().name)))
+        for root, prefix in roots:
+            for path in sorted(root.rglob("*")):
+                relative = path.relative_to(root)
+                if path.is_file() and not skip.intersection(relative.parts):
+                    tar.add(path, arcname=str(prefix / relative))
     data = buf.getvalue()
     if len(data) > MAX_CODE_BYTES:
-        raise CairnError(f"{directory}: code is {len(data)} bytes packed; the limit is 64 MiB")
+        where = directory if directory is not None else "the included files"
+        raise CairnError(f"{where}: code is {len(data)} bytes packed; the limit is 64 MiB")
     return data
 
 
@@ -324,28 +340,34 @@ class Client:
     def create_experiment(
         self,
         config: str | dict[str, Any],
-        code_dir: Path,
+        code_dir: Path | None,
         *,
         activate: bool = True,
         template: str | None = None,
+        includes: Sequence[Path] = (),
     ) -> int:
         """Submits a config (YAML text or a mapping) with the code directory, merged over
         ``template`` if given; returns the id."""
-        answer = self.submit_experiment(config, code_dir, activate=activate, template=template)
+        answer = self.submit_experiment(
+            config, code_dir, activate=activate, template=template, includes=includes
+        )
         return int(answer["id"])
 
     def submit_experiment(
         self,
         config: str | dict[str, Any],
-        code_dir: Path,
+        code_dir: Path | None,
         *,
         activate: bool = True,
         template: str | None = None,
+        includes: Sequence[Path] = (),
     ) -> dict[str, Any]:
         """Like :meth:`create_experiment`, but returns the whole answer: ``id``, ``code_ref``
-        and ``warnings`` (``{path, message}`` for each setting accepted but ignored)."""
-        code = base64.b64encode(code_tarball(code_dir)).decode()
-        body: dict[str, Any] = {"config": config, "code": code, "activate": activate}
+        and ``warnings`` (``{path, message}`` for each setting accepted but ignored). Without
+        a code directory or includes, no code is sent (the entrypoint must be in the image)."""
+        body: dict[str, Any] = {"config": config, "activate": activate}
+        if code_dir is not None or includes:
+            body["code"] = base64.b64encode(code_tarball(code_dir, includes)).decode()
         if template is not None:
             body["template"] = template
         return dict(self.call("POST", "/experiments", body))

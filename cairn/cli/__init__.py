@@ -3,10 +3,15 @@
 Every module in this package that defines ``register(subparsers)`` contributes its verbs; modules
 are discovered at start-up so that each verb group lives in a small file of its own.
 
-Global options: ``-m/--master URL`` (default ``$CAIRN_MASTER``, else the embedded cluster's API
-URL from ``$CAIRN_HOME/cluster.json``, else ``http://localhost:8080``) and ``--json``. Exit codes
-(``docs/tracking.md``, "CLI"): 0 success, 1 failure, 2 usage error, 3 authentication required,
-4 not found, 5 not allowed, 6 master unreachable.
+Global options: ``-m/--master URL`` (default ``$CAIRN_MASTER``, else Determined's
+``$DET_MASTER``, else the embedded cluster's API URL from ``$CAIRN_HOME/cluster.json``, else
+``http://localhost:8080``), ``-u/--user NAME`` (run as that user), ``-v/--version`` and
+``--json``. Determined's verbs, abbreviations and arguments are accepted where cairn has the verb
+(``cairn e create CONFIG DIR -f``, ``cairn t logs 3 -f``), and a verb group given alone runs its
+default verb as ``det`` does (``cairn e`` lists experiments). Shell completion:
+``eval "$(cairn completion bash)"`` (or ``zsh``). Exit codes (``docs/tracking.md``, "CLI"):
+0 success, 1 failure, 2 usage error, 3 authentication required, 4 not found, 5 not allowed,
+6 master unreachable.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
+import cairn
+from cairn.cli import output
 from cairn.errors import CairnError
 
 
@@ -28,8 +35,23 @@ def build_parser() -> argparse.ArgumentParser:
         "-m",
         "--master",
         default=None,
-        help="API address (default: env CAIRN_MASTER, else the embedded cluster's API from "
-        "$CAIRN_HOME/cluster.json, else http://localhost:8080)",
+        help="API address (default: env CAIRN_MASTER, else DET_MASTER, else the embedded "
+        "cluster's API from $CAIRN_HOME/cluster.json, else http://localhost:8080)",
+    )
+    parser.add_argument(
+        "-u",
+        "--user",
+        dest="as_user",
+        default=None,
+        metavar="username",
+        help="run as this user (logs in with CAIRN_PASSWORD or DET_PASS, else asks)",
+    )
+    parser.add_argument(
+        "-v",
+        "--version",
+        action="version",
+        version=f"%(prog)s {cairn.__version__}",
+        help="print the CLI's version and exit",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -54,12 +76,21 @@ def _report(exc: CairnError) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI and returns its exit code (see the module docstring for their meaning)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if "_ARGCOMPLETE" in os.environ:
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(words)
     handler = getattr(args, "handler", None)
+    if handler is None and getattr(args, "default_verb", None):
+        args = parser.parse_args([*words, args.default_verb])  # ``cairn e`` lists, as ``det e``
+        handler = getattr(args, "handler", None)
     if handler is None:
         sub_parser = getattr(args, "group_parser", None)
         (sub_parser or parser).print_help()
         return 2
+    output.use_csv(args)
     try:
         code = handler(args)
     except CairnError as exc:

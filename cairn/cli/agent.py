@@ -7,25 +7,35 @@ import argparse
 from typing import Any
 
 from cairn.cli import auth_store
-from cairn.cli.output import add_at_flag, add_json_flag, print_json, table, wants_json, when
+from cairn.cli.output import (
+    add_at_flag,
+    add_csv_flag,
+    add_json_flag,
+    print_json,
+    table,
+    wants_json,
+    when,
+)
 from cairn.client import Client
 
 
 def register(sub: Any) -> None:
     """Adds the ``agent`` and ``slot`` verb groups."""
     group = sub.add_parser("agent", aliases=["a"], help="list, enable and disable agents")
-    group.set_defaults(group_parser=group)
+    group.set_defaults(group_parser=group, default_verb="list")
     verbs = group.add_subparsers(metavar="VERB")
     ls = verbs.add_parser("list", aliases=["ls"], help="list agents and their slots")
     add_at_flag(ls)
+    add_csv_flag(ls)
     add_json_flag(ls)
     ls.set_defaults(handler=cmd_agent_list)
     enable = verbs.add_parser("enable", help="let an agent take work again (admin)")
-    enable.add_argument("agent_id")
+    add_agent_choice(enable)
     add_json_flag(enable)
     enable.set_defaults(handler=cmd_agent_enable, enabled=True)
     disable = verbs.add_parser("disable", help="stop scheduling on an agent (admin)")
-    disable.add_argument("agent_id")
+    add_agent_choice(disable)
+    add_csv_flag(disable)
     disable.add_argument(
         "--drain", action="store_true", help="let running work finish instead of preempting it"
     )
@@ -46,9 +56,10 @@ def register(sub: Any) -> None:
     revoke.set_defaults(handler=cmd_agent_revoke)
 
     slots = sub.add_parser("slot", aliases=["s"], help="list, enable and disable slots")
-    slots.set_defaults(group_parser=slots)
+    slots.set_defaults(group_parser=slots, default_verb="list")
     slot_verbs = slots.add_subparsers(metavar="VERB")
     sls = slot_verbs.add_parser("list", aliases=["ls"], help="list every agent's slots")
+    add_csv_flag(sls)
     add_json_flag(sls)
     sls.set_defaults(handler=cmd_slot_list)
     for action, help_text in (
@@ -60,6 +71,13 @@ def register(sub: Any) -> None:
         p.add_argument("slot_id", help="the slot's id or name (see `cairn slot list`)")
         add_json_flag(p)
         p.set_defaults(handler=cmd_slot_enable, enabled=action == "enable")
+
+
+def add_agent_choice(parser: argparse.ArgumentParser) -> None:
+    """An agent id, or Determined's ``--all``."""
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("agent_id", nargs="?", help="the agent")
+    which.add_argument("--all", action="store_true", help="every agent")
 
 
 def cmd_agent_list(args: argparse.Namespace) -> int:
@@ -89,15 +107,24 @@ def cmd_agent_list(args: argparse.Namespace) -> int:
 
 
 def cmd_agent_enable(args: argparse.Namespace) -> int:
-    """Enables or disables an agent."""
-    result = auth_store.connect(args).set_agent_enabled(
-        args.agent_id, args.enabled, drain=getattr(args, "drain", False)
+    """Enables or disables an agent (``--all``: every agent)."""
+    client = auth_store.connect(args)
+    ids = (
+        [str(a["agent_id"]) for a in client.list_agents()["agents"]]
+        if args.all
+        else [args.agent_id]
     )
+    results = []
+    for agent_id in ids:
+        result = client.set_agent_enabled(
+            agent_id, args.enabled, drain=getattr(args, "drain", False)
+        )
+        results.append(result)
+        if not wants_json(args):
+            state = "enabled" if result.get("enabled", args.enabled) else "disabled"
+            print(f"agent {agent_id} {state}")
     if wants_json(args):
-        print_json(result)
-    else:
-        state = "enabled" if result.get("enabled", args.enabled) else "disabled"
-        print(f"agent {args.agent_id} {state}")
+        print_json(results[0] if len(results) == 1 and not args.all else results)
     return 0
 
 

@@ -30,11 +30,22 @@ def register(sub: Any) -> None:
     download.add_argument(
         "-o", "--output-dir", type=Path, help="where to unpack it (default ./checkpoints/<uuid>)"
     )
+    download.add_argument(
+        "-q", "--quiet", action="store_true", help="only print the checkpoint's path"
+    )
+    download.add_argument(
+        "--mode",
+        choices=("auto", "direct", "master"),
+        default="auto",
+        help="accepted for Determined's CLI: cairn always downloads through the master",
+    )
     add_json_flag(download)
     download.set_defaults(handler=cmd_download)
 
     delete = verbs.add_parser("delete", help="delete checkpoints of ended experiments")
-    delete.add_argument("uuids", nargs="+", metavar="UUID")
+    delete.add_argument(
+        "uuids", nargs="+", metavar="UUID", help="one or more, also comma-separated"
+    )
     delete.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     add_json_flag(delete)
     delete.set_defaults(handler=cmd_delete)
@@ -78,7 +89,9 @@ def cmd_download(args: argparse.Namespace) -> int:
     target: Path = args.output_dir or Path("checkpoints") / args.uuid
     data = auth_store.connect(args).download_checkpoint(args.uuid)
     files = extract(data, target)
-    if wants_json(args):
+    if args.quiet:
+        print(target.resolve())
+    elif wants_json(args):
         print_json({"uuid": args.uuid, "path": str(target.resolve()), "files": files})
     else:
         print(f"checkpoint {args.uuid} downloaded to {target} ({len(files)} files)")
@@ -90,11 +103,13 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if not args.yes:
         if not sys.stdin.isatty():
             raise UsageError("deleting needs confirmation: pass --yes")
-        answer = input(f"delete {len(args.uuids)} checkpoint(s) and their files? [y/N] ")
+        count = sum(len([p for p in given.split(",") if p.strip()]) for given in args.uuids)
+        answer = input(f"delete {count} checkpoint(s) and their files? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("not deleted")
             return 1
-    result = auth_store.connect(args).delete_checkpoints(list(args.uuids))
+    uuids = [part.strip() for given in args.uuids for part in given.split(",") if part.strip()]
+    result = auth_store.connect(args).delete_checkpoints(uuids)
     if wants_json(args):
         print_json(result)
         return 0

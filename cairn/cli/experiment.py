@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from cairn.cli import auth_store, experiment_changes
 from cairn.cli.output import (
     Progress,
     add_at_flag,
+    add_csv_flag,
     add_json_flag,
     cell,
     fields,
@@ -20,7 +22,7 @@ from cairn.cli.output import (
     wants_json,
     when,
 )
-from cairn.cli.trial import print_logs, trial_rows
+from cairn.cli.trial import add_log_args, add_pagination_args, print_logs, trial_rows
 from cairn.client import ApiError, Client
 from cairn.errors import CairnError, UnreachableError, UsageError
 from events import lifecycle
@@ -32,12 +34,28 @@ UNREACHABLE_GRACE = 60.0
 def register(sub: Any) -> None:
     """Adds the ``experiment`` verb group."""
     group = sub.add_parser("experiment", aliases=["e"], help="create and manage experiments")
-    group.set_defaults(group_parser=group)
+    group.set_defaults(group_parser=group, default_verb="list")
     verbs = group.add_subparsers(metavar="VERB")
 
     create = verbs.add_parser("create", help="submit an experiment (config + code directory)")
     create.add_argument("config_file", metavar="CONFIG", type=Path, help="experiment config YAML")
-    create.add_argument("model_dir", metavar="DIR", type=Path, help="code directory to upload")
+    create.add_argument(
+        "model_dir",
+        metavar="DIR",
+        type=Path,
+        nargs="?",
+        help="code directory to upload (none: the entrypoint is in the image)",
+    )
+    create.add_argument(
+        "-i",
+        "--include",
+        dest="includes",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="a file or directory to add to the code, under its own name (repeatable)",
+    )
     create.add_argument(
         "--config",
         dest="overrides",
@@ -49,6 +67,8 @@ def register(sub: Any) -> None:
     create.add_argument(
         "-f",
         "--follow",
+        "--follow-first-trial",
+        dest="follow",
         action="store_true",
         help="follow the experiment until it ends (exit 0 only if it COMPLETED)",
     )
@@ -56,6 +76,15 @@ def register(sub: Any) -> None:
     create.add_argument(
         "--template", metavar="NAME", help="merge the config over this template (see `template`)"
     )
+    create.add_argument(
+        "--project_id", "--project-id", type=int, help="accepted; cairn has no projects"
+    )
+    for flag, short in (("--test-mode", "-t"), ("--local", None)):
+        names = [flag] if short is None else [short, flag]
+        create.add_argument(*names, action="store_true", help=argparse.SUPPRESS)
+    create.add_argument(
+        "-p", "--publish", action="append", default=[], help=argparse.SUPPRESS
+    )  # Determined's task ports: refused below
     add_json_flag(create)
     create.set_defaults(handler=cmd_create)
 
@@ -67,12 +96,26 @@ def register(sub: Any) -> None:
     ls.add_argument("--owner", help="only this user's experiments")
     ls.add_argument("--limit", type=int, help="at most N (default: all)")
     ls.add_argument("--offset", type=int, default=0, help="skip the first N")
+    ls.add_argument(
+        "--pages", choices=("all", "1"), default="all", help="'1': one page (--limit, or 200)"
+    )
+    ls.add_argument("--show_project", action="store_true", help="accepted; cairn has no projects")
+    add_csv_flag(ls)
     add_json_flag(ls)
     ls.set_defaults(handler=cmd_list)
 
-    describe = verbs.add_parser("describe", help="show an experiment and its trials")
-    describe.add_argument("id", type=int)
+    describe = verbs.add_parser("describe", help="show experiments and their trials")
+    describe.add_argument(
+        "ids", type=id_list, metavar="experiment_ids", help="an id, or a comma-separated list"
+    )
+    describe.add_argument(
+        "--metrics", action="store_true", help="also list each trial's latest metrics"
+    )
+    describe.add_argument(
+        "--outdir", type=Path, help="also write the JSON of each to DIR/experiment-<id>.json"
+    )
     add_at_flag(describe)
+    add_csv_flag(describe)
     add_json_flag(describe)
     describe.set_defaults(handler=cmd_describe)
 
@@ -105,14 +148,15 @@ def register(sub: Any) -> None:
 
     logs = verbs.add_parser("logs", help="the logs of the experiment's first trial")
     logs.add_argument("id", type=int)
-    logs.add_argument("-f", "--follow", action="store_true", help="stream until the trial ends")
-    logs.add_argument("--tail", type=int, help="only the last N lines")
+    add_log_args(logs)
     add_json_flag(logs)
     logs.set_defaults(handler=cmd_logs)
 
     lt = verbs.add_parser("list-trials", aliases=["lt"], help="list an experiment's trials")
     lt.add_argument("id", type=int)
+    add_pagination_args(lt)
     add_at_flag(lt)
+    add_csv_flag(lt)
     add_json_flag(lt)
     lt.set_defaults(handler=cmd_list_trials)
 
@@ -121,10 +165,22 @@ def register(sub: Any) -> None:
     )
     lc.add_argument("id", type=int)
     lc.add_argument("--best", type=int, metavar="N", help="only the N best")
+    add_csv_flag(lc)
     add_json_flag(lc)
     lc.set_defaults(handler=cmd_list_checkpoints)
 
     experiment_changes.add_verbs(verbs)
+
+
+def id_list(text: str) -> list[int]:
+    """An argparse type: ``3`` or ``3,4,5``."""
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ids such as 3 or 3,4, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one experiment id")
+    return ids
 
 
 # --------------------------------------------------------------------------- create
@@ -153,13 +209,22 @@ def load_config(path: Path, overrides: list[str]) -> dict[str, Any]:
 
 def cmd_create(args: argparse.Namespace) -> int:
     """Submits the experiment; with ``-f`` follows it and exits 0 only if it COMPLETED."""
+    if args.test_mode or args.local or args.publish:
+        given = "--test-mode" if args.test_mode else "--local" if args.local else "--publish"
+        raise UsageError(f"{given} is Determined's and not supported by cairn")
     config = load_config(args.config_file, args.overrides)
-    if not args.model_dir.is_dir():
+    if args.model_dir is not None and not args.model_dir.is_dir():
         raise UsageError(f"{args.model_dir}: not a directory")
+    if args.project_id is not None:
+        print("warning: --project_id ignored: cairn has no projects", file=sys.stderr)
     client = auth_store.connect(args)
     try:
         answer = client.submit_experiment(
-            config, args.model_dir, activate=not args.paused, template=args.template
+            config,
+            args.model_dir,
+            activate=not args.paused,
+            template=args.template,
+            includes=args.includes,
         )
     except ApiError as exc:
         if exc.status in (400, 413) and exc.path not in ("code", "template"):
@@ -266,6 +331,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if owner is None and not args.all:
         me = client.me()
         owner = me.get("username") if me.get("kind") == "user" else None
+    if args.pages == "1" and args.limit is None:
+        args.limit = 200
     data = client.list_experiments(
         limit=args.limit,
         offset=args.offset,
@@ -306,11 +373,27 @@ def _percent(value: Any) -> str:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    """Shows an experiment and its trials."""
-    exp = auth_store.connect(args).get_experiment(args.id, at=args.at)
+    """Shows each experiment of ``args.ids`` and its trials (as one JSON list with ``--json``
+    and several ids)."""
+    client = auth_store.connect(args)
+    exps = [client.get_experiment(exp_id, at=args.at) for exp_id in args.ids]
+    if args.outdir is not None:
+        args.outdir.mkdir(parents=True, exist_ok=True)
+        for exp in exps:
+            path = args.outdir / f"experiment-{exp.get('id')}.json"
+            path.write_text(json.dumps(exp, indent=2, default=str) + "\n")
     if wants_json(args):
-        print_json(exp)
+        print_json(exps[0] if len(exps) == 1 else exps)
         return 0
+    for index, exp in enumerate(exps):
+        if index:
+            print()
+        describe_one(exp, metrics=args.metrics)
+    return 0
+
+
+def describe_one(exp: dict[str, Any], *, metrics: bool = False) -> None:
+    """Prints one experiment's fields, trials and lineage."""
     searcher = (exp.get("config") or {}).get("searcher") or {}
     fields(
         [
@@ -334,11 +417,19 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if trials:
         print()
         trial_rows(trials)
+    if metrics and trials:
+        print()
+        table(
+            ["TRIAL", "STEPS", "LATEST VALIDATION"],
+            [
+                [t.get("trial_id"), t.get("steps_completed"), t.get("latest_validation")]
+                for t in trials
+            ],
+        )
     lineage = exp.get("lineage") or []
     if lineage:
         print()
         lineage_rows(lineage)
-    return 0
 
 
 def _change_text(change: dict[str, Any]) -> str:
@@ -376,7 +467,9 @@ def lineage_rows(lineage: list[dict[str, Any]]) -> None:
 
 def cmd_list_trials(args: argparse.Namespace) -> int:
     """Lists an experiment's trials."""
+    limit = args.limit if args.limit is not None else (200 if args.pages == "1" else None)
     data = auth_store.connect(args).list_trials(args.id, at=args.at)
+    data["trials"] = data["trials"][args.offset : None if limit is None else args.offset + limit]
     if wants_json(args):
         print_json(data)
     else:

@@ -11,6 +11,7 @@ from typing import Any
 from cairn.cli import auth_store
 from cairn.cli.checkpoint import extract
 from cairn.cli.output import add_json_flag, print_json, wants_json
+from cairn.cli.trial import add_sort_args, rank_checkpoints, sort_choice
 from cairn.errors import CairnError, UsageError
 
 
@@ -40,7 +41,14 @@ def add_verbs(verbs: Any) -> None:
     cont.add_argument(
         "--config-file", type=Path, help="a partial config YAML merged over the experiment's"
     )
-    cont.add_argument("-f", "--follow", action="store_true", help="follow it until it ends again")
+    cont.add_argument(
+        "-f",
+        "--follow",
+        "--follow-first-trial",
+        dest="follow",
+        action="store_true",
+        help="follow it until it ends again",
+    )
     add_json_flag(cont)
     cont.set_defaults(handler=cmd_continue)
 
@@ -56,11 +64,15 @@ def add_verbs(verbs: Any) -> None:
         default=Path("checkpoints"),
         help="each goes to DIR/<uuid> (default ./checkpoints)",
     )
+    add_sort_args(download)
+    download.add_argument(
+        "-q", "--quiet", action="store_true", help="only print the checkpoints' paths"
+    )
     add_json_flag(download)
     download.set_defaults(handler=cmd_download)
 
     label = verbs.add_parser("label", help="add or remove an experiment's labels")
-    label.set_defaults(group_parser=label)
+    label.set_defaults(group_parser=label, default_verb=None)
     label_verbs = label.add_subparsers(metavar="VERB")
     for action, help_text in (("add", "add a label"), ("remove", "remove a label")):
         p = label_verbs.add_parser(action, help=help_text)
@@ -70,7 +82,7 @@ def add_verbs(verbs: Any) -> None:
         p.set_defaults(handler=cmd_label, label_action=action)
 
     setter = verbs.add_parser("set", help="change an experiment's name, description or resources")
-    setter.set_defaults(group_parser=setter)
+    setter.set_defaults(group_parser=setter, default_verb=None)
     set_verbs = setter.add_subparsers(metavar="FIELD")
     for field, help_text in SETTABLE.items():
         p = set_verbs.add_parser(field, help=help_text)
@@ -147,7 +159,12 @@ def cmd_download(args: argparse.Namespace) -> int:
     if args.top_n < 1:
         raise UsageError("--top-n must be at least 1")
     client = auth_store.connect(args)
-    best = client.list_checkpoints(args.id, limit=args.top_n, sort_by="metric")["checkpoints"]
+    sort_by, smaller = sort_choice(args)
+    if sort_by is None:
+        best = client.list_checkpoints(args.id, limit=args.top_n, sort_by="metric")["checkpoints"]
+    else:
+        every = client.list_checkpoints(args.id, sort_by="steps")["checkpoints"]
+        best = rank_checkpoints(every, sort_by, bool(smaller))[: args.top_n]
     if not best:
         raise CairnError(f"experiment {args.id} has no checkpoints to download")
     done = []
@@ -156,7 +173,9 @@ def cmd_download(args: argparse.Namespace) -> int:
         target = args.output_dir / uuid
         files = extract(client.download_checkpoint(uuid), target)
         done.append({"uuid": uuid, "path": str(target.resolve()), "files": files})
-        if not wants_json(args):
+        if args.quiet:
+            print(target.resolve())
+        elif not wants_json(args):
             metric = ckpt.get("searcher_metric")
             print(f"checkpoint {uuid} (metric {metric}) downloaded to {target}")
     if wants_json(args):

@@ -1,12 +1,14 @@
 """How the CLI prints: aligned tables, ``--json`` documents, key/value blocks and progress.
 
 Human output goes to stdout; a progress bar is drawn on stderr when stderr is a terminal, and
-becomes one plain line per change otherwise (so logs and CI output stay readable).
+becomes one plain line per change otherwise (so logs and CI output stay readable). A verb that
+takes Determined's ``--csv`` prints its tables as CSV (:func:`use_csv`, set once per command).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import sys
@@ -15,6 +17,7 @@ from datetime import datetime
 from typing import Any, TextIO
 
 MISSING = "-"
+_CSV = {"on": False}
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +35,16 @@ def add_at_flag(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="as it was at a log position (e.g. 1200) or an ISO 8601 time (2026-01-01T12:00Z)",
     )
+
+
+def add_csv_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds Determined's ``--csv``: print the verb's tables as CSV."""
+    parser.add_argument("--csv", action="store_true", help="print tables as CSV")
+
+
+def use_csv(args: argparse.Namespace) -> None:
+    """Makes :func:`table` print CSV for the rest of this command when ``--csv`` was given."""
+    _CSV["on"] = bool(getattr(args, "csv", False))
 
 
 def wants_json(args: argparse.Namespace) -> bool:
@@ -76,6 +89,11 @@ def table(
     """Prints rows under a header, columns aligned; empty cells show ``-``."""
     stream = out or sys.stdout
     body = [[cell(v) for v in row] for row in rows]
+    if _CSV["on"]:
+        writer = csv.writer(stream, lineterminator="\n")
+        writer.writerow(list(headers))
+        writer.writerows([["" if text == MISSING else text for text in row] for row in body])
+        return
     widths = [len(h) for h in headers]
     for row in body:
         for i, text in enumerate(row):

@@ -18,7 +18,7 @@ from cairn.errors import UsageError
 def register(sub: Any) -> None:
     """Adds the ``template`` verb group."""
     group = sub.add_parser("template", aliases=["tpl"], help="manage config templates")
-    group.set_defaults(group_parser=group)
+    group.set_defaults(group_parser=group, default_verb="list")
     verbs = group.add_subparsers(metavar="VERB")
 
     ls = verbs.add_parser("list", aliases=["ls"], help="list templates")
@@ -36,6 +36,22 @@ def register(sub: Any) -> None:
     setter.add_argument("template_file", metavar="FILE", type=Path, help="partial config YAML")
     add_json_flag(setter)
     setter.set_defaults(handler=cmd_set)
+
+    create = verbs.add_parser("create", help="create a template from a YAML file (not replace)")
+    create.add_argument("name", metavar="template_name")
+    create.add_argument("template_file", metavar="FILE", type=Path, help="partial config YAML")
+    create.add_argument("--workspace", "-w", help="accepted; cairn has no workspaces")
+    add_json_flag(create)
+    create.set_defaults(handler=cmd_set, must_be="new")
+
+    set_value = verbs.add_parser("set-value", help="change a template's attributes")
+    set_value.set_defaults(group_parser=set_value, default_verb=None)
+    value_verbs = set_value.add_subparsers(metavar="ATTRIBUTE")
+    value_config = value_verbs.add_parser("config", help="replace an existing template's config")
+    value_config.add_argument("name", metavar="template_name")
+    value_config.add_argument("template_file", metavar="FILE", type=Path, help="config YAML")
+    add_json_flag(value_config)
+    value_config.set_defaults(handler=cmd_set, must_be="existing")
 
     remove = verbs.add_parser("remove", aliases=["rm"], help="remove a template")
     remove.add_argument("name")
@@ -83,7 +99,15 @@ def cmd_set(args: argparse.Namespace) -> int:
         text = args.template_file.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read {args.template_file}: {exc.strerror or exc}") from None
-    result = auth_store.connect(args).set_template(args.name, text)
+    client = auth_store.connect(args)
+    must_be = getattr(args, "must_be", None)
+    if must_be is not None:
+        names = {t.get("name") for t in client.list_templates().get("templates") or []}
+        if must_be == "new" and args.name in names:
+            raise UsageError(f"template {args.name} exists: `template set-value config` changes it")
+        if must_be == "existing" and args.name not in names:
+            raise UsageError(f"no template {args.name}: `template create` makes one")
+    result = client.set_template(args.name, text)
     if wants_json(args):
         print_json(result)
     else:

@@ -9,25 +9,33 @@ import os
 import sys
 from typing import Any
 
+from cairn.auth import env_password, login
 from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
 from cairn.client import ApiError, Client
-from cairn.errors import AuthRequiredError, UsageError
+from cairn.errors import UsageError
 
 
 def register(sub: Any) -> None:
     """Adds the ``user`` verb group."""
     group = sub.add_parser("user", aliases=["u"], help="log in and manage users")
-    group.set_defaults(group_parser=group)
+    group.set_defaults(group_parser=group, default_verb="list")
     verbs = group.add_subparsers(metavar="VERB")
 
     login = verbs.add_parser("login", help="log in and store the token for this master")
-    login.add_argument("username", nargs="?", help="default: env CAIRN_USER, else asked")
-    login.add_argument("--password", help="default: env CAIRN_PASSWORD, else asked")
+    login.add_argument(
+        "username", nargs="?", help="default: -u, else env CAIRN_USER (DET_USER), else asked"
+    )
+    login.add_argument(
+        "--password", help="default: env CAIRN_PASSWORD (DET_PASS), else asked on a terminal"
+    )
     add_json_flag(login)
     login.set_defaults(handler=cmd_login)
 
     logout = verbs.add_parser("logout", help="revoke and forget the stored token")
+    logout.add_argument(
+        "-a", "--all", action="store_true", help="accepted for Determined's CLI (one token is kept)"
+    )
     add_json_flag(logout)
     logout.set_defaults(handler=cmd_logout)
 
@@ -39,15 +47,21 @@ def register(sub: Any) -> None:
     create.add_argument("username")
     create.add_argument("--admin", action="store_true", help="make the user an administrator")
     create.add_argument("--password", help="default: asked (twice) on a terminal")
+    create.add_argument(
+        "--remote", action="store_true", help=argparse.SUPPRESS
+    )  # Determined's external identity provider: refused below
     add_json_flag(create)
     create.set_defaults(handler=cmd_create)
 
     ls = verbs.add_parser("list", aliases=["ls"], help="list users (admin)")
+    ls.add_argument("-a", "--all", action="store_true", help="inactive users too (the default)")
     add_json_flag(ls)
     ls.set_defaults(handler=cmd_list)
 
     password = verbs.add_parser("change-password", help="change your password (admins: anyone's)")
-    password.add_argument("username", nargs="?", help="default: the logged-in user")
+    password.add_argument(
+        "username", nargs="?", metavar="target_user", help="default: the logged-in user"
+    )
     password.add_argument("--password", help="the new password (default: asked twice)")
     password.add_argument(
         "--old-password", help="your current password (default: asked; admins need none)"
@@ -94,7 +108,9 @@ def _password(given: str | None, *, confirm: bool = False) -> str:
     if given is not None:
         return given
     if not sys.stdin.isatty():
-        raise UsageError("a password is required: pass --password or set CAIRN_PASSWORD")
+        raise UsageError(
+            "a password is required: pass --password or set CAIRN_PASSWORD (or DET_PASS)"
+        )
     password = getpass.getpass("Password: ")
     if confirm and getpass.getpass("Password (again): ") != password:
         raise UsageError("the passwords differ")
@@ -104,16 +120,15 @@ def _password(given: str | None, *, confirm: bool = False) -> str:
 def cmd_login(args: argparse.Namespace) -> int:
     """Logs in with a username and password and stores the token for the master."""
     master = auth_store.resolve_master(args.master)
-    username = args.username or os.environ.get("CAIRN_USER") or _ask("Username: ")
-    password = _password(args.password or os.environ.get("CAIRN_PASSWORD"))
-    client = Client(master)
-    try:
-        token = client.login(username, password)
-    except ApiError as exc:
-        if exc.status in (400, 401):
-            raise AuthRequiredError(f"login to {master} failed: {exc}") from None
-        raise
-    auth_store.store(master, token, username)
+    username = (
+        args.username
+        or getattr(args, "as_user", None)
+        or os.environ.get("CAIRN_USER")
+        or os.environ.get("DET_USER")
+        or _ask("Username: ")
+    )
+    password = _password(args.password or env_password(username))
+    login(master, username, password)
     if wants_json(args):
         print_json({"master": master, "username": username})
     else:
@@ -162,6 +177,8 @@ def cmd_whoami(args: argparse.Namespace) -> int:
 
 def cmd_create(args: argparse.Namespace) -> int:
     """Creates a user."""
+    if args.remote:
+        raise UsageError("--remote (an external identity provider) is not supported by cairn")
     password = _password(args.password, confirm=True)
     created = auth_store.connect(args).create_user(args.username, password, admin=args.admin)
     if wants_json(args):

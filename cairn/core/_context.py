@@ -91,6 +91,7 @@ class Context:
         self._session = session
         self._alerts = itertools.count(1)
         self._closed = False
+        self._on_close: list[Callable[[bool], None]] = []
 
     def alert(
         self,
@@ -143,8 +144,22 @@ class Context:
         """True when an agent started this process."""
         return self.info.on_cluster
 
-    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+    def start(self) -> None:
+        """Determined's explicit start; a cairn context is started by :func:`init` already, so
+        this does nothing."""
+
+    def on_close(self, hook: Callable[[bool], None]) -> None:
+        """Calls ``hook(failed)`` once this context has closed (``failed``: it was left by an
+        exception other than :class:`InvalidHP`, or :meth:`close` was told so). Used by
+        ``core_v2`` to end an unmanaged run."""
+        self._on_close.append(hook)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT, *, failed: bool = False) -> bool:
         """Stops the preemption watcher and delivers every queued report (bounded).
+
+        Args:
+            timeout: the longest to wait for queued reports, in seconds.
+            failed: the training code failed (passed on to the hooks of :meth:`on_close`).
 
         Returns:
             True when nothing was lost.
@@ -155,7 +170,10 @@ class Context:
         self.profiler.close()
         self.train.close()
         self.preempt.close()
-        return self._reporter.close(timeout)
+        delivered = self._reporter.close(timeout)
+        for hook in self._on_close:
+            hook(failed)
+        return delivered
 
     def __enter__(self) -> Context:
         return self
@@ -171,13 +189,29 @@ class Context:
             self.train.report_early_exit(EarlyExitReason.INVALID_HP)
             self.close()
             sys.exit(0)
-        self.close()
+        self.close(failed=exc is not None and not _clean_exit(exc))
+
+
+def _clean_exit(exc: BaseException) -> bool:
+    """``sys.exit(0)`` (or ``sys.exit()``) leaves a context cleanly; other exceptions do not."""
+    return isinstance(exc, SystemExit) and exc.code in (0, None)
 
 
 def _local_info(
-    hparams: Mapping[str, Any] | None, storage: Path, latest: str | None
+    hparams: Mapping[str, Any] | None,
+    storage: Path,
+    latest: str | None,
+    *,
+    run_id: int = 1,
+    config: Mapping[str, Any] | None = None,
 ) -> ClusterInfo:
-    trial = TrialInfo(trial_id=0, experiment_id=0, hparams=dict(hparams or {}))
+    trial = TrialInfo(
+        trial_id=0,
+        experiment_id=0,
+        hparams=dict(hparams or {}),
+        run_id=run_id,
+        config=dict(config or {}),
+    )
     return ClusterInfo(
         master_url="",
         token="",
@@ -190,6 +224,56 @@ def _local_info(
         on_cluster=False,
         task_id="local",
         container_slot_counts=[1],
+    )
+
+
+def local_context(
+    *,
+    distributed: DistributedContext | None = None,
+    checkpoint_storage: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
+    hparams: Mapping[str, Any] | None = None,
+    reporter: Reporter | None = None,
+    resume: bool | str | None = True,
+    run_id: int = 1,
+    config: Mapping[str, Any] | None = None,
+) -> Context:
+    """The context of training code running off a cluster (what :func:`init` returns there).
+
+    Args:
+        distributed: rank/size of this process; read from ``RANK``/``WORLD_SIZE`` if omitted.
+        checkpoint_storage: a directory, a shared_fs/directory/s3 config dict (default
+            ``./checkpoints``).
+        preempt_mode: which ranks call ``should_preempt()``.
+        tensorboard_mode: see :class:`TensorboardMode`.
+        hparams: the hyperparameters ``info.trial.hparams`` gives.
+        reporter: where reports go (default: printed to stderr).
+        resume: ``True``: ``info.latest_checkpoint`` is the checkpoint in the storage with the
+            most steps; a uuid: that one; ``None`` or ``False``: none.
+        run_id: the run number ``info.trial.trial_run_id`` gives.
+        config: the experiment config ``info.trial.config`` gives.
+    """
+    tensorboard_mode = TensorboardMode(tensorboard_mode)
+    preempt_mode = PreemptMode(preempt_mode)
+    dist = distributed or DistributedContext.from_env()
+    remote = _remote_storage(checkpoint_storage)
+    root = (
+        Path(DEFAULT_LOCAL_STORAGE)
+        if remote is not None
+        else _storage_path(checkpoint_storage or DEFAULT_LOCAL_STORAGE)
+    )
+    reports = reporter or LocalReporter()
+    checkpoint = CheckpointContext(root, reports, dist, run_id=run_id, storage=remote)
+    latest = checkpoint.latest() if resume is True else (resume or None)
+    info = _local_info(hparams, checkpoint.root, latest, run_id=run_id, config=config)
+    return Context(
+        info=info,
+        train=TrainContext(reports, dist, run_id=run_id, tensorboard_mode=tensorboard_mode),
+        checkpoint=checkpoint,
+        preempt=PreemptContext(None, "local", preempt_mode, dist),
+        distributed=dist,
+        reporter=reports,
     )
 
 
@@ -273,29 +357,19 @@ def init(
     """
     tensorboard_mode = TensorboardMode(tensorboard_mode)
     preempt_mode = PreemptMode(preempt_mode)
-    dist = distributed or DistributedContext.from_env()
     cluster = get_cluster_info()
     if cluster is None:
-        remote = _remote_storage(checkpoint_storage)
-        root = (
-            Path(DEFAULT_LOCAL_STORAGE)
-            if remote is not None
-            else _storage_path(checkpoint_storage or DEFAULT_LOCAL_STORAGE)
+        return local_context(
+            distributed=distributed,
+            checkpoint_storage=checkpoint_storage,
+            preempt_mode=preempt_mode,
+            tensorboard_mode=tensorboard_mode,
+            hparams=hparams,
         )
-        reporter: Reporter = LocalReporter()
-        checkpoint = CheckpointContext(root, reporter, dist, run_id=1, storage=remote)
-        info = _local_info(hparams, checkpoint.root, checkpoint.latest())
-        return Context(
-            info=info,
-            train=TrainContext(reporter, dist, run_id=1, tensorboard_mode=tensorboard_mode),
-            checkpoint=checkpoint,
-            preempt=PreemptContext(None, "local", preempt_mode, dist),
-            distributed=dist,
-            reporter=reporter,
-        )
+    dist = distributed or DistributedContext.from_env()
     session = Session(cluster.master_url, cluster.token)
     run_id = cluster.trial.run_id
-    reporter = (
+    reporter: Reporter = (
         HTTPReporter(session, cluster.trial.trial_id, cluster.allocation_id)
         if dist.is_chief
         else Reporter()

@@ -84,6 +84,43 @@ class DistributedContext:
             ctx.chief_ip = chief_ip
         return ctx
 
+    @classmethod
+    def from_deepspeed(cls, chief_ip: str | None = None) -> DistributedContext:
+        """The context of a process DeepSpeed's launcher started (``cairn.launch.deepspeed``):
+        ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_SIZE``, ``CROSS_RANK``, ``CROSS_SIZE``
+        (the ``torchrun`` names where DeepSpeed's are unset)."""
+        env = dict(os.environ)
+        size = _env_int("WORLD_SIZE", 1, env)
+        rank = _env_int("RANK", 0, env)
+        local_size = _env_int("LOCAL_SIZE", _env_int("LOCAL_WORLD_SIZE", size, env), env)
+        return cls(
+            rank=rank,
+            size=size,
+            local_rank=_env_int("LOCAL_RANK", rank, env),
+            local_size=local_size,
+            cross_rank=_env_int("CROSS_RANK", rank // max(local_size, 1), env),
+            cross_size=_env_int("CROSS_SIZE", max(size // max(local_size, 1), 1), env),
+            chief_ip=chief_ip or env.get("MASTER_ADDR") or None,
+        )
+
+    @classmethod
+    def from_horovod(cls, hvd: Any, chief_ip: str | None = None) -> DistributedContext:
+        """The context of a Horovod worker (``cairn.launch.horovod``), read from the
+        initialised ``hvd`` module."""
+        return cls(
+            rank=int(hvd.rank()),
+            size=int(hvd.size()),
+            local_rank=int(hvd.local_rank()),
+            local_size=int(hvd.local_size()),
+            cross_rank=int(hvd.cross_rank()),
+            cross_size=int(hvd.cross_size()),
+            chief_ip=chief_ip,
+        )
+
+    def close(self) -> None:
+        """Determined's release of its communication sockets; cairn holds none (collectives go
+        through ``torch.distributed``), so this does nothing."""
+
     @property
     def is_chief(self) -> bool:
         """True on rank 0."""

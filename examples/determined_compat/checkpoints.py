@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 
-import cairn as det
+import determined as det
 
 
 def save(core_context, step, x, resumed_from):

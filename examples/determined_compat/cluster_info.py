@@ -2,7 +2,7 @@
 
 import logging
 
-import cairn as det
+import determined as det
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format=det.LOG_FORMAT)

@@ -3,7 +3,7 @@ counts the trial as invalid and the experiment goes on."""
 
 import logging
 
-import cairn as det
+import determined as det
 
 
 def main(core_context, hparams):

@@ -3,7 +3,7 @@
 import logging
 import time
 
-import cairn as det
+import determined as det
 
 
 def main(core_context: det.core.Context, steps: int, pause: float) -> None:

@@ -4,7 +4,7 @@ ASHA stops its weaker trials that way)."""
 
 import logging
 
-import cairn as det
+import determined as det
 
 
 def loss_at(hparams, step):

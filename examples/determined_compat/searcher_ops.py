@@ -3,7 +3,7 @@
 
 import logging
 
-import cairn as det
+import determined as det
 
 
 def main(core_context, hparams):

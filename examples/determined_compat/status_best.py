@@ -3,7 +3,7 @@ with it."""
 
 import logging
 
-import cairn as det
+import determined as det
 
 
 def main(core_context, hparams):

@@ -4,7 +4,7 @@ uploads it."""
 import logging
 import time
 
-import cairn as det
+import determined as det
 
 
 def main(core_context):

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from cairn.compat import python_path_with_shim
 from events.archive import extract_tar
 from events.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient, ApiError
@@ -86,6 +87,8 @@ LAUNCHERS = {
     "cairn.launch.horovod": "cairn.launch.horovod",
     "determined.launch.torch_distributed": "cairn.launch.torch_distributed",
     "determined.launch.horovod": "cairn.launch.horovod",
+    "cairn.launch.deepspeed": "cairn.launch.deepspeed",
+    "determined.launch.deepspeed": "cairn.launch.deepspeed",
 }
 """Launcher modules (Determined's names map to cairn's): an entrypoint that runs one is started
 once per agent, and the launcher starts the ranks of that agent itself."""
@@ -265,8 +268,10 @@ def trial_environment(
     env.update(run.environment)
     python_path = [str(repo_root())]
     if env.get("PYTHONPATH"):
-        python_path.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(python_path)
+        python_path.extend(env["PYTHONPATH"].split(os.pathsep))
+    # Determined's names for training code (``import determined``), last on the path and only
+    # where no real ``determined`` is importable (see cairn.compat).
+    env["PYTHONPATH"] = os.pathsep.join(python_path_with_shim(python_path))
     if gpu_slots:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slots[s] for s in run.slot_ids if s in gpu_slots)
     env.update(

@@ -1,6 +1,6 @@
 """The Determined compatibility suite: every config of ``examples/determined_compat`` (Core API
-scripts written as Determined's docs write them, importing ``cairn as det``) runs at once on one
-embedded cluster to COMPLETED, and each shows what it is for."""
+scripts written as Determined's docs write them, ``import determined as det`` unchanged) runs at
+once on one embedded cluster to COMPLETED, and each shows what it is for."""
 
 from __future__ import annotations
 
@@ -96,14 +96,15 @@ async def trial_logs(cluster: Cluster, store: EventStore, experiment_id: int) ->
 async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
     cluster: Cluster, store: EventStore, tmp_path: Path
 ) -> None:
-    """All fourteen Determined-style experiments run concurrently to COMPLETED; each shows its
+    """All fifteen Determined-style experiments run concurrently to COMPLETED; each shows its
     fact: metrics, resume after a pause and after a crash, a search continued after one of its
     trials was killed, random/grid/ASHA searches, searcher operations, cluster info (owner and
     cluster id included), InvalidHP, warnings for every ignored field, shared_fs checkpoints,
-    status and best validation, TensorBoard and profiler."""
+    status and best validation, TensorBoard and profiler, core_v2 in a managed trial."""
     for script in COMPAT.glob("*.py"):
-        mentions = [line for line in script.read_text().splitlines() if "cairn" in line]
-        assert mentions == ["import cairn as det"], f"{script.name}: only the import says cairn"
+        text = script.read_text()
+        assert "import determined as det" in text, f"{script.name}: imports Determined's package"
+        assert "cairn" not in text, f"{script.name}: says nothing of cairn"
     began = time.monotonic()
     configs = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(COMPAT.glob("*.yaml"))}
     assert len(configs) >= 12
@@ -281,5 +282,11 @@ async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
         / str(exps["tensorboard_profiler"]) / "trial" / str(t)
     )  # fmt: skip
     assert (tensorboard / "notes.txt").read_text() == "trained to x=4.0"
+
+    # core_v2_managed: core_v2 in a trial ignores its Config and reports to the trial.
+    t = trials["core_v2_managed"].only()
+    assert trials["core_v2_managed"].steps(t, "WorkloadCompleted") == [1, 2, 3]
+    (saved_v2,) = trials["core_v2_managed"].payloads(t, "CheckpointSaved")
+    assert saved_v2["metadata"]["trial_id"] == t
 
     assert await check_log(store) == []

@@ -110,5 +110,5 @@ def test_preview_search_summarises_the_compat_examples() -> None:
     files = len(list(COMPAT.glob("*.yaml")))
     assert lines[-1] == (
         f"{files} configs: {files - 1} accepted, 1 accepted with warnings, 0 refused; "
-        "22 trials in all"
+        "23 trials in all"
     )
