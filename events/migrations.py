@@ -211,7 +211,9 @@ async def pending(
         return [mig_id for mig_id, _ in migrations]
     done = {
         r["id"]
-        for r in await conn.fetch("SELECT id FROM schema_migrations WHERE namespace = $1", namespace)
+        for r in await conn.fetch(
+            "SELECT id FROM schema_migrations WHERE namespace = $1", namespace
+        )
     }
     return [mig_id for mig_id, _ in migrations if mig_id not in done]
 

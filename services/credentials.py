@@ -18,7 +18,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 FILE_SUFFIX = "_FILE"
 """``CAIRN_DB_FILE`` names the file that holds what ``CAIRN_DB`` would."""
@@ -71,12 +73,12 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in SECRET_VARIABLES}
 
 
-def _prctl() -> ctypes._CFuncPtr:
+def _prctl() -> Callable[[int, int, int, int, int], int]:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    prctl: ctypes._CFuncPtr = libc.prctl
+    prctl = libc.prctl
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
-    return prctl
+    return cast(Callable[[int, int, int, int, int], int], prctl)
 
 
 def make_undumpable() -> None:

@@ -60,9 +60,7 @@ def scram_verifier(password: str, *, salt: bytes | None = None) -> str:
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
 
-    return (
-        f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
-    )
+    return f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
 
 
 def service_dsn(superuser_dsn: str, role: str, password: str) -> str:
@@ -125,9 +123,7 @@ async def grant_roles(
             password = (passwords or {}).get(role.service)
             if password is not None:
                 name = roles.quoted(roles.role_name(database, role.service))
-                await conn.execute(
-                    f"ALTER ROLE {name} LOGIN PASSWORD '{scram_verifier(password)}'"
-                )
+                await conn.execute(f"ALTER ROLE {name} LOGIN PASSWORD '{scram_verifier(password)}'")
 
 
 def login_passwords(logins: Path) -> dict[str, str]:

@@ -21,6 +21,7 @@ from typing import Any
 from cairn.client import ApiError, Client
 from cairn.errors import AuthRequiredError
 from cairn.local.cluster import default_data_dir
+from cairn.local.service_credentials import admin_password
 from cairn.local.state import read_state
 
 AUTH_FILE = "auth.json"
@@ -113,7 +114,9 @@ def _auto_credentials(master: str) -> tuple[str, str] | None:
     if user and password is not None:
         return user, password
     if master == local_master():
-        return "admin", os.environ.get("CAIRN_ADMIN_PASSWORD", "admin")
+        # the cluster's own record of it first: it is what the cluster was started with
+        password = admin_password(default_data_dir()) or os.environ.get("CAIRN_ADMIN_PASSWORD")
+        return ("admin", password) if password else None
     return None
 
 
@@ -125,7 +128,8 @@ def connect(args: argparse.Namespace) -> Client:
     """A client for ``args.master`` carrying the stored token, which logs in by itself when it may.
 
     On a 401 the client logs in with ``CAIRN_USER``/``CAIRN_PASSWORD``, or as the embedded
-    cluster's admin when the master is the local cluster, provided no token was stored or the
+    cluster's admin (with the password ``cairn up`` keeps in ``admin.password``) when the master
+    is the local cluster, provided no token was stored or the
     stored one was obtained that way; otherwise it raises :class:`AuthRequiredError` (exit 3).
     """
     master = resolve_master(getattr(args, "master", None))

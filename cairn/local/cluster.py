@@ -1,8 +1,12 @@
 """The embedded cluster: launcher and supervisor behind ``cairn up`` / ``status`` / ``down``.
 
 One supervisor process owns everything on a data directory: a real PostgreSQL (``DIR/pg``), a
-nats-server with JetStream (``DIR/nats``) and one process per service
-(``python -m services.<name> --db DSN --nats URL``). It records pids, ports and per-process state
+nats-server with JetStream (``DIR/nats``) and one process per service (``python -m
+services.<name>``). Only the supervisor holds the PostgreSQL superuser's credential: before the
+services start it applies every migration and makes each service's role with only its rights
+(``python -m services.migrate``), and each service gets its own credentials in files of its own
+(see :mod:`cairn.local.service_credentials`), never in its environment. The supervisor and every
+service make themselves undumpable. It records pids, ports and per-process state
 in ``DIR/cluster.json`` (see :mod:`cairn.local.state`), restarts what dies with backoff (at most
 :data:`MAX_RESTARTS` in :data:`RESTART_WINDOW` seconds, then the process is marked ``failed``) and
 stops everything in order on SIGTERM/SIGINT: services, then nats-server, then PostgreSQL.
@@ -35,6 +39,7 @@ from typing import Any, TextIO
 import structlog
 
 from cairn.errors import CairnError
+from cairn.local import service_credentials
 from cairn.local.private_files import read_or_create_secret
 from cairn.local.servers import (
     ServerProcess,
@@ -62,6 +67,7 @@ from cairn.local.state import (
     write_state,
 )
 from events.redact import redact_url
+from services import credentials
 
 SERVICES: tuple[str, ...] = ("relay", "api", "searcher", "scheduler", "tracker", "agent")
 """Services started by ``cairn up``, in start order (each is ``python -m services.<name>``)."""
@@ -176,7 +182,8 @@ def agent_token(data_dir: Path) -> str:
     """The token agents present to the API: ``$CAIRN_AGENT_TOKEN``, else ``DIR/agent.token``.
 
     The file is created (mode 0600) with a random token on first use, so the token stays the same
-    across ``down``/``up``. It travels to the services in the environment, never on a command line.
+    across ``down``/``up``. It reaches the gateway and agents in a file of their own
+    (:mod:`cairn.local.service_credentials`), never in their environment or command line.
     """
     from_env = os.environ.get("CAIRN_AGENT_TOKEN")
     if from_env:
@@ -367,11 +374,18 @@ class Supervisor:
         pg = self.children["postgres"].server
         assert pg is not None
         try:
-            asyncio.run(
-                asyncio.wait_for(_ensure_database(pg.url, self.state.dsn), self._remaining())
-            )
+            asyncio.run(asyncio.wait_for(_ensure_database(pg.url), self._remaining()))
         except Exception as exc:  # asyncpg, events and timeout errors alike
             raise ClusterStartError(f"could not prepare database {DATABASE!r}: {exc}") from exc
+        try:
+            service_credentials.grant_roles(
+                self.state.dsn,
+                service_credentials.secrets_dir(self.data_dir),
+                env=child_env(),
+                timeout=self._remaining(),
+            )
+        except service_credentials.CredentialsHandoverError as exc:
+            raise ClusterStartError(str(exc)) from exc
 
     def _start_services(self) -> None:
         port = self.options.api_port
@@ -380,6 +394,9 @@ class Supervisor:
         self.state.ports["api"] = port
         self.state.api_url = f"http://127.0.0.1:{port}"
         self._agent_token = agent_token(self.data_dir)
+        service_credentials.ensure_admin_password(
+            self.data_dir, os.environ.get("CAIRN_ADMIN_PASSWORD")
+        )
         for service in service_names(self.options.agents):
             for name in replica_names(service, self.options.replicas):
                 log_path = logs_dir(self.data_dir) / f"{name}.log"
@@ -391,8 +408,8 @@ class Supervisor:
     def service_command(self, name: str) -> list[str]:
         """The command line of service ``name``.
 
-        The DSN and NATS URL carry passwords, and any local user can read a command line, so
-        they travel in the environment (``CAIRN_DB``, ``CAIRN_NATS``), as the agent token does.
+        It holds no secret: any local user can read a command line. The service finds its
+        credentials in the files :meth:`_spawn` names in its environment.
         """
         agent = service_of(name) == "agent"
         cmd = [sys.executable, "-m", f"services.{service_of(name)}"]
@@ -413,16 +430,23 @@ class Supervisor:
         assert child.ready_file is not None
         with contextlib.suppress(FileNotFoundError):
             child.ready_file.unlink()
-        env = child_env(
-            {
-                "CAIRN_DB": self.state.dsn,
-                "CAIRN_NATS": self.state.nats_url,
-                "CAIRN_READY_FILE": str(child.ready_file),
-                "CAIRN_API_URL": self.state.api_url,
-                "CAIRN_HOME": str(self.data_dir),
-                "CAIRN_AGENT_TOKEN": self._agent_token,
-                "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
-            }
+        files = service_credentials.service_files(
+            service_credentials.secrets_dir(self.data_dir),
+            service_of(name),
+            nats_url=self.state.nats_url,
+            agent_token=self._agent_token,
+            admin_password=self.data_dir / service_credentials.ADMIN_PASSWORD_FILE,
+        )
+        env = service_credentials.service_env(
+            child_env(
+                {
+                    "CAIRN_READY_FILE": str(child.ready_file),
+                    "CAIRN_API_URL": self.state.api_url,
+                    "CAIRN_HOME": str(self.data_dir),
+                    "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
+                }
+            ),
+            files,
         )
         with open(child.record.log, "ab") as out:
             child.proc = subprocess.Popen(
@@ -656,11 +680,9 @@ def reap_leftovers(state: ClusterState, timeout: float = STOP_TIMEOUT) -> list[s
     return [p.name for p in alive]
 
 
-async def _ensure_database(admin_url: str, dsn: str) -> None:
-    """Creates the ``cairn`` database if missing and applies the core migrations."""
+async def _ensure_database(admin_url: str) -> None:
+    """Creates the ``cairn`` database if missing (``services.migrate`` fills it)."""
     import asyncpg
-
-    from events.store import EventStore
 
     conn = await asyncpg.connect(admin_url)
     try:
@@ -669,8 +691,6 @@ async def _ensure_database(admin_url: str, dsn: str) -> None:
             await conn.execute(f'CREATE DATABASE "{DATABASE}"')
     finally:
         await conn.close()
-    store = await EventStore.connect(dsn)
-    await store.close()
 
 
 def _port_free(port: int) -> bool:
@@ -760,6 +780,7 @@ def supervise(
     Raises:
         ClusterStartError: another supervisor runs on the data directory.
     """
+    credentials.make_undumpable()
     with supervisor_lock(options.data_dir):
         logs_dir(options.data_dir).mkdir(parents=True, exist_ok=True)
         with open(supervisor_log(options.data_dir), "a", buffering=1) as stream:

@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from events import logging as cairn_logging
+from services import credentials
 from services.agent.agent import Agent, AgentConfig
 from services.agent.runtime import safe_name
 
@@ -32,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-url", default=env("CAIRN_API_URL"), help="API gateway URL (CAIRN_API_URL)"
     )
-    p.add_argument("--nats", default=env("CAIRN_NATS"), help="NATS URL (CAIRN_NATS)")
+    p.add_argument("--nats-file", default=None, help="file holding the NATS URL (CAIRN_NATS_FILE)")
+    p.add_argument("--nats", default=None, help="NATS URL (CAIRN_NATS; visible to others)")
     p.add_argument(
         "--agent-id",
         default=env("CAIRN_AGENT_ID") or socket.gethostname(),
@@ -57,9 +59,14 @@ def parser() -> argparse.ArgumentParser:
         "(CAIRN_CHECKPOINT_ROOT; default: $CAIRN_HOME/checkpoints or <work-dir>/checkpoints)",
     )
     p.add_argument(
+        "--agent-token-file",
+        default=None,
+        help="file holding the agent bearer token (CAIRN_AGENT_TOKEN_FILE)",
+    )
+    p.add_argument(
         "--agent-token",
-        default=env("CAIRN_AGENT_TOKEN", ""),
-        help="agent bearer token (CAIRN_AGENT_TOKEN)",
+        default=None,
+        help="agent bearer token (CAIRN_AGENT_TOKEN; visible to others)",
     )
     p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
     p.add_argument(
@@ -97,12 +104,20 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parses flags and runs the agent until SIGTERM/SIGINT; returns the exit status."""
+    credentials.make_undumpable()
     args = parser().parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack
     cairn_logging.configure("agent", level=args.log_level)
     log = structlog.get_logger("agent")
+    try:
+        args.nats = args.nats or credentials.secret("CAIRN_NATS", args.nats_file)
+        token = credentials.secret("CAIRN_AGENT_TOKEN", args.agent_token_file)
+        args.agent_token = args.agent_token or token or ""
+    except credentials.CredentialsError as exc:
+        log.error("cannot read a credential", error=str(exc))
+        return 2
     if not args.api_url or not args.nats:
-        log.error("need --api-url and --nats (or CAIRN_API_URL / CAIRN_NATS)")
+        log.error("need --api-url and --nats-file (or CAIRN_API_URL / CAIRN_NATS_FILE)")
         return 2
     if args.artificial_slots is not None and args.artificial_slots < 1:
         log.error("--artificial-slots must be at least 1")

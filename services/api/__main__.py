@@ -1,8 +1,9 @@
-"""``python -m services.api --db DSN --nats URL --port P [--host H]``: the API gateway.
+"""``python -m services.api --db-file F --nats-file F --port P [--host H]``: the API gateway.
 
-Applies its migrations, creates the initial admin user and the agent token if needed, serves
-HTTP, announces readiness and runs until SIGTERM/SIGINT. NATS is optional (connected when a URL
-is given).
+Checks its migrations, creates the initial admin user (password from
+``CAIRN_ADMIN_PASSWORD_FILE``, or ``CAIRN_ADMIN_PASSWORD``; no default) and the agent token if
+needed, serves HTTP, announces readiness and runs until SIGTERM/SIGINT. NATS is optional
+(connected when a URL is given).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import structlog
 from aiohttp import web
 
+from services import credentials
 from services.api.app import create_app
 from services.api.auth import cluster_secret
 from services.runtime import ServiceContext, base_parser, main
@@ -23,7 +25,8 @@ log = structlog.get_logger("api")
 async def run(ctx: ServiceContext) -> None:
     """Serves the gateway until stopped."""
     secret = await cluster_secret(ctx.store)
-    app = create_app(ctx.store, ctx.bus, secret=secret)
+    admin_password = credentials.secret("CAIRN_ADMIN_PASSWORD")
+    app = create_app(ctx.store, ctx.bus, secret=secret, admin_password=admin_password)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
@@ -47,5 +50,4 @@ def parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    flags, _ = parser().parse_known_args()
-    main("api", run, parser=parser(), needs_bus=bool(flags.nats))
+    main("api", run, parser=parser(), needs_bus=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from aiohttp import web
@@ -67,7 +68,12 @@ def all_routes() -> list[Route]:
 
 
 def create_app(
-    store: EventStore, bus: Bus | None, *, secret: bytes, checkpoint_root: Path | None = None
+    store: EventStore,
+    bus: Bus | None,
+    *,
+    secret: bytes,
+    checkpoint_root: Path | None = None,
+    admin_password: str | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
@@ -81,6 +87,8 @@ def create_app(
         checkpoint_root: the default checkpoint root for experiments without
             ``checkpoint_storage`` (checkpoint downloads); ``None``: ``CAIRN_CHECKPOINT_ROOT``,
             else ``$CAIRN_HOME/checkpoints``, else ``~/.cairn/checkpoints``.
+        admin_password: the initial admin's password (see
+            :func:`services.api.auth.ensure_admin`); without one no admin is created.
 
     Returns:
         The application, ready for an ``AppRunner``.
@@ -97,12 +105,12 @@ def create_app(
     for route in [*all_routes(), *routes_webui.routes.routes]:
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route
-    app.on_startup.append(_startup)
+    app.on_startup.append(functools.partial(_startup, admin_password=admin_password))
     return app
 
 
-async def _startup(app: web.Application) -> None:
+async def _startup(app: web.Application, *, admin_password: str | None) -> None:
     state = app[STATE]
     await tables.migrate(state.store)
-    await ensure_admin(state.store)
+    await ensure_admin(state.store, admin_password)
     state.agent_token = await agent_token(state.store)

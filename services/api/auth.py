@@ -3,8 +3,9 @@
 Three kinds of bearer token are accepted:
 
 - user tokens, from ``POST /api/v1/auth/login``; only their SHA-256 is stored (``api_tokens``);
-- the agent token: ``CAIRN_AGENT_TOKEN`` when set, otherwise one generated once and kept in
-  ``api_secrets`` (read it with :func:`agent_token`);
+- the agent token: the one ``CAIRN_AGENT_TOKEN_FILE`` holds (or ``CAIRN_AGENT_TOKEN``) when
+  given, otherwise one generated once and kept in ``api_secrets`` (read it with
+  :func:`agent_token`);
 - trial tokens, ``trial:<label>:<hex>`` where ``<label>`` names the trial as
   :func:`events.names.trial_label` does (``17``; a legacy trial ``9.1``, so tokens minted before
   trial ids were integers stay valid) and ``<hex>`` is HMAC-SHA256 of ``trial:<label>``
@@ -17,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import os
 import secrets
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -28,6 +28,7 @@ from aiohttp import web
 from events.db import translate_errors
 from events.names import parse_trial_id, trial_label
 from events.store import EventStore
+from services import credentials
 from services.api import tables
 from services.api.audit_trail import actor_of, set_actor
 from services.api.errors import forbidden, unauthorized
@@ -152,12 +153,16 @@ async def trial_token(store: EventStore, trial_id: int) -> str:
 async def agent_token(store: EventStore) -> str:
     """The token agents authenticate with.
 
-    ``CAIRN_AGENT_TOKEN`` when set; otherwise a random token generated on first use and kept in
-    ``api_secrets``, so every gateway replica and the local launcher agree on it.
+    The one given (``CAIRN_AGENT_TOKEN_FILE``, or ``CAIRN_AGENT_TOKEN``); otherwise a random
+    token generated on first use and kept in ``api_secrets``, so every gateway replica and the
+    local launcher agree on it.
+
+    Raises:
+        CredentialsError: ``CAIRN_AGENT_TOKEN_FILE`` names a file that cannot be read.
     """
-    from_env = os.environ.get("CAIRN_AGENT_TOKEN")
-    if from_env:
-        return from_env
+    given = credentials.secret("CAIRN_AGENT_TOKEN")
+    if given:
+        return given
     await tables.migrate(store)
     with translate_errors():
         await store.pool.execute(
@@ -171,15 +176,46 @@ async def agent_token(store: EventStore) -> str:
     return str(value)
 
 
-async def ensure_admin(store: EventStore) -> None:
-    """Creates the ``admin`` user on first start (password ``CAIRN_ADMIN_PASSWORD``, default
-    ``admin``); an existing admin is left as it is."""
+LEGACY_ADMIN_PASSWORD = "admin"
+"""The password earlier versions gave the initial admin when none was set; it is replaced by the
+one given, the first time the gateway starts with one (see :func:`ensure_admin`)."""
+
+
+async def ensure_admin(store: EventStore, password: str | None) -> None:
+    """Creates the ``admin`` user on first start, with ``password``; there is no default.
+
+    An existing admin keeps its password, unless it is still the one earlier versions set by
+    default (:data:`LEGACY_ADMIN_PASSWORD`): a data directory from before is upgraded to the
+    password given, so the old default stops working. Without a password no admin is made (and
+    the gateway says so); the others still work.
+
+    Args:
+        store: the event store.
+        password: the initial admin's password (``cairn up`` generates one at the first start
+            and hands it over in ``CAIRN_ADMIN_PASSWORD_FILE``).
+    """
+    loop = asyncio.get_running_loop()
     with translate_errors():
-        exists = await store.pool.fetchval("SELECT 1 FROM api_users WHERE username = 'admin'")
-    if exists:
+        stored = await store.pool.fetchval(
+            "SELECT password_hash FROM api_users WHERE username = 'admin'"
+        )
+    if stored is not None:
+        if password is None or password == LEGACY_ADMIN_PASSWORD:
+            return
+        legacy = await loop.run_in_executor(
+            None, verify_password, LEGACY_ADMIN_PASSWORD, str(stored)
+        )
+        if legacy:
+            await change_password(store, "admin", password)
+            log.warning("replaced the admin's default password with the one given")
         return
-    password = os.environ.get("CAIRN_ADMIN_PASSWORD", "admin")
-    hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
+    if not password:
+        log.warning(
+            "no admin user created: no initial password given "
+            "(set CAIRN_ADMIN_PASSWORD_FILE or CAIRN_ADMIN_PASSWORD)"
+        )
+        return
+    hashed = await loop.run_in_executor(None, hash_password, password)
     with translate_errors():
         await store.pool.execute(
             "INSERT INTO api_users (username, password_hash, admin) VALUES ('admin', $1, true) "

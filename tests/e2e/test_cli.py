@@ -126,7 +126,8 @@ def finished(cluster: Env) -> dict[str, Any]:
 def test_user_login_whoami_create_logout(cluster: Env) -> None:
     """login stores a 0600 token; whoami, create, list work; logout falls back to local admin."""
     assert cli(cluster, "user", "login", "admin", "--password", "wrong").returncode == 3
-    assert "logged in" in ok(cluster, "user", "login", "admin", "--password", "admin").stdout
+    password = (cluster.home / "admin.password").read_text().strip()
+    assert "logged in" in ok(cluster, "user", "login", "admin", "--password", password).stdout
     auth = cluster.home / "auth.json"
     assert stat.S_IMODE(auth.stat().st_mode) == 0o600
     assert json.loads(auth.read_text())["masters"][cluster.api_url]["username"] == "admin"

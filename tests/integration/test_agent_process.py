@@ -38,7 +38,7 @@ from events.types import (
 from services.agent.slots import cpu_slots
 from services.api.app import create_app
 from services.api.auth import agent_token, cluster_secret
-from tests.helpers import wait_until
+from tests.helpers import ADMIN_PASSWORD, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -267,7 +267,7 @@ async def cluster(
     store: EventStore, bus: Bus, nats_server: Any, tmp_path: Path
 ) -> AsyncIterator[Cluster]:
     """The real gateway on a fresh database, plus the bus and a scratch dir."""
-    app = create_app(store, None, secret=await cluster_secret(store))
+    app = create_app(store, None, secret=await cluster_secret(store), admin_password=ADMIN_PASSWORD)
 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -277,7 +277,7 @@ async def cluster(
     url = f"http://{host}:{port}"
     async with aiohttp.ClientSession() as session:
         async with session.post(
-            f"{url}/api/v1/auth/login", json={"username": "admin", "password": "admin"}
+            f"{url}/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}
         ) as resp:
             admin = str((await resp.json())["token"])
         c = Cluster(

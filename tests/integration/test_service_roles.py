@@ -28,6 +28,16 @@ def database_of(dsn: str) -> str:
     return dsn.rsplit("/", 1)[1]
 
 
+def mode_of(path: Path) -> int:
+    """The permission bits of ``path``."""
+    return path.stat().st_mode & 0o777
+
+
+def names_in(directory: Path) -> list[str]:
+    """The names in ``directory``, sorted."""
+    return sorted(p.name for p in directory.iterdir())
+
+
 def role_dsn(logins: Path, service: str) -> str:
     """The DSN ``services.migrate`` wrote for ``service``."""
     return (logins / service / migrate.DSN_FILE).read_text().strip()
@@ -65,13 +75,13 @@ async def refused(dsn: str, sql: str) -> str | None:
 async def test_migrate_writes_private_login_files(logins: Path, db_url: str) -> None:
     """Every service with a role gets a 0700 directory holding its password and DSN (0600), the
     DSN logs in as the role named after the database, and no agent directory is made."""
-    assert logins.stat().st_mode & 0o777 == 0o700
-    assert sorted(p.name for p in logins.iterdir()) == sorted(r.service for r in roles.SERVICE_ROLES)
+    assert mode_of(logins) == 0o700
+    assert names_in(logins) == sorted(r.service for r in roles.SERVICE_ROLES)
     for role in roles.SERVICE_ROLES:
         directory = logins / role.service
-        assert directory.stat().st_mode & 0o777 == 0o700
+        assert mode_of(directory) == 0o700
         for name in (migrate.DSN_FILE, migrate.PASSWORD_FILE):
-            assert (directory / name).stat().st_mode & 0o777 == 0o600
+            assert mode_of(directory / name) == 0o600
         conn = await asyncpg.connect(role_dsn(logins, role.service))
         try:
             user = await conn.fetchval("SELECT current_user")
@@ -189,9 +199,10 @@ async def test_each_role_writes_only_its_own_tables(logins: Path, db_url: str) -
                         may_use = await admin.fetchval(
                             "SELECT has_sequence_privilege($1, $2, 'USAGE')", name, relation
                         )
-                        assert may_use == (
-                            relation in role.owns or relation in role.sequences
-                        ), (role.service, relation)
+                        assert may_use == (relation in role.owns or relation in role.sequences), (
+                            role.service,
+                            relation,
+                        )
                         continue
                     may_write = await admin.fetchval(
                         "SELECT has_table_privilege($1, $2, 'INSERT')"
@@ -254,7 +265,9 @@ async def test_migrate_is_idempotent_and_upgrades_an_older_database(
         owner = await conn.fetchval(
             "SELECT pg_get_userbyid(proowner) FROM pg_proc WHERE proname = 'cairn_append'"
         )
-        definer = await conn.fetchval("SELECT prosecdef FROM pg_proc WHERE proname = 'cairn_append'")
+        definer = await conn.fetchval(
+            "SELECT prosecdef FROM pg_proc WHERE proname = 'cairn_append'"
+        )
         assert (owner, definer) == (migrations.LOG_WRITER, True)
     finally:
         await conn.close()
@@ -268,9 +281,7 @@ async def test_migrate_is_idempotent_and_upgrades_an_older_database(
         await as_api.close()
 
 
-async def test_a_role_stops_on_a_database_missing_migrations(
-    logins: Path, db_url: str
-) -> None:
+async def test_a_role_stops_on_a_database_missing_migrations(logins: Path, db_url: str) -> None:
     """A service whose owner's migrations are not all applied cannot apply them with its role:
     it stops with an error naming the missing ones and how to apply them."""
     as_api = await EventStore.connect(role_dsn(logins, "api"))
