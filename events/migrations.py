@@ -200,6 +200,17 @@ CORE: Sequence[tuple[str, str]] = (
         REVOKE ALL ON FUNCTION cairn_lock_appends() FROM PUBLIC;
         """,
     ),
+    (
+        "0008_checkpoint_rows",
+        # A consumer's checkpoint row is written by its own service only: with row security on,
+        # a role other than the superuser may read every row but write only the rows a policy
+        # of its own allows (services.roles makes one per service's role). The superuser, who
+        # owns the table, is not subject to it.
+        """
+        ALTER TABLE checkpoints ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY checkpoints_read ON checkpoints FOR SELECT USING (true);
+        """,
+    ),
 )
 
 

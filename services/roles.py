@@ -10,7 +10,9 @@ Invariant: no role made here is a superuser, may create or alter anything, or ho
 UPDATE or DELETE on ``events``: it appends only through :data:`events.migrations.APPEND_FUNCTIONS`,
 which run as :data:`events.migrations.LOG_WRITER`. It writes only the relations its package owns
 and those named in its :class:`ServiceRole`, and reads, besides those, only :data:`READ_BY_ALL`
-and its :attr:`ServiceRole.reads`. Agents have no role: they hold no database credential.
+and its :attr:`ServiceRole.reads`. Of ``checkpoints`` it writes only its own consumers' rows: a
+consumer is named after its service (``scheduler``, ``tracker-audit``; see
+:func:`checkpoint_owner`). Agents have no role: they hold no database credential.
 
 This module only decides (SQL text from declarations); :mod:`services.migrate` runs it.
 """
@@ -218,4 +220,23 @@ def role_statements(database: str, role: ServiceRole, kinds: Mapping[str, str]) 
     for relation, rights in privileges(role, kinds).items():
         kind = "SEQUENCE" if kinds[relation] == "sequence" else "TABLE"
         statements.append(f"GRANT {', '.join(rights)} ON {kind} {quoted(relation)} TO {name}")
+    policy = quoted(f"checkpoints_of_{role.service}")
+    statements.append(f"DROP POLICY IF EXISTS {policy} ON checkpoints")
+    if "checkpoints" in role.log:
+        own = f"name = '{role.service}' OR name LIKE '{role.service}-%'"
+        statements.append(
+            f"CREATE POLICY {policy} ON checkpoints FOR ALL TO {name} USING ({own}) "
+            f"WITH CHECK ({own})"
+        )
     return statements
+
+
+def checkpoint_owner(consumer: str) -> str | None:
+    """The service whose role may write consumer ``consumer``'s checkpoint row: the one it is
+    named after (``tracker`` for ``tracker-audit``), if that service keeps checkpoints."""
+    for role in SERVICE_ROLES:
+        if "checkpoints" in role.log and (
+            consumer == role.service or consumer.startswith(role.service + "-")
+        ):
+            return role.service
+    return None

@@ -298,3 +298,44 @@ async def test_a_role_stops_on_a_database_missing_migrations(logins: Path, db_ur
         assert denied.value.sqlstate == PERMISSION_DENIED
     finally:
         await as_api.close()
+
+
+async def test_a_role_writes_only_its_own_consumers_checkpoints(
+    logins: Path, store: EventStore
+) -> None:
+    """Every role reads every consumer's checkpoint, but writes only its own service's rows: the
+    scheduler's role cannot create, move or delete the tracker's audit checkpoint, and the
+    tracker's can."""
+    async with store.transaction() as tx:
+        await tx.set_checkpoint("tracker-audit", 5)
+        await tx.set_checkpoint("scheduler", 3)
+    scheduler = role_dsn(logins, "scheduler")
+    conn = await asyncpg.connect(scheduler)
+    try:
+        assert (
+            await conn.fetchval("SELECT position FROM checkpoints WHERE name = 'tracker-audit'")
+            == 5
+        )
+        moved = await conn.execute(
+            "UPDATE checkpoints SET position = 999 WHERE name = 'tracker-audit'"
+        )
+        assert moved == "UPDATE 0"
+        assert await conn.execute(
+            "UPDATE checkpoints SET position = 4 WHERE name = 'scheduler'"
+        ) == ("UPDATE 1")
+    finally:
+        await conn.close()
+    for forged in (
+        "INSERT INTO checkpoints (name) VALUES ('tracker-forged')",
+        "DELETE FROM checkpoints WHERE name = 'tracker-audit'",
+    ):
+        assert await refused(scheduler, forged) == PERMISSION_DENIED, forged
+    assert await store.checkpoint("tracker-audit") == 5
+    as_tracker = await EventStore.connect(role_dsn(logins, "tracker"), max_size=1)
+    try:
+        async with as_tracker.transaction() as tx:
+            assert await tx.lock_checkpoint("tracker-audit") == 5
+            await tx.set_checkpoint("tracker-audit", 6)
+    finally:
+        await as_tracker.close()
+    assert await store.checkpoint("tracker-audit") == 6

@@ -377,3 +377,24 @@ def test_every_service_but_the_agent_has_a_database_role() -> None:
     declared = {role.service for role in roles.SERVICE_ROLES}
     assert set(SERVICES) - {"agent"} == declared
     assert "agent" not in declared
+
+
+def test_every_consumer_is_named_after_the_service_that_runs_it() -> None:
+    """Each consumer's checkpoint name belongs to the service running it (its role may write
+    only such rows of ``checkpoints``), so no consumer is left unable to move its checkpoint."""
+    from events.relay import CHECKPOINT as RELAY
+    from services.scheduler.service import SchedulerConsumer
+    from services.searcher.service import SearcherConsumer
+    from services.tracker import audit, gc, projections, usage
+
+    runs = {
+        RELAY: "relay",
+        SchedulerConsumer.name: "scheduler",
+        SearcherConsumer.name: "searcher",
+        projections.NAME: "tracker",
+        audit.NAME: "tracker",
+        usage.NAME: "tracker",
+        gc.NAME: "tracker",
+    }
+    assert {name: roles.checkpoint_owner(name) for name in runs} == runs
+    assert roles.checkpoint_owner("api") is None  # the gateway keeps no checkpoint
