@@ -93,10 +93,11 @@ failover: install
 	CAIRN_REPLICA_TESTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_replicas.py tests/fault/test_failover.py
 
 # Search methods' slower tests, beyond `make test`'s budget: PBT on a live cluster of processes
-# with a searcher SIGKILL, and the example custom searcher replayed after restarts.
+# with a searcher SIGKILL, the example custom searcher replayed after restarts, and hostile custom
+# searchers beside another user's search on a live cluster (as root: the sandbox switches uid).
 test-search: install
 	CAIRN_SEARCH_E2E=1 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/test_pbt.py \
-		tests/integration/test_custom_searcher.py
+		tests/integration/test_custom_searcher.py tests/e2e/test_custom_searcher_isolation.py
 
 # The lab suite (never part of `make test`): a Docker engine (installed and started if need be),
 # the images built offline from Debian packages and wheels, the compose cluster, an ASHA

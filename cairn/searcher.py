@@ -11,7 +11,7 @@ A custom searcher is a subclass of :class:`SearchMethod` named by the experiment
 
 The searcher service runs it in a separate process, feeds it what happens to the trials and
 records what it answers (:class:`Create` and :class:`Stop` operations) in the log. The search ends
-when no trial is live and the method creates no more. See ``docs/custom-searchers.md``.
+when no trial is live and the method creates no more. See ``docs/search-methods.md``.
 
 Determinism is required: the service rebuilds a search after a restart by feeding a fresh instance
 the same calls again, so the method may draw randomness only from :attr:`SearcherContext.rng` and

@@ -15,6 +15,8 @@ end-to-end) call :func:`check_log` after a run. The invariants:
 - ``duplicate-state``: a state change to the state the aggregate is already in.
 - ``illegal-transition``: a state change the state machine (:mod:`events.lifecycle`) refuses, or
   an ``ExperimentContinued`` of an experiment that has not ended.
+- ``custom-call-settled-twice``: a custom searcher's call answered (or failed) a second time.
+- ``custom-call-skipped``: a custom searcher's call settled before the calls below it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class LogChecker:
     _states: dict[str, str] = field(default_factory=dict)
     _checkpoints: dict[str, str] = field(default_factory=dict)
     """Checkpoint uuid -> the trial that recorded it first."""
+    _custom_calls: dict[str, int] = field(default_factory=dict)
+    """Experiment stream -> calls of its custom searcher settled so far."""
 
     def _find(self, kind: str, event: RecordedEvent, detail: str) -> None:
         self.findings.append(Finding(kind, event.position, detail))
@@ -187,6 +191,25 @@ class LogChecker:
             return
         self._states[event.stream_id] = lifecycle.ACTIVE
 
+    def _custom_call_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
+        settled = self._custom_calls.get(event.stream_id, 0)
+        call = p["call"]
+        assert isinstance(call, int)
+        if call <= settled:
+            self._find(
+                "custom-call-settled-twice",
+                event,
+                f"{event.stream_id}: call {call} settled again ({event.type})",
+            )
+            return
+        if call > settled + 1:
+            self._find(
+                "custom-call-skipped",
+                event,
+                f"{event.stream_id}: call {call} settled after only {settled} calls",
+            )
+        self._custom_calls[event.stream_id] = call
+
     def summary(self) -> str:
         """One line per kind of finding, or a line saying the log is clean."""
         if not self.findings:
@@ -206,6 +229,8 @@ _HANDLERS = {
     "ExperimentStateChanged": LogChecker._state_event,
     "TrialStateChanged": LogChecker._state_event,
     "ExperimentContinued": LogChecker._continued_event,
+    "CustomSearcherAnswered": LogChecker._custom_call_event,
+    "CustomSearcherFailed": LogChecker._custom_call_event,
 }
 
 

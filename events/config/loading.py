@@ -71,7 +71,7 @@ def _refuse_removed_searcher(doc: dict[str, Any]) -> None:
     if isinstance(name, str) and name in EOL_SEARCHERS:
         hint = (
             "; a cairn custom searcher names its class in searcher_class (module:Class), see "
-            "docs/custom-searchers.md"
+            "docs/search-methods.md"
             if name == "custom"
             else ""
         )

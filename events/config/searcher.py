@@ -188,7 +188,8 @@ class PBTSearcher(_SearcherBase):
 
 class CustomSearcher(_SearcherBase):
     """A search method written by the user: ``searcher_class`` (``module:Class``) is loaded from
-    the experiment's code and run inside the searcher service (see docs/custom-searchers.md)."""
+    the experiment's code and run by the searcher service in a sandboxed process (see
+    docs/search-methods.md)."""
 
     name: Literal["custom"]
     searcher_class: str = Field(

@@ -4,6 +4,9 @@ from events.types.agent import AgentLost, AgentRegistered, SlotsDisabled, SlotsE
 from events.types.audit import RequestAccepted, RequestRejected
 from events.types.experiment import (
     CheckpointsDeleted,
+    CustomSearcherAnswered,
+    CustomSearcherFailed,
+    CustomSearcherOp,
     ExperimentArchived,
     ExperimentStateChanged,
     ExperimentSubmitted,
@@ -47,6 +50,9 @@ __all__ = [
     "CheckpointsDeleteRequested",
     "CheckpointsDeleted",
     "ContinuedTrial",
+    "CustomSearcherAnswered",
+    "CustomSearcherFailed",
+    "CustomSearcherOp",
     "ExperimentArchived",
     "ExperimentContinued",
     "ExperimentDescribed",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from events.config.ignored import ConfigWarning
 from events.envelope import Event
@@ -115,6 +115,58 @@ class ExperimentStateChanged(Event):
     state: str
     reason: str = ""
     actor: str = ""
+
+
+class CustomSearcherOp(BaseModel):
+    """One operation a custom searcher answered: ``create`` a trial (its ``request_id`` and
+    ``hparams``) or ``stop`` the trial of ``request_id``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: Literal["create", "stop"]
+    request_id: str = Field(max_length=64)
+    hparams: dict[str, Any] | None = None
+
+
+@register
+class CustomSearcherAnswered(Event):
+    """The experiment's custom searcher answered call number ``call`` with ``ops`` (each a
+    ``create`` with its ``request_id`` and ``hparams``, or a ``stop`` of a ``request_id``), at
+    most once per call; the searcher service applies them when it folds this event.
+
+    The searcher service numbers the calls it makes to a custom searcher 1, 2, ... in the order
+    its fold of the log decides them (``initial_operations`` first, then ``on_validation`` and
+    ``on_trial_exited`` as trials report and end), so the same log always asks the same calls.
+    The method runs in a sandboxed process, outside the service's transactions; its answer is
+    recorded here, once per call, and the service applies it (under the search's rules, such as
+    ``max_trials``) when it folds this event. A restarted or failed-over searcher reads answers
+    from the log and never asks an answered call again. ``hook`` is the method that answered
+    and ``request_id`` the trial the call was about, for readers.
+    """
+
+    event_type = "CustomSearcherAnswered"
+
+    experiment_id: int
+    call: int = Field(ge=1)
+    hook: str
+    request_id: str | None = None
+    ops: list[CustomSearcherOp] = Field(default_factory=list)
+
+
+@register
+class CustomSearcherFailed(Event):
+    """Call number ``call`` of the experiment's custom searcher got no usable answer: it raised,
+    took longer than its time limit, answered garbage or too much, or its process died.
+    ``reason`` says which; the searcher service ends the experiment in error with it. Like
+    :class:`CustomSearcherAnswered` it settles the call, at most once.
+    """
+
+    event_type = "CustomSearcherFailed"
+
+    experiment_id: int
+    call: int = Field(ge=1)
+    hook: str
+    reason: str = Field(max_length=1000)
 
 
 @register

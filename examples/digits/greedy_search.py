@@ -1,6 +1,6 @@
 """A custom searcher for the digits example: random trials first, then perturb the best so far.
 
-Run it with ``cairn experiment create custom.yaml .`` (see ``docs/custom-searchers.md``).
+Run it with ``cairn experiment create custom.yaml .`` (see ``docs/search-methods.md``).
 """
 
 from __future__ import annotations

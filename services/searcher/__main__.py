@@ -7,17 +7,27 @@ import asyncio
 from events.consumer import ConsumerRunner
 from events.lease import LeaderLease
 from services.runtime import ServiceContext, main, serve_replica
+from services.searcher.custom_worker import CustomWorkers
+from services.searcher.sandbox import SandboxSettings
 from services.searcher.service import SearcherConsumer
 
 
 async def run(ctx: ServiceContext) -> None:
     """Follows the searches as a standby until it holds the searcher lease, then searches."""
 
+    settings = SandboxSettings.from_env()
+
     async def lead(consumer: SearcherConsumer, lease: LeaderLease, term: asyncio.Event) -> None:
         await consumer.advance()
+        workers = CustomWorkers(ctx.store, fence=lease.fence, settings=settings)
+        consumer.workers = workers
         ctx.ready("leader")
         runner = ConsumerRunner(ctx.store, ctx.bus, consumer, catch_up_every=1.0, fence=lease.fence)
-        await runner.run(term)
+        try:
+            await runner.run(term)
+        finally:
+            consumer.workers = None
+            await workers.close()
 
     await serve_replica(ctx, "searcher", lambda: SearcherConsumer(ctx.store), lead)
 

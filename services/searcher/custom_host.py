@@ -1,5 +1,9 @@
-"""The process a custom searcher runs in: ``python -m services.searcher.custom_host CODE_DIR``.
+"""The process a custom searcher runs in:
+``python -P -m services.searcher.custom_host [--limits JSON] CODE_DIR``.
 
+Before it imports anything of the user's, it applies ``--limits`` to itself (rlimits ``as``,
+``cpu``, ``nofile``, ``nproc``, ``fsize``, ``core`` and a ``nice`` increment; see
+:class:`services.searcher.sandbox.SandboxSettings`), then works in ``CODE_DIR``.
 It reads one JSON request per line on stdin and answers one JSON line on stdout. The first
 request is ``{"call": "init", "config": {...}, "seed": N}`` (the experiment's config and the
 searcher's seed); then ``initial``, ``created``, ``validation`` and ``exited`` calls. Answers are
@@ -9,8 +13,11 @@ searcher's seed); then ``initial``, ``created``, ``validation`` and ``exited`` c
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
+import os
+import resource
 import sys
 import traceback
 from typing import Any, TextIO
@@ -96,11 +103,44 @@ def serve(code_dir: str, inp: TextIO, out: TextIO) -> None:
         out.flush()
 
 
-def main() -> int:
+_RLIMITS = {
+    "as": resource.RLIMIT_AS,
+    "cpu": resource.RLIMIT_CPU,
+    "nofile": resource.RLIMIT_NOFILE,
+    "nproc": resource.RLIMIT_NPROC,
+    "fsize": resource.RLIMIT_FSIZE,
+    "core": resource.RLIMIT_CORE,
+}
+
+
+def confine_self(limits: dict[str, int]) -> None:
+    """Lowers this process's rlimits and CPU priority (an unprivileged process may always lower
+    them, and never raise them again).
+
+    Raises:
+        OSError, ValueError: a limit cannot be set (the host then refuses to serve).
+    """
+    for name, value in limits.items():
+        if name == "nice":
+            os.nice(int(value))
+            continue
+        which = _RLIMITS[name]
+        _, hard = resource.getrlimit(which)
+        value = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(which, (value, value))
+
+
+def main(argv: list[str] | None = None) -> int:
     """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m services.searcher.custom_host")
+    parser.add_argument("--limits", default="{}", help="JSON object of limits")
+    parser.add_argument("code_dir")
+    args = parser.parse_args(argv)
+    confine_self(json.loads(args.limits))
+    os.chdir(args.code_dir)
     protocol = sys.stdout
     sys.stdout = sys.stderr  # the user's prints must not corrupt the protocol
-    serve(sys.argv[1], sys.stdin, protocol)
+    serve(args.code_dir, sys.stdin, protocol)
     return 0
 
 

@@ -10,6 +10,7 @@ stop decisions look like a real search's and the preview is reproducible.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
 from collections import Counter
@@ -36,8 +37,9 @@ from services.searcher.methods.base import (
     Shutdown,
     Stop,
 )
-from services.searcher.methods.custom import CustomStrategy
+from services.searcher.methods.custom import CustomStrategy, hook_of
 from services.searcher.methods.pbt import PBTStrategy
+from services.searcher.sandbox import Sandbox, SandboxError, SandboxSettings, as_json
 
 MAX_EVENTS = 1_000_000
 """Most simulated validations of one preview; a bigger search is refused before it runs."""
@@ -126,14 +128,59 @@ def _bracket_of(method: SearchMethod, request_id: str) -> int:
     return strategy.bracket_of(request_id) if isinstance(strategy, AdaptiveASHAStrategy) else 0
 
 
+class _LocalSearcher:
+    """Answers a custom search's due calls at once, from the user's class run on this machine
+    (the user's own code, for the user: no sandbox)."""
+
+    def __init__(self, strategy: CustomStrategy, code_dir: Path) -> None:
+        self.strategy = strategy
+        self.code_dir = code_dir
+        self.settings = SandboxSettings.from_env()
+        self.loop = asyncio.new_event_loop()
+        self.process: Sandbox | None = None
+
+    def _ask(self, message: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+        if self.process is None:
+            self.process = self.loop.run_until_complete(
+                Sandbox.local(self.code_dir, settings=self.settings)
+            )
+            startup = max(self.settings.call_timeout, self.settings.startup_timeout)
+            init = self.process.ask(self.strategy.init_message(), hook="__init__", timeout=startup)
+            self.loop.run_until_complete(init)
+        ops = self.process.ask(message, hook=hook_of(message), timeout=timeout)
+        return as_json(self.loop.run_until_complete(ops))
+
+    def answer(self, method: SearchMethod) -> list[Operation]:
+        """Asks every due call in order and returns what the method decided from the answers."""
+        out: list[Operation] = []
+        strategy = self.strategy
+        while strategy.answers_due:
+            call = strategy.answered + 1
+            try:
+                ops = self._ask(strategy.calls[call - 1], self.settings.call_timeout)
+            except SandboxError as exc:
+                method.on_call_failed(call, f"custom searcher {strategy.searcher_class}: {exc}")
+                break
+            out.extend(method.on_answer(call, ops))
+        return out
+
+    def close(self) -> None:
+        """Ends the process."""
+        if self.process is not None:
+            self.loop.run_until_complete(self.process.close())
+        self.loop.close()
+
+
 class _Simulation:
     def __init__(self, config: ExperimentConfig, seed: int, code_dir: Path | None = None) -> None:
         strategy = None
+        self.local: _LocalSearcher | None = None
         if isinstance(config.searcher, CustomSearcher):
             if code_dir is None:
                 raise SearcherError("a custom searcher is previewed with its code directory")
             raw = config.model_dump(mode="json", exclude_none=True)
-            strategy = CustomStrategy(raw, seed, code_dir, config.searcher.max_trials)
+            strategy = CustomStrategy(raw, seed, None, config.searcher.max_trials)
+            self.local = _LocalSearcher(strategy, code_dir.resolve())
         self.custom = strategy
         self.method = make_method(config, strategy)
         self.brackets = _brackets(self.method)
@@ -188,6 +235,12 @@ class _Simulation:
                 self._close(op.request_id)
             elif isinstance(op, Shutdown):
                 self.done = True
+        if self.local is not None and not self.done:
+            more = self.local.answer(self.method)
+            if self.local.strategy.failure is not None:
+                self.done = True
+            elif more:
+                self._apply(more)
 
     def _close(self, request_id: str) -> None:
         if self.start.pop(request_id, None) is not None:
@@ -252,8 +305,8 @@ def preview_search(config: ExperimentConfig, code_dir: Path | None = None) -> Pr
     try:
         sim.run()
     finally:
-        if sim.custom is not None:
-            sim.custom.close()
+        if sim.local is not None:
+            sim.local.close()
     if sim.custom is not None and sim.custom.failure is not None:
         raise SearcherError(sim.custom.failure)
     searcher = config.searcher

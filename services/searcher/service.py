@@ -21,27 +21,32 @@ experiment after the input event) is dropped, not appended.
 A new trial's id is taken from the ``trial_ids`` sequence in the transaction that appends its
 ``TrialRequested``. Replay never takes one: the searcher also reads its own ``TrialRequested``
 facts and learns each request's trial id from them, as recorded.
+
+A custom searcher (a user's code) never runs here, neither on this event loop nor inside a
+consumer transaction. Its method's inputs become numbered calls in the fold
+(:mod:`services.searcher.methods.custom`); after each commit the leader hands the due calls to
+:class:`~services.searcher.custom_worker.CustomWorkers`, which ask them in a sandboxed process
+and record each answer as a fact (``CustomSearcherAnswered`` / ``CustomSearcherFailed``) in a
+transaction of their own. The fold applies those facts like any other input, so a rebuild or a
+standby folds a custom search from the log alone and never starts its code; only the leader's
+workers run it, and only for a live search with a call due.
 """
 
 from __future__ import annotations
 
-import tarfile
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from events import lifecycle
-from events.archive import extract_tar
 from events.config import ConfigError, CustomSearcher, ExperimentConfig, parse_config
 from events.consumer import Consumer
 from events.envelope import Event, RecordedEvent
 from events.names import experiment_stream
 from events.store import EventStore, Transaction
 from events.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
-from services.api import read as api_read
+from services.searcher.custom_worker import ANSWER_TYPES, CustomWorkers
 from services.searcher.methods import (
     Create,
     Operation,
@@ -66,6 +71,7 @@ TYPES = frozenset(
         "TrialStateChanged",
         "TrialRequested",
         "CheckpointSaved",
+        *ANSWER_TYPES,
     }
 )
 _OPEN = (lifecycle.ACTIVE, lifecycle.PAUSED)
@@ -146,18 +152,20 @@ class SearcherConsumer(Consumer):
     def __init__(self, store: EventStore) -> None:
         self.store = store
         self.searches: dict[int, Search] = {}
+        self.custom: dict[int, CustomStrategy] = {}
+        """The custom searches that may still ask their user's method, by experiment."""
+        self.workers: CustomWorkers | None = None
+        """The leader's custom searcher workers (``None``: a standby's fold asks nothing)."""
         self.experiment_of: dict[int, int] = {}
         self.replaying = False
         self.folded = 0
         self._pending: list[tuple[str, _Pending]] = []
-        self._code: dict[int, Path] = {}
-        self._code_root: Path | None = None
 
     async def rebuild(self) -> None:
-        """Replays the log up to the checkpoint, rebuilding every method without appending."""
-        for search in self.searches.values():
-            _close(search)
+        """Replays the log up to the checkpoint, rebuilding every method without appending
+        (and without running any custom searcher: their answers are in the log)."""
         self.searches = {}
+        self.custom = {}
         self.experiment_of = {}
         self.folded = 0
         await self.advance()
@@ -172,7 +180,6 @@ class SearcherConsumer(Consumer):
             async for event in self.store.iter_all(self.folded, types=TYPES):
                 if event.position > checkpoint:
                     break
-                await self._prepare(event)
                 self.apply(event)
                 self.folded = event.position
             self.folded = max(self.folded, checkpoint)
@@ -183,8 +190,12 @@ class SearcherConsumer(Consumer):
     async def on_rollback(self) -> None:
         await self.rebuild()
 
+    async def after_commit(self) -> None:
+        """Hands the custom searches' due calls to the leader's workers."""
+        if self.workers is not None:
+            self.workers.sync(self.custom)
+
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
-        await self._prepare(event)
         self.apply(event)
         pending, self._pending = self._pending, []
         for stream_id, item in pending:
@@ -196,36 +207,6 @@ class SearcherConsumer(Consumer):
             ):
                 continue
             await tx.append(stream_id, [fact])
-
-    async def _prepare(self, event: RecordedEvent) -> None:
-        """Unpacks the code of an experiment with a custom searcher before it is applied."""
-        p = event.payload
-        if event.type != "ExperimentSubmitted":
-            return
-        searcher = (p.get("config") or {}).get("searcher") or {}
-        code_ref = p.get("code_ref")
-        if not isinstance(searcher, dict) or searcher.get("name") != "custom" or not code_ref:
-            return
-        exp_id = int(p["experiment_id"])
-        if exp_id in self._code:
-            return
-        async with self.store.pool.acquire() as conn:
-            data = await api_read.code_blob(conn, str(code_ref))
-        if data is None:
-            log.error("custom searcher's code is missing", experiment=exp_id, code_ref=code_ref)
-            return
-        if self._code_root is None:
-            self._code_root = Path(tempfile.mkdtemp(prefix="cairn-searcher-code-"))
-        dest = self._code_root / str(exp_id)
-        dest.mkdir(parents=True, exist_ok=True)
-        try:
-            extract_tar(bytes(data), dest)
-        except (tarfile.TarError, OSError) as exc:
-            log.error(
-                "custom searcher's code cannot be unpacked", experiment=exp_id, error=str(exc)
-            )
-            return
-        self._code[exp_id] = dest
 
     async def _decided(self, tx: Transaction, item: _Pending) -> Event | None:
         """The fact to append for a queued decision; a new trial takes its id here."""
@@ -281,11 +262,14 @@ class SearcherConsumer(Consumer):
             after = lifecycle.next_experiment_state(search.state, p["state"]) if search else None
             if search is not None and after is not None:  # a refused change is never applied
                 search.state = after
-                if after in lifecycle.TERMINAL:
-                    _close(search)
+                if after not in _OPEN:
+                    self._close(search)  # stopping or ended: its searcher is asked nothing more
             return
         if event.type == "ExperimentContinued":
             self._continued(p)
+            return
+        if event.type in ANSWER_TYPES:
+            self._answered(event)
             return
         if event.type == "TrialRequested":
             self._requested(int(p["experiment_id"]), str(p["request_id"]), int(p["trial_id"]))
@@ -331,6 +315,28 @@ class SearcherConsumer(Consumer):
                 self._run(search, search.method.on_trial_exited_early(request_id, reason))
             self._run(search, search.method.on_trial_closed(request_id))
 
+    def _answered(self, event: RecordedEvent) -> None:
+        """Applies a custom searcher's recorded answer (or failure) to its call."""
+        p = event.payload
+        search = self.searches.get(int(p["experiment_id"]))
+        if search is None or search.failed or int(p["experiment_id"]) not in self.custom:
+            return  # the search has ended: a late answer changes nothing
+        call = int(p["call"])
+        try:
+            if event.type == "CustomSearcherFailed":
+                search.method.on_call_failed(call, str(p["reason"]))
+                ops: list[Operation] = []
+            else:
+                ops = search.method.on_answer(call, p["ops"])
+        except SearcherError as exc:
+            log.error(
+                "custom searcher answer not applied",
+                experiment=search.experiment_id,
+                error=str(exc),
+            )
+            return
+        self._run(search, ops)
+
     def _check_replayed(self, p: dict[str, Any]) -> None:
         """Logs an error when the method, replayed, chose other hyperparameters than recorded
         (its code or a library it samples with changed under a running search): the recorded
@@ -354,13 +360,10 @@ class SearcherConsumer(Consumer):
             config = parse_config(p["config"])
             strategy = None
             if isinstance(config.searcher, CustomSearcher):
-                code_dir = self._code.get(exp_id)
-                if code_dir is None:
-                    raise SearcherError("the experiment's code is not available")
                 strategy = CustomStrategy(
                     p["config"],
                     seed=config.reproducibility.experiment_seed or 0,
-                    code_dir=code_dir,
+                    code_ref=p.get("code_ref"),
                     max_trials=config.searcher.max_trials,
                 )
             method = make_method(config, strategy)
@@ -370,6 +373,8 @@ class SearcherConsumer(Consumer):
         state = lifecycle.initial_experiment_state(bool(p.get("activate", True)))
         search = Search(exp_id, config, method, state=state)
         self.searches[exp_id] = search
+        if strategy is not None:
+            self.custom[exp_id] = strategy
         self._run(search, method.initial_operations())
 
     def _continued(self, p: dict[str, Any]) -> None:
@@ -439,7 +444,7 @@ class SearcherConsumer(Consumer):
     def _failed(self, search: Search, reason: str) -> None:
         """The search cannot go on (a custom searcher failed): the experiment ends in error."""
         search.shut_down = True
-        _close(search)
+        self._close(search)
         if search.failed or self.replaying:
             return  # a failure met in replay only is recorded by the next live call
         search.failed = True
@@ -458,12 +463,11 @@ class SearcherConsumer(Consumer):
         if not self.replaying:
             self._pending.append((stream_id, fact))
 
-
-def _close(search: Search) -> None:
-    """Ends a custom searcher's process (other strategies hold none)."""
-    strategy = search.method.strategy
-    if isinstance(strategy, CustomStrategy):
-        strategy.close()
+    def _close(self, search: Search) -> None:
+        """Asks a custom search nothing more (its worker is stopped at the next commit)."""
+        strategy = self.custom.pop(search.experiment_id, None)
+        if strategy is not None:
+            strategy.release()
 
 
 async def _still_legal(tx: Transaction, stream_id: str, fact: ExperimentStateChanged) -> bool:

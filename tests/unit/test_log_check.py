@@ -10,6 +10,8 @@ from events.envelope import Event, Metadata, RecordedEvent
 from events.registry import encode
 from events.types import (
     CheckpointSaved,
+    CustomSearcherAnswered,
+    CustomSearcherFailed,
     ExperimentStateChanged,
     ExperimentSubmitted,
     SlotsAllocated,
@@ -127,6 +129,20 @@ def test_checkpoint_recorded_by_a_second_trial_is_found() -> None:
     assert kinds(log) == []
     log.add("trial-21", saved.model_copy(update={"trial_id": 21}))
     assert kinds(log) == ["checkpoint-claimed-twice"]
+
+
+def test_custom_searcher_call_settled_twice_or_skipped_is_found() -> None:
+    """A custom searcher's calls settle once each, in order: a second answer to a call and an
+    answer past an unsettled one are each a finding; other experiments count on their own."""
+    log = Log()
+    for call in (1, 2):
+        log.add("experiment-1", CustomSearcherAnswered(experiment_id=1, call=call, hook="h"))
+    log.add("experiment-2", CustomSearcherAnswered(experiment_id=2, call=1, hook="h"))
+    assert kinds(log) == []
+    failed = CustomSearcherFailed(experiment_id=1, call=2, hook="h", reason="took too long")
+    log.add("experiment-1", failed)
+    log.add("experiment-1", CustomSearcherAnswered(experiment_id=1, call=4, hook="h"))
+    assert kinds(log) == ["custom-call-settled-twice", "custom-call-skipped"]
 
 
 def test_undecodable_event_is_found() -> None:

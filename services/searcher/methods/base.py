@@ -11,7 +11,11 @@ the trial events it folds from the log and records the operations it returns as 
 * ``on_checkpoint(request_id, uuid, steps_completed)`` for every checkpoint a trial saves;
 * ``on_trial_exited_early(request_id, reason)`` when a trial ends abnormally (``errored`` after
   its restarts are spent, ``user_canceled``, ``invalid_hp``), always followed by
-* ``on_trial_closed(request_id)`` when the trial has exited for good, for whatever reason.
+* ``on_trial_closed(request_id)`` when the trial has exited for good, for whatever reason;
+* ``on_answer(call, ops)`` / ``on_call_failed(call, reason)`` only for a strategy that asks its
+  decisions elsewhere (a custom searcher, :mod:`.custom`): the recorded answer to one of its
+  calls. Such a strategy returns nothing from the calls above, and the search does not end
+  while it is :attr:`SearchStrategy.answers_due` for an answer.
 
 It answers with :class:`Create`, :class:`Stop` and, once every requested trial is closed and
 nothing more will be requested, a single :class:`Shutdown`.
@@ -31,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
@@ -130,6 +134,30 @@ class SearchStrategy(ABC):
     """
 
     failure: str | None = None
+
+    @property
+    def answers_due(self) -> bool:
+        """Whether the strategy still owes answers it will be given later (a custom searcher's
+        unanswered calls): the search cannot end before they are folded."""
+        return False
+
+    def answer(
+        self, ctx: SearchContext, call: int, ops: Sequence[Mapping[str, Any]]
+    ) -> list[Operation]:
+        """Folds a recorded answer to call ``call`` (only strategies that ask elsewhere have any).
+
+        Raises:
+            SearcherError: the strategy asks nothing elsewhere, or ``call`` is out of order.
+        """
+        raise SearcherError(f"{type(self).__name__} records no answers")
+
+    def fail_call(self, call: int, reason: str) -> None:
+        """Folds a recorded failure of call ``call``; the search fails with ``reason``.
+
+        Raises:
+            SearcherError: the strategy asks nothing elsewhere, or ``call`` is out of order.
+        """
+        raise SearcherError(f"{type(self).__name__} records no answers")
 
     @abstractmethod
     def initial(self, ctx: SearchContext) -> list[Operation]:
@@ -253,6 +281,25 @@ class SearchMethod:
         self._closed_set.add(request_id)
         return self._finish(self._strategy.closed(self._ctx, request_id))
 
+    def on_answer(self, call: int, ops: Sequence[Mapping[str, Any]]) -> list[Operation]:
+        """Feeds the recorded answer to call ``call`` of a strategy that asks elsewhere (a custom
+        searcher); may create, stop, or end the search once nothing is owed any more.
+
+        Raises:
+            SearcherError: the strategy records no answers, or ``call`` is out of order.
+        """
+        decided = self._strategy.answer(self._ctx, call, ops)
+        return [] if self._shutdown else self._finish(decided)
+
+    def on_call_failed(self, call: int, reason: str) -> None:
+        """Feeds the recorded failure of call ``call``: the strategy's
+        :attr:`SearchStrategy.failure` is set.
+
+        Raises:
+            SearcherError: the strategy records no answers, or ``call`` is out of order.
+        """
+        self._strategy.fail_call(call, reason)
+
     def on_trial_continued(self, request_id: str) -> None:
         """A user continued the ended search's closed trial ``request_id``: it is live again and
         the search is open until it closes once more (then ``Shutdown`` follows again).
@@ -354,7 +401,13 @@ class SearchMethod:
             self._requested_set.add(create.request_id)
             out.append(create)
         # Invariant: Shutdown is emitted once, when nothing is running or held any more.
-        if self._started and not self._shutdown and not self._held and self.running == 0:
+        if (
+            self._started
+            and not self._shutdown
+            and not self._held
+            and self.running == 0
+            and not self._strategy.answers_due
+        ):
             self._shutdown = True
             reasons = [self._exits.get(r) for r in self._requested]
             out.append(
