@@ -241,7 +241,7 @@ async def _live(store: EventStore, dsn: str, url: str, n: int, work: Path) -> fl
     proc = _spawn([sys.executable, "-m", "bench.ingest", "--tracker"], log, env)
     try:
         await _wait_for(ready.exists, proc, "the tracker", log, timeout=60)
-        token = await trial_token(store, LIVE_TRIAL_ID)
+        token = await trial_token(store, LIVE_TRIAL_ID, 1)
         t0 = time.perf_counter()
         await asyncio.to_thread(_report_points, url, token, LIVE_TRIAL_ID, n)
         while True:
@@ -299,11 +299,11 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
         store = await EventStore.connect(dsn, max_size=6)
         await _seed(store)
         url = f"http://127.0.0.1:{port}"
-        warmup_token = await trial_token(store, WARMUP_TRIAL_ID)
+        warmup_token = await trial_token(store, WARMUP_TRIAL_ID, 1)
         await asyncio.to_thread(_report_points, url, warmup_token, WARMUP_TRIAL_ID, WARMUP_POINTS)
         progress(f"ingest: cairn, {n:,} points through the API in batches of {MAX_BATCH}")
         seconds = await asyncio.to_thread(
-            _report_points, url, await trial_token(store, TRIAL_ID), TRIAL_ID, n
+            _report_points, url, await trial_token(store, TRIAL_ID, 1), TRIAL_ID, n
         )
         events = await store.pool.fetchval(
             "SELECT count(*) FROM events WHERE stream_id = $1 AND type = 'WorkloadCompleted'",

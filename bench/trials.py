@@ -50,7 +50,6 @@ from events.store import EventStore
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = ROOT / "examples" / "scripted"
 DIGITS = ROOT / "examples" / "digits"
-AGENT_TOKEN = "bench-agent-token"
 SLOTS = 2
 NOOP_HPARAMS: dict[str, Any] = {"steps": 1, "sleep": 0, "checkpoint_every": 0}
 DIGITS_HPARAMS: dict[str, Any] = {"lr": 0.01, "hidden": 128, "dropout": 0.1, "batch_size": 32}
@@ -94,7 +93,6 @@ def _stop_process(proc: subprocess.Popen[Any], deadline: float) -> None:
 class _Cluster(ProcessCluster):
     """The services as processes on one database and one nats-server; an HTTP client for the API."""
 
-    agent_token: str = AGENT_TOKEN
     token: str = ""
     http: aiohttp.ClientSession | None = None
 

@@ -411,6 +411,14 @@ class Client:
             return dict(self.post(f"/agents/{_quote(agent_id)}/enable"))
         return dict(self.post(f"/agents/{_quote(agent_id)}/disable", {"drain": drain}))
 
+    def list_agent_credentials(self) -> dict[str, Any]:
+        """``{"credentials": [...]}``: every agent credential issued, live and revoked (admin)."""
+        return dict(self.get("/agent-credentials"))
+
+    def revoke_agent(self, agent_id: str) -> dict[str, Any]:
+        """Revokes an agent's credential (admin): the agent is refused and declared lost."""
+        return dict(self.post(f"/agents/{_quote(agent_id)}/revoke", {}))
+
     def list_slots(self) -> dict[str, Any]:
         """``{"slots": [...]}`` over all agents."""
         return dict(self.get("/slots"))

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import nats
 import structlog
@@ -53,11 +56,60 @@ def subject_for(stream_id: str) -> str:
     return f"{EVENTS_PREFIX}.{stream_type_of(stream_id)}.{stream_id.replace('.', '_')}"
 
 
+MAX_POSITION = 2**63 - 1
+"""The largest position a ``bigint`` column holds; a header above it is not a position."""
+
+
 def position_of(msg: Any) -> int | None:
-    """The global position carried by a relayed message, if any."""
-    headers = getattr(msg, "headers", None) or {}
+    """The global position carried by a relayed message, or ``None`` when it carries none.
+
+    Anything but a decimal integer in ``[1, 2**63 - 1]`` (missing, empty, non-numeric, negative,
+    absurdly large, not text at all) is no position: the caller treats the message as a bare
+    wake-up or skips it, never crashes on it.
+    """
+    headers = getattr(msg, "headers", None)
+    if not isinstance(headers, Mapping):
+        return None
     value = headers.get(POSITION_HEADER)
-    return int(value) if value is not None else None
+    if not isinstance(value, str) or not value.isascii() or not value.strip().isdigit():
+        return None
+    if len(value.strip()) > 19:
+        return None
+    position = int(value)
+    return position if 1 <= position <= MAX_POSITION else None
+
+
+CREDS_PARAM = "creds"
+"""The query parameter of a NATS URL that names the user's credentials file (a path, never the
+secret itself), as a PostgreSQL DSN's ``sslkey`` names a key file:
+``nats://127.0.0.1:4222?creds=/data/nats-auth/relay.creds``."""
+
+
+def split_url(url: str) -> tuple[str, Path | None]:
+    """``url`` without its :data:`CREDS_PARAM`, and the credentials path it named (if any)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    creds = query.pop(CREDS_PARAM, [None])[-1]
+    rest = "&".join(f"{k}={v}" for k, values in query.items() for v in values)
+    bare = urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment))
+    return bare, Path(creds) if creds else None
+
+
+def with_creds(url: str, creds: Path | str) -> str:
+    """``url`` naming ``creds`` as its credentials file (replacing any it named)."""
+    bare, _ = split_url(url)
+    return f"{bare}{'&' if '?' in bare else '?'}{CREDS_PARAM}={os.fspath(creds)}"
+
+
+def connect_options(url: str, *, creds: Path | None = None) -> dict[str, Any]:
+    """The ``nats.connect`` keyword arguments for ``url``: its server and, when ``url`` (or
+    ``creds``, which wins) names one, the credentials file to log in with."""
+    bare, named = split_url(url)
+    path = creds or named
+    options: dict[str, Any] = {"servers": [bare]}
+    if path is not None:
+        options["user_credentials"] = os.fspath(path)
+    return options
 
 
 def headers_size(headers: Mapping[str, str]) -> int:
@@ -88,6 +140,8 @@ class Bus:
         self.nc = nc
         self.js = js
         self.stubbed = 0
+        self.inbox_prefix: str | None = None
+        """Where replies reach this connection (set by :meth:`connect`)."""
 
     @property
     def max_payload(self) -> int:
@@ -95,11 +149,33 @@ class Bus:
         return int(self.nc.max_payload)
 
     @classmethod
-    async def connect(cls, url: str, *, name: str = "cairn", timeout: float = 10.0) -> Bus:
-        """Connects (retrying forever on later disconnects) and makes sure the streams exist."""
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str = "cairn",
+        timeout: float = 10.0,
+        creds: Path | None = None,
+        inbox_prefix: str | None = None,
+        manage_streams: bool = True,
+    ) -> Bus:
+        """Connects (retrying forever on later disconnects) and makes sure the streams exist.
+
+        Args:
+            url: the server, optionally naming a credentials file (:data:`CREDS_PARAM`).
+            name: the connection's name in the server's lists.
+            timeout: seconds for the connection and each JetStream request.
+            creds: a credentials file that overrides the one ``url`` names.
+            inbox_prefix: where replies reach this connection (an agent's user may subscribe
+                only below its own prefix; see :mod:`events.bus_auth`).
+            manage_streams: create or update the streams (an agent may not).
+        """
+        options = connect_options(url, creds=creds)
+        if inbox_prefix is not None:
+            options["inbox_prefix"] = inbox_prefix
         try:
             nc = await nats.connect(
-                url,
+                **options,
                 name=name,
                 connect_timeout=timeout,
                 max_reconnect_attempts=-1,
@@ -114,7 +190,13 @@ class Bus:
                 f"cannot connect to NATS at {redact_url(url)}: {exc}"
             ) from exc
         bus = cls(nc, nc.jetstream(timeout=timeout))
-        await bus.ensure_streams()
+        bus.inbox_prefix = inbox_prefix
+        if manage_streams:
+            try:
+                await bus.ensure_streams()
+            except BusUnavailableError:
+                await bus.close()
+                raise
         return bus
 
     async def ensure_streams(self) -> None:

@@ -4,7 +4,9 @@ A bus message at position p is only a wake-up: the runner locks the consumer's c
 reads (checkpoint, head] from PostgreSQL, applies those events in order and moves the checkpoint,
 all in one transaction, and acks the message only after that commit. A redelivered or duplicate
 message finds p <= checkpoint and changes nothing; a lost one is healed by the periodic catch-up,
-which does the same read.
+which does the same read. A message whose position header is missing or not a position (see
+:func:`events.bus.position_of`) is logged and acked with its page: it never stops the consumer
+and is never redelivered.
 
 Invariants:
 
@@ -38,7 +40,7 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from events import faults
-from events.bus import ACK_WAIT_SECONDS, EVENTS_PREFIX, Bus, position_of
+from events.bus import ACK_WAIT_SECONDS, EVENTS_PREFIX, POSITION_HEADER, Bus, position_of
 from events.envelope import RecordedEvent
 from events.errors import ConcurrencyError, EventsError, FencedError
 from events.store import EventStore, Fence, Transaction
@@ -247,7 +249,22 @@ class ConsumerRunner:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
                 continue
-            positions = [p for p in (position_of(m) for m in msgs) if p is not None]
+            positions = []
+            for msg in msgs:
+                position = position_of(msg)
+                if position is None:
+                    # Not a relayed event (a forged or damaged message): it wakes nobody; it is
+                    # acked with the rest so that it is never delivered again.
+                    log.warning(
+                        "bus message without a valid position skipped",
+                        consumer=self.consumer.name,
+                        subject=str(getattr(msg, "subject", ""))[:200],
+                        header=repr((getattr(msg, "headers", None) or {}).get(POSITION_HEADER))[
+                            :100
+                        ],
+                    )
+                else:
+                    positions.append(position)
             try:
                 if positions:
                     await self.catch_up(max(positions))

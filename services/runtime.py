@@ -4,9 +4,11 @@ A service is ``python -m services.<name>`` with its DSN and NATS URL read from f
 (``--db-file`` / ``--nats-file``, or ``CAIRN_DB_FILE`` / ``CAIRN_NATS_FILE``), as ``cairn up``
 starts it; ``--db DSN --nats URL`` (or env ``CAIRN_DB`` / ``CAIRN_NATS``) still work for a service
 started by hand, though a command line and an environment are readable by others (see
-:mod:`services.credentials`). Before it reads them, the process makes itself undumpable. When
-the launcher sets ``CAIRN_READY_FILE``, the service writes that file once it is connected and
-serving, which is how ``cairn up`` knows it is healthy.
+:mod:`services.credentials`). The NATS URL names the service's NATS credentials file
+(``nats://host:4222?creds=/path/relay.creds``, see :mod:`events.bus_auth`). Before it reads
+them, the process makes itself undumpable. When the launcher sets ``CAIRN_READY_FILE``, the
+service writes that file once it is connected and serving, which is how ``cairn up`` knows it is
+healthy.
 """
 
 from __future__ import annotations
@@ -74,7 +76,11 @@ def base_parser(name: str) -> argparse.ArgumentParser:
         "--nats-file", default=None, help="file holding the NATS URL (CAIRN_NATS_FILE)"
     )
     parser.add_argument("--db", default=None, help="PostgreSQL DSN (CAIRN_DB; visible to others)")
-    parser.add_argument("--nats", default=None, help="NATS URL (CAIRN_NATS; visible to others)")
+    parser.add_argument(
+        "--nats",
+        default=None,
+        help="NATS URL (CAIRN_NATS); ?creds=PATH names the service's NATS credentials file",
+    )
     parser.add_argument("--log-level", default=os.environ.get("CAIRN_LOG_LEVEL", "INFO"))
     return parser
 

@@ -1,4 +1,5 @@
-"""``cairn agent`` (alias ``a``) and ``cairn slot`` (alias ``s``): list, enable, disable."""
+"""``cairn agent`` (alias ``a``) and ``cairn slot`` (alias ``s``): list, enable, disable; and
+admins' ``cairn agent credentials`` / ``cairn agent revoke``."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def register(sub: Any) -> None:
     )
     add_json_flag(disable)
     disable.set_defaults(handler=cmd_agent_enable, enabled=False)
+    creds = verbs.add_parser(
+        "credentials", help="list the agents' credentials, live and revoked (admin)"
+    )
+    add_json_flag(creds)
+    creds.set_defaults(handler=cmd_agent_credentials)
+    revoke = verbs.add_parser(
+        "revoke",
+        help="revoke an agent's credential: it is refused and declared lost, and its id "
+        "cannot join again (admin)",
+    )
+    revoke.add_argument("agent_id")
+    add_json_flag(revoke)
+    revoke.set_defaults(handler=cmd_agent_revoke)
 
     slots = sub.add_parser("slot", aliases=["s"], help="list, enable and disable slots")
     slots.set_defaults(group_parser=slots)
@@ -84,6 +98,42 @@ def cmd_agent_enable(args: argparse.Namespace) -> int:
     else:
         state = "enabled" if result.get("enabled", args.enabled) else "disabled"
         print(f"agent {args.agent_id} {state}")
+    return 0
+
+
+def cmd_agent_credentials(args: argparse.Namespace) -> int:
+    """Lists every agent credential (never the tokens themselves)."""
+    data = auth_store.connect(args).list_agent_credentials()
+    if wants_json(args):
+        print_json(data)
+        return 0
+    table(
+        ["AGENT", "ISSUED", "INCARNATION", "NATS USER", "REVOKED", "BY"],
+        [
+            [
+                c.get("agent_id"),
+                when(c.get("issued_at")),
+                c.get("incarnation"),
+                c.get("nats_user") or "-",
+                when(c.get("revoked_at")) if c.get("revoked_at") else "-",
+                c.get("revoked_by") or "-",
+            ]
+            for c in data["credentials"]
+        ],
+    )
+    return 0
+
+
+def cmd_agent_revoke(args: argparse.Namespace) -> int:
+    """Revokes an agent's credential."""
+    result = auth_store.connect(args).revoke_agent(args.agent_id)
+    if wants_json(args):
+        print_json(result)
+    else:
+        print(
+            f"agent {args.agent_id}'s credential revoked; it is declared lost once its "
+            "heartbeats stop counting"
+        )
     return 0
 
 

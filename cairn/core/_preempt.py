@@ -17,7 +17,7 @@ import time
 
 from cairn.core._distributed import DistributedContext, DummyDistributedContext
 from cairn.core._http import HTTPStatusError, Session
-from cairn.core._run_gone import RunGoneHandler, exit_run_gone
+from cairn.core._run_gone import RunGoneHandler, error_message, exit_run_gone, is_run_gone
 
 log = logging.getLogger("cairn.core")
 
@@ -112,6 +112,10 @@ class PreemptContext:
                     self._stop.wait(0.5)
                 continue
             except HTTPStatusError as exc:
+                if is_run_gone(exc):
+                    self._flag.set()
+                    self._on_run_gone(error_message(exc))
+                    return
                 if exc.status in (401, 403, 404):
                     log.warning("cairn: preemption signal unavailable (%s)", exc)
                 error: Exception = exc

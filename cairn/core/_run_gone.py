@@ -36,8 +36,9 @@ _stopping = threading.Lock()
 
 
 def is_run_gone(exc: HTTPStatusError) -> bool:
-    """True if ``exc`` refuses a report because its run is not (or no longer) current."""
-    if exc.status != 409:
+    """True if ``exc`` refuses a report (409) or the run's token (403) because its run is not
+    (or no longer) current."""
+    if exc.status not in (403, 409):
         return False
     try:
         body = json.loads(exc.body)

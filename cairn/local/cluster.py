@@ -44,7 +44,10 @@ from cairn.local.private_files import read_or_create_secret
 from cairn.local.servers import (
     ServerProcess,
     ServerStartError,
+    bare_nats_url,
     free_port,
+    nats_authority_file,
+    nats_url_as,
     start_nats,
     start_postgres,
 )
@@ -66,6 +69,7 @@ from cairn.local.state import (
     state_path,
     write_state,
 )
+from events.bus_auth import USER_ROLES
 from events.redact import redact_url
 from services import credentials
 
@@ -178,17 +182,32 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def agent_token(data_dir: Path) -> str:
-    """The token agents present to the API: ``$CAIRN_AGENT_TOKEN``, else ``DIR/agent.token``.
+def join_token_file(data_dir: Path) -> Path:
+    """The cluster's join token (``DIR/join.token``, mode 0600), created on first use: agents
+    present it once for their own credential. Its path, never its value, reaches the API and
+    the agents."""
+    path = data_dir / "join.token"
+    read_or_create_secret(path)
+    return path
 
-    The file is created (mode 0600) with a random token on first use, so the token stays the same
-    across ``down``/``up``. It reaches the gateway and agents in a file of their own
-    (:mod:`cairn.local.service_credentials`), never in their environment or command line.
-    """
-    from_env = os.environ.get("CAIRN_AGENT_TOKEN")
-    if from_env:
-        return from_env
-    return read_or_create_secret(data_dir / "agent.token")
+
+def service_nats_env(name: str, nats_url: str, data_dir: Path) -> dict[str, str]:
+    """The bus settings of process ``name``: each service its own NATS user (a path in the
+    URL); an agent the bare URL and the join token file (it joins for its own user); the API
+    also the authority file, to issue agents' users."""
+    service = service_of(name)
+    if service == "agent":
+        return {
+            "CAIRN_NATS": bare_nats_url(nats_url),
+            "CAIRN_JOIN_TOKEN_FILE": str(join_token_file(data_dir)),
+        }
+    env = {"CAIRN_NATS": nats_url_as(nats_url, service if service in USER_ROLES else "admin")}
+    if service == "api":
+        env["CAIRN_JOIN_TOKEN_FILE"] = str(join_token_file(data_dir))
+        authority = nats_authority_file(nats_url)
+        if authority is not None:
+            env["CAIRN_NATS_AUTHORITY_FILE"] = str(authority)
+    return env
 
 
 def tail(path: Path | str, lines: int = 20) -> str:
@@ -255,7 +274,6 @@ class Supervisor:
         self.children: dict[str, _Child] = {}
         self._stop = threading.Event()
         self._deadline = 0.0
-        self._agent_token = ""
 
     # -- control
 
@@ -393,7 +411,6 @@ class Supervisor:
             port = free_port()
         self.state.ports["api"] = port
         self.state.api_url = f"http://127.0.0.1:{port}"
-        self._agent_token = agent_token(self.data_dir)
         service_credentials.ensure_admin_password(
             self.data_dir, os.environ.get("CAIRN_ADMIN_PASSWORD")
         )
@@ -430,11 +447,11 @@ class Supervisor:
         assert child.ready_file is not None
         with contextlib.suppress(FileNotFoundError):
             child.ready_file.unlink()
+        bus = service_nats_env(name, self.state.nats_url, self.data_dir)
         files = service_credentials.service_files(
             service_credentials.secrets_dir(self.data_dir),
             service_of(name),
-            nats_url=self.state.nats_url,
-            agent_token=self._agent_token,
+            nats_url=bus.pop("CAIRN_NATS"),
             admin_password=self.data_dir / service_credentials.ADMIN_PASSWORD_FILE,
         )
         env = service_credentials.service_env(
@@ -444,6 +461,7 @@ class Supervisor:
                     "CAIRN_API_URL": self.state.api_url,
                     "CAIRN_HOME": str(self.data_dir),
                     "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
+                    **bus,
                 }
             ),
             files,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cairn.local import service_credentials
-from cairn.local.cluster import service_of, terminate
+from cairn.local.cluster import join_token_file, service_nats_env, service_of, terminate
 from cairn.local.private_files import write_private
 from cairn.local.servers import free_port, wait_for_port
 
@@ -35,9 +35,8 @@ class ProcessCluster:
 
     Attributes:
         db_url: a superuser's DSN of the cluster's database.
-        nats_url: the NATS URL, with its credentials.
+        nats_url: the nats-server's URL, as :func:`cairn.local.servers.start_nats` gives it.
         workdir: logs, secrets and agents' work directories.
-        agent_token: the agents' token.
         admin_password: the initial admin's password (random unless given).
         api_port: the gateway's port.
         procs: the processes started, by name.
@@ -47,7 +46,6 @@ class ProcessCluster:
     db_url: str
     nats_url: str
     workdir: Path
-    agent_token: str = "local-agent-token"
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     api_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -83,15 +81,21 @@ class ProcessCluster:
 
     def env(self, service: str) -> dict[str, str]:
         """The environment of ``service`` (``api``, ``agent``, ...): the paths of its
-        credential files, and no secret."""
+        credential files and no secret; each service its own NATS user, agents the join
+        token file (see :func:`cairn.local.cluster.service_nats_env`)."""
+        bus = service_nats_env(service, self.nats_url, self.workdir)
         files = service_credentials.service_files(
             self.secrets,
             service,
-            nats_url=self.nats_url,
-            agent_token=self.agent_token,
+            nats_url=bus.pop("CAIRN_NATS"),
             admin_password=self.workdir / service_credentials.ADMIN_PASSWORD_FILE,
         )
-        return service_credentials.service_env(self.base_env(), files)
+        return service_credentials.service_env({**self.base_env(), **bus}, files)
+
+    @property
+    def join_token(self) -> str:
+        """The cluster's join token (created on first use)."""
+        return join_token_file(self.workdir).read_text().strip()
 
     def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
         """Starts ``python -m module args`` in its own session, logging to ``<name>.log``."""

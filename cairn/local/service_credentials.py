@@ -6,12 +6,13 @@ Layout, under a launcher's secrets directory (mode 0700)::
     <secrets>/<service>/          0700, one per service (replicas and extra agents share it)
         db, db.password           its PostgreSQL role's DSN and password (not for agents), made
                                   by ``python -m services.migrate --logins <secrets>``
-        nats                      the NATS URL with its credentials
-        agent-token               the agents' token (the gateway and agents only)
+        nats                      its NATS URL (with its credentials, or the path of its NATS
+                                  credentials file)
 
-A service learns the paths from ``CAIRN_DB_FILE``, ``CAIRN_NATS_FILE``,
-``CAIRN_AGENT_TOKEN_FILE`` and ``CAIRN_ADMIN_PASSWORD_FILE`` (gateway only), and the variables
-that would hold a secret itself are removed from its environment (see
+A service learns the paths from ``CAIRN_DB_FILE``, ``CAIRN_NATS_FILE`` and
+``CAIRN_ADMIN_PASSWORD_FILE`` (gateway only); the join token and the bus's authority reach the
+gateway and agents as paths too (``CAIRN_JOIN_TOKEN_FILE``, ``CAIRN_NATS_AUTHORITY_FILE``). The
+variables that would hold a secret itself are removed from its environment (see
 :mod:`services.credentials`). Every file is mode 0600.
 """
 
@@ -29,13 +30,11 @@ from services import credentials
 SECRETS_DIR = "secrets"
 """The secrets directory's name under a data directory."""
 NATS_FILE = "nats"
-AGENT_TOKEN_FILE = "agent-token"
 DB_FILE = "db"
 ADMIN_PASSWORD_FILE = "admin.password"
 """The initial admin's password, in the data directory (mode 0600)."""
 ADMIN_PASSWORD_BYTES = 24
 """Random bytes in a generated admin password (32 characters)."""
-_TOKEN_HOLDERS = frozenset({"api", "agent"})
 _ADMIN_HOLDERS = frozenset({"api"})
 
 
@@ -93,17 +92,15 @@ def service_files(
     service: str,
     *,
     nats_url: str,
-    agent_token: str,
     admin_password: Path | None,
 ) -> dict[str, str]:
-    """Writes ``service``'s NATS URL and (for holders) agent token under ``secrets_root``;
-    returns the environment variables naming its files.
+    """Writes ``service``'s NATS URL under ``secrets_root``; returns the environment variables
+    naming its files.
 
     Args:
         secrets_root: the secrets directory (:func:`secrets_dir`).
         service: the service (``searcher``, not a replica's name ``searcher-2``).
-        nats_url: the NATS URL with its credentials.
-        agent_token: the agents' token.
+        nats_url: its NATS URL.
         admin_password: the file of the initial admin's password, for the gateway.
     """
     directory = _private_dir(secrets_root / service)
@@ -111,9 +108,6 @@ def service_files(
     env = {"CAIRN_NATS_FILE": str(directory / NATS_FILE)}
     if (directory / DB_FILE).is_file():
         env["CAIRN_DB_FILE"] = str(directory / DB_FILE)
-    if service in _TOKEN_HOLDERS:
-        write_private(directory / AGENT_TOKEN_FILE, agent_token + "\n")
-        env["CAIRN_AGENT_TOKEN_FILE"] = str(directory / AGENT_TOKEN_FILE)
     if service in _ADMIN_HOLDERS and admin_password is not None:
         env["CAIRN_ADMIN_PASSWORD_FILE"] = str(admin_password)
     return env

@@ -22,6 +22,7 @@ import structlog
 from events import logging as cairn_logging
 from services import credentials
 from services.agent.agent import Agent, AgentConfig
+from services.agent.credential import CredentialError
 from services.agent.runtime import safe_name
 
 
@@ -59,14 +60,17 @@ def parser() -> argparse.ArgumentParser:
         "(CAIRN_CHECKPOINT_ROOT; default: $CAIRN_HOME/checkpoints or <work-dir>/checkpoints)",
     )
     p.add_argument(
-        "--agent-token-file",
-        default=None,
-        help="file holding the agent bearer token (CAIRN_AGENT_TOKEN_FILE)",
+        "--join-token-file",
+        type=Path,
+        default=Path(env("CAIRN_JOIN_TOKEN_FILE", "")) if env("CAIRN_JOIN_TOKEN_FILE") else None,
+        help="file (mode 0600) with the cluster's join token, presented once on the agent's "
+        "first start for its own credential (CAIRN_JOIN_TOKEN_FILE)",
     )
     p.add_argument(
         "--agent-token",
-        default=None,
-        help="agent bearer token (CAIRN_AGENT_TOKEN; visible to others)",
+        default=env("CAIRN_AGENT_TOKEN", ""),
+        help="the join token by value, for clusters configured that way (CAIRN_AGENT_TOKEN); "
+        "prefer --join-token-file",
     )
     p.add_argument("--heartbeat", type=float, default=2.0, help="seconds between heartbeats")
     p.add_argument(
@@ -111,8 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     log = structlog.get_logger("agent")
     try:
         args.nats = args.nats or credentials.secret("CAIRN_NATS", args.nats_file)
-        token = credentials.secret("CAIRN_AGENT_TOKEN", args.agent_token_file)
-        args.agent_token = args.agent_token or token or ""
     except credentials.CredentialsError as exc:
         log.error("cannot read a credential", error=str(exc))
         return 2
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         api_url=args.api_url,
         nats_url=args.nats,
         token=args.agent_token,
+        join_token_file=args.join_token_file,
         resource_pool=args.resource_pool,
         work_dir=work_dir.absolute(),
         checkpoint_root=checkpoint_root.absolute() if checkpoint_root else None,
@@ -146,8 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         or None,
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(config))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve(config))
+    except CredentialError as exc:
+        log.error("no credential", error=str(exc))
+        return 1
     return 0
 
 

@@ -42,9 +42,11 @@ import structlog
 
 from events import faults
 from events.bus import COMMANDS_STREAM, Bus
+from events.bus_auth import agent_durable
 from events.commands import agent_subject
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
+from services.agent.credential import Credential, CredentialError, obtain
 from services.agent.docker_runtime import (
     DockerRuntimeError,
     TrialContainers,
@@ -62,7 +64,6 @@ from services.agent.runtime import (
     free_port,
     prepare_work_dir,
     reachable_address,
-    safe_name,
     trial_environment,
 )
 from services.agent.signals import preempt, terminate
@@ -83,6 +84,11 @@ class AgentConfig:
     api_url: str
     nats_url: str
     token: str = ""
+    """A join token given by value (``CAIRN_AGENT_TOKEN``, for clusters configured that way);
+    ``join_token_file`` is preferred."""
+    join_token_file: Path | None = None
+    """The cluster's join token, presented once on the agent's first start (see
+    :mod:`services.agent.credential`)."""
     resource_pool: str = "default"
     work_dir: Path = field(default_factory=lambda: Path.cwd() / ".cairn-agent")
     checkpoint_root: Path | None = None
@@ -177,6 +183,7 @@ class Agent:
         self._heartbeats = 0
         self._bus: Bus | None = None
         self._sub: Any = None
+        self.credential: Credential | None = None
         self._docker: Any = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -186,12 +193,21 @@ class Agent:
         log.info("agent starting", agent_id=self.id, slots=[s.to_json() for s in self.slots])
         try:
             await self._stop_leftovers()
+            self.credential = await obtain(
+                self.client,
+                self.config.work_dir,
+                self.id,
+                join_token_file=self.config.join_token_file,
+                fallback_token=self.config.token,
+            )
+            self.client.token = self.credential.token
             bus = await self._connect_bus(stop)
             if bus is None:
                 return
             self._bus = bus
-            durable = f"agent-{safe_name(self.id).replace('.', '_')}"
-            sub = await bus.pull(durable, [agent_subject(self.id)], stream=COMMANDS_STREAM)
+            sub = await self._subscribe(bus, stop)
+            if sub is None:
+                return
             self._sub = sub
             if not await self._until_stopped(self._announce(), stop):
                 return
@@ -226,14 +242,39 @@ class Agent:
         return True
 
     async def _connect_bus(self, stop: asyncio.Event) -> Bus | None:
+        credential = self.credential
         attempt = 0
         while not stop.is_set():
             try:
-                return await Bus.connect(self.config.nats_url, name=f"cairn-agent-{self.id}")
+                return await Bus.connect(
+                    self.config.nats_url,
+                    name=f"cairn-agent-{self.id}",
+                    creds=credential.nats_creds if credential else None,
+                    inbox_prefix=credential.inbox_prefix if credential else None,
+                    # An agent's own NATS user may not manage streams; the relay makes them.
+                    manage_streams=credential is None or credential.nats_creds is None,
+                )
             except BusUnavailableError as exc:
                 attempt += 1
                 if attempt in (1, 10) or attempt % 60 == 0:
                     log.warning("NATS unavailable; retrying", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), min(0.2 * attempt, 2.0))
+        return None
+
+    async def _subscribe(self, bus: Bus, stop: asyncio.Event) -> Any:
+        """Binds the agent's durable consumer of its command subject, waiting (while the relay
+        has not made the command stream yet) until it can."""
+        attempt = 0
+        while not stop.is_set():
+            try:
+                return await bus.pull(
+                    agent_durable(self.id), [agent_subject(self.id)], stream=COMMANDS_STREAM
+                )
+            except BusUnavailableError as exc:
+                attempt += 1
+                if attempt in (1, 10) or attempt % 60 == 0:
+                    log.warning("command stream unavailable; retrying", error=str(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), min(0.2 * attempt, 2.0))
         return None
@@ -258,6 +299,16 @@ class Agent:
     async def register(self) -> None:
         """``POST /agents/{id}/register`` with this agent's slots (retried until it lands)."""
         self._registrations += 1
+        try:
+            await self._register_once()
+        except ApiError as exc:
+            if exc.status == 401:
+                raise CredentialError(
+                    f"the API refused agent {self.id}'s credential (an admin revoked it?): {exc}"
+                ) from exc
+            raise
+
+    async def _register_once(self) -> None:
         await self.client.register(
             self.id,
             self.config.resource_pool,

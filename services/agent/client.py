@@ -122,6 +122,40 @@ class ApiClient:
                 )
             await asyncio.sleep(delay)
 
+    async def join(self, agent_id: str, join_token: str) -> dict[str, Any]:
+        """``POST /agents/{id}/join`` with the join token (not this client's token)."""
+        headers = {"Authorization": f"Bearer {join_token}", "Accept": "application/json"}
+        deadline = time.monotonic() + 60.0
+        attempt = 0
+        while True:
+            try:
+                async with (
+                    aiohttp.ClientSession(
+                        timeout=aiohttp.ClientTimeout(total=self.timeout)
+                    ) as session,
+                    session.post(
+                        f"{self.base}/agents/{_seg(agent_id)}/join",
+                        json={},
+                        headers=headers,
+                    ) as resp,
+                ):
+                    text = await resp.text()
+                    if resp.status < 300:
+                        answer = await resp.json(content_type=None)
+                        if not isinstance(answer, dict):
+                            raise ApiError(resp.status, f"not a join answer: {text[:200]}")
+                        return answer
+                    error = ApiError(resp.status, text)
+                    if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
+                        raise error
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                error = ApiError(0, f"{type(exc).__name__}: {exc}")
+            delay = backoff(attempt)
+            attempt += 1
+            if time.monotonic() + delay > deadline:
+                raise error
+            await asyncio.sleep(delay)
+
     async def register(
         self,
         agent_id: str,

@@ -1,19 +1,23 @@
 """``python -m services.api --db-file F --nats-file F --port P [--host H]``: the API gateway.
 
 Checks its migrations, creates the initial admin user (password from
-``CAIRN_ADMIN_PASSWORD_FILE``, or ``CAIRN_ADMIN_PASSWORD``; no default) and the agent token if
+``CAIRN_ADMIN_PASSWORD_FILE``, or ``CAIRN_ADMIN_PASSWORD``; no default) and the join token if
 needed, serves HTTP, announces readiness and runs until SIGTERM/SIGINT. NATS is optional
-(connected when a URL is given).
+(connected when a URL is given). ``--join-token-file`` names the cluster's join token and
+``--nats-authority-file`` the bus's signing authority (both mode 0600; only the gateway reads the
+latter), with which it gives each joining agent its own NATS user.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import structlog
 from aiohttp import web
 
+from events.bus_auth import Authority, read_private
 from services import credentials
 from services.api.app import create_app
 from services.api.auth import cluster_secret
@@ -25,8 +29,19 @@ log = structlog.get_logger("api")
 async def run(ctx: ServiceContext) -> None:
     """Serves the gateway until stopped."""
     secret = await cluster_secret(ctx.store)
-    admin_password = credentials.secret("CAIRN_ADMIN_PASSWORD")
-    app = create_app(ctx.store, ctx.bus, secret=secret, admin_password=admin_password)
+    authority = None
+    if ctx.args.nats_authority_file:
+        authority = Authority.from_json(
+            read_private(Path(ctx.args.nats_authority_file), what="NATS authority")
+        )
+    app = create_app(
+        ctx.store,
+        ctx.bus,
+        secret=secret,
+        join_token_file=ctx.args.join_token_file,
+        nats_authority=authority,
+        admin_password=credentials.secret("CAIRN_ADMIN_PASSWORD"),
+    )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
@@ -46,6 +61,16 @@ def parser() -> argparse.ArgumentParser:
         "--port", type=int, default=int(os.environ.get("CAIRN_API_PORT", "8080")), help="HTTP port"
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address")
+    p.add_argument(
+        "--join-token-file",
+        default=os.environ.get("CAIRN_JOIN_TOKEN_FILE"),
+        help="file with the cluster's join token (CAIRN_JOIN_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--nats-authority-file",
+        default=os.environ.get("CAIRN_NATS_AUTHORITY_FILE"),
+        help="the bus's signing authority, to issue agents NATS users (CAIRN_NATS_AUTHORITY_FILE)",
+    )
     return p
 
 

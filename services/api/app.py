@@ -8,6 +8,7 @@ from pathlib import Path
 from aiohttp import web
 
 from events.bus import Bus
+from events.bus_auth import Authority
 from events.config.storage import default_checkpoint_root
 from events.store import EventStore
 from services.api import (
@@ -34,7 +35,7 @@ from services.api import (
     tables,
 )
 from services.api.audit_trail import LIMITER, RejectionLimiter, audit_middleware
-from services.api.auth import agent_token, auth_middleware, ensure_admin
+from services.api.auth import auth_middleware, ensure_admin, join_token
 from services.api.errors import error_middleware
 from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
 from services.api.routing import STATE, ApiState, Route, RouteTable
@@ -73,12 +74,14 @@ def create_app(
     *,
     secret: bytes,
     checkpoint_root: Path | None = None,
+    join_token_file: str | None = None,
+    nats_authority: Authority | None = None,
     admin_password: str | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
     On startup it applies the ``api`` migrations, creates the initial admin user and loads the
-    agent token.
+    join token.
 
     Args:
         store: the event store (its pool also serves the gateway's own tables).
@@ -87,6 +90,9 @@ def create_app(
         checkpoint_root: the default checkpoint root for experiments without
             ``checkpoint_storage`` (checkpoint downloads); ``None``: ``CAIRN_CHECKPOINT_ROOT``,
             else ``$CAIRN_HOME/checkpoints``, else ``~/.cairn/checkpoints``.
+        join_token_file: the file holding the cluster's join token (see
+            :func:`services.api.auth.join_token`).
+        nats_authority: the bus's signing authority, to give joining agents NATS users.
         admin_password: the initial admin's password (see
             :func:`services.api.auth.ensure_admin`); without one no admin is created.
 
@@ -97,7 +103,13 @@ def create_app(
         middlewares=[audit_middleware, error_middleware, auth_middleware, body_limit_middleware],
         client_max_size=DEFAULT_MAX_BODY,
     )
-    state = ApiState(store=store, bus=bus, secret=secret)
+    state = ApiState(
+        store=store,
+        bus=bus,
+        secret=secret,
+        join_token_file=join_token_file,
+        nats_authority=nats_authority,
+    )
     app[STATE] = state
     app[LIMITER] = RejectionLimiter()
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
@@ -113,4 +125,4 @@ async def _startup(app: web.Application, *, admin_password: str | None) -> None:
     state = app[STATE]
     await tables.migrate(state.store)
     await ensure_admin(state.store, admin_password)
-    state.agent_token = await agent_token(state.store)
+    state.join_token = await join_token(state.store, state.join_token_file)

@@ -135,9 +135,10 @@ LIMITER = web.AppKey("cairn_rejection_limiter", RejectionLimiter)
 
 
 def actor_of(kind: str, name: str) -> str:
-    """The actor name of an authenticated caller: a username, ``trial:<id>`` or ``agent``."""
-    if kind == "trial":
-        return f"trial:{name}"
+    """The actor name of an authenticated caller: a username, ``trial:<id>``, ``agent:<id>``
+    or ``join``."""
+    if kind in ("trial", "agent"):
+        return f"{kind}:{name}"
     return name
 
 

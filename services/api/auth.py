@@ -1,16 +1,18 @@
-"""Who is calling: users (scrypt passwords, hashed bearer tokens), agents and trials.
+"""Who is calling: users (scrypt passwords, hashed bearer tokens), agents, trials, joiners.
 
-Three kinds of bearer token are accepted:
+Four kinds of bearer token are accepted:
 
 - user tokens, from ``POST /api/v1/auth/login``; only their SHA-256 is stored (``api_tokens``);
-- the agent token: the one ``CAIRN_AGENT_TOKEN_FILE`` holds (or ``CAIRN_AGENT_TOKEN``) when
-  given, otherwise one generated once and kept in ``api_secrets`` (read it with
-  :func:`agent_token`);
-- trial tokens, ``trial:<label>:<hex>`` where ``<label>`` names the trial as
-  :func:`events.names.trial_label` does (``17``; a legacy trial ``9.1``, so tokens minted before
-  trial ids were integers stay valid) and ``<hex>`` is HMAC-SHA256 of ``trial:<label>``
-  under the cluster secret (created by the first migration); they are checked without touching
-  the database and only open their own trial and its allocations.
+- agent tokens, ``agent:<random>``, each bound to one agent id, issued once from the join token
+  (:mod:`services.api.agent_credentials`); a revoked one is refused;
+- the cluster's join token (:func:`join_token`), which only opens ``POST
+  /api/v1/agents/{agent_id}/join``;
+- trial tokens, ``trial:<label>:<run_id>:<hex>`` where ``<label>`` names the trial as
+  :func:`events.names.trial_label` does (``17``; a legacy trial ``9.1``) and ``<hex>`` is
+  HMAC-SHA256 of ``trial:<label>:<run_id>`` under the cluster secret (created by the first
+  migration); they open only their own trial and its allocations, and only while ``run_id`` is
+  the trial's current run (a token of an earlier run is refused with 403, reason
+  ``run_not_current``). Tokens of the older form without a run are refused.
 """
 
 from __future__ import annotations
@@ -18,20 +20,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
+import os
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 from aiohttp import web
 
 from events.db import translate_errors
-from events.names import parse_trial_id, trial_label
+from events.names import parse_trial_id, trial_label, trial_stream
 from events.store import EventStore
-from services import credentials
-from services.api import tables
+from services.api import agent_credentials, tables
 from services.api.audit_trail import actor_of, set_actor
-from services.api.errors import forbidden, unauthorized
+from services.api.errors import ApiError, forbidden, unauthorized
 from services.api.routing import state_of
 
 log = structlog.get_logger("api")
@@ -47,14 +51,18 @@ class Principal:
     """The authenticated caller.
 
     Attributes:
-        kind: ``user``, ``agent`` or ``trial``.
-        name: the username, ``agent``, or the trial id.
+        kind: ``user``, ``agent``, ``trial`` or ``join`` (the join token).
+        name: the username, the agent id, the trial's label, or ``join``.
         admin: whether a user is an administrator.
+        run_id: for a trial, the run its token was minted for.
+        incarnation: for an agent, the process it last registered as.
     """
 
-    kind: Literal["user", "agent", "trial"]
+    kind: Literal["user", "agent", "trial", "join"]
     name: str
     admin: bool = False
+    run_id: int | None = None
+    incarnation: str | None = None
 
     @property
     def is_admin(self) -> bool:
@@ -66,8 +74,10 @@ class Principal:
         if self.kind == "user":
             return {"kind": "user", "username": self.name, "admin": self.admin}
         if self.kind == "trial":
-            return {"kind": "trial", "trial_id": parse_trial_id(self.name)}
-        return {"kind": "agent"}
+            return {"kind": "trial", "trial_id": parse_trial_id(self.name), "run_id": self.run_id}
+        if self.kind == "agent":
+            return {"kind": "agent", "agent_id": self.name}
+        return {"kind": self.kind}
 
 
 _PRINCIPAL = web.RequestKey("cairn_principal", Principal)
@@ -104,17 +114,18 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def sign_trial_token(secret: bytes, trial_id: int) -> str:
-    """Mints the token that lets a trial's processes call the API for that trial only.
+def sign_trial_token(secret: bytes, trial_id: int, run_id: int) -> str:
+    """Mints the token that lets one run of a trial call the API for that trial only.
 
     Args:
         secret: the cluster secret (:func:`cluster_secret`).
         trial_id: e.g. ``17``.
+        run_id: the run (``SlotsAllocated.run_id``) it is valid for.
 
     Returns:
-        ``trial:<label>:<HMAC-SHA256(secret, "trial:<label>") hex>``.
+        ``trial:<label>:<run_id>:<HMAC-SHA256(secret, "trial:<label>:<run_id>") hex>``.
     """
-    return _sign(secret, trial_label(trial_id))
+    return _sign(secret, f"{trial_label(trial_id)}:{run_id}")
 
 
 def _sign(secret: bytes, label: str) -> str:
@@ -122,16 +133,19 @@ def _sign(secret: bytes, label: str) -> str:
     return f"{TRIAL_PREFIX}{label}:{mac}"
 
 
-def verify_trial_token(secret: bytes, token: str) -> str | None:
-    """Returns the label of the trial a trial token was minted for (``"17"``), or ``None`` if
-    it is not valid."""
+def verify_trial_token(secret: bytes, token: str) -> tuple[str, int] | None:
+    """The trial label (``"17"``) and run a trial token was minted for, or ``None`` if it is
+    not valid (forged, or of the older form without a run)."""
     if not token.startswith(TRIAL_PREFIX):
         return None
-    label, sep, _ = token[len(TRIAL_PREFIX) :].rpartition(":")
-    if not sep or not label:
+    signed, sep, _ = token[len(TRIAL_PREFIX) :].rpartition(":")
+    label, sep2, run = signed.rpartition(":")
+    if not sep or not sep2 or not label or not run.isdigit() or len(run) > 18:
         return None
-    expected = _sign(secret, label)
-    return label if hmac.compare_digest(expected.encode(), token.encode()) else None
+    expected = _sign(secret, signed)
+    if not hmac.compare_digest(expected.encode(), token.encode()):
+        return None
+    return label, int(run)
 
 
 # --- stored credentials ---------------------------------------------------------------------
@@ -145,30 +159,39 @@ async def cluster_secret(store: EventStore) -> bytes:
     return bytes.fromhex(str(value))
 
 
-async def trial_token(store: EventStore, trial_id: int) -> str:
-    """Mints trial ``trial_id``'s scoped token (for code outside the gateway, e.g. launchers)."""
-    return sign_trial_token(await cluster_secret(store), trial_id)
+async def trial_token(store: EventStore, trial_id: int, run_id: int) -> str:
+    """Mints the token of run ``run_id`` of trial ``trial_id`` (for code outside the gateway)."""
+    return sign_trial_token(await cluster_secret(store), trial_id, run_id)
 
 
-async def agent_token(store: EventStore) -> str:
-    """The token agents authenticate with.
+async def join_token(store: EventStore, path: str | None = None) -> str:
+    """The cluster's join token, which agents present once to receive their own credential.
 
-    The one given (``CAIRN_AGENT_TOKEN_FILE``, or ``CAIRN_AGENT_TOKEN``); otherwise a random
-    token generated on first use and kept in ``api_secrets``, so every gateway replica and the
-    local launcher agree on it.
+    Read from ``path`` (a file, mode 0600, one line) when given; else ``CAIRN_AGENT_TOKEN`` (the
+    name the one shared agent token had, still honoured for clusters configured that way);
+    else a random token generated on first use and kept in ``api_secrets``, so every gateway
+    replica agrees on it.
 
     Raises:
-        CredentialsError: ``CAIRN_AGENT_TOKEN_FILE`` names a file that cannot be read.
+        ApiError: 500 when ``path`` cannot be read or is empty.
     """
-    given = credentials.secret("CAIRN_AGENT_TOKEN")
-    if given:
-        return given
+    if path:
+        try:
+            value = (await asyncio.to_thread(Path(path).read_text)).strip()
+        except OSError as exc:
+            raise ApiError(500, f"cannot read the join token file {path}: {exc}") from exc
+        if not value:
+            raise ApiError(500, f"the join token file {path} is empty")
+        return value
+    from_env = os.environ.get("CAIRN_AGENT_TOKEN")
+    if from_env:
+        return from_env
     await tables.migrate(store)
     with translate_errors():
         await store.pool.execute(
             "INSERT INTO api_secrets (name, value) VALUES ('agent_token', $1) "
             "ON CONFLICT (name) DO NOTHING",
-            "agent:" + secrets.token_urlsafe(32),
+            "join:" + secrets.token_urlsafe(32),
         )
         value = await store.pool.fetchval(
             "SELECT value FROM api_secrets WHERE name = 'agent_token'"
@@ -347,13 +370,27 @@ async def logout(store: EventStore, token: str) -> None:
 
 
 async def authenticate(request: web.Request, token: str) -> Principal | None:
-    """Resolves a bearer token to its principal, or ``None`` when it is not valid."""
+    """Resolves a bearer token to its principal, or ``None`` when it is not valid.
+
+    Raises:
+        ApiError: 403 (reason ``run_not_current``) for a trial token whose run is no longer
+            the trial's current run.
+    """
     state = state_of(request)
     if token.startswith(TRIAL_PREFIX):
-        trial_id = verify_trial_token(state.secret, token)
-        return Principal("trial", trial_id) if trial_id else None
-    if state.agent_token and hmac.compare_digest(token.encode(), state.agent_token.encode()):
-        return Principal("agent", "agent")
+        minted = verify_trial_token(state.secret, token)
+        if minted is None:
+            return None
+        label, run_id = minted
+        await _check_run_current(state.store, label, run_id)
+        return Principal("trial", label, run_id=run_id)
+    if token.startswith(agent_credentials.TOKEN_PREFIX):
+        credential = await agent_credentials.lookup(state.store, token)
+        if credential is None:
+            return None
+        return Principal("agent", credential.agent_id, incarnation=credential.incarnation)
+    if state.join_token and hmac.compare_digest(token.encode(), state.join_token.encode()):
+        return Principal("join", "join")
     with translate_errors():
         row = await state.store.pool.fetchrow(
             """SELECT u.username, u.admin FROM api_tokens t JOIN api_users u USING (username)
@@ -364,6 +401,38 @@ async def authenticate(request: web.Request, token: str) -> Principal | None:
     if row is None:
         return None
     return Principal("user", str(row["username"]), admin=bool(row["admin"]))
+
+
+_RUNS_SQL = """
+    SELECT type, payload FROM events
+    WHERE stream_id = $1 AND type IN ('SlotsAllocated', 'TrialExited')
+    ORDER BY position DESC LIMIT 2"""
+
+
+async def _check_run_current(store: EventStore, label: str, run_id: int) -> None:
+    """Raises a 403 unless ``run_id`` is trial ``label``'s current run: the run of its latest
+    ``SlotsAllocated``, whose ``TrialExited`` is not recorded."""
+    from services.api.runs import RUN_NOT_CURRENT  # runs reads views, which reads this module
+
+    with translate_errors():
+        rows = await store.pool.fetch(_RUNS_SQL, trial_stream(parse_trial_id(label)))
+    current: int | None = None
+    for row in rows:  # newest first: an exit after the latest allocation ends it
+        payload = row["payload"]
+        if isinstance(payload, str):
+            payload = json.loads(payload)
+        if row["type"] == "SlotsAllocated":
+            current = int(payload["run_id"])
+            break
+        if row["type"] == "TrialExited":
+            break
+    if current != run_id:
+        raise ApiError(
+            403,
+            f"this token belongs to run {run_id} of trial {label}, which is not the trial's "
+            f"current run" + (f" ({current})" if current is not None else ""),
+            details={"reason": RUN_NOT_CURRENT},
+        )
 
 
 # --- request helpers ------------------------------------------------------------------------
@@ -390,6 +459,26 @@ def check_trial(principal: Principal, trial_id: int) -> None:
     """Raises 403 when a trial token reaches for another trial than its own."""
     if principal.kind == "trial" and principal.name != trial_label(trial_id):
         raise forbidden(f"this token is scoped to trial {principal.name}, not {trial_id}")
+
+
+def check_holder(
+    principal: Principal, allocation_id: str, run_id: int, placements: dict[str, list[str]]
+) -> None:
+    """Raises 403 unless an agent's credential holds slots in the allocation, or a trial's token
+    was minted for the allocation's run (users and admins pass)."""
+    if principal.kind == "agent" and principal.name not in placements:
+        raise forbidden(f"agent {principal.name} holds no slots in allocation {allocation_id}")
+    if principal.kind == "trial" and principal.run_id != run_id:
+        raise forbidden(
+            f"this token belongs to run {principal.run_id} of trial {principal.name}, "
+            f"not to allocation {allocation_id} (run {run_id})"
+        )
+
+
+def check_agent(principal: Principal, agent_id: str) -> None:
+    """Raises 403 when an agent's credential speaks for another agent than its own."""
+    if principal.kind == "agent" and principal.name != agent_id:
+        raise forbidden(f"this credential belongs to agent {principal.name}, not {agent_id}")
 
 
 @web.middleware

@@ -1,5 +1,10 @@
-"""Agents: registration (a fact on ``agent-<id>``), heartbeats (table ``agent_heartbeats``), and
-for users the agent and slot listings (projections) and admins' enable/disable."""
+"""Agents: joining (an agent's own credential from the join token), registration (a fact on
+``agent-<id>``), heartbeats (table ``agent_heartbeats``), and for users the agent and slot listings
+(projections) and admins' enable/disable and credential revocation.
+
+An agent's credential speaks only for its own agent id: registering or heartbeating as another is
+a 403, and a report naming an incarnation other than the one the agent last registered is a 409.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +20,12 @@ from events.envelope import Event, new
 from events.store import Transaction
 from events.types import AgentRegistered, SlotsDisabled, SlotsEnabled
 from events.types.agent import Slot
-from services.api import history, tables
+from services.api import agent_credentials, history, tables
 from services.api import projections_read as pr
-from services.api.auth import principal_of
-from services.api.errors import not_found, parse, read_json
+from services.api.auth import Principal, check_agent, principal_of
+from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
-from services.api.routing import AGENTS, USERS, Access, RouteTable, store_of
+from services.api.routing import AGENTS, JOINERS, USERS, Access, RouteTable, state_of, store_of
 from services.api.views import agent_stream, load_agent
 
 log = structlog.get_logger("api")
@@ -105,11 +110,121 @@ class SlotEnabledResponse(BaseModel):
     enabled: bool
 
 
+class JoinBody(BaseModel):
+    """No fields: the agent id is in the path, the join token in ``Authorization``."""
+
+
+class JoinResponse(BaseModel):
+    """The agent's own credential: keep it (mode 0600) and present ``token`` from now on;
+    ``nats_creds`` (when the bus requires credentials) is the ``.creds`` file of its NATS user,
+    whose replies arrive below ``inbox_prefix``."""
+
+    agent_id: str
+    token: str
+    nats_creds: str | None
+    inbox_prefix: str
+
+
+class AgentCredentialInfo(BaseModel):
+    """An agent's credential as listed (never the token)."""
+
+    agent_id: str
+    subject: str
+    nats_user: str
+    incarnation: str
+    issued_at: str
+    revoked_at: str | None
+    revoked_by: str | None
+
+
+class AgentCredentialsResponse(BaseModel):
+    """Every agent credential ever issued."""
+
+    credentials: list[AgentCredentialInfo]
+
+
+class RevokeBody(BaseModel):
+    """No fields."""
+
+
 def _agent_id(request: web.Request) -> str:
     agent_id = request.match_info["agent_id"]
     if not _AGENT_ID.match(agent_id):
         raise not_found(f"no agent {agent_id!r} (ids are letters, digits and _.:@-)")
     return agent_id
+
+
+def _own_agent_id(request: web.Request) -> tuple[str, Principal]:
+    """The path's agent id, which an agent's credential must be issued to (403 otherwise)."""
+    agent_id = _agent_id(request)
+    principal = principal_of(request)
+    check_agent(principal, agent_id)
+    return agent_id, principal
+
+
+def check_incarnation(principal: Principal, incarnation: str) -> None:
+    """A 409 when an agent reports as a process other than the one it last registered as."""
+    if (
+        principal.kind == "agent"
+        and principal.incarnation
+        and incarnation
+        and incarnation != principal.incarnation
+    ):
+        raise conflict(
+            f"agent {principal.name} is registered as incarnation {principal.incarnation}, "
+            f"not {incarnation}: this process is not the agent's current one"
+        )
+
+
+@routes.post(
+    "/api/v1/agents/{agent_id}/join",
+    allow=JOINERS,
+    body=JoinBody,
+    response=JoinResponse,
+)
+async def join(request: web.Request) -> web.Response:
+    """Issues the agent its own credential, once per agent id, to the holder of the join
+    token (403 for an id that already joined or was revoked)."""
+    agent_id = _agent_id(request)
+    parse(JoinBody, await read_json(request))
+    state = state_of(request)
+    issued = await agent_credentials.issue(state.store, agent_id, state.nats_authority)
+    log.info("agent joined", agent_id=agent_id, nats=issued.nats_creds is not None)
+    return web.json_response(
+        {
+            "agent_id": agent_id,
+            "token": issued.token,
+            "nats_creds": issued.nats_creds,
+            "inbox_prefix": issued.inbox_prefix,
+        }
+    )
+
+
+@routes.get("/api/v1/agent-credentials", allow=ADMINS, response=AgentCredentialsResponse)
+async def list_credentials(request: web.Request) -> web.Response:
+    """Every agent credential ever issued, live and revoked (admin)."""
+    found = await agent_credentials.list_all(store_of(request))
+    return web.json_response({"credentials": [c.to_json() for c in found]})
+
+
+@routes.post(
+    "/api/v1/agents/{agent_id}/revoke",
+    allow=ADMINS,
+    body=RevokeBody,
+    response=AgentCredentialInfo,
+)
+async def revoke_credential(request: web.Request) -> web.Response:
+    """Revokes the agent's credential (admin): every later call with it is a 401, so its
+    heartbeats stop counting and the scheduler declares it lost after ``agent_timeout``; the
+    agent id cannot join again."""
+    agent_id = _agent_id(request)
+    parse(RevokeBody, await read_json(request))
+    actor = principal_of(request).name
+    found = await agent_credentials.revoke(store_of(request), agent_id, by=actor)
+    if found is None:
+        raise not_found(f"agent {agent_id} holds no credential")
+    log.warning("agent credential revoked", agent_id=agent_id, actor=actor)
+    return web.json_response(found.to_json())
 
 
 # Every beat proves the agent alive; its running list replaces the stored one unless it is an
@@ -134,7 +249,7 @@ _UPSERT_BEAT = f"""
 async def register(request: web.Request) -> web.Response:
     """Appends AgentRegistered unless this agent process is already registered with the same
     slots (a restarted agent comes with a new incarnation, so it always registers anew)."""
-    agent_id = _agent_id(request)
+    agent_id, principal = _own_agent_id(request)
     body = parse(RegisterBody, await read_json(request))
     event = AgentRegistered(
         agent_id=agent_id,
@@ -149,12 +264,16 @@ async def register(request: web.Request) -> web.Response:
         changed = not (view.registered and view.registration == event)
         if changed:
             await tx.append(
-                agent_stream(agent_id), [new(event, actor="agent")], expected_version=view.version
+                agent_stream(agent_id),
+                [new(event, actor=f"agent:{agent_id}")],
+                expected_version=view.version,
             )
         await tx.conn.execute(_UPSERT_BEAT, agent_id, "[]", body.incarnation, 0)
         return changed
 
     changed = await in_transaction(store_of(request), decide)
+    if principal.kind == "agent":
+        await agent_credentials.bind_incarnation(store_of(request), agent_id, body.incarnation)
     if changed:
         log.info("agent registered", agent_id=agent_id, slots=len(body.slots))
     return web.json_response({"agent_id": agent_id, "changed": changed})
@@ -169,8 +288,9 @@ async def register(request: web.Request) -> web.Response:
 )
 async def heartbeat(request: web.Request) -> web.Response:
     """Records that the agent is alive and what it runs (a table row, not an event)."""
-    agent_id = _agent_id(request)
+    agent_id, principal = _own_agent_id(request)
     body = parse(HeartbeatBody, await read_json(request))
+    check_incarnation(principal, body.incarnation)
     store = store_of(request)
     running = json.dumps(body.running)
     await tables.execute(store, _UPSERT_BEAT, agent_id, running, body.incarnation, body.seq)

@@ -17,10 +17,17 @@ from events.names import trial_stream
 from events.store import Transaction
 from events.types import SlotsReleased, TrialExited, TrialStarted
 from services.api import tables
-from services.api.auth import check_trial, principal_of, sign_trial_token
+from services.api.auth import (
+    check_agent,
+    check_holder,
+    check_trial,
+    principal_of,
+    sign_trial_token,
+)
 from services.api.errors import bad_request, parse, read_json
 from services.api.inbox import claim, in_transaction, record
 from services.api.limits import BATCH_MAX_BODY
+from services.api.routes_agents import check_incarnation
 from services.api.routes_master import cluster_id as load_cluster_id
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, store_of
 from services.api.runs import load_run_state
@@ -169,12 +176,20 @@ async def spec(request: web.Request) -> web.Response:
     state = state_of(request)
     trial = await load_trial(state.store, trial_id)
     alloc = allocation_of(trial, allocation_id)
+    principal = principal_of(request)
+    check_holder(principal, allocation_id, alloc.run_id, alloc.placements)
+    if principal.kind == "agent":
+        check_agent(principal, query.agent_id or principal.name)
     experiment = await load_experiment(
         state.store, await experiment_of(state.store, trial_id), trial_id=trial_id
     )
     device = "cpu"
     agent_id = query.agent_id or (
-        next(iter(alloc.placements)) if len(alloc.placements) == 1 else None
+        principal.name
+        if principal.kind == "agent"
+        else next(iter(alloc.placements))
+        if len(alloc.placements) == 1
+        else None
     )
     if agent_id is not None and agent_id in alloc.placements:
         agent = await load_agent(state.store, agent_id)
@@ -189,7 +204,7 @@ async def spec(request: web.Request) -> web.Response:
         allocation_id,
         agent_id=agent_id,
         device=device,
-        token=sign_trial_token(state.secret, trial_id),
+        token=sign_trial_token(state.secret, trial_id, alloc.run_id),
         cluster_id=await load_cluster_id(state.store),
     )
     return web.json_response(body)
@@ -286,6 +301,11 @@ async def _report_once(
     in the inbox, checks the agent holds slots in it, appends what ``build`` decides against the
     trial's version and records the answer; repeats get the recorded answer back."""
 
+    principal = principal_of(request)
+    check_agent(principal, body.agent_id)
+    if isinstance(body, StartedBody):
+        check_incarnation(principal, body.incarnation)
+
     async def decide(tx: Transaction) -> dict[str, Any]:
         fresh, previous = await claim(tx, source, allocation_id)
         if not fresh:
@@ -330,6 +350,8 @@ async def logs(request: web.Request) -> web.Response:
     body = parse(LogsBody, await read_json(request))
     runs = await load_run_state(store_of(request), trial_id)
     runs.check_allocation(allocation_id, live=principal_of(request).kind == "trial")
+    alloc = runs.trial.allocations[allocation_id]
+    check_holder(principal_of(request), allocation_id, alloc.run_id, alloc.placements)
     if not body.lines:
         return web.json_response({"inserted": 0})
     now = datetime.now(UTC)
@@ -368,7 +390,8 @@ async def preemption(request: web.Request) -> web.Response:
     deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
     store = store_of(request)
     trial = await load_trial(store, trial_id)
-    allocation_of(trial, allocation_id)
+    first = allocation_of(trial, allocation_id)
+    check_holder(principal_of(request), allocation_id, first.run_id, first.placements)
     while True:
         alloc = trial.allocations[allocation_id]
         if not trial.is_current(allocation_id):

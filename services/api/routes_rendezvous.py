@@ -20,7 +20,7 @@ from events.envelope import new
 from events.names import trial_stream
 from events.store import Transaction
 from events.types import RendezvousJoined
-from services.api.auth import check_trial, principal_of
+from services.api.auth import Principal, check_agent, check_holder, check_trial, principal_of
 from services.api.errors import bad_request, conflict, parse, read_json
 from services.api.inbox import claim, in_transaction, record
 from services.api.rendezvous import Rendezvous, fold_rendezvous
@@ -75,10 +75,15 @@ def _allocation(request: web.Request) -> tuple[str, int]:
     return allocation_id, trial_id
 
 
-async def _load(reader: Reader, allocation_id: str, trial_id: int) -> tuple[Rendezvous, bool, int]:
-    """The rendezvous, whether the run is current, and the trial stream's version."""
+async def _load(
+    reader: Reader, allocation_id: str, trial_id: int, principal: Principal | None = None
+) -> tuple[Rendezvous, bool, int]:
+    """The rendezvous, whether the run is current, and the trial stream's version (403 unless
+    ``principal`` holds the allocation: see :func:`services.api.auth.check_holder`)."""
     trial = await load_trial(reader, trial_id)
     alloc = allocation_of(trial, allocation_id)
+    if principal is not None:
+        check_holder(principal, allocation_id, alloc.run_id, alloc.placements)
     joins, _ = await read_facts(reader, trial_stream(trial_id), ("RendezvousJoined",))
     view = fold_rendezvous(allocation_id, alloc.placements, joins)
     return view, trial.is_current(allocation_id), trial.version
@@ -97,6 +102,7 @@ async def join(request: web.Request) -> web.Response:
     """
     allocation_id, trial_id = _allocation(request)
     body = parse(JoinBody, await read_json(request))
+    check_agent(principal_of(request), body.agent_id)
 
     async def decide(tx: Transaction) -> dict[str, Any]:
         view, current, version = await _load(tx, allocation_id, trial_id)
@@ -137,7 +143,7 @@ async def wait(request: web.Request) -> web.Response:
     deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
     store = store_of(request)
     while True:
-        view, current, _ = await _load(store, allocation_id, trial_id)
+        view, current, _ = await _load(store, allocation_id, trial_id, principal_of(request))
         if view.complete or not current or time.monotonic() >= deadline:
             return web.json_response({**view.answer(query.agent_id), "current": current})
         await asyncio.sleep(min(POLL_EVERY, max(deadline - time.monotonic(), 0.0)))

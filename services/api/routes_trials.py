@@ -23,8 +23,8 @@ from events.types import (
     WorkloadCompleted,
 )
 from services.api.access import readable_trial
-from services.api.auth import check_trial, principal_of
-from services.api.errors import ApiError, bad_request, parse, read_json, validate
+from services.api.auth import check_holder, check_trial, principal_of
+from services.api.errors import ApiError, bad_request, forbidden, parse, read_json, validate
 from services.api.inbox import claim_many
 from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
@@ -368,10 +368,17 @@ async def _check_checkpoint_owners(
 async def reports(request: web.Request) -> web.Response:
     """Ingests a batch of reports in one transaction; repeated keys are no-ops; 409 for a
     trial or run that has ended, a run that is not the current one, or a checkpoint uuid that
-    belongs to another trial."""
+    belongs to another trial; 403 for an agent the trial's latest run is not placed on."""
     trial_id = _trial_id(request)
     items = _parse_items(await read_json(request))
     principal = principal_of(request)
+    if principal.kind == "agent":
+        runs = await load_run_state(store_of(request), trial_id)
+        latest = runs.trial.latest_allocation
+        alloc = runs.trial.allocations.get(latest) if latest is not None else None
+        if alloc is None:
+            raise forbidden(f"agent {principal.name} runs nothing of trial {trial_id}")
+        check_holder(principal, alloc.allocation_id, alloc.run_id, alloc.placements)
     actor = f"trial:{trial_id}" if principal.kind == "trial" else principal.name
     async with store_of(request).transaction() as tx:
         counts = await ingest(tx, trial_id, items, actor)

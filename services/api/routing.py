@@ -15,16 +15,18 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from events.bus import Bus
+from events.bus_auth import Authority
 from events.store import EventStore
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Access = Literal["public", "user", "admin", "agent", "trial"]
+Access = Literal["public", "user", "admin", "agent", "trial", "join"]
 
 PUBLIC: frozenset[Access] = frozenset({"public"})
 USERS: frozenset[Access] = frozenset({"user"})
 AGENTS: frozenset[Access] = frozenset({"agent", "admin"})
 TRIAL_OR_AGENT: frozenset[Access] = frozenset({"trial", "agent", "admin"})
 ANYONE: frozenset[Access] = frozenset({"user", "agent", "trial"})
+JOINERS: frozenset[Access] = frozenset({"join", "admin"})
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,9 @@ class Route:
         handler: the coroutine serving it.
         summary: one line for the OpenAPI document.
         allow: who may call it: ``public`` (no token), ``user`` (any logged-in user), ``admin``
-            (admin users), ``agent`` (the agent token), ``trial`` (a trial-scoped token; the
-            handler checks that it is the right trial).
+            (admin users), ``agent`` (an agent's own credential; the handler checks that it
+            speaks for that agent), ``trial`` (a trial-scoped token; the handler checks that it
+            is the right trial), ``join`` (the cluster's join token).
         tag: OpenAPI tag (the routes module's subject).
         body: JSON body model.
         query: query-string model.
@@ -113,14 +116,20 @@ class ApiState:
         bus: the NATS bus, or ``None`` when running without one.
         secret: the cluster secret that signs trial tokens.
         routes: every route by handler, for the auth middleware.
-        agent_token: the token agents present; loaded when the app starts.
+        join_token: the token agents present once to join; loaded when the app starts.
+        join_token_file: where the join token is kept (``None``: see
+            :func:`services.api.auth.join_token`).
+        nats_authority: the bus's signing authority, to issue agents their NATS users
+            (``None``: the bus takes no credentials and agents get none).
     """
 
     store: EventStore
     bus: Bus | None
     secret: bytes
     routes: dict[Handler, Route] = field(default_factory=dict)
-    agent_token: str = ""
+    join_token: str = ""
+    join_token_file: str | None = None
+    nats_authority: Authority | None = None
 
 
 STATE = web.AppKey("cairn_api", ApiState)

@@ -26,6 +26,7 @@ OWNED_TABLES: tuple[str, ...] = (
     "trial_progress",
     "task_logs",
     "trial_status",
+    "agent_credentials",
 )
 """The gateway's tables: only modules of ``services.api`` hold SQL naming them; other services
 read them through :mod:`services.api.read`."""
@@ -140,6 +141,22 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
             f"ALTER TABLE {table} ALTER COLUMN trial_id TYPE bigint USING {sql_trial_id('trial_id')};"
             for table in ("trial_progress", "task_logs", "trial_status")
         ),
+    ),
+    (
+        "0009_agent_credentials",
+        # Each agent's own credential, issued once from the join token (its hash only); a
+        # revoked one stays, so the agent id cannot join again with the join token alone.
+        """CREATE TABLE agent_credentials (
+               agent_id     text PRIMARY KEY,
+               token_hash   text NOT NULL UNIQUE,
+               subject      text NOT NULL,
+               nats_user    text NOT NULL DEFAULT '',
+               incarnation  text NOT NULL DEFAULT '',
+               issued_at    timestamptz NOT NULL DEFAULT now(),
+               revoked_at   timestamptz,
+               revoked_by   text
+           );
+           CREATE UNIQUE INDEX agent_credentials_subject ON agent_credentials (subject);""",
     ),
 )
 

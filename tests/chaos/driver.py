@@ -564,12 +564,14 @@ def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
 
 
 def _stream_last_seq(local: Local) -> int:
-    from events.bus import EVENTS_STREAM
+    from events.bus import EVENTS_STREAM, connect_options
 
     async def last() -> int:
         import nats
 
-        nc = await nats.connect(local.nats_url, connect_timeout=5, max_reconnect_attempts=0)
+        nc = await nats.connect(
+            **connect_options(local.nats_url), connect_timeout=5, max_reconnect_attempts=0
+        )
         try:
             info = await nc.jetstream().stream_info(EVENTS_STREAM)
             return int(info.state.last_seq)

@@ -19,7 +19,6 @@ from events.names import experiment_stream
 from events.store import EventStore
 from tests.helpers import run_pids, wait_until
 
-AGENT_TOKEN = "e2e-agent-token"
 GANG_AGENTS = ("agent-a", "agent-b")
 
 
@@ -32,7 +31,6 @@ def code_tarball(directory: Path) -> str:
 class Cluster(ProcessCluster):
     """Every service as a process, plus an HTTP client for the API."""
 
-    agent_token: str = AGENT_TOKEN
     token: str = ""
 
     def start_all(self, *, slots: int = 2, agent_timeout: float = 15.0) -> None:

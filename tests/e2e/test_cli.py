@@ -301,7 +301,8 @@ def test_archive_and_unarchive(cluster: Env, finished: dict[str, Any]) -> None:
 
 def test_agents_and_slots(cluster: Env) -> None:
     """agent list and slot list show the agent's two slots; slot disable/enable (by id or
-    name) flips one; agent disable/enable succeed."""
+    name) flips one; agent disable/enable succeed; agent credentials lists the agent's live
+    credential, and revoking an unknown agent is not found."""
     agents = wait_until_sync(lambda: as_json(cluster, "agent", "list")["agents"])
     assert len(agents) == 1 and len(agents[0]["slots"]) == 2
     agent_id = agents[0]["agent_id"]
@@ -321,6 +322,9 @@ def test_agents_and_slots(cluster: Env) -> None:
     ok(cluster, "agent", "disable", agent_id, "--drain")
     ok(cluster, "agent", "enable", agent_id)
     assert cli(cluster, "slot", "disable", "no-such-agent", "0").returncode == 4
+    creds = as_json(cluster, "agent", "credentials")["credentials"]
+    assert [c["agent_id"] for c in creds] == [agent_id] and creds[0]["revoked_at"] is None
+    assert cli(cluster, "agent", "revoke", "no-such-agent").returncode == 4
 
 
 def test_pause_activate_kill_wait_delete(cluster: Env) -> None:

@@ -34,12 +34,16 @@ DATABASE = "cairn"
 
 def secrets_of(data_dir: Path) -> dict[str, str]:
     """Every credential of the cluster on ``data_dir``, by what it is."""
+    auth = data_dir / "nats-auth"
     found = {
         "postgres superuser password": (data_dir / "pg.password").read_text().strip(),
-        "nats password": (data_dir / "nats.password").read_text().strip(),
-        "agent token": (data_dir / "agent.token").read_text().strip(),
+        "join token": (data_dir / "join.token").read_text().strip(),
         "admin password": (data_dir / ADMIN_PASSWORD_FILE).read_text().strip(),
+        "bus signing seed": json.loads((auth / "authority.json").read_text())["signing_seed"],
     }
+    for creds in auth.glob("*.creds"):
+        seed = creds.read_text().split("-----BEGIN USER NKEY SEED-----\n")[1][:58]
+        found[f"NATS seed of {creds.stem}"] = seed
     for role in roles.SERVICE_ROLES:
         path = data_dir / SECRETS_DIR / role.service / "db.password"
         found[f"{role.service} role password"] = path.read_text().strip()
@@ -109,9 +113,9 @@ def api_url(data_dir: Path) -> str:
 
 
 def test_no_service_process_shows_a_credential(cluster: tuple[Path, str]) -> None:
-    """No service's (nor the supervisor's) /proc environ or command line holds the PostgreSQL
-    passwords, the NATS password, the agent token or the admin password; what a service holds
-    instead is the paths of its own files, which only their owner may read."""
+    """No service's (nor the supervisor's) /proc environ or command line holds a PostgreSQL
+    password, a NATS key, the join token or the admin password; what a service holds instead
+    is the paths of its own files, which only their owner may read."""
     data_dir, _ = cluster
     secrets = secrets_of(data_dir)
     pids = live_pids(data_dir)

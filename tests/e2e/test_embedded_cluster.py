@@ -199,8 +199,9 @@ async def connect_without_credentials(state: dict[str, Any]) -> list[str]:
 
 
 def test_cluster_requires_credentials_and_never_shows_them(cluster_dir: Path) -> None:
-    """PostgreSQL and NATS of ``cairn up`` refuse clients without the password; the files that
-    hold it are owner-only, and no status output, log or command line shows it."""
+    """PostgreSQL and NATS of ``cairn up`` refuse clients without credentials; the files that
+    hold the password, the join token and the bus's keys are owner-only, and no status output,
+    log, command line or service environment shows any of them (services get paths)."""
     state = json.loads((cluster_dir / "cluster.json").read_text())
     errors = asyncio.run(connect_without_credentials(state))
     assert len(errors) == 2, errors
@@ -208,20 +209,37 @@ def test_cluster_requires_credentials_and_never_shows_them(cluster_dir: Path) ->
     assert "Authorization Violation" in errors[1]
     assert isinstance(asyncio.run(read_marker(state["dsn"])), list)  # the recorded DSN works
 
-    private = ["cluster.json", "pg.password", "nats.password", "nats.conf", "agent.token"]
+    auth = cluster_dir / "nats-auth"
+    private = ["cluster.json", "pg.password", "nats.conf", "join.token"]
+    private += [str(p.relative_to(cluster_dir)) for p in auth.iterdir()]
+    assert {"nats-auth/authority.json", "nats-auth/relay.creds", "nats-auth/api.creds"} <= set(
+        private
+    )
     for name in private:
         assert (cluster_dir / name).stat().st_mode & 0o777 == 0o600, name
-    passwords = [(cluster_dir / f"{name}.password").read_text().strip() for name in ("pg", "nats")]
-    assert all(password in state["dsn"] + state["nats_url"] for password in passwords)
+    assert auth.stat().st_mode & 0o777 == 0o700
+    pg_password = (cluster_dir / "pg.password").read_text().strip()
+    assert pg_password in state["dsn"]
+    secrets = [pg_password, (cluster_dir / "join.token").read_text().strip()]
+    secrets.append(json.loads((auth / "authority.json").read_text())["signing_seed"])
+    for creds in auth.glob("*.creds"):
+        secrets.append(creds.read_text().split("-----BEGIN USER NKEY SEED-----\n")[1][:58])
+    assert all(len(secret) >= 32 for secret in secrets), secrets
 
     shown = cairn("status", "--data-dir", str(cluster_dir)).stdout
     shown += cairn("--json", "status", "--data-dir", str(cluster_dir)).stdout
-    assert "postgres:***@" in shown and "cairn:***@" in shown
+    assert "postgres:***@" in shown
     logs = [p.read_text(errors="replace") for p in cluster_dir.glob("**/*.log")]
-    command_lines = [
-        " ".join(psutil.Process(p["pid"]).cmdline()) for p in state["processes"].values()
+    processes = [psutil.Process(p["pid"]) for p in state["processes"].values()]
+    command_lines = [" ".join(p.cmdline()) for p in processes]
+    environments = [
+        " ".join(f"{k}={v}" for k, v in p.environ().items())
+        for p in processes
+        if p.name() != "postgres"  # PostgreSQL's own environment is the server's business
     ]
-    for password in passwords:
-        assert password not in shown
-        assert not any(password in text for text in logs)
-        assert not any(password in line for line in command_lines)
+    for secret in secrets:
+        assert not any(secret in env for env in environments)
+    for secret in secrets:
+        assert secret not in shown
+        assert not any(secret in text for text in logs)
+        assert not any(secret in line for line in command_lines)

@@ -12,7 +12,7 @@ import nats
 from nats.js.errors import NotFoundError
 
 from cairn.local.servers import ServerProcess
-from events.bus import EVENTS_STREAM, Bus, position_of
+from events.bus import EVENTS_STREAM, Bus, connect_options, position_of
 from events.consumer import ConsumerRunner
 from events.relay import CHECKPOINT as RELAY_CHECKPOINT
 from events.store import EventStore, lease_stream
@@ -31,7 +31,7 @@ CHECKPOINT_ROW = "SELECT true FROM checkpoints WHERE name = $1"
 
 
 async def jetstream_count(url: str) -> int:
-    nc = await nats.connect(url)
+    nc = await nats.connect(**connect_options(url))
     try:
         info = await nc.jetstream().stream_info(EVENTS_STREAM)
         return int(info.state.messages)
@@ -196,7 +196,7 @@ class RecordingBus(Bus):
 
 async def durable_exists(url: str, durable: str) -> bool:
     """Whether JetStream has the durable consumer ``durable`` on the event stream."""
-    nc = await nats.connect(url)
+    nc = await nats.connect(**connect_options(url))
     try:
         await nc.jetstream().consumer_info(EVENTS_STREAM, durable)
         return True
@@ -208,7 +208,7 @@ async def durable_exists(url: str, durable: str) -> bool:
 
 async def ack_pending(url: str, durable: str) -> int:
     """How many messages JetStream delivered to ``durable`` that wait for an ack."""
-    nc = await nats.connect(url)
+    nc = await nats.connect(**connect_options(url))
     try:
         info = await nc.jetstream().consumer_info(EVENTS_STREAM, durable)
         return int(info.num_ack_pending or 0)

@@ -22,6 +22,7 @@ import psutil
 import pytest
 from aiohttp import web
 
+from cairn.local.servers import bare_nats_url, nats_auth_dir_of, nats_authority
 from events import names
 from events.bus import Bus
 from events.commands import Command
@@ -37,7 +38,7 @@ from events.types import (
 )
 from services.agent.slots import cpu_slots
 from services.api.app import create_app
-from services.api.auth import agent_token, cluster_secret
+from services.api.auth import cluster_secret, join_token
 from tests.helpers import ADMIN_PASSWORD, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,7 +268,15 @@ async def cluster(
     store: EventStore, bus: Bus, nats_server: Any, tmp_path: Path
 ) -> AsyncIterator[Cluster]:
     """The real gateway on a fresh database, plus the bus and a scratch dir."""
-    app = create_app(store, None, secret=await cluster_secret(store), admin_password=ADMIN_PASSWORD)
+    auth_dir = nats_auth_dir_of(nats_server.url)
+    assert auth_dir is not None
+    app = create_app(
+        store,
+        None,
+        secret=await cluster_secret(store),
+        nats_authority=nats_authority(auth_dir),
+        admin_password=ADMIN_PASSWORD,
+    )
 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -281,7 +290,14 @@ async def cluster(
         ) as resp:
             admin = str((await resp.json())["token"])
         c = Cluster(
-            store, bus, url, admin, await agent_token(store), nats_server.url, tmp_path, session
+            store,
+            bus,
+            url,
+            admin,
+            await join_token(store),
+            bare_nats_url(nats_server.url),
+            tmp_path,
+            session,
         )
         try:
             yield c

@@ -236,16 +236,23 @@ async def test_preemption_poll_says_when_the_run_is_no_longer_current(
     api: Api, store: EventStore
 ) -> None:
     """Once the run's exit is recorded (here: declared lost), the long poll answers at once
-    that it is no longer current, and a report from it is a 409 with reason run_not_current."""
+    that it is no longer current (to the agent), and the run's own token is refused with 403,
+    reason run_not_current, for the poll and for a report alike."""
     await submit_experiment(store)
     alloc = await allocate(store, 11)
+    token = api.trial_token(11)
+    path = f"/api/v1/allocations/{alloc}/signals/preemption?timeout_seconds=30"
+    assert await api.ok("GET", path.replace("30", "0"), token=token) == {
+        "preempt": False,
+        "current": True,
+    }
     await store.append(
         "trial-11",
         [TrialExited(trial_id=11, run_id=1, allocation_id=alloc, outcome="lost")],
     )
-    token = api.trial_token(11)
-    path = f"/api/v1/allocations/{alloc}/signals/preemption?timeout_seconds=30"
-    assert await api.ok("GET", path, token=token) == {"preempt": True, "current": False}
+    assert await api.ok("GET", path, token=api.agent) == {"preempt": True, "current": False}
+    status, body = await api.call("GET", path, token=token)
+    assert status == 403 and body["error"]["reason"] == "run_not_current", body
     item = {
         "kind": "metrics",
         "idempotency_key": "m1",
@@ -257,7 +264,7 @@ async def test_preemption_poll_says_when_the_run_is_no_longer_current(
     status, body = await api.call(
         "POST", "/api/v1/trials/11/reports", token=token, json={"items": [item]}
     )
-    assert status == 409 and body["error"]["reason"] == "run_not_current", body
+    assert status == 403 and body["error"]["reason"] == "run_not_current", body
 
 
 async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None:

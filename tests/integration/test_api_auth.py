@@ -119,7 +119,7 @@ async def test_service_process_serves_with_env_credentials(
     db_url: str, service_env: Callable[..., dict[str, str]], tmp_path: Path
 ) -> None:
     """``python -m services.api`` without NATS serves HTTP, honouring CAIRN_ADMIN_PASSWORD and
-    CAIRN_AGENT_TOKEN, and announces readiness."""
+    CAIRN_AGENT_TOKEN (as the join token: it opens only the join), and announces readiness."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -136,10 +136,15 @@ async def test_service_process_serves_with_env_credentials(
                 f"{url}/auth/login", json={"username": "admin", "password": "s3cret"}
             ) as resp:
                 assert resp.status == 200
+            joiner = {"Authorization": "Bearer agent-tok"}
+            async with session.get(f"{url}/me", headers=joiner) as resp:
+                assert resp.status == 403
+            async with session.post(f"{url}/agents/a1/join", headers=joiner, json={}) as resp:
+                token = (await resp.json())["token"]
             async with session.get(
-                f"{url}/me", headers={"Authorization": "Bearer agent-tok"}
+                f"{url}/me", headers={"Authorization": f"Bearer {token}"}
             ) as resp:
-                assert (await resp.json()) == {"kind": "agent"}
+                assert (await resp.json()) == {"kind": "agent", "agent_id": "a1"}
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0

@@ -54,11 +54,13 @@ def checkpoint(key: str, uuid: str, steps: int = 10, run_id: int = 1) -> dict[st
     }
 
 
-async def post_report(api: Api, trial_id: int, *items: dict[str, Any]) -> tuple[int, Any]:
+async def post_report(
+    api: Api, trial_id: int, *items: dict[str, Any], run_id: int = 1
+) -> tuple[int, Any]:
     return await api.call(
         "POST",
         f"/api/v1/trials/{trial_id}/reports",
-        token=api.trial_token(trial_id),
+        token=api.trial_token(trial_id, run_id),
         json={"items": list(items)},
     )
 
@@ -196,8 +198,9 @@ async def test_concurrent_claims_of_one_new_uuid_exactly_one_wins(
 
 async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStore) -> None:
     """A run's last validation before it exits is accepted; once the run exited and the trial
-    completed, its token's metrics, checkpoints, progress, early exit and logs are 409 and the
-    experiment's best metric is unchanged (the agent may still ship the run's last log lines)."""
+    completed, its token is refused (403, run_not_current) for metrics, checkpoints, progress,
+    early exit and logs, and the experiment's best metric is unchanged (the agent may still ship
+    the run's last log lines)."""
     await submit(store, 1)
     alloc = await allocate(store, 11)
     agent_report = {"agent_id": "gpu01", "idempotency_key": "s"}
@@ -227,17 +230,14 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
         {"kind": "early_exit", "idempotency_key": "e", "reason": "errored"},
     ):
         status, body = await post_report(api, 11, item)
-        assert status == 409, (item, body)
+        assert status == 403 and body["error"]["reason"] == "run_not_current", (item, body)
         assert "trial 11" in body["error"]["message"]
-    # A repeat of the accepted report is still answered as a duplicate, not refused.
-    status, body = await post_report(api, 11, metrics("v1", "validation", 10, loss=0.5))
-    assert (status, body["duplicates"]) == (200, 1)
 
     lines = {"idempotency_key": "l", "lines": [{"line": "late"}]}
     status, _ = await api.call(
         "POST", f"/api/v1/allocations/{alloc}/logs", token=api.trial_token(11), json=lines
     )
-    assert status == 409
+    assert status == 403
     await api.ok("POST", f"/api/v1/allocations/{alloc}/logs", token=api.agent, json=lines)
 
     await catch_up(store)
@@ -248,8 +248,9 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
 
 
 async def test_reports_must_name_the_current_run(api: Api, store: EventStore) -> None:
-    """A report naming a run that never existed, or one that exited, is 409 naming the field;
-    an experiment that ended, a trial never allocated and an allocation never made are 409."""
+    """A report naming a run that never existed, or one that exited, is 409 naming the field; a
+    token of a run that exited, or of a trial never allocated, is 403 (run_not_current); an
+    experiment that ended and an allocation never made are 409."""
     await submit(store, 1)
     alloc = await allocate(store, 11)
     status, body = await post_report(api, 11, metrics("m7", "training", 5, run_id=7))
@@ -271,11 +272,13 @@ async def test_reports_must_name_the_current_run(api: Api, store: EventStore) ->
         json={"agent_id": "gpu01", "exit_code": 1},
     )
     status, body = await post_report(api, 11, metrics("m1b", "training", 6))
-    assert status == 409 and "exited" in body["error"]["message"], body
+    assert status == 403 and body["error"]["reason"] == "run_not_current", body
     await allocate(store, 11, run_id=2, request=False)
-    status, body = await post_report(api, 11, metrics("m1c", "training", 6, run_id=1))
+    status, body = await post_report(api, 11, metrics("m1c", "training", 6, run_id=1), run_id=2)
     assert status == 409 and "has exited" in body["error"]["message"], body
-    assert (await post_report(api, 11, metrics("m2", "training", 6, run_id=2)))[0] == 200
+    status, body = await post_report(api, 11, metrics("m1d", "training", 6, run_id=2))
+    assert status == 403 and body["error"]["reason"] == "run_not_current", body
+    assert (await post_report(api, 11, metrics("m2", "training", 6, run_id=2), run_id=2))[0] == 200
 
     requested = TrialRequested(
         experiment_id=1, trial_id=12, seq=2, request_id="r-12", hparams={}, trial_seed=1
@@ -283,12 +286,12 @@ async def test_reports_must_name_the_current_run(api: Api, store: EventStore) ->
     await store.append("experiment-1", [requested])
     await store.append("trial-12", [TrialKillRequested(trial_id=12, actor="admin")])
     status, body = await post_report(api, 12, metrics("n", "training", 1))
-    assert status == 409 and "never allocated" in body["error"]["message"], body
+    assert status == 403 and body["error"]["reason"] == "run_not_current", body
 
     await store.append(
         "experiment-1", [ExperimentStateChanged(experiment_id=1, state="ERROR", reason="x")]
     )
-    status, body = await post_report(api, 11, metrics("m3", "training", 7, run_id=2))
+    status, body = await post_report(api, 11, metrics("m3", "training", 7, run_id=2), run_id=2)
     assert status == 409 and "experiment has ended" in body["error"]["message"], body
 
 

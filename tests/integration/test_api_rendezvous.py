@@ -43,26 +43,27 @@ async def test_rendezvous_completes_once_both_agents_joined(api: Api, store: Eve
     await allocate(store, 11, request=True, slots=("0",))  # run 1: one agent, replaced below
     alloc = await two_agent_run(store, run_id=2)
     path = f"/api/v1/allocations/{alloc}/rendezvous"
+    agent_a, agent_b = await api.agent_token("a"), await api.agent_token("b")
     first = await api.ok(
-        "POST", path, token=api.agent, json={"agent_id": "b", "address": "10.0.0.2", "port": 2002}
+        "POST", path, token=agent_b, json={"agent_id": "b", "address": "10.0.0.2", "port": 2002}
     )
     assert (first["complete"], first["joined"], first["node_rank"]) == (False, ["b"], 1)
     waiter = asyncio.create_task(
-        api.ok("GET", f"{path}?agent_id=b&timeout_seconds=30", token=api.agent)
+        api.ok("GET", f"{path}?agent_id=b&timeout_seconds=30", token=agent_b)
     )
     await asyncio.sleep(0)  # the waiter is in flight before a joins (not a timing assumption)
     await api.ok(
-        "POST", path, token=api.agent, json={"agent_id": "a", "address": "10.0.0.1", "port": 2001}
+        "POST", path, token=agent_a, json={"agent_id": "a", "address": "10.0.0.1", "port": 2001}
     )
     await api.ok(
-        "POST", path, token=api.agent, json={"agent_id": "a", "address": "10.0.0.9", "port": 9}
+        "POST", path, token=agent_a, json={"agent_id": "a", "address": "10.0.0.9", "port": 9}
     )
     answer = await asyncio.wait_for(waiter, 30)
     assert answer["complete"] and answer["current"]
     assert (answer["chief_address"], answer["chief_port"]) == ("10.0.0.1", 2001)
     assert (answer["node_rank"], answer["rank_offset"], answer["num_nodes"]) == (1, 2, 2)
     assert answer["world_size"] == 4
-    trial_token = api.trial_token(11)
+    trial_token = api.trial_token(11, 2)
     seen_by_rank = await api.ok("GET", f"{path}?agent_id=a", token=trial_token)
     assert (seen_by_rank["node_rank"], seen_by_rank["chief_port"]) == (0, 2001)
     joins = [e for e in await store.read_stream(trial_stream(11)) if e.type == "RendezvousJoined"]
@@ -80,20 +81,21 @@ async def test_rendezvous_refuses_strangers_old_runs_and_malformed_joins(
     head = await store.head()
     path = f"/api/v1/allocations/{old}/rendezvous"
     good = {"agent_id": "a", "address": "10.0.0.1", "port": 2001}
+    agent_a = await api.agent_token("a")
     status, body = await api.call(
         "POST",
         "/api/v1/allocations/11.2/rendezvous",
-        token=api.agent,
+        token=await api.agent_token("z"),
         json={**good, "agent_id": "z"},
     )
     assert status == 400 and body["error"]["path"] == "agent_id"
-    status, _ = await api.call("POST", path, token=api.agent, json=good)
+    status, _ = await api.call("POST", path, token=agent_a, json=good)
     assert status == 409
     for field, value in (("port", 0), ("port", 70000), ("address", "a b;rm -rf /")):
         status, body = await api.call(
             "POST",
             "/api/v1/allocations/11.2/rendezvous",
-            token=api.agent,
+            token=agent_a,
             json={**good, field: value},
         )
         assert status == 400 and body["error"]["path"] == field, (field, value, body)
@@ -101,7 +103,7 @@ async def test_rendezvous_refuses_strangers_old_runs_and_malformed_joins(
         "GET", "/api/v1/allocations/11.2/rendezvous", token=api.trial_token(21)
     )
     assert status == 403
-    stale = await api.ok("GET", f"{path}?agent_id=a&timeout_seconds=30", token=api.agent)
+    stale = await api.ok("GET", f"{path}?agent_id=a&timeout_seconds=30", token=agent_a)
     assert stale["current"] is False and stale["complete"] is False
     after = await store.read_all(head)
     assert {e.type for e in after} <= {"RequestRejected"}  # refusals are audited, nothing joined

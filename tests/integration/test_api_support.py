@@ -14,8 +14,9 @@ from aiohttp import web
 from events.names import allocation_id, experiment_stream, trial_stream
 from events.store import EventStore
 from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
+from services.api import agent_credentials
 from services.api.app import create_app
-from services.api.auth import agent_token, cluster_secret, sign_trial_token
+from services.api.auth import cluster_secret, join_token, sign_trial_token
 from tests.helpers import ADMIN_PASSWORD
 
 CONFIG = """
@@ -29,7 +30,8 @@ checkpoint_storage: {type: shared_fs, host_path: /tmp/ckpts}
 
 
 class Api:
-    """An HTTP client bound to one running gateway, with the agent token and secret at hand."""
+    """An HTTP client bound to one running gateway, with the join token, agents' credentials
+    and the secret at hand (``agent``: agent ``gpu01``'s credential)."""
 
     def __init__(
         self, session: aiohttp.ClientSession, url: str, store: EventStore, secret: bytes
@@ -40,10 +42,20 @@ class Api:
         self.secret = secret
         self.agent = ""
         self.admin = ""
+        self.join = ""
+        self._agents: dict[str, str] = {}
 
-    def trial_token(self, trial_id: int) -> str:
-        """A trial-scoped token, minted the way the gateway mints them."""
-        return sign_trial_token(self.secret, trial_id)
+    def trial_token(self, trial_id: int, run_id: int = 1) -> str:
+        """A token of run ``run_id`` of a trial, minted the way the gateway mints them."""
+        return sign_trial_token(self.secret, trial_id, run_id)
+
+    async def agent_token(self, agent_id: str) -> str:
+        """Agent ``agent_id``'s own credential, issued as a join would (without the call, so
+        the log holds no audit record of it)."""
+        if agent_id not in self._agents:
+            issued = await agent_credentials.issue(self.store, agent_id, None)
+            self._agents[agent_id] = issued.token
+        return self._agents[agent_id]
 
     async def call(
         self,
@@ -92,7 +104,8 @@ async def running_api(store: EventStore, checkpoint_root: Path | None = None) ->
     try:
         async with aiohttp.ClientSession() as session:
             api = Api(session, f"http://{host}:{port}", store, secret)
-            api.agent = await agent_token(store)
+            api.join = await join_token(store)
+            api.agent = await api.agent_token("gpu01")
             api.admin = await api.login()
             yield api
     finally:

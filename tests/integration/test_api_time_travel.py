@@ -185,7 +185,7 @@ async def test_agents_at_a_past_position(api: Api, store: EventStore) -> None:
     await api.ok(
         "POST",
         "/api/v1/agents/gpu02/register",
-        token=api.agent,
+        token=await api.agent_token("gpu02"),
         json={"slots": [{"slot_id": "0"}], "hostname": "h2"},
     )
     await catch_up(store)

@@ -36,11 +36,11 @@ def metrics(key: str, group: str, steps: int, run_id: int = 1, **values: Any) ->
     }
 
 
-async def report(api: Api, trial_id: int, *items: dict[str, Any]) -> Any:
+async def report(api: Api, trial_id: int, *items: dict[str, Any], run_id: int = 1) -> Any:
     return await api.ok(
         "POST",
         f"/api/v1/trials/{trial_id}/reports",
-        token=api.trial_token(trial_id),
+        token=api.trial_token(trial_id, run_id),
         json={"items": list(items)},
     )
 
@@ -140,7 +140,7 @@ async def test_new_run_archives_later_steps_of_earlier_runs(api: Api, store: Eve
         metrics("v30", "validation", 30),
     )
     await allocate(store, 11, run_id=2, request=False)
-    await report(api, 11, metrics("b20", "training", 20, run_id=2))
+    await report(api, 11, metrics("b20", "training", 20, run_id=2), run_id=2)
     await catch_up(store)
     rows = await store.pool.fetch(
         'SELECT run_id, "group", steps_completed, archived FROM tr_metrics ORDER BY 2, 3, 1'
@@ -198,7 +198,11 @@ async def test_early_exit_and_default_run_id(api: Api, store: EventStore) -> Non
     item = metrics("m", "training", 5)
     del item["run_id"]
     await report(
-        api, 11, item, {"kind": "early_exit", "idempotency_key": "e", "reason": "INVALID_HP"}
+        api,
+        11,
+        item,
+        {"kind": "early_exit", "idempotency_key": "e", "reason": "INVALID_HP"},
+        run_id=2,
     )
     events = await store.read_stream("trial-11")
     assert events[-2].payload["run_id"] == 2

@@ -169,7 +169,7 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
             agent,
             slots,
             200,
-            "agent",
+            "agent:gpu01",
         ),
         # Heartbeats are telemetry (audit=False): a refused one is recorded.
         (
@@ -346,6 +346,24 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
         ),
         ("DELETE", "/api/v1/templates/{name}", "/api/v1/templates/gpu", bob, None, 200, "bob"),
         ("POST", "/api/v1/auth/logout", "/api/v1/auth/logout", bob, {}, 200, "bob"),
+        (
+            "POST",
+            "/api/v1/agents/{agent_id}/join",
+            "/api/v1/agents/gpu09/join",
+            api.join,
+            {},
+            200,
+            "join",
+        ),
+        (
+            "POST",
+            "/api/v1/agents/{agent_id}/revoke",
+            "/api/v1/agents/gpu09/revoke",
+            admin,
+            {},
+            200,
+            "admin",
+        ),
     ]
     routes = {(r.method, r.path) for r in all_routes() if r.method in MUTATING}
     planned = {(method, pattern) for method, pattern, *_ in plan}

@@ -169,23 +169,28 @@ async def test_new_trials_after_legacy_ones_take_fresh_ids(store: EventStore) ->
     assert searcher.experiment_of == {LEGACY: 7, requested[0]["trial_id"]: 8}
 
 
-async def test_gateway_serves_legacy_trials_and_their_old_tokens(store: EventStore) -> None:
-    """``/api/v1/trials/-7000001`` and ``/api/v1/trials/7.1`` name the legacy trial, and the
-    token minted for it before the change still opens it."""
+async def test_gateway_serves_legacy_trials_and_refuses_their_old_tokens(
+    store: EventStore,
+) -> None:
+    """``/api/v1/trials/-7000001`` and ``/api/v1/trials/7.1`` name the legacy trial; a token of
+    the old form (no run) is refused (401), and one of its run, which has ended, is 403."""
     await legacy_log(store)
     await finish_legacy_trial(store)
     await catch_up(store)
     async with running_api(store) as api:
         old_token = "trial:7.1:" + hmac.new(api.secret, b"trial:7.1", hashlib.sha256).hexdigest()
-        assert sign_trial_token(api.secret, LEGACY) == old_token
+        run_token = sign_trial_token(api.secret, LEGACY, 1)
+        assert run_token.startswith("trial:7.1:1:")
         for path in ("/api/v1/trials/-7000001", "/api/v1/trials/7.1"):
             trial = await api.ok("GET", path, token=api.admin)
             assert (trial["trial_id"], trial["experiment_id"], trial["seq"]) == (LEGACY, 7, 1)
             assert [a["allocation_id"] for a in trial["allocations"]] == ["7.1.1"]
-        metrics = await api.ok("GET", f"/api/v1/trials/{LEGACY}/metrics", token=old_token)
+        metrics = await api.ok("GET", f"/api/v1/trials/{LEGACY}/metrics", token=api.admin)
         assert metrics["trial_id"] == LEGACY and len(metrics["metrics"]) == 2
-        me = await api.ok("GET", "/api/v1/me", token=old_token)
-        assert me["trial_id"] == LEGACY
+        status, _ = await api.call("GET", "/api/v1/me", token=old_token)
+        assert status == 401
+        status, body = await api.call("GET", "/api/v1/me", token=run_token)
+        assert status == 403 and body["error"]["reason"] == "run_not_current", body
 
 
 async def test_tables_of_text_trial_ids_are_migrated_to_the_same_integers(

@@ -16,6 +16,8 @@ import pytest
 
 from cairn.local import servers
 from cairn.local.servers import ServerProcess, secret_file, start_nats, start_postgres
+from events.bus import connect_options, with_creds
+from events.bus_auth import Authority, write_private
 
 PASSWD = Path("/etc/passwd")
 
@@ -71,26 +73,46 @@ async def test_postgres_refuses_connections_without_the_password(pg_server: Serv
     assert password.read_text().strip() not in pg_server.display_url
 
 
-async def test_nats_refuses_connections_without_the_password(
-    nats_server: ServerProcess,
+async def test_nats_refuses_connections_without_a_credential_of_its_own(
+    nats_server: ServerProcess, tmp_path: Path
 ) -> None:
-    """Without credentials, or with a wrong password, nats-server refuses; with its own it accepts."""
+    """Anonymous, with a password, or with a user signed by another cluster's key, nats-server
+    refuses; with a user of its own it accepts; its keys and credentials are 0600."""
     error = await refused_by_nats(f"nats://127.0.0.1:{nats_server.port}")
     assert "Authorization Violation" in str(error)
-    error = await refused_by_nats(f"nats://{servers.NATS_USER}:wrong@127.0.0.1:{nats_server.port}")
+    error = await refused_by_nats(f"nats://cairn:wrong@127.0.0.1:{nats_server.port}")
     assert "Authorization Violation" in str(error)
-    nc = await nats.connect(nats_server.url, allow_reconnect=False, connect_timeout=10)
+    stranger = tmp_path / "stranger.creds"
+    write_private(stranger, Authority.create().user_creds("stranger", "admin"))
+    with pytest.raises(nats.errors.Error) as caught:
+        nc = await nats.connect(
+            **connect_options(with_creds(nats_server.url, stranger)),
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=10,
+        )
+        await nc.close()
+    assert "Authorization Violation" in str(caught.value)
+    nc = await nats.connect(
+        **connect_options(nats_server.url), allow_reconnect=False, connect_timeout=10
+    )
     try:
         await nc.flush(timeout=10)
     finally:
         await nc.close()
     conf = nats_server.data_dir.parent / f"{nats_server.data_dir.name}.conf"
-    assert mode(secret_file(nats_server.data_dir)) == 0o600
+    auth_dir = servers.nats_auth_dir(nats_server.data_dir)
     assert mode(conf) == 0o600
+    assert mode(auth_dir) == 0o700
+    assert {p.name: mode(p) for p in auth_dir.iterdir()} == {
+        "authority.json": 0o600,
+        "admin.creds": 0o600,
+    }
 
 
-def test_nats_restart_reuses_its_password(nats_server: ServerProcess) -> None:
-    """A nats-server restarted on the same directory keeps its password (clients reconnect)."""
+def test_nats_restart_reuses_its_keys(nats_server: ServerProcess) -> None:
+    """A nats-server restarted on the same directory trusts the same keys (its users'
+    credentials stay valid, so clients reconnect)."""
     nats_server.stop()
     again = start_nats(nats_server.data_dir, port=nats_server.port)
     try:

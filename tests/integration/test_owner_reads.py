@@ -110,7 +110,7 @@ async def test_agent_list_shows_the_gateway_heartbeat_beside_the_tracker_agent(
         await api.ok(
             "POST",
             f"/api/v1/agents/{agent_id}/register",
-            token=api.agent,
+            token=await api.agent_token(agent_id),
             json={"slots": slots, "incarnation": f"inc-{agent_id}"},
         )
     await store.pool.execute("DELETE FROM agent_heartbeats WHERE agent_id = 'silent'")

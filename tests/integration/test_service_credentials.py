@@ -39,14 +39,14 @@ def secret_file(directory: Path, name: str, value: str) -> Path:
 async def test_a_service_reads_its_credentials_from_files_only(
     db_url: str, service_env: Callable[..., dict[str, str]], tmp_path: Path
 ) -> None:
-    """``python -m services.api`` given only the paths of its DSN, agent token and admin
+    """``python -m services.api`` given only the paths of its DSN, join token and admin
     password serves with them, and neither its environment nor its command line holds any."""
-    admin_password, agent_token = "file-admin-password-0123", "file-agent-token-0123"
+    admin_password, join_token = "file-admin-password-0123", "file-join-token-0123"
     port = free_port()
     ready = tmp_path / "ready"
     env = service_env(
         CAIRN_DB_FILE=str(secret_file(tmp_path, "db", db_url)),
-        CAIRN_AGENT_TOKEN_FILE=str(secret_file(tmp_path, "agent-token", agent_token)),
+        CAIRN_JOIN_TOKEN_FILE=str(secret_file(tmp_path, "join-token", join_token)),
         CAIRN_ADMIN_PASSWORD_FILE=str(secret_file(tmp_path, "admin", admin_password)),
         CAIRN_READY_FILE=str(ready),
     )
@@ -61,13 +61,15 @@ async def test_a_service_reads_its_credentials_from_files_only(
                 f"{url}/auth/login", json={"username": "admin", "password": admin_password}
             ) as resp:
                 assert resp.status == 200
-            async with http.get(
-                f"{url}/me", headers={"Authorization": f"Bearer {agent_token}"}
+            async with http.post(
+                f"{url}/agents/probe/join",
+                json={},
+                headers={"Authorization": f"Bearer {join_token}"},
             ) as resp:
-                assert await resp.json() == {"kind": "agent"}
+                assert resp.status == 200, await resp.text()
         seen = environment_and_command(proc.pid)
         password = db_url.split(":")[2].split("@")[0]
-        for secret in (password, agent_token, admin_password):
+        for secret in (password, join_token, admin_password):
             assert secret not in seen
         assert f"CAIRN_DB_FILE={tmp_path / 'db'}" in seen  # the read worked
     finally:
