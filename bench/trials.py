@@ -97,7 +97,9 @@ class _Cluster(ProcessCluster):
     http: aiohttp.ClientSession | None = None
 
     async def launch(self) -> None:
-        """Starts every service and the agent; logs in once the API answers."""
+        """Starts every service and the agent (checkpoints allowed under the work directory,
+        where the bench keeps them); logs in once the API answers."""
+        self.allow_checkpoints_under(self.workdir)
         await asyncio.to_thread(self.start_services)
         self.start_agent("a", SLOTS, "--heartbeat", "0.5")
         self.http = aiohttp.ClientSession()

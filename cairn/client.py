@@ -267,6 +267,20 @@ class Client:
             body["old_password"] = old_password
         return dict(self.post(f"/users/{_quote(username)}/password", body))
 
+    def list_tokens(self, *, username: str | None = None, everyone: bool = False) -> dict[str, Any]:
+        """``{"tokens": [...]}``: the caller's valid tokens (admins: ``username``'s, or
+        everyone's)."""
+        query: dict[str, Any] = {}
+        if username:
+            query["username"] = username
+        if everyone:
+            query["all"] = "true"
+        return dict(self.get("/tokens", **query))
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        """Revokes a token by its id (one's own; admins: anyone's)."""
+        return dict(self.call("DELETE", f"/tokens/{int(token_id)}"))
+
     def set_user_active(self, username: str, active: bool) -> dict[str, Any]:
         """Activates or deactivates a user (admin)."""
         action = "activate" if active else "deactivate"

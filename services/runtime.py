@@ -5,10 +5,12 @@ A service is ``python -m services.<name>`` with its DSN and NATS URL read from f
 starts it; ``--db DSN --nats URL`` (or env ``CAIRN_DB`` / ``CAIRN_NATS``) still work for a service
 started by hand, though a command line and an environment are readable by others (see
 :mod:`services.credentials`). The NATS URL names the service's NATS credentials file
-(``nats://host:4222?creds=/path/relay.creds``, see :mod:`events.bus_auth`). Before it reads
-them, the process makes itself undumpable. When the launcher sets ``CAIRN_READY_FILE``, the
-service writes that file once it is connected and serving, which is how ``cairn up`` knows it is
-healthy.
+(``nats://host:4222?creds=/path/relay.creds``, see :mod:`events.bus_auth`), and
+``--cluster-config PATH`` (``CAIRN_CLUSTER_CONFIG``) the cluster config
+(:mod:`events.config.cluster`), read once here and handed to the service. Before it reads its
+credentials, the process makes itself undumpable. When the launcher sets ``CAIRN_READY_FILE``,
+the service writes that file once it is connected and serving, which is how ``cairn up`` knows
+it is healthy.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import structlog
 from events import logging as cairn_logging
 from events import origin
 from events.bus import Bus
+from events.config.cluster import ClusterConfig, ClusterConfigError, load_cluster_config
 from events.errors import EventsError, FencedError
 from events.lease import LeaderLease, lease_timeout
 from events.store import EventStore
@@ -43,6 +46,7 @@ class ServiceContext:
     args: argparse.Namespace
     store: EventStore
     bus: Bus | None
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     def ready(self, role: str | None = None) -> None:
@@ -82,7 +86,26 @@ def base_parser(name: str) -> argparse.ArgumentParser:
         help="NATS URL (CAIRN_NATS); ?creds=PATH names the service's NATS credentials file",
     )
     parser.add_argument("--log-level", default=os.environ.get("CAIRN_LOG_LEVEL", "INFO"))
+    add_cluster_config_flag(parser)
     return parser
+
+
+def add_cluster_config_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--cluster-config PATH`` (default ``$CAIRN_CLUSTER_CONFIG``; none: defaults)."""
+    parser.add_argument(
+        "--cluster-config",
+        default=os.environ.get("CAIRN_CLUSTER_CONFIG") or None,
+        help="the cluster config file (CAIRN_CLUSTER_CONFIG; default: none, every default)",
+    )
+
+
+def cluster_config_of(args: argparse.Namespace, log: Any) -> ClusterConfig:
+    """The cluster config named by ``args.cluster_config``; exits 2 saying why when invalid."""
+    try:
+        return load_cluster_config(getattr(args, "cluster_config", None))
+    except ClusterConfigError as exc:
+        log.error("invalid cluster config", error=str(exc))
+        sys.exit(2)
 
 
 def main(
@@ -112,9 +135,10 @@ def main(
     if not args.db:
         log.error("no database: pass --db-file or set CAIRN_DB_FILE (or CAIRN_DB)")
         sys.exit(2)
+    cluster = cluster_config_of(args, log)
     try:
         bus = bool(args.nats) if needs_bus is None else needs_bus
-        asyncio.run(_serve(name, args, run, bus, decider))
+        asyncio.run(_serve(name, args, run, bus, decider, cluster))
     except EventsError as exc:
         log.error("service failed", error=str(exc))
         sys.exit(1)
@@ -140,12 +164,17 @@ def session_settings(*, decider: bool = False) -> dict[str, str]:
 
 
 async def _serve(
-    name: str, args: argparse.Namespace, run: ServiceRun, needs_bus: bool, decider: bool
+    name: str,
+    args: argparse.Namespace,
+    run: ServiceRun,
+    needs_bus: bool,
+    decider: bool,
+    cluster: ClusterConfig,
 ) -> None:
     settings = session_settings(decider=decider)
     store = await _retry(lambda: EventStore.connect(args.db, settings=settings))
     bus = await _retry(lambda: Bus.connect(args.nats, name=name)) if needs_bus else None
-    ctx = ServiceContext(name=name, args=args, store=store, bus=bus)
+    ctx = ServiceContext(name=name, args=args, store=store, bus=bus, cluster=cluster)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, ctx.stop.set)

@@ -11,7 +11,7 @@ from typing import Any
 from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
 from cairn.errors import CairnError, UsageError
-from events.archive import extract_tar
+from events.archive import CHECKPOINT_LIMITS, extract_tar
 
 
 def register(sub: Any) -> None:
@@ -65,9 +65,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def extract(data: bytes, target: Path) -> list[str]:
-    """Unpacks a tar.gz into ``target`` (nothing may land outside it); returns the files."""
+    """Unpacks a tar.gz into ``target`` (nothing may land outside it, within the limits of a
+    checkpoint); returns the files."""
     try:
-        return extract_tar(data, target)
+        return extract_tar(data, target, limits=CHECKPOINT_LIMITS)
     except (tarfile.TarError, OSError) as exc:
         raise CairnError(f"cannot unpack the checkpoint into {target}: {exc}") from None
 

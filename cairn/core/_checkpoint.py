@@ -5,8 +5,11 @@ The root is ``CAIRN_CHECKPOINT_DIR`` on a cluster (a shared_fs/directory storage
 mounts) or a local directory off-cluster. With ``checkpoint_storage: {type: s3}`` the files are
 objects ``<prefix>/<uuid>/<file>`` instead: a checkpoint is written into a local scratch
 directory and uploaded when complete (``metadata.json`` last), and read back by downloading.
-When a checkpoint is complete the chief reports it (``kind: checkpoint`` with ``resources`` =
-{relative path: bytes}).
+When a checkpoint is complete the chief writes cairn's marker (``.cairn-checkpoint``, naming the
+uuid; it is not among the checkpoint's files) and reports it (``kind: checkpoint`` with
+``resources`` = {relative path: bytes}). On a cluster each new checkpoint's uuid is issued by the
+API (``POST /trials/{id}/checkpoint-ids``), which accepts reports only under uuids it issued;
+off-cluster it is a random UUID.
 
 Sharded checkpoints (``shard=True``) are a collective: every rank calls, the chief's uuid is
 broadcast, each rank contributes its files, and the ranks' metadata dicts are merged. A file two
@@ -32,7 +35,7 @@ from typing import Any
 
 from cairn.core._distributed import DistributedContext
 from cairn.core._reporter import Reporter
-from events.checkpoint_storage import CheckpointStorage
+from events.checkpoint_storage import MARKER_FILE, CheckpointStorage, marker_bytes
 from events.errors import EventsError
 
 log = logging.getLogger("cairn.core")
@@ -41,6 +44,14 @@ METADATA_FILE = "metadata.json"
 
 Selector = Callable[[str], bool]
 """Given a file's path relative to the checkpoint directory (``/``-separated), whether to use it."""
+
+NewUuid = Callable[[], str]
+"""Gives the uuid of a new checkpoint."""
+
+
+def random_uuid() -> str:
+    """A new random checkpoint uuid (off-cluster)."""
+    return str(uuidlib.uuid4())
 
 
 class DownloadMode(enum.Enum):
@@ -59,12 +70,15 @@ class DownloadMode(enum.Enum):
 
 
 def _resources(path: Path, selector: Selector | None = None) -> dict[str, int]:
-    """Every file under ``path`` that ``selector`` keeps, as {relative path: bytes}."""
+    """Every file under ``path`` that ``selector`` keeps, as {relative path: bytes} (cairn's
+    marker left out)."""
     out: dict[str, int] = {}
     for dirpath, _, files in os.walk(path):
         for name in files:
             full = Path(dirpath) / name
             relative = full.relative_to(path).as_posix()
+            if relative == MARKER_FILE:
+                continue
             if selector is None or selector(relative):
                 out[relative] = full.stat().st_size
     return dict(sorted(out.items()))
@@ -134,6 +148,8 @@ class CheckpointContext:
         distributed: this process's rank (only the chief stores unsharded checkpoints).
         run_id: the trial run the checkpoints belong to.
         storage: a storage that is not a mounted directory (an S3 bucket); ``None``: ``root``.
+        new_uuid: gives each new checkpoint's uuid (the chief calls it; on a cluster it asks
+            the API); default: a random UUID.
     """
 
     def __init__(
@@ -143,12 +159,36 @@ class CheckpointContext:
         distributed: DistributedContext,
         run_id: int,
         storage: CheckpointStorage | None = None,
+        *,
+        new_uuid: NewUuid = random_uuid,
     ) -> None:
         self.root = Path(root).expanduser().absolute()
         self._reporter = reporter
         self._distributed = distributed
         self._run_id = run_id
         self._remote = storage if storage is not None and storage.local_root() is None else None
+        self._new_uuid = new_uuid
+
+    def _issue_uuid(self, *, collective: bool) -> str:
+        """A new checkpoint's uuid: the chief's, broadcast to every rank when ``collective``.
+
+        Raises:
+            RuntimeError: no uuid could be had (on every rank of a collective alike, so none is
+                left waiting in it).
+        """
+        if not collective:
+            return self._new_uuid()
+        dist = self._distributed
+        mine, failure = "", ""
+        if dist.is_chief:
+            try:
+                mine = self._new_uuid()
+            except RuntimeError as exc:
+                failure = str(exc)
+        mine, failure = dist.broadcast((mine, failure))
+        if failure:
+            raise RuntimeError(failure)
+        return str(mine)
 
     @property
     def location(self) -> str:
@@ -181,7 +221,8 @@ class CheckpointContext:
         meta: dict[str, Any],
         uploaded: Mapping[str, int] | None = None,
     ) -> None:
-        """Writes ``metadata.json`` (last: it marks the checkpoint complete) and reports it.
+        """Writes cairn's marker, then ``metadata.json`` (last: it marks the checkpoint
+        complete), and reports it.
 
         ``uploaded`` lists the files already in remote storage; ``None``: the storage is the
         directory ``path``.
@@ -189,9 +230,11 @@ class CheckpointContext:
         text = json.dumps(meta, indent=2, sort_keys=True)
         if self._remote is not None and uploaded is not None:
             data = text.encode()
+            self._remote.put_bytes(storage_id, MARKER_FILE, marker_bytes(storage_id))
             self._remote.put_bytes(storage_id, METADATA_FILE, data)
             resources = dict(sorted({**uploaded, METADATA_FILE: len(data)}.items()))
         else:
+            (path / MARKER_FILE).write_bytes(marker_bytes(storage_id))
             (path / METADATA_FILE).write_text(text)
             resources = _resources(path)
         self._reporter.submit(
@@ -229,9 +272,7 @@ class CheckpointContext:
         if not shard and not dist.is_chief:
             raise RuntimeError("only the chief (rank 0) stores a checkpoint unless shard=True")
         meta = self._merged(metadata) if shard else _checked(metadata)
-        storage_id = str(uuidlib.uuid4())
-        if shard:
-            storage_id = str(dist.broadcast(storage_id))
+        storage_id = self._issue_uuid(collective=shard)
         if self._remote is not None:
             yield from self._store_remote(storage_id, meta, shard)
             return
@@ -360,7 +401,7 @@ class CheckpointContext:
                 raise RuntimeError("upload(ckpt_dir=None, shard=False) would upload nothing")
             meta = _checked(metadata)
             names = [n for n in _resources(source, selector) if n != METADATA_FILE]
-            storage_id = str(uuidlib.uuid4())
+            storage_id = self._issue_uuid(collective=False)
             if self._remote is not None:
                 try:
                     self._remote.upload(source, storage_id, names)
@@ -391,7 +432,7 @@ class CheckpointContext:
         dist = self._distributed
         if selector is not None and source is None:
             raise RuntimeError("a selector needs a ckpt_dir")
-        storage_id = str(dist.broadcast(str(uuidlib.uuid4())))
+        storage_id = self._issue_uuid(collective=True)
         ident = None
         if source is not None:
             stat = source.stat()

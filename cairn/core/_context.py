@@ -6,7 +6,8 @@ import itertools
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -191,6 +192,32 @@ def _local_info(
     )
 
 
+CHECKPOINT_ID_ATTEMPTS = 8
+"""How many times a new checkpoint's uuid is asked of the API before the save fails."""
+
+
+def _checkpoint_ids(session: Session, trial_id: int) -> Callable[[], str]:
+    """Asks the API for each new checkpoint's uuid (the only uuids it accepts in reports),
+    retrying what is worth retrying with backoff."""
+
+    def new_uuid() -> str:
+        error: Exception | None = None
+        for attempt in range(CHECKPOINT_ID_ATTEMPTS):
+            try:
+                answer = session.request("POST", f"/trials/{trial_id}/checkpoint-ids", {})
+                return str(answer["uuid"])
+            except HTTPStatusError as exc:
+                if not exc.retryable:
+                    raise RuntimeError(f"the API issued no checkpoint uuid: {exc}") from None
+                error = exc
+            except OSError as exc:
+                error = exc
+            time.sleep(min(0.2 * 2**attempt, 5.0))
+        raise RuntimeError(f"the API issued no checkpoint uuid: {error}")
+
+    return new_uuid
+
+
 def _remote_storage(checkpoint_storage: Any) -> CheckpointStorage | None:
     """The S3 storage an ``{type: s3, ...}`` config names (``None`` for anything else)."""
     if isinstance(checkpoint_storage, Mapping) and checkpoint_storage.get("type") == "s3":
@@ -287,7 +314,14 @@ def init(
     preempt = PreemptContext(session, cluster.allocation_id, preempt_mode, dist)
     preempt.start()
     trial = cluster.trial
-    checkpoint = CheckpointContext(root, reporter, dist, run_id=run_id, storage=remote)
+    checkpoint = CheckpointContext(
+        root,
+        reporter,
+        dist,
+        run_id=run_id,
+        storage=remote,
+        new_uuid=_checkpoint_ids(session, trial.trial_id),
+    )
     train = TrainContext(
         reporter,
         dist,

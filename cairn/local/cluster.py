@@ -70,6 +70,7 @@ from cairn.local.state import (
     write_state,
 )
 from events.bus_auth import USER_ROLES
+from events.config.cluster import CLUSTER_CONFIG_FILE, ClusterConfigError, load_cluster_config
 from events.redact import redact_url
 from services import credentials
 
@@ -180,6 +181,15 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env.update(extra or {})
     return env
+
+
+def cluster_config_path(data_dir: Path) -> Path:
+    """The embedded cluster's config file (:mod:`events.config.cluster`): ``DIR/cluster.yaml``.
+
+    Every service gets its path (``CAIRN_CLUSTER_CONFIG``) when it exists; without it every
+    setting has its default (checkpoints only under ``DIR/checkpoints``).
+    """
+    return data_dir / CLUSTER_CONFIG_FILE
 
 
 def join_token_file(data_dir: Path) -> Path:
@@ -324,6 +334,7 @@ class Supervisor:
         self._save()
         log.info("cluster starting", data_dir=str(self.data_dir), slots=self.options.slots)
         try:
+            self._check_cluster_config()
             self._start_servers()
             self._check_stop()
             self._prepare_database()
@@ -349,6 +360,16 @@ class Supervisor:
             dsn=redact_url(self.state.dsn),
             nats=redact_url(self.state.nats_url),
         )
+
+    def _check_cluster_config(self) -> None:
+        """Refuses to start with a cluster config that a service would refuse."""
+        path = cluster_config_path(self.data_dir)
+        if not path.exists():
+            return
+        try:
+            load_cluster_config(path)
+        except ClusterConfigError as exc:
+            raise ClusterStartError(f"invalid cluster config:\n{_indent(str(exc))}") from exc
 
     def _add(self, record: ProcessState) -> _Child:
         child = _Child(record)
@@ -454,6 +475,7 @@ class Supervisor:
             nats_url=bus.pop("CAIRN_NATS"),
             admin_password=self.data_dir / service_credentials.ADMIN_PASSWORD_FILE,
         )
+        config_file = cluster_config_path(self.data_dir)
         env = service_credentials.service_env(
             child_env(
                 {
@@ -461,6 +483,7 @@ class Supervisor:
                     "CAIRN_API_URL": self.state.api_url,
                     "CAIRN_HOME": str(self.data_dir),
                     "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
+                    "CAIRN_CLUSTER_CONFIG": str(config_file) if config_file.exists() else "",
                     **bus,
                 }
             ),

@@ -50,6 +50,7 @@ class ProcessCluster:
     api_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)
+    cluster_config: Path | None = None
     _prepared: bool = field(default=False, repr=False)
 
     @property
@@ -65,7 +66,12 @@ class ProcessCluster:
     def base_env(self) -> dict[str, str]:
         """What every service's environment holds (no secret)."""
         env = dict(os.environ)
-        env.update(PYTHONPATH=str(ROOT), CAIRN_API_URL=self.api_url, CAIRN_FAULTS="")
+        env.update(
+            PYTHONPATH=str(ROOT),
+            CAIRN_API_URL=self.api_url,
+            CAIRN_FAULTS="",
+            CAIRN_CLUSTER_CONFIG=str(self.cluster_config or ""),
+        )
         return env
 
     def prepare(self) -> None:
@@ -91,6 +97,14 @@ class ProcessCluster:
             admin_password=self.workdir / service_credentials.ADMIN_PASSWORD_FILE,
         )
         return service_credentials.service_env({**self.base_env(), **bus}, files)
+
+    def allow_checkpoints_under(self, *roots: Path) -> None:
+        """Writes ``workdir/cluster.yaml`` allowing checkpoint storage under ``roots`` (besides
+        the default root) and has every service started from now on read it."""
+        path = self.workdir / "cluster.yaml"
+        listed = ", ".join(f'"{root}"' for root in roots)
+        path.write_text(f"checkpoint_storage:\n  allowed_roots: [{listed}]\n")
+        self.cluster_config = path
 
     @property
     def join_token(self) -> str:

@@ -12,13 +12,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from events.checkpoint_storage.base import CheckpointStorage, StorageError, safe_uuid
+from events.checkpoint_storage.base import (
+    MARKER_FILE,
+    CheckpointStorage,
+    StorageError,
+    marker_bytes,
+    safe_uuid,
+)
 from events.checkpoint_storage.directory import DirectoryStorage
+from events.checkpoint_storage.policy import StorageNotAllowedError, check_storage
 from events.checkpoint_storage.s3 import S3Storage
+from events.config.cluster import CheckpointStoragePolicy
 from events.config.storage import checkpoint_root
 
 
-def open_storage(config: Any, default_root: Path) -> CheckpointStorage:
+def open_storage(
+    config: Any, default_root: Path, *, policy: CheckpointStoragePolicy | None
+) -> CheckpointStorage:
     """The storage of a ``checkpoint_storage`` config.
 
     Args:
@@ -26,20 +36,31 @@ def open_storage(config: Any, default_root: Path) -> CheckpointStorage:
             bucket, ``shared_fs``/``directory`` their directory, anything else (no type, or
             gcs/azure, which cairn accepts with a warning) the cluster default.
         default_root: the cluster's default checkpoint root.
+        policy: the cluster config's storage policy, which the services always pass; ``None``
+            only in the user's own processes (the Core API), which reach what the user can.
 
     Returns:
         The storage.
+
+    Raises:
+        StorageNotAllowedError: the policy does not allow ``config``.
     """
+    if policy is not None:
+        check_storage(config, policy, default_root=default_root)
     if isinstance(config, Mapping) and config.get("type") == "s3":
         return S3Storage.from_config(config)
     return DirectoryStorage(checkpoint_root(config, default_root))
 
 
 __all__ = [
+    "MARKER_FILE",
     "CheckpointStorage",
     "DirectoryStorage",
     "S3Storage",
     "StorageError",
+    "StorageNotAllowedError",
+    "check_storage",
+    "marker_bytes",
     "open_storage",
     "safe_uuid",
 ]

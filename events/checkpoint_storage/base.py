@@ -1,13 +1,41 @@
-"""The interface every checkpoint storage implements, and its error."""
+"""The interface every checkpoint storage implements, its error, and the checkpoint marker.
+
+The marker is the file :data:`MARKER_FILE` that the Core API writes into every checkpoint it
+saves (before ``metadata.json``), holding the checkpoint's uuid. The services delete or serve a
+checkpoint only when its marker is there and names it (:meth:`CheckpointStorage.owned`), so a
+directory or prefix that cairn did not write is never removed or sent, whatever a report said.
+The marker is cairn's, not the user's: it is not listed among a checkpoint's files.
+"""
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from events.errors import EventsError
+
+MARKER_FILE = ".cairn-checkpoint"
+"""The marker's name inside a checkpoint (``<root>/<uuid>/.cairn-checkpoint``)."""
+
+MAX_MARKER_BYTES = 4096
+"""The most of a marker that is read (a real one is a few dozen bytes)."""
+
+
+def marker_bytes(uuid: str) -> bytes:
+    """The contents of checkpoint ``uuid``'s marker."""
+    return json.dumps({"uuid": uuid}).encode()
+
+
+def is_marker_of(data: bytes, uuid: str) -> bool:
+    """Whether ``data`` (a marker's contents) marks checkpoint ``uuid``."""
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("uuid") == uuid
 
 
 class StorageError(EventsError):
@@ -81,3 +109,18 @@ class CheckpointStorage(ABC):
     @abstractmethod
     def uuids(self) -> list[str]:
         """Every checkpoint uuid in the storage (complete or not)."""
+
+    def owned(self, uuid: str) -> bool:
+        """Whether ``uuid`` is a checkpoint cairn wrote: its marker is there and names it.
+
+        Raises:
+            StorageError: the storage could not be read.
+        """
+        if not safe_uuid(uuid):
+            return False
+        try:
+            with self.open(uuid, MARKER_FILE) as body:
+                data = body.read(MAX_MARKER_BYTES + 1)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return False
+        return len(data) <= MAX_MARKER_BYTES and is_marker_of(data, uuid)

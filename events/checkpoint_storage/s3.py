@@ -15,7 +15,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from events.checkpoint_storage.base import CheckpointStorage, StorageError, safe_name, safe_uuid
+from events.checkpoint_storage.base import (
+    MARKER_FILE,
+    CheckpointStorage,
+    StorageError,
+    safe_name,
+    safe_uuid,
+)
 
 DELETE_BATCH = 1000
 """Most keys one ``DeleteObjects`` call removes (S3's own limit)."""
@@ -117,8 +123,8 @@ class S3Storage(CheckpointStorage):
         with self._translated("list"):
             yield from self._client.get_paginator("list_objects_v2").paginate(**kwargs)
 
-    def files(self, uuid: str) -> dict[str, int]:
-        """The checkpoint's objects, named relative to ``<prefix>/<uuid>/``."""
+    def _objects(self, uuid: str) -> dict[str, int]:
+        """Every object under ``<prefix>/<uuid>/`` (whatever its name), relative to it."""
         if not safe_uuid(uuid):
             return {}
         base = self._base(uuid)
@@ -127,6 +133,15 @@ class S3Storage(CheckpointStorage):
             for item in page.get("Contents", []):
                 out[str(item["Key"])[len(base) :]] = int(item["Size"])
         return dict(sorted(out.items()))
+
+    def files(self, uuid: str) -> dict[str, int]:
+        """The checkpoint's files: objects under ``<prefix>/<uuid>/`` named like relative
+        paths (no ``..``, no empty component), the marker left out."""
+        return {
+            name: size
+            for name, size in self._objects(uuid).items()
+            if name != MARKER_FILE and safe_name(name)
+        }
 
     def upload(self, source: Path, uuid: str, names: Iterable[str]) -> None:
         """Uploads each file (multipart for large ones)."""
@@ -166,9 +181,10 @@ class S3Storage(CheckpointStorage):
         """Deletes the checkpoint's objects (or the named ones that exist)."""
         if not safe_uuid(uuid):
             return False
-        present = self.files(uuid)
+        present = self._objects(uuid)
         doomed = list(present) if names is None else [n for n in names if n in present]
-        keys = [self._key(uuid, name) for name in doomed]
+        base = self._base(uuid)
+        keys = [base + name for name in doomed]
         for start in range(0, len(keys), DELETE_BATCH):
             batch = [{"Key": key} for key in keys[start : start + DELETE_BATCH]]
             with self._translated(f"delete {uuid}"):

@@ -40,6 +40,7 @@ async def run(ctx: ServiceContext) -> None:
         secret=secret,
         join_token_file=ctx.args.join_token_file,
         nats_authority=authority,
+        cluster=ctx.cluster,
         admin_password=credentials.secret("CAIRN_ADMIN_PASSWORD"),
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from events.bus import Bus
 from events.bus_auth import Authority
+from events.config.cluster import ClusterConfig
 from events.config.storage import default_checkpoint_root
 from events.store import EventStore
 from services.api import (
@@ -27,18 +28,21 @@ from services.api import (
     routes_searcher,
     routes_series,
     routes_templates,
+    routes_tokens,
     routes_trial_control,
     routes_trials,
     routes_usage,
     routes_users,
     routes_webui,
     tables,
+    tokens,
 )
 from services.api.audit_trail import LIMITER, RejectionLimiter, audit_middleware
 from services.api.auth import auth_middleware, ensure_admin, join_token
 from services.api.errors import error_middleware
 from services.api.limits import DEFAULT_MAX_BODY, body_limit_middleware
 from services.api.routing import STATE, ApiState, Route, RouteTable
+from services.api.throttle import THROTTLER, LoginThrottler
 
 ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_auth.routes,
@@ -54,6 +58,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_searcher.routes,
     routes_checkpoints.routes,
     routes_users.routes,
+    routes_tokens.routes,
     routes_events.routes,
     openapi.routes,
     routes_series.routes,
@@ -76,12 +81,13 @@ def create_app(
     checkpoint_root: Path | None = None,
     join_token_file: str | None = None,
     nats_authority: Authority | None = None,
+    cluster: ClusterConfig | None = None,
     admin_password: str | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
-    On startup it applies the ``api`` migrations, creates the initial admin user and loads the
-    join token.
+    On startup it applies the ``api`` migrations, gives tokens issued without an expiry the
+    cluster's token lifetime, creates the initial admin user and loads the join token.
 
     Args:
         store: the event store (its pool also serves the gateway's own tables).
@@ -93,6 +99,7 @@ def create_app(
         join_token_file: the file holding the cluster's join token (see
             :func:`services.api.auth.join_token`).
         nats_authority: the bus's signing authority, to give joining agents NATS users.
+        cluster: the cluster config (``None``: every default).
         admin_password: the initial admin's password (see
             :func:`services.api.auth.ensure_admin`); without one no admin is created.
 
@@ -109,9 +116,11 @@ def create_app(
         secret=secret,
         join_token_file=join_token_file,
         nats_authority=nats_authority,
+        cluster=cluster or ClusterConfig(),
     )
     app[STATE] = state
     app[LIMITER] = RejectionLimiter()
+    app[THROTTLER] = LoginThrottler(state.cluster.accounts.login_throttle)
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
     routes_master.mark_started(app)
     for route in [*all_routes(), *routes_webui.routes.routes]:
@@ -124,5 +133,6 @@ def create_app(
 async def _startup(app: web.Application, *, admin_password: str | None) -> None:
     state = app[STATE]
     await tables.migrate(state.store)
+    await tokens.bound_lifetimes(state.store, state.cluster.accounts.token_lifetime)
     await ensure_admin(state.store, admin_password)
     state.join_token = await join_token(state.store, state.join_token_file)

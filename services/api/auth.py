@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -334,11 +335,14 @@ async def change_password(
     return True
 
 
-async def login(store: EventStore, username: str, password: str) -> tuple[str, bool] | None:
-    """Checks a password and issues a new user token.
+async def login(
+    store: EventStore, username: str, password: str, *, lifetime: timedelta
+) -> tuple[str, bool, datetime] | None:
+    """Checks a password and issues a new user token, valid for ``lifetime``.
 
     Returns:
-        ``(token, admin)``, or ``None`` when the user is unknown or the password wrong.
+        ``(token, admin, expires_at)``, or ``None`` when the user is unknown or the password
+        wrong.
 
     Raises:
         ApiError: 401 saying so when the password is right but the user is deactivated.
@@ -355,12 +359,14 @@ async def login(store: EventStore, username: str, password: str) -> tuple[str, b
         raise unauthorized(f"user {username!r} is deactivated; an admin can activate it")
     token = secrets.token_urlsafe(32)
     with translate_errors():
-        await store.pool.execute(
-            "INSERT INTO api_tokens (token_hash, username) VALUES ($1, $2)",
+        expires_at = await store.pool.fetchval(
+            "INSERT INTO api_tokens (token_hash, username, expires_at) "
+            "VALUES ($1, $2, now() + $3::interval) RETURNING expires_at",
             hash_token(token),
             username,
+            lifetime,
         )
-    return token, bool(row["admin"])
+    return token, bool(row["admin"]), expires_at
 
 
 async def logout(store: EventStore, token: str) -> None:

@@ -38,6 +38,7 @@ class ApiError(Exception):
         message: what went wrong, for a person.
         path: the dotted location of the offending input field, if there is one.
         details: extra fields merged into the ``error`` object (e.g. every config error).
+        headers: extra response headers (``Retry-After`` of a 429).
     """
 
     def __init__(
@@ -47,12 +48,14 @@ class ApiError(Exception):
         *,
         path: str | None = None,
         details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.path = path
         self.details = details or {}
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         """The JSON document sent to the client."""
@@ -182,7 +185,7 @@ async def read_json(request: web.Request) -> Any:
 
 def error_response(error: ApiError) -> web.Response:
     """Renders an :class:`ApiError` as a JSON response."""
-    return web.json_response(error.body(), status=error.status)
+    return web.json_response(error.body(), status=error.status, headers=error.headers)
 
 
 @web.middleware

@@ -115,6 +115,15 @@ def _responses(route: Route, refs: Mapping[Any, Any], error_ref: Any) -> dict[st
         if route.method == "GET" and status == "413":
             continue
         out[status] = {"description": text, "content": {"application/json": {"schema": error_ref}}}
+    for status, text in (route.more_errors or {}).items():
+        out[status] = {"description": text, "content": {"application/json": {"schema": error_ref}}}
+        if status == "429":
+            out[status]["headers"] = {
+                "Retry-After": {
+                    "description": "seconds to wait before trying again",
+                    "schema": {"type": "integer", "minimum": 1},
+                }
+            }
     return out
 
 

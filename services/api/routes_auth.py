@@ -1,4 +1,8 @@
-"""Health, login/logout and ``me``."""
+"""Health, login/logout and ``me``.
+
+A login's token expires after the cluster config's ``accounts.token_lifetime``; failed logins
+are throttled per username and per client address (:mod:`services.api.throttle`).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ from pydantic import BaseModel, Field
 
 from services.api import auth
 from services.api.audit_trail import set_actor
-from services.api.errors import parse, read_json, unauthorized
-from services.api.routing import ANYONE, PUBLIC, RouteTable, store_of
+from services.api.errors import ApiError, parse, read_json, unauthorized
+from services.api.routing import ANYONE, PUBLIC, RouteTable, cluster_of, store_of
+from services.api.throttle import THROTTLER
 
 routes = RouteTable("auth")
 
@@ -21,10 +26,11 @@ class LoginBody(BaseModel):
 
 
 class LoginResponse(BaseModel):
-    """A new bearer token and who it belongs to."""
+    """A new bearer token, who it belongs to and when it expires."""
 
     token: str
     user: dict[str, object]
+    expires_at: str
 
 
 class HealthResponse(BaseModel):
@@ -42,17 +48,43 @@ async def health(request: web.Request) -> web.Response:
 # A login issues a session token (kept in ``api_tokens``), it changes nothing in the cluster's
 # work: only refused logins go in the audit trail (as RequestRejected).
 @routes.post(
-    "/api/v1/auth/login", allow=PUBLIC, body=LoginBody, response=LoginResponse, audit=False
+    "/api/v1/auth/login",
+    allow=PUBLIC,
+    body=LoginBody,
+    response=LoginResponse,
+    audit=False,
+    more_errors={"429": "too many failed logins for the username or from the address"},
 )
 async def login(request: web.Request) -> web.Response:
-    """Exchanges a username and password for a bearer token."""
+    """Exchanges a username and password for a bearer token; 429 with ``Retry-After`` after
+    too many failures for the username or from the client's address."""
     body = parse(LoginBody, await read_json(request))
-    issued = await auth.login(store_of(request), body.username, body.password)
+    throttler = request.app[THROTTLER]
+    address = request.remote or ""
+    wait = throttler.retry_after(body.username, address)
+    if wait:
+        raise ApiError(
+            429,
+            f"too many failed logins for this user or from this address; retry in {wait} s",
+            headers={"Retry-After": str(wait)},
+        )
+    accounts = cluster_of(request).accounts
+    issued = await auth.login(
+        store_of(request), body.username, body.password, lifetime=accounts.token_lifetime
+    )
     if issued is None:
+        throttler.failed(body.username, address)
         raise unauthorized("wrong username or password")
-    token, admin = issued
+    throttler.succeeded(body.username, address)
+    token, admin, expires_at = issued
     set_actor(request, body.username)
-    return web.json_response({"token": token, "user": {"username": body.username, "admin": admin}})
+    return web.json_response(
+        {
+            "token": token,
+            "user": {"username": body.username, "admin": admin},
+            "expires_at": expires_at.isoformat(),
+        }
+    )
 
 
 @routes.post("/api/v1/auth/logout", allow=ANYONE)

@@ -1,13 +1,20 @@
 """Checkpoints: describe one (projection ``tr_checkpoints``), download its directory as a
-streamed tar.gz, and delete some."""
+streamed tar.gz, and delete some.
+
+A download sends only what cairn wrote: the checkpoint's storage must be one the cluster config
+allows, the checkpoint must carry its marker (:meth:`CheckpointStorage.owned`), and only its
+regular files go into the archive, read without following any link.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import queue
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,7 +23,13 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events import lifecycle
-from events.checkpoint_storage import CheckpointStorage, StorageError, open_storage, safe_uuid
+from events.checkpoint_storage import (
+    CheckpointStorage,
+    StorageError,
+    StorageNotAllowedError,
+    open_storage,
+    safe_uuid,
+)
 from events.envelope import new
 from events.names import experiment_stream
 from events.store import Transaction
@@ -24,9 +37,9 @@ from events.types import CheckpointsDeleteRequested
 from services.api import projections_read as pr
 from services.api.access import readable_checkpoint
 from services.api.auth import principal_of
-from services.api.errors import ApiError, conflict, not_found, parse, read_json
+from services.api.errors import ApiError, conflict, forbidden, not_found, parse, read_json
 from services.api.inbox import in_transaction
-from services.api.routing import USERS, RouteTable, store_of
+from services.api.routing import USERS, RouteTable, cluster_of, store_of
 from services.api.views import check_owner, load_experiment
 
 log = structlog.get_logger("api")
@@ -91,21 +104,21 @@ class _Chunks:
 
 
 def _archive(storage: CheckpointStorage, uuid: str, out: _Chunks) -> None:
-    """Writes the checkpoint's files (paths relative to it) as a tar.gz into ``out``."""
+    """Writes the checkpoint's regular files (paths relative to it) as a tar.gz into ``out``."""
     try:
         with tarfile.open(fileobj=out, mode="w|gz") as tar:  # type: ignore[call-overload]
-            root = storage.local_root()
-            if root is not None:
-                directory = root / uuid
-                for child in sorted(directory.iterdir()):
-                    tar.add(child, arcname=child.name)
-            else:
-                for name, size in storage.files(uuid).items():
+            now = int(time.time())
+            for name, size in storage.files(uuid).items():
+                try:
+                    body = storage.open(uuid, name)
+                except FileNotFoundError:
+                    continue  # removed (or replaced by a link) since it was listed
+                with body:
                     info = tarfile.TarInfo(name)
-                    info.size = size
+                    info.size = _size_of(body, size)
                     info.mode = 0o644
-                    with storage.open(uuid, name) as body:
-                        tar.addfile(info, body)
+                    info.mtime = now
+                    tar.addfile(info, body)
         out.flush()
         out.put(None)
     except BaseException as exc:  # handed to the handler, which logs it
@@ -113,17 +126,19 @@ def _archive(storage: CheckpointStorage, uuid: str, out: _Chunks) -> None:
             out.put(exc)
 
 
-def _has_files(storage: CheckpointStorage, uuid: str) -> bool:
-    root = storage.local_root()
-    if root is not None:
-        return (root / uuid).is_dir()
-    return bool(storage.files(uuid))
+def _size_of(body: Any, listed: int) -> int:
+    """The size of an open file (a local one may have changed since it was listed)."""
+    try:
+        return os.fstat(body.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return listed
 
 
 @routes.get("/api/v1/checkpoints/{uuid}/download", allow=USERS, raw_response="application/gzip")
 async def download_checkpoint(request: web.Request) -> web.StreamResponse:
-    """The checkpoint's directory as a tar.gz (entries relative to the directory); 404 when it
-    was deleted or its files are missing."""
+    """The checkpoint's regular files as a tar.gz (entries relative to its directory); 404 when
+    it was deleted, its files are missing or they are not a checkpoint cairn wrote (no marker),
+    403 when its storage is one the cluster config does not allow."""
     row, config = await _visible_checkpoint(request)
     uuid = str(row["uuid"])
     if row["state"] != "COMPLETED":
@@ -131,13 +146,20 @@ async def download_checkpoint(request: web.Request) -> web.StreamResponse:
     if not safe_uuid(uuid):
         raise not_found(f"checkpoint {uuid} has no files")
     try:
-        storage = open_storage(config.get("checkpoint_storage"), request.app[CHECKPOINT_ROOT])
-        present = await asyncio.to_thread(_has_files, storage, uuid)
+        storage = open_storage(
+            config.get("checkpoint_storage"),
+            request.app[CHECKPOINT_ROOT],
+            policy=cluster_of(request).checkpoint_storage,
+        )
+        present = await asyncio.to_thread(storage.owned, uuid)
+    except StorageNotAllowedError as exc:
+        message = f"checkpoint {uuid} is in storage the cluster does not allow: {exc}"
+        raise forbidden(message) from None
     except StorageError as exc:
         log.warning("checkpoint storage unavailable", uuid=uuid, error=str(exc))
         raise ApiError(503, f"checkpoint storage unavailable: {exc}") from None
     if not present:
-        raise not_found(f"checkpoint {uuid} has no files in {storage.location}")
+        raise not_found(f"checkpoint {uuid} has no files cairn wrote in {storage.location}")
     chunks = _Chunks()
     worker = threading.Thread(
         target=_archive, args=(storage, uuid, chunks), name=f"download-{uuid}", daemon=True

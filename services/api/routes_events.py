@@ -4,6 +4,12 @@ Each event leaves as ``id: <position>``, ``event: <type>``, ``data: <RecordedEve
 client that reconnects with ``Last-Event-ID`` (or ``after``) resumes after that position. The
 store is polled (positions are committed in order, so nothing below the cursor can appear
 later); a ``: keepalive`` comment goes out when nothing happened for a while.
+
+What one client costs the gateway is bounded whatever it does: the log is read a few rows at a
+time into pages of about :data:`PAGE_BYTES` (at least one event), a page is written only once the
+previous one has left, and a client that does not take a page within
+:data:`SLOW_READER_SECONDS` is disconnected. It resumes from the last event it received, as after
+any dropped connection.
 """
 
 from __future__ import annotations
@@ -34,6 +40,14 @@ routes = RouteTable("events")
 POLL_SECONDS = 0.5
 KEEPALIVE_SECONDS = 15.0
 BATCH = 500
+"""Most events in one page."""
+PAGE_BYTES = 1 << 20
+"""A page ends once its text passes this many bytes (a page holds at least one event)."""
+PREFETCH = 8
+"""Rows read from the log per round trip while a page is built (events are at most
+:data:`events.limits.MAX_EVENT_BYTES` each, so this bounds what is held before it is sent)."""
+SLOW_READER_SECONDS = 30.0
+"""How long a page may wait for the client to take it before the client is disconnected."""
 MAX_POSITION = 2**62
 MAX_STREAMS = 100
 _STREAM = re.compile(r"^[a-z][a-z0-9_]{0,40}(-[A-Za-z0-9_.:@-]{1,200})?$", re.ASCII)
@@ -108,8 +122,9 @@ async def _page(
     *,
     admin: bool = True,
 ) -> list[tuple[int, str, str]]:
-    """The next events after ``after``: ``(position, type, RecordedEvent JSON)``; for a
-    non-admin reader without the callers' addresses (``metadata.remote``)."""
+    """The next events after ``after``: ``(position, type, RecordedEvent JSON)``, at most
+    :data:`BATCH` of them and about :data:`PAGE_BYTES` (at least one); for a non-admin reader
+    without the callers' addresses (``metadata.remote``)."""
     # One snapshot: a trial requested after the list of trials was read cannot have events in
     # the page, which would otherwise be skipped for good.
     with translate_errors():
@@ -126,32 +141,42 @@ async def _page(
                     stream,
                 )
                 streams = [stream, *(trial_stream(coerce_trial_id(r["t"])) for r in requested)]
-            rows = await conn.fetch(
-                """SELECT position, stream_id, stream_version, event_id, type,
+            query = """SELECT position, stream_id, stream_version, event_id, type,
                               schema_version, payload, metadata, recorded_at
                        FROM events
                        WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
                          AND ($3::text[] IS NULL OR stream_id = ANY($3))
                          AND ($5::text[] IS NULL OR stream_id = ANY($5)
                               OR split_part(stream_id, '-', 1) = ANY($6))
-                       ORDER BY position LIMIT $4""",
-                after,
-                types,
-                streams,
-                BATCH,
-                named[0],
-                named[1],
+                       ORDER BY position LIMIT $4"""
+            out: list[tuple[int, str, str]] = []
+            size = 0
+            rows = conn.cursor(
+                query, after, types, streams, BATCH, named[0], named[1], prefetch=PREFETCH
             )
-    out = []
-    for row in rows:
-        event = row_to_event(row)
-        if event.type in CONFIG_EVENTS:
-            event = event.model_copy(update={"payload": mask_payload(event.type, event.payload)})
-        if not admin and event.metadata.remote is not None:
-            hidden = event.metadata.model_copy(update={"remote": None})
-            event = event.model_copy(update={"metadata": hidden})
-        out.append((event.position, event.type, event.model_dump_json()))
+            async for row in rows:
+                event = row_to_event(row)
+                if event.type in CONFIG_EVENTS:
+                    masked = mask_payload(event.type, event.payload)
+                    event = event.model_copy(update={"payload": masked})
+                if not admin and event.metadata.remote is not None:
+                    hidden = event.metadata.model_copy(update={"remote": None})
+                    event = event.model_copy(update={"metadata": hidden})
+                data = event.model_dump_json()
+                out.append((event.position, event.type, data))
+                size += len(data)
+                if size >= PAGE_BYTES:
+                    break
     return out
+
+
+async def _send(response: web.StreamResponse, data: bytes) -> None:
+    """Writes ``data`` and waits until it has left for the client.
+
+    Raises:
+        TimeoutError: the client did not take it within :data:`SLOW_READER_SECONDS`.
+    """
+    await asyncio.wait_for(response.write(data), SLOW_READER_SECONDS)
 
 
 def _gone(request: web.Request) -> bool:
@@ -195,15 +220,19 @@ async def event_stream(request: web.Request) -> web.StreamResponse:
                     f"id: {position}\nevent: {kind}\ndata: {data}\n\n"
                     for position, kind, data in page
                 )
-                await response.write(chunk.encode())
                 after = page[-1][0]
+                del page[:]
+                await _send(response, chunk.encode())
                 quiet_since = time.monotonic()
-                if len(page) == BATCH:
-                    continue
-            elif time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
-                await response.write(b": keepalive\n\n")
+                continue  # more may be waiting: read on at once
+            if time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                await _send(response, b": keepalive\n\n")
                 quiet_since = time.monotonic()
             await asyncio.sleep(POLL_SECONDS)
+    except TimeoutError:
+        log.info("event stream reader too slow; disconnected", after=after)
+        if request.transport is not None:
+            request.transport.abort()  # drops what it still buffers for the client
     except ConnectionResetError:
         log.debug("event stream client left", after=after)
     except StoreUnavailableError as exc:

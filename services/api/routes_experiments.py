@@ -3,12 +3,11 @@ archive/unarchive and delete, and an experiment's trials and checkpoints."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import hashlib
 import re
-from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Literal
 
 import structlog
@@ -17,7 +16,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, Field, field_validator
 
 from events import lifecycle
+from events.checkpoint_storage import StorageNotAllowedError, check_storage
 from events.config import ConfigError, ConfigTooLargeError, ConfigWarning, parse_config
+from events.config.cluster import CheckpointStoragePolicy
 from events.envelope import new
 from events.names import experiment_stream
 from events.store import Transaction
@@ -36,7 +37,9 @@ from services.api.limits import (
     read_part,
     too_large,
 )
-from services.api.routing import USERS, RouteTable, store_of
+from services.api.parsing import off_loop
+from services.api.routes_checkpoints import CHECKPOINT_ROOT
+from services.api.routing import USERS, RouteTable, cluster_of, store_of
 from services.api.templates import with_template
 from services.api.views import (
     MAX_ID,
@@ -50,13 +53,6 @@ routes = RouteTable("experiments")
 
 GZIP_MAGIC = b"\x1f\x8b"
 CODE_REF = re.compile(r"^sha256:[0-9a-f]{64}$")
-
-CONFIG_TIMEOUT_S = 60.0
-"""How long a config may take to parse and validate; past it the API answers 503. The config
-limits keep the largest config at a few seconds, so only an overloaded gateway gets there."""
-_CONFIG_WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="config")
-"""Configs are parsed here, off the event loop, so that health checks, heartbeats and every
-other request are answered meanwhile; two at a time, whatever else uses the default pool."""
 
 
 class CreateExperimentBody(BaseModel):
@@ -210,22 +206,27 @@ async def _visible(request: web.Request, *, with_trials: bool = False) -> Experi
     return await readable_experiment(request, _id(request), with_trials=with_trials)
 
 
-def _parse_config(raw: str | dict[str, Any]) -> tuple[dict[str, Any], list[ConfigWarning]]:
+def _parse_config(
+    raw: str | dict[str, Any], policy: CheckpointStoragePolicy, default_root: Path
+) -> tuple[dict[str, Any], list[ConfigWarning]]:
     config = parse_config(raw)
-    return config.model_dump(mode="json"), list(config.warnings)
+    data = config.model_dump(mode="json")
+    check_storage(data.get("checkpoint_storage"), policy, default_root=default_root)
+    return data, list(config.warnings)
 
 
 async def _validate_config(
-    raw: str | dict[str, Any],
+    request: web.Request, raw: str | dict[str, Any]
 ) -> tuple[dict[str, Any], list[ConfigWarning]]:
-    """The validated config as JSON and its warnings, parsed on :data:`_CONFIG_WORKERS` within
-    :data:`CONFIG_TIMEOUT_S`; an invalid config is a 400 (413 when too large) naming its path."""
-    work = asyncio.get_running_loop().run_in_executor(_CONFIG_WORKERS, _parse_config, raw)
+    """The validated config as JSON and its warnings, parsed off the event loop
+    (:func:`services.api.parsing.off_loop`); an invalid config is a 400 (413 when too large)
+    naming its path, and so is a ``checkpoint_storage`` the cluster config does not allow."""
+    policy = cluster_of(request).checkpoint_storage
+    default_root = request.app[CHECKPOINT_ROOT]
     try:
-        return await asyncio.wait_for(work, CONFIG_TIMEOUT_S)
-    except TimeoutError:
-        log.warning("config validation timed out", limit_s=CONFIG_TIMEOUT_S)
-        raise ApiError(503, "config validation timed out, retry later") from None
+        return await off_loop(_parse_config, raw, policy, default_root)
+    except StorageNotAllowedError as exc:
+        raise bad_request(f"invalid config: {exc}", path=exc.path) from None
     except ConfigError as exc:
         errors = exc.errors or [("<config>", "invalid config")]
         path, message = errors[0]
@@ -298,7 +299,7 @@ async def create_experiment(request: web.Request) -> web.Response:
     raw_config = body.config
     if body.template is not None:
         raw_config = await with_template(store_of(request), body.template, raw_config)
-    config, warnings = await _validate_config(raw_config)
+    config, warnings = await _validate_config(request, raw_config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)
     experiment_id = await store.next_experiment_id()

@@ -9,13 +9,14 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.config import ConfigError, load_yaml
+from events.config import ConfigError
 from events.envelope import new
 from events.store import Transaction
 from events.types import TemplateRemoved, TemplateSet
 from services.api.auth import Principal, principal_of
 from services.api.errors import bad_request, forbidden, parse, read_json
 from services.api.inbox import in_transaction
+from services.api.parsing import yaml_off_loop
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.templates import (
     TemplateView,
@@ -68,11 +69,13 @@ class RemoveTemplateResponse(BaseModel):
     name: str
 
 
-def _config_of(body: SetTemplateBody) -> dict[str, Any]:
+async def _config_of(body: SetTemplateBody) -> dict[str, Any]:
+    """The template's config as a mapping (YAML text parsed off the event loop); 400 naming
+    ``config`` when it is not one."""
     config: Any = body.config
     if isinstance(config, str):
         try:
-            config = load_yaml(config, source="config")
+            config = await yaml_off_loop(config, source="config")
         except ConfigError as exc:
             _, message = exc.errors[0]
             raise bad_request(f"config: {message}", path="config") from None
@@ -115,7 +118,7 @@ async def put_template(request: web.Request) -> web.Response:
     """Creates or replaces a config template (replacing one: its creator or an admin)."""
     principal = principal_of(request)
     name = check_name(request.match_info["name"])
-    config = _config_of(parse(SetTemplateBody, await read_json(request)))
+    config = await _config_of(parse(SetTemplateBody, await read_json(request)))
 
     async def decide(tx: Transaction) -> dict[str, Any]:
         view = await load_template(tx, name)

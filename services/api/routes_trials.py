@@ -22,12 +22,13 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
+from services.api import checkpoint_ids
 from services.api.access import readable_trial
 from services.api.auth import check_holder, check_trial, principal_of
 from services.api.errors import ApiError, bad_request, forbidden, parse, read_json, validate
 from services.api.inbox import claim_many
 from services.api.limits import BATCH_MAX_BODY
-from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, store_of
+from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, state_of, store_of
 from services.api.runs import load_run_state
 from services.api.views import trial_id_of
 from services.tracker import read as tracker_read
@@ -59,12 +60,13 @@ class MetricsItem(ItemBase):
 
 
 class CheckpointItem(ItemBase):
-    """A complete checkpoint; ``metadata.steps_completed`` is required."""
+    """A complete checkpoint; ``metadata.steps_completed`` is required, and ``uuid`` must be
+    one the gateway issued to this trial (``POST /trials/{trial_id}/checkpoint-ids``)."""
 
     kind: Literal["checkpoint"]
     uuid: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
-        description="a file-name-safe id (the checkpoint directory is <root>/<uuid>)",
+        description="the uuid issued for it (the checkpoint directory is <root>/<uuid>)",
     )
     steps_completed: int | None = Field(None, ge=0, le=MAX_STEPS)
     resources: dict[str, int] = Field(default_factory=dict)
@@ -126,6 +128,18 @@ class ReportsBody(BaseModel):
     """A batch of reports; each item's ``idempotency_key`` makes repeats no-ops."""
 
     items: list[ReportItem] = Field(max_length=MAX_BATCH)
+
+
+class CheckpointIdBody(BaseModel):
+    """No fields (an empty body is fine)."""
+
+    model_config = {"extra": "forbid"}
+
+
+class CheckpointIdResponse(BaseModel):
+    """A new checkpoint uuid, valid in this trial's checkpoint reports."""
+
+    uuid: str
 
 
 class ReportsResponse(BaseModel):
@@ -195,6 +209,22 @@ def _parse_items(data: Any) -> list[ItemBase]:
             _check_checkpoint(item, i)
         items.append(item)
     return items
+
+
+def _check_checkpoint_ids(request: web.Request, trial_id: int, items: list[ItemBase]) -> None:
+    """A 400 naming the first checkpoint item whose uuid the gateway did not issue to the
+    trial (so no report can name a directory that was already there)."""
+    secret = state_of(request).secret
+    for i, item in enumerate(items):
+        if isinstance(item, CheckpointItem) and not checkpoint_ids.issued_to(
+            secret, trial_id, item.uuid
+        ):
+            path = f"items[{i}].uuid"
+            raise bad_request(
+                f"{path}: {item.uuid!r} is not a checkpoint uuid issued to trial {trial_id} "
+                f"(ask POST /api/v1/trials/{trial_id}/checkpoint-ids for one)",
+                path,
+            )
 
 
 def _check_checkpoint(item: CheckpointItem, i: int) -> None:
@@ -366,11 +396,13 @@ async def _check_checkpoint_owners(
     max_body=BATCH_MAX_BODY,
 )
 async def reports(request: web.Request) -> web.Response:
-    """Ingests a batch of reports in one transaction; repeated keys are no-ops; 409 for a
-    trial or run that has ended, a run that is not the current one, or a checkpoint uuid that
-    belongs to another trial; 403 for an agent the trial's latest run is not placed on."""
+    """Ingests a batch of reports in one transaction; repeated keys are no-ops; 400 for a
+    checkpoint uuid the gateway did not issue to the trial; 409 for a trial or run that has
+    ended, a run that is not the current one, or a checkpoint uuid that belongs to another
+    trial; 403 for an agent the trial's latest run is not placed on."""
     trial_id = _trial_id(request)
     items = _parse_items(await read_json(request))
+    _check_checkpoint_ids(request, trial_id, items)
     principal = principal_of(request)
     if principal.kind == "agent":
         runs = await load_run_state(store_of(request), trial_id)
@@ -383,6 +415,21 @@ async def reports(request: web.Request) -> web.Response:
     async with store_of(request).transaction() as tx:
         counts = await ingest(tx, trial_id, items, actor)
     return web.json_response(counts)
+
+
+@routes.post(
+    "/api/v1/trials/{trial_id}/checkpoint-ids",
+    allow=TRIAL_OR_AGENT,
+    body=CheckpointIdBody,
+    response=CheckpointIdResponse,
+    audit=False,
+)
+async def checkpoint_id(request: web.Request) -> web.Response:
+    """Issues the uuid of a new checkpoint of the trial (the only uuids its checkpoint reports
+    may name); nothing is recorded until the checkpoint is reported."""
+    trial_id = _trial_id(request)
+    parse(CheckpointIdBody, await read_json(request))
+    return web.json_response({"uuid": checkpoint_ids.issue(state_of(request).secret, trial_id)})
 
 
 @routes.get(

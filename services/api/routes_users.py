@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, field_validator
 from services.api import auth
 from services.api.auth import create_user, list_users, principal_of
 from services.api.errors import bad_request, conflict, forbidden, not_found, parse, read_json
-from services.api.routing import USERS, Access, RouteTable, store_of
+from services.api.routing import USERS, Access, RouteTable, cluster_of, store_of
 
 log = structlog.get_logger("api")
 routes = RouteTable("users")
@@ -88,6 +88,16 @@ class CreateUserResponse(BaseModel):
     admin: bool
 
 
+def _check_length(request: web.Request, password: str) -> None:
+    """A 400 naming ``password`` when it is shorter than the cluster's minimum."""
+    least = cluster_of(request).accounts.min_password_length
+    if len(password) < least:
+        raise bad_request(
+            f"password: must be at least {least} characters, got {len(password)}",
+            path="password",
+        )
+
+
 @routes.get("/api/v1/users", allow=ADMINS, response=UsersResponse)
 async def get_users(request: web.Request) -> web.Response:
     """Every user account, by name (admin)."""
@@ -97,8 +107,10 @@ async def get_users(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/users", allow=ADMINS, body=CreateUserBody, response=CreateUserResponse)
 async def post_user(request: web.Request) -> web.Response:
-    """Adds a user account (admin; 409 when the name is taken)."""
+    """Adds a user account (admin; 400 for a password shorter than the cluster's minimum, 409
+    when the name is taken)."""
     body = parse(CreateUserBody, await read_json(request))
+    _check_length(request, body.password)
     if not await create_user(store_of(request), body.username, body.password, admin=body.admin):
         raise conflict(f"user {body.username!r} already exists")
     log.info(
@@ -115,7 +127,7 @@ async def post_user(request: web.Request) -> web.Response:
 )
 async def post_password(request: web.Request) -> web.Response:
     """Changes a password: a user their own (giving the current one), an admin anyone's; every
-    other token of the user is revoked."""
+    other token of the user is revoked; 400 for one shorter than the cluster's minimum."""
     principal = principal_of(request)
     username = request.match_info["username"]
     body = parse(PasswordBody, await read_json(request))
@@ -128,6 +140,7 @@ async def post_password(request: web.Request) -> web.Response:
             raise bad_request("old_password: the current password is required", path="old_password")
         if not await auth.check_password(store, username, body.old_password):
             raise forbidden("old_password: that is not the current password")
+    _check_length(request, body.password)
     keep = auth.bearer(request) if own else None
     if not await auth.change_password(store, username, body.password, keep_token=keep):
         raise not_found(f"no user {username!r}")

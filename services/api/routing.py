@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from events.bus import Bus
 from events.bus_auth import Authority
+from events.config.cluster import ClusterConfig
 from events.store import EventStore
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,6 +54,8 @@ class Route:
         hidden: left out of the OpenAPI document (the web UI's files).
         audit: whether a successful call that appends no event is recorded as
             ``RequestAccepted`` (``False`` for telemetry: heartbeats, log lines).
+        more_errors: statuses it may answer besides the common ones, with what they mean
+            (``{"429": ...}`` for a throttled route), for the OpenAPI document.
     """
 
     method: str
@@ -69,6 +72,7 @@ class Route:
     max_body: int | None = None
     hidden: bool = False
     audit: bool = True
+    more_errors: dict[str, str] | None = None
 
 
 @dataclass
@@ -121,6 +125,7 @@ class ApiState:
             :func:`services.api.auth.join_token`).
         nats_authority: the bus's signing authority, to issue agents their NATS users
             (``None``: the bus takes no credentials and agents get none).
+        cluster: the cluster config (:mod:`events.config.cluster`).
     """
 
     store: EventStore
@@ -130,6 +135,7 @@ class ApiState:
     join_token: str = ""
     join_token_file: str | None = None
     nats_authority: Authority | None = None
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 STATE = web.AppKey("cairn_api", ApiState)
@@ -143,3 +149,8 @@ def state_of(request: web.Request) -> ApiState:
 def store_of(request: web.Request) -> EventStore:
     """The event store of the app serving ``request``."""
     return request.app[STATE].store
+
+
+def cluster_of(request: web.Request) -> ClusterConfig:
+    """The cluster config of the app serving ``request``."""
+    return request.app[STATE].cluster

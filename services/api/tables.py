@@ -158,6 +158,14 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
            );
            CREATE UNIQUE INDEX agent_credentials_subject ON agent_credentials (subject);""",
     ),
+    (
+        "0010_token_ids",
+        # User tokens are listed and revoked by an id that is not the token (nor its hash).
+        """
+        ALTER TABLE api_tokens ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY UNIQUE;
+        CREATE INDEX api_tokens_username ON api_tokens (username);
+        """,
+    ),
 )
 
 

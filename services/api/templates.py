@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from events.config import ConfigError, ExperimentConfig, load_yaml
+from events.config import ConfigError, ExperimentConfig
 from events.config.merge import merge_under
 from events.config.secrets import mask_secrets
 from events.db import translate_errors
 from events.store import EventStore, row_to_event
 from events.types import TemplateRemoved, TemplateSet
 from services.api.errors import bad_request, not_found
+from services.api.parsing import yaml_off_loop
 from services.api.views import Reader, read_facts
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$", re.ASCII)
@@ -130,7 +131,7 @@ async def with_template(
     experiment's values win); 400 naming ``template`` when there is no such template.
 
     YAML that does not parse, or is no mapping, is returned as it is for the config's own
-    validation to report.
+    validation to report. The YAML is parsed off the event loop.
     """
     template = await load_template(reader, name)
     if not template.exists:
@@ -138,7 +139,7 @@ async def with_template(
     doc: Any = config
     if isinstance(config, str):
         try:
-            doc = load_yaml(config)
+            doc = await yaml_off_loop(config)
         except ConfigError:
             return config
     if not isinstance(doc, dict):

@@ -57,7 +57,14 @@ async def run(ctx: ServiceContext) -> None:
     root = default_checkpoint_root(ctx.args.checkpoint_root)
     ctx.ready()
     log.info("tracking", checkpoint_root=str(root))
-    await run_until_stopped(ctx, run_consumers(ctx.store, ctx.bus, ctx.stop, checkpoint_root=root))
+    consumers = run_consumers(
+        ctx.store,
+        ctx.bus,
+        ctx.stop,
+        checkpoint_root=root,
+        storage_policy=ctx.cluster.checkpoint_storage,
+    )
+    await run_until_stopped(ctx, consumers)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from events.checkpoint_storage import (
     safe_uuid,
 )
 from events.checkpoints import checkpoint_owners
+from events.config.cluster import CheckpointStoragePolicy
 from events.config.storage import checkpoint_root
 from events.consumer import Consumer
 from events.db import translate_errors
@@ -296,13 +297,28 @@ class Removal:
 def remove_checkpoints(storage: CheckpointStorage, uuids: Iterable[str]) -> Removal:
     """Removes each checkpoint's files from ``storage``; an absent one (or a uuid that is not
     a plain path component, which cannot name a checkpoint) is ``missing``, any other error is
-    ``failed``."""
+    ``failed``.
+
+    Only a checkpoint cairn wrote is removed (its marker names it, see
+    :meth:`CheckpointStorage.owned`); anything else at that name (a directory that was there
+    before, a link put in its place) is left alone and counted ``missing``: cairn's checkpoint
+    is not there.
+    """
     result = Removal()
     for uuid in sorted(set(uuids)):
         if not safe_uuid(uuid):
             result.missing.append(uuid)
             continue
         try:
+            if not storage.owned(uuid):
+                if storage.files(uuid):
+                    log.warning(
+                        "not a checkpoint cairn wrote; left in place",
+                        uuid=uuid,
+                        storage=storage.location,
+                    )
+                result.missing.append(uuid)
+                continue
             found = storage.delete(uuid)
         except StorageError as exc:
             result.failed[uuid] = str(exc)
@@ -321,14 +337,17 @@ class GCConsumer(Consumer):
 
     Args:
         default_root: the checkpoint root of experiments without ``checkpoint_storage``.
+        policy: the cluster config's storage policy: a storage it does not allow (an
+            experiment submitted before the policy changed) is not touched.
     """
 
     name = NAME
     subjects = (f"{EVENTS_PREFIX}.experiment.>",)
     types = frozenset({"ExperimentStateChanged", "CheckpointsDeleteRequested"})
 
-    def __init__(self, default_root: Path) -> None:
+    def __init__(self, default_root: Path, policy: CheckpointStoragePolicy) -> None:
         self.default_root = default_root
+        self.policy = policy
 
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
         """Collects the experiment's checkpoints when ``event`` ends it or asks to delete it.
@@ -382,7 +401,9 @@ class GCConsumer(Consumer):
 
     def storage_of(self, facts: ExperimentCheckpoints) -> CheckpointStorage:
         """The storage of the experiment's checkpoints (a directory or an S3 bucket)."""
-        return open_storage(facts.config.get("checkpoint_storage"), self.default_root)
+        return open_storage(
+            facts.config.get("checkpoint_storage"), self.default_root, policy=self.policy
+        )
 
     async def _remove(self, facts: ExperimentCheckpoints, uuids: Iterable[str]) -> Removal:
         def work() -> Removal:

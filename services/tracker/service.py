@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 
 from events.bus import Bus
+from events.config.cluster import CheckpointStoragePolicy
 from events.config.storage import default_checkpoint_root
 from events.consumer import ConsumerRunner
 from events.store import EventStore
@@ -26,7 +27,12 @@ PAGE = 2000
 its size, and their batched statements take a page of any size in one go."""
 
 
-async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) -> None:
+async def catch_up(
+    store: EventStore,
+    *,
+    checkpoint_root: Path | None = None,
+    storage_policy: CheckpointStoragePolicy | None = None,
+) -> None:
     """Brings the projections, the checkpoint GC and the usage to the head of the log, once.
 
     The projections run first, then the GC; when the GC appended something (``CheckpointsDeleted``,
@@ -36,12 +42,15 @@ async def catch_up(store: EventStore, *, checkpoint_root: Path | None = None) ->
         store: the event store.
         checkpoint_root: the default checkpoint root (else ``$CAIRN_CHECKPOINT_ROOT``,
             ``$CAIRN_HOME/checkpoints`` or ``~/.cairn/checkpoints``).
+        storage_policy: the cluster config's storage policy (``None``: its default, only the
+            default root).
     """
     await schema.migrate(store)
     await audit.migrate(store)
     await ConsumerRunner(store, None, AuditConsumer(), batch=PAGE).catch_up()
     projections = ConsumerRunner(store, None, ProjectionsConsumer(), batch=PAGE)
-    gc = ConsumerRunner(store, None, GCConsumer(default_checkpoint_root(checkpoint_root)))
+    policy = storage_policy or CheckpointStoragePolicy()
+    gc = ConsumerRunner(store, None, GCConsumer(default_checkpoint_root(checkpoint_root), policy))
     await ConsumerRunner(store, None, UsageConsumer(), batch=PAGE).catch_up()
     for _ in range(MAX_ROUNDS):
         projected = await projections.catch_up()
@@ -57,6 +66,7 @@ async def run_consumers(
     stop: asyncio.Event,
     *,
     checkpoint_root: Path | None = None,
+    storage_policy: CheckpointStoragePolicy | None = None,
     catch_up_every: float = 2.0,
 ) -> None:
     """Runs the consumers until ``stop`` is set.
@@ -66,6 +76,7 @@ async def run_consumers(
         bus: wakes the consumers on new events (``None``: the catch-up timer only).
         stop: set to stop.
         checkpoint_root: the default checkpoint root (see :func:`catch_up`).
+        storage_policy: the cluster config's storage policy (see :func:`catch_up`).
         catch_up_every: seconds between catch-ups that heal lost wake-ups.
     """
     root = default_checkpoint_root(checkpoint_root)
@@ -73,7 +84,12 @@ async def run_consumers(
         ConsumerRunner(
             store, bus, ProjectionsConsumer(), batch=PAGE, catch_up_every=catch_up_every
         ),
-        ConsumerRunner(store, bus, GCConsumer(root), catch_up_every=catch_up_every),
+        ConsumerRunner(
+            store,
+            bus,
+            GCConsumer(root, storage_policy or CheckpointStoragePolicy()),
+            catch_up_every=catch_up_every,
+        ),
         ConsumerRunner(store, bus, AuditConsumer(), batch=PAGE, catch_up_every=catch_up_every),
         ConsumerRunner(store, bus, UsageConsumer(), batch=PAGE, catch_up_every=catch_up_every),
     ]

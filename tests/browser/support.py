@@ -114,6 +114,7 @@ def start_cluster(pg_server: ServerProcess, workdir: Path, slots: int = 3) -> It
     workdir.mkdir(parents=True, exist_ok=True)
     nats = start_nats(workdir / "nats")
     cluster = ProcessCluster(create_database(pg_server, "web"), nats.url, workdir)
+    cluster.allow_checkpoints_under(workdir)
     try:
         cluster.start_services("--agent-timeout", "15", timeout=60)
         cluster.start("tracker", "services.tracker")

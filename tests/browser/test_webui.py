@@ -49,7 +49,7 @@ def live(
     work = tmp_path_factory.mktemp("webui")
     for cluster in start_cluster(pg_server, work):
         api = cluster.api
-        api.call("POST", "/users", {"username": "bob", "password": "bob-pw", "admin": False})
+        api.call("POST", "/users", {"username": "bob", "password": "bob-password", "admin": False})
         grid = scripted(work / "ckpt", sleep=0.12, report_every=2, checkpoint_every=10)
         grid["name"] = "grid-web"
         grid["profiling"] = {"enabled": True}  # accepted, ignored: the page must say so
@@ -291,7 +291,7 @@ def test_bad_input_wrong_password_not_allowed_not_found(browser: Any, live: Live
     session.login("admin", "wrong")
     page.wait_for_selector("#login-error:has-text('Wrong username or password')")
     session.shot("login-error")
-    session.login("bob", "bob-pw")
+    session.login("bob", "bob-password")
     page.wait_for_selector("#experiments-table")
     assert "No experiments match." in page.inner_text("#experiments-table")
     session.go(f"/experiments/{live.extra['grid']}")

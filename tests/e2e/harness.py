@@ -33,6 +33,10 @@ class Cluster(ProcessCluster):
 
     token: str = ""
 
+    def __post_init__(self) -> None:
+        # The tests keep shared_fs checkpoints in their temporary directories.
+        self.allow_checkpoints_under(self.workdir)
+
     def start_all(self, *, slots: int = 2, agent_timeout: float = 15.0) -> None:
         self.start_services("--agent-timeout", str(agent_timeout), timeout=30)
         self.start_agent("agent-a", slots)

@@ -40,10 +40,12 @@ FAST = [
 
 @dataclass
 class Env:
-    """The module's cluster: its data directory and API URL."""
+    """The module's cluster: its data directory, API URL and the extra checkpoint root its
+    cluster config allows."""
 
     home: Path
     api_url: str
+    shared: Path
 
 
 def run_cli(
@@ -75,14 +77,16 @@ def cluster() -> Iterator[Env]:
     other pytest sessions reset to mode 0700 (the unprivileged PostgreSQL user must traverse it).
     """
     scratch = Path(tempfile.mkdtemp(prefix="cairn-cli-"))
-    home = scratch / "home"
+    home, shared = scratch / "home", scratch / "shared"
+    home.mkdir()
+    (home / "cluster.yaml").write_text(f"checkpoint_storage: {{allowed_roots: [{shared}]}}\n")
     started = run_cli(
         "up", "--slots", "2", "--api-port", "0", "--stop-timeout", "3", home=home, timeout=150
     )
     try:
         assert started.returncode == 0, f"cairn up failed:\n{started.stdout}\n{started.stderr}"
         api_url = json.loads((home / "cluster.json").read_text())["api_url"]
-        yield Env(home, api_url)
+        yield Env(home, api_url, shared)
     finally:
         stopped = run_cli("down", home=home, timeout=90)
         shutil.rmtree(scratch, ignore_errors=True)
@@ -134,7 +138,9 @@ def test_user_login_whoami_create_logout(cluster: Env) -> None:
     assert "admin" in ok(cluster, "user", "whoami").stdout
 
     ok(cluster, "u", "create", "alice", "--password", "pw-alice")
-    assert cli(cluster, "user", "create", "alice", "--password", "x").returncode == 5
+    assert cli(cluster, "user", "create", "alice", "--password", "pw-alice2").returncode == 5
+    short = cli(cluster, "user", "create", "bert", "--password", "x")
+    assert short.returncode == 1 and "at least 8 characters" in short.stderr
     users = as_json(cluster, "user", "list")["users"]
     assert {"alice", "admin"} <= {u["username"] for u in users}
 
@@ -387,8 +393,10 @@ def test_config_set_and_label(cluster: Env, finished: dict[str, Any], tmp_path: 
     bad = cli(cluster, "e", "set", "priority", exp_id, "0")
     assert bad.returncode == 1 and "resources.priority" in bad.stderr
 
-    ok(cluster, "user", "create", "mallory", "--password", "pw-m")
-    other = as_user(cluster, tmp_path / "m", "mallory", "pw-m", "e", "set", "name", exp_id, "x")
+    ok(cluster, "user", "create", "mallory", "--password", "pw-mallory")
+    other = as_user(
+        cluster, tmp_path / "m", "mallory", "pw-mallory", "e", "set", "name", exp_id, "x"
+    )
     assert other.returncode == 5, other.stderr
 
 
@@ -452,15 +460,15 @@ def test_continue_resumes_from_the_latest_checkpoint_then_delete_it(
 def test_user_password_and_deactivation(cluster: Env, tmp_path: Path) -> None:
     """A user changes their own password (old one required); an admin deactivates them, after
     which they cannot log in (exit 3), and activates them again."""
-    ok(cluster, "user", "create", "dora", "--password", "pw-d")
+    ok(cluster, "user", "create", "dora", "--password", "pw-dora1")
     home = tmp_path / "dora"
     changed = as_user(
-        cluster, home, "dora", "pw-d", "user", "change-password",
-        "--old-password", "pw-d", "--password", "pw-d2",
+        cluster, home, "dora", "pw-dora1", "user", "change-password",
+        "--old-password", "pw-dora1", "--password", "pw-dora2",
     )  # fmt: skip
     assert changed.returncode == 0, changed.stderr
     other = as_user(
-        cluster, home, "dora", "pw-d2", "user", "change-password", "admin", "--password", "x"
+        cluster, home, "dora", "pw-dora2", "user", "change-password", "admin", "--password", "x"
     )
     assert other.returncode == 5
     ok(cluster, "user", "deactivate", "dora")
@@ -468,10 +476,10 @@ def test_user_password_and_deactivation(cluster: Env, tmp_path: Path) -> None:
         u["username"] == "dora" and not u["active"]
         for u in as_json(cluster, "user", "list")["users"]
     )
-    refused = as_user(cluster, tmp_path / "fresh", "dora", "pw-d2", "user", "whoami")
+    refused = as_user(cluster, tmp_path / "fresh", "dora", "pw-dora2", "user", "whoami")
     assert refused.returncode == 3 and "deactivated" in refused.stderr
     ok(cluster, "user", "activate", "dora")
-    again = as_user(cluster, tmp_path / "again", "dora", "pw-d2", "--json", "user", "whoami")
+    again = as_user(cluster, tmp_path / "again", "dora", "pw-dora2", "--json", "user", "whoami")
     assert again.returncode == 0 and json.loads(again.stdout)["username"] == "dora"
 
 
@@ -507,3 +515,35 @@ def test_master_info_and_version(cluster: Env) -> None:
     versions = as_json(cluster, "version")
     assert versions["client"]["version"] == versions["master"]["version"]
     assert cli(cluster, "-m", "http://127.0.0.1:9", "version").returncode == 6
+
+
+def test_the_data_dirs_cluster_config_governs_storage_and_tokens(
+    cluster: Env, tmp_path: Path
+) -> None:
+    """``cairn up`` hands ``DIR/cluster.yaml`` to the services: storage under the root it
+    allows is accepted and ``/etc`` refused naming the field; ``cairn token list`` shows the
+    CLI's token with its expiry and ``cairn token revoke`` ends a token."""
+
+    def create(host_path: str) -> subprocess.CompletedProcess[str]:
+        config = yaml.safe_load(CONFIG.read_text())
+        config["checkpoint_storage"] = {"type": "shared_fs", "host_path": host_path}
+        path = tmp_path / f"storage-{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return cli(cluster, "experiment", "create", str(path), str(SCRIPTED), "--paused")
+
+    refused = create("/etc")
+    assert refused.returncode == 1, refused.stderr
+    assert "checkpoint_storage.host_path: /etc is outside the allowed roots" in refused.stderr
+    assert str(cluster.shared) in refused.stderr
+    accepted = create(str(cluster.shared / "ckpt"))
+    assert accepted.returncode == 0, accepted.stderr
+    ok(cluster, "experiment", "cancel", str(created_id(accepted.stdout)))
+
+    for _ in range(2):  # two sessions of admin's: the first stays valid, the second is in use
+        ok(cluster, "user", "login", "admin", "--password", "admin")
+    tokens = as_json(cluster, "token", "list")["tokens"]
+    assert len(tokens) >= 2 and all(t["expires_at"] for t in tokens)
+    assert [t["current"] for t in tokens].count(True) == 1
+    other = next(t["id"] for t in tokens if not t["current"])
+    assert f"revoked token {other} of admin" in ok(cluster, "token", "revoke", str(other)).stdout
+    assert other not in {t["id"] for t in as_json(cluster, "token", "list")["tokens"]}

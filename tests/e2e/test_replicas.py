@@ -43,6 +43,8 @@ SEARCHER_DECISIONS = ("TrialRequested", "TrialStopRequested")
 def replicated(tmp_path: Path) -> Iterator[Path]:
     """An embedded cluster with two replicas of each decider and two CPU slots."""
     data_dir = tmp_path / "cairn"
+    data_dir.mkdir()
+    (data_dir / "cluster.yaml").write_text(f"checkpoint_storage: {{allowed_roots: [{tmp_path}]}}\n")
     done = cairn(
         "up", "--data-dir", str(data_dir), "--slots", "2", "--api-port", "0",
         "--stop-timeout", "3", "--replicas", "2",

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from cairn.local.servers import ServerProcess
+from events.checkpoint_storage import MARKER_FILE
 from events.config.secrets import MASK
 from events.names import trial_stream
 from events.store import EventStore
@@ -123,7 +124,8 @@ async def test_s3_checkpoints_save_resume_download_and_gc(
     assert status == 200
     with tarfile.open(fileobj=io.BytesIO(body), mode="r:gz") as tar:
         names = set(tar.getnames())
-    assert names == {k.removeprefix(f"{PREFIX}/{latest}/") for k in keys}
+    assert f"{PREFIX}/{latest}/{MARKER_FILE}" in keys  # cairn's marker, not sent
+    assert names == {k.removeprefix(f"{PREFIX}/{latest}/") for k in keys} - {MARKER_FILE}
     status, _ = await download(cluster, sorted(deleted)[0])
     assert status == 404
 

@@ -40,6 +40,7 @@ from services.agent.slots import cpu_slots
 from services.api.app import create_app
 from services.api.auth import cluster_secret, join_token
 from tests.helpers import ADMIN_PASSWORD, wait_until
+from tests.integration.test_api_support import TEST_CLUSTER
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTED = ROOT / "examples" / "scripted"
@@ -275,6 +276,7 @@ async def cluster(
         None,
         secret=await cluster_secret(store),
         nats_authority=nats_authority(auth_dir),
+        cluster=TEST_CLUSTER,
         admin_password=ADMIN_PASSWORD,
     )
 

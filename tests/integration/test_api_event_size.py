@@ -156,7 +156,7 @@ async def test_oversized_report_is_413_and_the_trial_reports_on(cluster: Cluster
     checkpoint = {
         "kind": "checkpoint",
         "idempotency_key": "c1",
-        "uuid": "ckpt-1",
+        "uuid": api.checkpoint_uuid(11),
         "metadata": {"steps_completed": 10, "notes": BIG},
     }
     many = {f"m{i:06d}": 1.0 for i in range(120_000)}

@@ -13,8 +13,8 @@ from events.config import parse_config
 from events.store import EventStore
 from events.types import CheckpointSaved, ExperimentSubmitted
 from services.tracker.service import catch_up
-from tests.integration.test_api_queries import end_trial, set_state, submit, user
-from tests.integration.test_api_support import Api, allocate, running_api, types_of
+from tests.integration.test_api_queries import end_trial, set_state, submit, user, write_checkpoint
+from tests.integration.test_api_support import TEST_STORAGE, Api, allocate, running_api, types_of
 
 
 @pytest.fixture
@@ -289,8 +289,7 @@ async def test_checkpoint_delete_rules_and_the_gc_records_it(
     await submit(store, 1, host_path=storage)
     await allocate(store, 11)
     for uuid, steps in (("ck-a", 5), ("ck-b", 10)):
-        (storage / uuid).mkdir(parents=True)
-        (storage / uuid / "state.json").write_text("{}")
+        write_checkpoint(storage / uuid, {"state.json": b"{}"})
         await store.append(
             "trial-11",
             [CheckpointSaved(trial_id=11, run_id=1, uuid=uuid, steps_completed=steps)],
@@ -312,11 +311,12 @@ async def test_checkpoint_delete_rules_and_the_gc_records_it(
 
     await end_trial(store, 11)
     await set_state(store, 1, "STOPPING_COMPLETED", "COMPLETED")
-    await catch_up(store)  # the GC policy removes ck-a and keeps the trial's latest, ck-b
+    # the GC policy removes ck-a and keeps the trial's latest, ck-b
+    await catch_up(store, storage_policy=TEST_STORAGE)
     both = {"checkpoint_uuids": ["ck-a", "ck-b"]}
     answer = await api.ok("DELETE", "/api/v1/checkpoints", token=api.admin, json=both)
     assert answer == {"deleting": ["ck-b"], "already_deleted": ["ck-a"]}
-    await catch_up(store)
+    await catch_up(store, storage_policy=TEST_STORAGE)
     assert not (storage / "ck-b").exists()
     deleted = [e for e in await store.read_stream("experiment-1") if e.type == "CheckpointsDeleted"]
     assert [(e.payload["uuids"], e.payload["reason"]) for e in deleted] == [
@@ -366,10 +366,11 @@ async def test_change_password_own_or_admin(api: Api, store: EventStore) -> None
         "POST", path, token=bob, json={"password": "n", "old_password": "no"}
     )
     assert status == 403
-    await api.ok("POST", path, token=bob, json={"password": "new-pw", "old_password": "pw"})
+    new = "new-password"
+    await api.ok("POST", path, token=bob, json={"password": new, "old_password": "pw"})
     assert (await api.call("GET", "/api/v1/me", token=bob))[0] == 200
     assert (await api.call("GET", "/api/v1/me", token=other_bob))[0] == 401
-    assert await api.login("bob", "new-pw")
+    assert await api.login("bob", new)
     await api.ok("POST", path, token=api.admin, json={"password": "by-admin"})
     assert await api.login("bob", "by-admin")
     assert await error_path(api, "POST", path, api.admin, {"password": ""}) == (400, "password")

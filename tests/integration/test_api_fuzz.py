@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +155,14 @@ def live_api(
     dsn = create_database(pg_server, "fuzz")
     port = _free_port()
     ready, log = tmp / "ready", tmp / "api.log"
+    cluster_config = tmp / "cluster.yaml"
+    # The seeded config keeps checkpoints under /tmp; the fuzzer's failed logins (and the
+    # fixture's own) come from one address and must not lock the admin out.
+    cluster_config.write_text(
+        f"checkpoint_storage: {{allowed_roots: [{os.path.realpath(tempfile.gettempdir())}]}}\n"
+        "accounts: {login_throttle: {max_failures_per_user: 1000000,"
+        " max_failures_per_address: 1000000}}\n"
+    )
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -163,7 +172,17 @@ def live_api(
     }
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.api", "--db", dsn, "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "services.api",
+                "--db",
+                dsn,
+                "--port",
+                str(port),
+                "--cluster-config",
+                str(cluster_config),
+            ],
             cwd=ROOT,
             env=env,
             stdout=sink,

@@ -1,6 +1,7 @@
-"""No cross-user damage through the API: checkpoint uuids belong to the trial that recorded them
-first (a claim elsewhere is a 409, and deleting the claimer never removes the owner's files),
-reports are accepted only from a trial's current run, and users read only their own work."""
+"""No cross-user damage through the API: checkpoint uuids are issued to one trial (another
+trial's report of it is a 400), belong to the trial that recorded them first (a claim already in
+the log is a 409, and deleting the claimer never removes the owner's files), reports are
+accepted only from a trial's current run, and users read only their own work."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from events.types import (
 )
 from services.tracker.service import catch_up
 from tests.helpers import wait_until
-from tests.integration.test_api_queries import end_trial, set_state, submit, write_files
+from tests.integration.test_api_queries import end_trial, set_state, submit, write_checkpoint
 from tests.integration.test_api_support import Api, allocate, running_api, types_of
 from tests.integration.test_api_trials import metrics
 
@@ -38,10 +39,11 @@ async def api(store: EventStore, tmp_path: Path) -> AsyncIterator[Api]:
 
 async def login(api: Api, name: str) -> str:
     """Creates the non-admin user ``name`` and returns their token."""
+    password = f"{name}-password"
     await api.ok(
-        "POST", "/api/v1/users", token=api.admin, json={"username": name, "password": "pw"}
+        "POST", "/api/v1/users", token=api.admin, json={"username": name, "password": password}
     )
-    return await api.login(name, "pw")
+    return await api.login(name, password)
 
 
 def checkpoint(key: str, uuid: str, steps: int = 10, run_id: int = 1) -> dict[str, Any]:
@@ -96,33 +98,57 @@ async def two_users_two_experiments(api: Api, store: EventStore) -> tuple[str, s
     return alice, bob
 
 
-async def test_claiming_another_users_checkpoint_is_409_and_deletion_spares_it(
+async def test_reporting_another_trials_checkpoint_uuid_is_refused_and_deletion_spares_it(
     api: Api, store: EventStore, tmp_path: Path
 ) -> None:
-    """Bob's trial reporting Alice's checkpoint uuid gets 409 and appends nothing; deleting Bob's
-    experiment leaves Alice's files, and she still downloads them."""
+    """Bob's trial reporting the uuid issued to Alice's trial (before or after she reports it)
+    gets 400 and appends nothing; deleting Bob's experiment leaves Alice's files, and she still
+    downloads them."""
     alice, bob = await two_users_two_experiments(api, store)
     root = tmp_path / "checkpoints"
-    status, _ = await post_report(api, 11, checkpoint("a", "ck-alice"))
-    assert status == 200
-    write_files(root / "ck-alice", {"model.pt": b"alice's weights"})
+    ck_alice = api.checkpoint_uuid(11)
     before = await types_of(store, "trial-21")
+    status, body = await post_report(api, 21, checkpoint("b", ck_alice))
+    assert status == 400, body
+    status, _ = await post_report(api, 11, checkpoint("a", ck_alice))
+    assert status == 200
+    write_checkpoint(root / ck_alice, {"model.pt": b"alice's weights"})
 
-    status, body = await post_report(api, 21, checkpoint("b", "ck-alice"))
-    assert status == 409, body
+    status, body = await post_report(api, 21, checkpoint("b", ck_alice))
+    assert status == 400, body
     assert body["error"]["path"] == "items[0].uuid"
-    assert "11" not in body["error"]["message"]  # the owner is not disclosed
+    assert "not a checkpoint uuid issued to trial 21" in body["error"]["message"]
     assert await types_of(store, "trial-21") == before
     # The refused batch claimed nothing: the same key is still new once the uuid is Bob's own.
-    assert (await post_report(api, 21, checkpoint("b", "ck-bob")))[0] == 200
-    assert await saved_uuids(store, 21) == ["ck-bob"]
+    ck_bob = api.checkpoint_uuid(21)
+    assert (await post_report(api, 21, checkpoint("b", ck_bob)))[0] == 200
+    assert await saved_uuids(store, 21) == [ck_bob]
 
     await catch_up(store, checkpoint_root=root)
     await set_state(store, 2, "STOPPING_CANCELED", "CANCELED")
     await api.ok("DELETE", "/api/v1/experiments/2", token=bob)
     await catch_up(store, checkpoint_root=root)
-    assert (root / "ck-alice" / "model.pt").read_bytes() == b"alice's weights"
-    assert await download(api, "ck-alice", alice) == {"model.pt": b"alice's weights"}
+    assert (root / ck_alice / "model.pt").read_bytes() == b"alice's weights"
+    assert await download(api, ck_alice, alice) == {"model.pt": b"alice's weights"}
+
+
+async def test_a_claim_already_in_the_log_is_409_without_naming_the_owner(
+    api: Api, store: EventStore
+) -> None:
+    """A uuid another trial recorded first (as an older gateway let it) stays that trial's:
+    a report of it by the trial it was issued to is 409 and appends nothing."""
+    await two_users_two_experiments(api, store)
+    uuid = api.checkpoint_uuid(21)
+    saved = CheckpointSaved(
+        trial_id=11, run_id=1, uuid=uuid, steps_completed=5, metadata={"steps_completed": 5}
+    )
+    await store.append("trial-11", [saved])
+    before = await types_of(store, "trial-21")
+    status, body = await post_report(api, 21, checkpoint("b", uuid))
+    assert status == 409, body
+    assert body["error"]["path"] == "items[0].uuid"
+    assert "trial 11" not in body["error"]["message"]  # the owner is not disclosed
+    assert await types_of(store, "trial-21") == before
 
 
 async def test_gc_of_a_claiming_experiment_ignores_uuids_it_does_not_own(
@@ -132,17 +158,18 @@ async def test_gc_of_a_claiming_experiment_ignores_uuids_it_does_not_own(
     experiment's deletion remove the owner's directory; its own checkpoints still go."""
     alice, bob = await two_users_two_experiments(api, store)
     root = tmp_path / "checkpoints"
-    assert (await post_report(api, 11, checkpoint("a", "ck-alice")))[0] == 200
-    assert (await post_report(api, 21, checkpoint("b", "ck-bob")))[0] == 200
-    write_files(root / "ck-alice", {"model.pt": b"alice's weights"})
-    write_files(root / "ck-bob", {"model.pt": b"bob's weights"})
+    ck_alice, ck_bob = api.checkpoint_uuid(11), api.checkpoint_uuid(21)
+    assert (await post_report(api, 11, checkpoint("a", ck_alice)))[0] == 200
+    assert (await post_report(api, 21, checkpoint("b", ck_bob)))[0] == 200
+    write_checkpoint(root / ck_alice, {"model.pt": b"alice's weights"})
+    write_checkpoint(root / ck_bob, {"model.pt": b"bob's weights"})
     await store.append(
         "trial-21",
         [
             CheckpointSaved(
                 trial_id=21,
                 run_id=1,
-                uuid="ck-alice",
+                uuid=ck_alice,
                 steps_completed=20,
                 metadata={"steps_completed": 20},
             )
@@ -158,19 +185,20 @@ async def test_gc_of_a_claiming_experiment_ignores_uuids_it_does_not_own(
         for e in await store.read_stream("experiment-2")
         if e.type in ("CheckpointsDeleted", "ExperimentStateChanged")
     ]
-    assert deleted[-2]["uuids"] == ["ck-bob"] and deleted[-1]["state"] == "DELETED"
-    assert not (root / "ck-bob").exists()
-    assert await download(api, "ck-alice", alice) == {"model.pt": b"alice's weights"}
+    assert deleted[-2]["uuids"] == [ck_bob] and deleted[-1]["state"] == "DELETED"
+    assert not (root / ck_bob).exists()
+    assert await download(api, ck_alice, alice) == {"model.pt": b"alice's weights"}
 
 
-async def test_concurrent_claims_of_one_new_uuid_exactly_one_wins(
+async def test_concurrent_reports_of_one_new_uuid_record_it_once(
     api: Api, store: EventStore
 ) -> None:
-    """Two trials reporting the same new uuid at once, both queued behind the append lock and
-    released together: one gets 200, the other 409, and the log records the uuid once."""
+    """The trial it was issued to and another trial reporting one new uuid at once, both
+    queued behind the append lock and released together: the owner gets 200, the other 400,
+    and the log records the uuid once."""
     await two_users_two_experiments(api, store)
     for round_ in range(3):
-        uuid = f"shared-{round_}"
+        uuid = api.checkpoint_uuid(11)
         async with store.transaction() as blocker:
             await blocker.conn.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # the append lock
             calls = [
@@ -178,22 +206,22 @@ async def test_concurrent_claims_of_one_new_uuid_exactly_one_wins(
                 for trial_id in (11, 21)
             ]
 
-            async def both_waiting() -> bool:
+            async def owner_waiting() -> bool:
                 waiting = await store.pool.fetchval(
                     """SELECT count(*) FROM pg_locks
                        WHERE relation = 'events'::regclass AND NOT granted"""
                 )
-                return int(waiting) >= 2
+                return int(waiting) >= 1
 
-            await wait_until(both_waiting, timeout=30)
-        statuses = sorted(status for status, _ in await asyncio.gather(*calls))
-        assert statuses == [200, 409], (uuid, statuses)
+            await wait_until(owner_waiting, timeout=30)
+        statuses = [status for status, _ in await asyncio.gather(*calls)]
+        assert statuses == [200, 400], (uuid, statuses)
         owners = await store.pool.fetch(
             """SELECT stream_id FROM events
                WHERE type = 'CheckpointSaved' AND payload->>'uuid' = $1""",
             uuid,
         )
-        assert len(owners) == 1, owners
+        assert [r["stream_id"] for r in owners] == ["trial-11"], owners
 
 
 async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStore) -> None:
@@ -225,7 +253,7 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
         metrics("v2", "validation", 20, loss=0.01),
         without_run,
         metrics("t2", "training", 20),
-        checkpoint("c2", "late-ckpt", 20),
+        checkpoint("c2", api.checkpoint_uuid(11), 20),
         {"kind": "progress", "idempotency_key": "p", "progress": 1.0},
         {"kind": "early_exit", "idempotency_key": "e", "reason": "errored"},
     ):
@@ -303,8 +331,9 @@ async def test_users_read_only_their_own_trials_checkpoints_and_events(
     trial token read her metrics."""
     alice, bob = await two_users_two_experiments(api, store)
     alloc = "11.1"
+    ck_alice = api.checkpoint_uuid(11)
     assert (await post_report(api, 11, metrics("m", "validation", 5, loss=0.3)))[0] == 200
-    assert (await post_report(api, 11, checkpoint("c", "ck-alice")))[0] == 200
+    assert (await post_report(api, 11, checkpoint("c", ck_alice)))[0] == 200
     await api.ok(
         "POST",
         f"/api/v1/allocations/{alloc}/logs",
@@ -318,8 +347,8 @@ async def test_users_read_only_their_own_trials_checkpoints_and_events(
         "/api/v1/trials/11/metrics",
         "/api/v1/trials/11/metrics?group=validation",
         "/api/v1/trials/11/logs",
-        "/api/v1/checkpoints/ck-alice",
-        "/api/v1/checkpoints/ck-alice/download",
+        f"/api/v1/checkpoints/{ck_alice}",
+        f"/api/v1/checkpoints/{ck_alice}/download",
         "/api/v1/experiments/1",
         "/api/v1/experiments/1/trials",
         "/api/v1/experiments/1/checkpoints",
@@ -337,4 +366,4 @@ async def test_users_read_only_their_own_trials_checkpoints_and_events(
     for token in (alice, api.admin, api.agent, api.trial_token(11)):
         body = await api.ok("GET", "/api/v1/trials/11/metrics", token=token)
         assert [m["metrics"] for m in body["metrics"]] == [{"loss": 0.3}]
-    assert (await api.ok("GET", "/api/v1/checkpoints/ck-alice", token=alice))["trial_id"] == 11
+    assert (await api.ok("GET", f"/api/v1/checkpoints/{ck_alice}", token=alice))["trial_id"] == 11

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from events.checkpoint_storage import MARKER_FILE, marker_bytes
 from events.config import parse_config
 from events.names import trial_stream
 from events.store import EventStore
@@ -30,7 +31,13 @@ from services.api import projections_read as pr
 from services.api.auth import create_user
 from services.tracker.service import catch_up
 from tests.helpers import wait_until
-from tests.integration.test_api_support import CONFIG, Api, allocate, running_api, types_of
+from tests.integration.test_api_support import (
+    CONFIG,
+    Api,
+    allocate,
+    running_api,
+    types_of,
+)
 
 
 def serve(store: EventStore, checkpoint_root: Path) -> contextlib.AbstractAsyncContextManager[Api]:
@@ -372,10 +379,11 @@ async def test_logs_page_and_follow_until_the_trial_ends(api: Api, store: EventS
     assert status == 403
 
 
-def write_files(root: Path, files: dict[str, bytes]) -> None:
-    """Creates ``files`` (relative path -> content) under ``root``."""
-    for relative, data in files.items():
-        path = root / relative
+def write_checkpoint(directory: Path, files: dict[str, bytes]) -> None:
+    """Creates checkpoint ``directory`` as the Core API leaves it: ``files`` (relative path ->
+    content) plus cairn's marker naming the directory's uuid."""
+    for relative, data in {**files, MARKER_FILE: marker_bytes(directory.name)}.items():
+        path = directory / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
@@ -402,18 +410,18 @@ async def test_checkpoint_download_streams_a_tarball(
                 )
             ],
         )
-    write_files(
+    write_checkpoint(
         tmp_path / "checkpoints" / "ck-a",
         {"model.pt": b"weights" * 1000, "sub/state.json": b'{"step": 5}'},
     )
-    write_files(tmp_path / "shared" / "ck-b", {"x.bin": b"x"})
+    write_checkpoint(tmp_path / "shared" / "ck-b", {"x.bin": b"x"})
     await catch_up(store)
 
     status, data = await api.call("GET", "/api/v1/checkpoints/ck-a/download", token=api.admin)
     assert status == 200
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         names = sorted(tar.getnames())
-        assert names == ["model.pt", "sub", "sub/state.json"]
+        assert names == ["model.pt", "sub/state.json"]
         member = tar.extractfile("model.pt")
         assert member is not None and member.read() == b"weights" * 1000
     status, data = await api.call("GET", "/api/v1/checkpoints/ck-b/download", token=api.admin)
@@ -490,11 +498,14 @@ async def test_users_are_created_and_listed_by_admins_only(api: Api, store: Even
         "POST",
         "/api/v1/users",
         token=api.admin,
-        json={"username": "carol", "password": "pw", "admin": False},
+        json={"username": "carol", "password": "carol-password", "admin": False},
     )
     assert body == {"username": "carol", "admin": False}
     status, _ = await api.call(
-        "POST", "/api/v1/users", token=api.admin, json={"username": "carol", "password": "x"}
+        "POST",
+        "/api/v1/users",
+        token=api.admin,
+        json={"username": "carol", "password": "other-password"},
     )
     assert status == 409
     status, answer = await api.call(
@@ -506,7 +517,7 @@ async def test_users_are_created_and_listed_by_admins_only(api: Api, store: Even
         ("admin", True),
         ("carol", False),
     ]
-    carol = await api.login("carol", "pw")
+    carol = await api.login("carol", "carol-password")
     status, _ = await api.call("GET", "/api/v1/users", token=carol)
     assert status == 403
     status, _ = await api.call(

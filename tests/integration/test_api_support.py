@@ -4,6 +4,8 @@ HTTP client over real sockets, and helpers that append the scheduler's facts dir
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +13,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from events.config.cluster import ClusterConfig, parse_cluster_config
 from events.names import allocation_id, experiment_stream, trial_stream
 from events.store import EventStore
 from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
-from services.api import agent_credentials
+from services.api import agent_credentials, checkpoint_ids
 from services.api.app import create_app
 from services.api.auth import cluster_secret, join_token, sign_trial_token
 from tests.helpers import ADMIN_PASSWORD
@@ -27,6 +30,15 @@ hyperparameters: {lr: 0.1}
 environment: {environment_variables: [FOO=bar]}
 checkpoint_storage: {type: shared_fs, host_path: /tmp/ckpts}
 """
+
+
+TEST_CLUSTER = parse_cluster_config(
+    {"checkpoint_storage": {"allowed_roots": [os.path.realpath(tempfile.gettempdir())]}}
+)
+"""The gateway's cluster config in these tests: checkpoints may live anywhere under the
+temporary directory (where :data:`CONFIG` and each test's ``tmp_path`` put them)."""
+TEST_STORAGE = TEST_CLUSTER.checkpoint_storage
+"""Its storage policy, for the tracker's GC in the same tests."""
 
 
 class Api:
@@ -56,6 +68,10 @@ class Api:
             issued = await agent_credentials.issue(self.store, agent_id, None)
             self._agents[agent_id] = issued.token
         return self._agents[agent_id]
+
+    def checkpoint_uuid(self, trial_id: int) -> str:
+        """A checkpoint uuid issued to trial ``trial_id``, as the gateway issues them."""
+        return checkpoint_ids.issue(self.secret, trial_id)
 
     async def call(
         self,
@@ -89,12 +105,21 @@ class Api:
 
 
 @contextlib.asynccontextmanager
-async def running_api(store: EventStore, checkpoint_root: Path | None = None) -> AsyncIterator[Api]:
+async def running_api(
+    store: EventStore,
+    checkpoint_root: Path | None = None,
+    cluster: ClusterConfig = TEST_CLUSTER,
+) -> AsyncIterator[Api]:
     """Starts the gateway on 127.0.0.1:<free port> and yields a client logged in as admin
-    (``checkpoint_root``: its default checkpoint root)."""
+    (``checkpoint_root``: its default checkpoint root; ``cluster``: its cluster config)."""
     secret = await cluster_secret(store)
     app = create_app(
-        store, None, secret=secret, checkpoint_root=checkpoint_root, admin_password=ADMIN_PASSWORD
+        store,
+        None,
+        secret=secret,
+        checkpoint_root=checkpoint_root,
+        cluster=cluster,
+        admin_password=ADMIN_PASSWORD,
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()

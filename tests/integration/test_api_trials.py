@@ -82,10 +82,11 @@ async def test_checkpoint_requires_metadata_steps_completed(api: Api, store: Eve
     CheckpointSaved is appended."""
     await submit_experiment(store)
     await allocate(store, 11)
+    uuid = api.checkpoint_uuid(11)
     item = {
         "kind": "checkpoint",
         "idempotency_key": "c1",
-        "uuid": "u1",
+        "uuid": uuid,
         "run_id": 1,
         "metadata": {},
     }
@@ -99,7 +100,7 @@ async def test_checkpoint_requires_metadata_steps_completed(api: Api, store: Eve
     assert (await report(api, 11, item))["events"] == 1
     saved = (await store.read_stream("trial-11"))[-1]
     assert saved.type == "CheckpointSaved"
-    assert (saved.payload["uuid"], saved.payload["steps_completed"]) == ("u1", 40)
+    assert (saved.payload["uuid"], saved.payload["steps_completed"]) == (uuid, 40)
 
 
 async def test_invalid_items_are_400_with_their_path(api: Api, store: EventStore) -> None:

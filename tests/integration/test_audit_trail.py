@@ -65,6 +65,9 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
     admin, agent = api.admin, api.agent
     code = base64.b64encode(gzip.compress(b"fake tar")).decode()
     bob = await user(api, store, "bob")
+    spare = await api.login("bob", "pw")
+    listed = (await api.ok("GET", "/api/v1/tokens", token=spare))["tokens"]
+    spare_id = next(t["id"] for t in listed if t["current"])
     await submit(store, 2)
     await set_state(store, 2, "STOPPING_COMPLETED", "COMPLETED")
     slots = {"resource_pool": "default", "hostname": "h1", "slots": [{"slot_id": "0"}]}
@@ -345,6 +348,25 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
             "bob",
         ),
         ("DELETE", "/api/v1/templates/{name}", "/api/v1/templates/gpu", bob, None, 200, "bob"),
+        (
+            "DELETE",
+            "/api/v1/tokens/{token_id}",
+            f"/api/v1/tokens/{spare_id}",
+            admin,
+            None,
+            200,
+            "admin",
+        ),
+        # Issuing a checkpoint uuid changes nothing (audit=False): a refused one is recorded.
+        (
+            "POST",
+            "/api/v1/trials/{trial_id}/checkpoint-ids",
+            "/api/v1/trials/11/checkpoint-ids",
+            bob,
+            {},
+            403,
+            "bob",
+        ),
         ("POST", "/api/v1/auth/logout", "/api/v1/auth/logout", bob, {}, 200, "bob"),
         (
             "POST",

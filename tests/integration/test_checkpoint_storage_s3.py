@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 import cairn.core
-from events.checkpoint_storage import DirectoryStorage, S3Storage, StorageError, open_storage
+from events.checkpoint_storage import (
+    MARKER_FILE,
+    DirectoryStorage,
+    S3Storage,
+    StorageError,
+    marker_bytes,
+    open_storage,
+)
 from services.tracker.gc import remove_checkpoints
 from tests.conftest import S3Server
 
@@ -40,7 +47,7 @@ def test_s3_storage_stores_lists_reads_and_deletes_objects(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
     """Files go to <prefix>/<uuid>/<name>; files/uuids/read/download/delete see exactly them."""
-    storage = open_storage(s3_config(s3_server), tmp_path / "unused")
+    storage = open_storage(s3_config(s3_server), tmp_path / "unused", policy=None)
     assert isinstance(storage, S3Storage) and storage.local_root() is None
     source = tmp_path / "src"
     (source / "sub").mkdir(parents=True)
@@ -74,7 +81,7 @@ def test_s3_credentials_come_from_the_environment_when_the_config_has_none(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.SECRET_KEY)
     config = {"type": "s3", "bucket": s3_server.bucket, "endpoint_url": s3_server.url}
-    storage = open_storage(config, tmp_path)
+    storage = open_storage(config, tmp_path, policy=None)
     storage.put_bytes("u2", "metadata.json", b"{}")
     assert s3_server.object_keys() == ["u2/metadata.json"]
     credentials = storage._client._request_signer._credentials  # type: ignore[attr-defined]
@@ -86,7 +93,7 @@ def test_s3_errors_are_storage_errors_without_credentials(
 ) -> None:
     """A missing bucket is a StorageError naming the bucket, never the secret key."""
     config = s3_config(s3_server) | {"bucket": "no-such-bucket"}
-    storage = open_storage(config, tmp_path)
+    storage = open_storage(config, tmp_path, policy=None)
     with pytest.raises(StorageError) as caught:
         storage.put_bytes("u3", "metadata.json", b"{}")
     assert "no-such-bucket" in str(caught.value)
@@ -104,6 +111,7 @@ def test_core_api_checkpoints_round_trip_through_s3(s3_server: S3Server, tmp_pat
             (path / "opt" / "state.pt").write_bytes(b"o" * 8)
         assert not path.exists()  # the scratch directory is gone; the bucket holds the files
         assert s3_server.object_keys() == [
+            f"team/ckpts/{uuid}/.cairn-checkpoint",
             f"team/ckpts/{uuid}/metadata.json",
             f"team/ckpts/{uuid}/model.pt",
             f"team/ckpts/{uuid}/opt/state.pt",
@@ -154,20 +162,28 @@ def test_failed_store_path_uploads_nothing(s3_server: S3Server) -> None:
 def test_tracker_removal_deletes_s3_checkpoints_and_counts_missing_ones(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
-    """remove_checkpoints deletes every object of each uuid; an absent uuid is missing."""
-    storage = open_storage(s3_config(s3_server), tmp_path)
+    """remove_checkpoints deletes every object of each marked uuid; an absent uuid, or a
+    prefix cairn's marker does not name, is missing and left in place."""
+    storage = open_storage(s3_config(s3_server), tmp_path, policy=None)
     storage.put_bytes("keep", "metadata.json", b"{}")
+    storage.put_bytes("gone", MARKER_FILE, marker_bytes("gone"))
     storage.put_bytes("gone", "metadata.json", b"{}")
     storage.put_bytes("gone", "w.bin", b"w")
-    removal = remove_checkpoints(storage, ["gone", "never-there", "../escape"])
+    storage.put_bytes("foreign", "data.bin", b"d")
+    storage.put_bytes("forged", MARKER_FILE, marker_bytes("gone"))
+    removal = remove_checkpoints(storage, ["gone", "foreign", "forged", "never-there", "../escape"])
     assert removal.removed == ["gone"]
-    assert sorted(removal.missing) == ["../escape", "never-there"]
-    assert s3_server.object_keys() == ["team/ckpts/keep/metadata.json"]
+    assert sorted(removal.missing) == ["../escape", "foreign", "forged", "never-there"]
+    assert s3_server.object_keys() == [
+        "team/ckpts/foreign/data.bin",
+        "team/ckpts/forged/.cairn-checkpoint",
+        "team/ckpts/keep/metadata.json",
+    ]
 
 
 def test_directory_storage_keeps_the_directory_layout(tmp_path: Path) -> None:
     """Without type s3 the storage is <root>/<uuid>/ (the cluster default without a type)."""
-    storage = open_storage({"save_trial_best": 2}, tmp_path)
+    storage = open_storage({"save_trial_best": 2}, tmp_path, policy=None)
     assert isinstance(storage, DirectoryStorage) and storage.local_root() == tmp_path
     storage.put_bytes("u", "a/b.txt", b"b")
     assert (tmp_path / "u" / "a" / "b.txt").read_bytes() == b"b"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.local.servers import ServerProcess
+from events.checkpoint_storage import MARKER_FILE, marker_bytes
 from events.envelope import Event, RecordedEvent
 from events.names import allocation_id, trial_stream
 from events.store import EventStore
@@ -40,6 +41,7 @@ from services.tracker.projections import rebuild
 from services.tracker.schema import PRIMARY_KEYS, TABLES
 from services.tracker.service import catch_up
 from tests.helpers import ROOT, spawn, wait_for_line, wait_until
+from tests.integration.test_api_support import TEST_STORAGE
 
 
 def config(root: Path, **storage: Any) -> dict[str, Any]:
@@ -272,9 +274,11 @@ async def of_type(store: EventStore, stream: str, type_: str) -> list[dict[str, 
 
 
 def make_dirs(root: Path, *uuids: str) -> None:
+    """Checkpoint directories as the Core API leaves them (a file and cairn's marker)."""
     for uuid in uuids:
         (root / uuid).mkdir(parents=True)
         (root / uuid / "model.pt").write_bytes(b"0123456789")
+        (root / uuid / MARKER_FILE).write_bytes(marker_bytes(uuid))
 
 
 async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
@@ -283,7 +287,7 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
     """Every tr_* table reflects the log's rules, and a rebuild from position 0 equals the live tables."""
     root = tmp_path / "ckpt"
     log = await drive(store, root)
-    await catch_up(store, checkpoint_root=tmp_path / "default")
+    await catch_up(store, checkpoint_root=tmp_path / "default", storage_policy=TEST_STORAGE)
 
     slots = await store.pool.fetch(
         "SELECT agent_id, slot_id, device, name, enabled, draining, allocation_id FROM tr_slots ORDER BY 1, 2"
@@ -301,7 +305,7 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
     )
 
     await finish_experiment_1(log)
-    await catch_up(store, checkpoint_root=tmp_path / "default")
+    await catch_up(store, checkpoint_root=tmp_path / "default", storage_policy=TEST_STORAGE)
 
     exp = await row(store, "SELECT * FROM tr_experiments WHERE experiment_id = 1")
     assert exp | {"config": None} == {
@@ -395,7 +399,7 @@ async def test_gc_keeps_the_policy_set_and_deletion_removes_everything(
     make_dirs(root, "c1", "c2", "c3", "c4", "c5")  # c6 is already gone
     log = await drive(store, root)
     await finish_experiment_1(log)
-    await catch_up(store, checkpoint_root=tmp_path / "default")
+    await catch_up(store, checkpoint_root=tmp_path / "default", storage_policy=TEST_STORAGE)
 
     # Trial 1.1: c3 is best and latest, c1 is experiment 2's warm start; c2 goes.
     # Trial 1.2: c4 is best, c5 latest; c6 (no validation, not latest) goes.
@@ -416,13 +420,13 @@ async def test_gc_keeps_the_policy_set_and_deletion_removes_everything(
         "c6": "DELETED",
     }
 
-    await catch_up(store, checkpoint_root=tmp_path / "default")
+    await catch_up(store, checkpoint_root=tmp_path / "default", storage_policy=TEST_STORAGE)
     assert len(await of_type(store, "experiment-1", "CheckpointsDeleted")) == 1
 
     await log.add(
         "experiment-1", ExperimentStateChanged(experiment_id=1, state="DELETING", actor="alice")
     )
-    await catch_up(store, checkpoint_root=tmp_path / "default")
+    await catch_up(store, checkpoint_root=tmp_path / "default", storage_policy=TEST_STORAGE)
     assert list(root.iterdir()) == []
     tail = [(e.type, e.payload) for e in (await store.read_stream("experiment-1"))[-2:]]
     assert tail == [
@@ -471,7 +475,7 @@ async def test_deletion_that_cannot_remove_a_checkpoint_is_delete_failed(
     await log.checkpoint(11, 1, "c1", 10)
     await finish(log, 1)
     await log.add("experiment-1", ExperimentStateChanged(experiment_id=1, state="DELETING"))
-    await catch_up(store, checkpoint_root=tmp_path / "default")
+    await catch_up(store, checkpoint_root=tmp_path / "default", storage_policy=TEST_STORAGE)
     last = (await store.read_stream("experiment-1"))[-1]
     assert (last.type, last.payload["state"], last.payload["actor"]) == (
         "ExperimentStateChanged",
@@ -494,7 +498,12 @@ async def test_service_process_projects_collects_and_rebuilds(
     """python -m services.tracker projects and collects live (with the relay), and --rebuild exits 0."""
     root = tmp_path / "ckpt"
     make_dirs(root, "c1", "c2", "c3", "c4", "c5")
-    env = service_env(CAIRN_CHECKPOINT_ROOT=str(tmp_path / "default"))
+    cluster_config = tmp_path / "cluster.yaml"
+    cluster_config.write_text(f"checkpoint_storage: {{allowed_roots: [{root}]}}\n")
+    env = service_env(
+        CAIRN_CHECKPOINT_ROOT=str(tmp_path / "default"),
+        CAIRN_CLUSTER_CONFIG=str(cluster_config),
+    )
     args = ("--db", db_url, "--nats", nats_server.url)
     relay = spawn("services.relay", *args, env=env)
     tracker = spawn("services.tracker", *args, env=env)

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -58,8 +59,8 @@ def run(args: list[str], cwd: Path, timeout: float = 30.0) -> subprocess.Complet
 
 class FakeMaster:
     """A minimal stand-in for the HTTP peer (the API gateway) of a trial: it accepts report
-    batches (optionally held until released, or failing first) and answers the preemption long
-    poll."""
+    batches (optionally held until released, or failing first), issues checkpoint uuids and
+    answers the preemption long poll."""
 
     def __init__(self, fail_first: int = 0) -> None:
         self.batches: list[list[dict[str, Any]]] = []
@@ -74,6 +75,9 @@ class FakeMaster:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/checkpoint-ids"):
+                    self._answer(200, {"uuid": str(uuid.uuid4())})
+                    return
                 with master.lock:
                     master.held += 1
                 master._open.wait(timeout=60)

@@ -148,7 +148,7 @@ def test_upload_download_and_restore_with_selectors(tmp_path: Path) -> None:
             for p in (ctx.checkpoint.root / uuid).rglob("*")
             if p.is_file()
         }
-        assert stored == {"model.pt", "optim.pt", "d/e.pt", "metadata.json"}
+        assert stored == {"model.pt", "optim.pt", "d/e.pt", "metadata.json", ".cairn-checkpoint"}
         assert ctx.checkpoint.get_metadata(uuid) == {"steps_completed": 5, "note": "x"}
         ctx.checkpoint.download(uuid, tmp_path / "out", selector=lambda p: p == "model.pt")
         assert [p.name for p in (tmp_path / "out").iterdir()] == ["model.pt"]
@@ -174,7 +174,7 @@ def test_delete_with_globs_removes_only_matching_files(tmp_path: Path) -> None:
         uuid = ctx.checkpoint.upload(src, {"steps_completed": 1})
         ctx.checkpoint.delete(uuid, globs=["optim/*", "*.txt"])
         left = sorted(p.name for p in (ctx.checkpoint.root / uuid).rglob("*") if p.is_file())
-        assert left == ["metadata.json", "model.pt"]
+        assert left == [".cairn-checkpoint", "metadata.json", "model.pt"]
         ctx.checkpoint.delete(uuid)
         assert not (ctx.checkpoint.root / uuid).exists()
         ctx.checkpoint.delete(uuid)
@@ -280,6 +280,7 @@ def test_sharded_upload_merges_every_ranks_files_and_metadata(tmp_path: Path) ->
     uuid = uuids.pop()
     folder = tmp_path / "ckpt" / uuid
     assert sorted(p.name for p in folder.iterdir()) == [
+        ".cairn-checkpoint",
         "common.json",
         "metadata.json",
         "shard0.pt",

@@ -3,14 +3,9 @@
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from events.archive import safe_members
 from services.agent.docker_runtime import (
     LABEL_AGENT,
     LABEL_ALLOCATION,
@@ -159,43 +154,3 @@ def test_lines_split_across_chunks() -> None:
     """Output cut anywhere comes out as whole lines, the unterminated last one included."""
     chunks = [b"one\ntw", b"o\r\n", b"", b"thr", b"ee"]
     assert list(_lines(iter(chunks))) == ["one", "two", "three"]
-
-
-def _tarball(tmp_path: Path, *members: tuple[str, str | None]) -> Path:
-    """A tarball of ``(name, link target or None for a small file)`` members."""
-    path = tmp_path / "code.tar.gz"
-    with tarfile.open(path, "w:gz") as tar:
-        for name, link in members:
-            info = tarfile.TarInfo(name)
-            if link is None:
-                info.size = 2
-                tar.addfile(info, io.BytesIO(b"ok"))
-            else:
-                info.type = tarfile.SYMTYPE
-                info.linkname = link
-                tar.addfile(info)
-    return path
-
-
-@pytest.mark.parametrize(
-    "member",
-    [("../escape.py", None), ("/etc/evil", None), ("a/link", "../../outside"), ("b", "/etc")],
-)
-def test_code_extraction_without_the_data_filter_refuses_escapes(
-    tmp_path: Path, member: tuple[str, str | None]
-) -> None:
-    """On Pythons without tarfile's data filter (Debian 12's 3.11.2 in the images) a code
-    tarball whose member escapes the work directory is refused."""
-    tarball = _tarball(tmp_path, ("train.py", None), member)
-    with tarfile.open(tarball) as tar, pytest.raises(tarfile.TarError):
-        safe_members(tar, tmp_path / "work")
-
-
-def test_code_extraction_without_the_data_filter_keeps_safe_members(tmp_path: Path) -> None:
-    """Files, directories and links inside the work directory pass the manual check."""
-    tarball = _tarball(tmp_path, ("train.py", None), ("pkg/mod.py", None), ("pkg/l", "mod.py"))
-    dest = tmp_path / "work"
-    dest.mkdir()
-    with tarfile.open(tarball) as tar:
-        tar.extractall(dest, members=safe_members(tar, dest))
-    assert (dest / "pkg" / "l").read_text() == "ok"
