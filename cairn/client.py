@@ -286,6 +286,17 @@ class Client:
         action = "activate" if active else "deactivate"
         return dict(self.post(f"/users/{_quote(username)}/{action}"))
 
+    def link_agent_user(
+        self, username: str, uid: int, gid: int, *, user: str = "", group: str = ""
+    ) -> dict[str, Any]:
+        """Links a user to the unix account their trials run as (admin)."""
+        body = {"agent_uid": uid, "agent_gid": gid, "agent_user": user, "agent_group": group}
+        return dict(self.call("PUT", f"/users/{_quote(username)}/agent-user-group", body))
+
+    def agent_user_group(self, username: str) -> dict[str, Any]:
+        """The unix identity a user's trials run as (the user themself, or an admin)."""
+        return dict(self.get(f"/users/{_quote(username)}/agent-user-group"))
+
     def master_info(self) -> dict[str, Any]:
         """The master's version, cluster id and uptime (no login needed)."""
         return dict(self.get("/master"))

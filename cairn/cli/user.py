@@ -1,5 +1,5 @@
-"""``cairn user``: login, logout, whoami, create, list, change-password, activate, deactivate
-(alias ``u``)."""
+"""``cairn user``: login, logout, whoami, create, list, change-password, activate, deactivate,
+link-with-agent-user, agent-user-group (alias ``u``)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,25 @@ def register(sub: Any) -> None:
         p.add_argument("username")
         add_json_flag(p)
         p.set_defaults(handler=cmd_set_active, active=action == "activate")
+
+    link = verbs.add_parser(
+        "link-with-agent-user",
+        help="run a user's trials as a unix account of the agents' machines (admin)",
+    )
+    link.add_argument("username")
+    link.add_argument("--agent-uid", type=int, required=True, help="the account's uid (not 0)")
+    link.add_argument("--agent-gid", type=int, required=True, help="its group's gid (not 0)")
+    link.add_argument("--agent-user", default="", help="the account's name (USER of trials)")
+    link.add_argument("--agent-group", default="", help="the group's name")
+    add_json_flag(link)
+    link.set_defaults(handler=cmd_link_agent_user)
+
+    shown = verbs.add_parser(
+        "agent-user-group", help="show the unix identity a user's trials run as"
+    )
+    shown.add_argument("username", nargs="?", help="default: the logged-in user")
+    add_json_flag(shown)
+    shown.set_defaults(handler=cmd_agent_user_group)
 
 
 def _ask(prompt: str) -> str:
@@ -200,4 +219,42 @@ def cmd_set_active(args: argparse.Namespace) -> int:
         state = "active" if result.get("active") else "deactivated"
         note = "" if result.get("changed") else " (unchanged)"
         print(f"user {args.username}: {state}{note}")
+    return 0
+
+
+def cmd_link_agent_user(args: argparse.Namespace) -> int:
+    """Links a user to a unix account (their next runs use it)."""
+    result = auth_store.connect(args).link_agent_user(
+        args.username,
+        args.agent_uid,
+        args.agent_gid,
+        user=args.agent_user,
+        group=args.agent_group,
+    )
+    if wants_json(args):
+        print_json(result)
+    else:
+        print(
+            f"trials of {args.username} run as uid {result.get('agent_uid')} "
+            f"gid {result.get('agent_gid')} from their next start"
+        )
+    return 0
+
+
+def cmd_agent_user_group(args: argparse.Namespace) -> int:
+    """Shows the unix identity a user's trials run as."""
+    client = auth_store.connect(args)
+    username = args.username or str(client.me().get("username"))
+    result = client.agent_user_group(username)
+    if wants_json(args):
+        print_json(result)
+    elif result.get("agent_uid") is None:
+        print(f"{username}: no trial of theirs has run yet (an identity is assigned at the first)")
+    else:
+        how = "linked by an admin" if result.get("linked") else "assigned by the cluster"
+        group = f" ({result['agent_group']})" if result.get("agent_group") else ""
+        print(
+            f"{username}: uid {result['agent_uid']} ({result.get('agent_user')}), "
+            f"gid {result['agent_gid']}{group}, {how}"
+        )
     return 0

@@ -27,6 +27,7 @@ from cairn.core._train import (
     default_tensorboard_path,
 )
 from events.checkpoint_storage import CheckpointStorage, S3Storage
+from events.config.storage import tensorboard_dir
 
 log = logging.getLogger("cairn.core")
 
@@ -344,8 +345,3 @@ def init(
         ),
         session=session,
     )
-
-
-def tensorboard_dir(experiment_id: int, trial_id: int) -> Path:
-    """Where a trial's TensorBoard files go, relative to the checkpoint storage root."""
-    return Path("tensorboard", "experiment", str(experiment_id), "trial", str(trial_id))

@@ -35,6 +35,11 @@ def checkpoint_root(storage: Any, default: Path) -> Path:
     return default
 
 
+def tensorboard_dir(experiment_id: int, trial_id: int) -> Path:
+    """Where a trial's TensorBoard files go, relative to the checkpoint storage root."""
+    return Path("tensorboard", "experiment", str(experiment_id), "trial", str(trial_id))
+
+
 def default_checkpoint_root(explicit: Path | str | None = None) -> Path:
     """The cluster's default checkpoint root.
 

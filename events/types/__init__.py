@@ -22,6 +22,7 @@ from events.types.experiment_changes import (
     ExperimentRenamed,
     ExperimentResourcesChanged,
 )
+from events.types.identity import AgentUserAssigned, AgentUserLinked
 from events.types.system import LeaderElected
 from events.types.template import TemplateRemoved, TemplateSet
 from events.types.trial import (
@@ -46,6 +47,8 @@ from events.types.trial import (
 __all__ = [
     "AgentLost",
     "AgentRegistered",
+    "AgentUserAssigned",
+    "AgentUserLinked",
     "CheckpointSaved",
     "CheckpointsDeleteRequested",
     "CheckpointsDeleted",

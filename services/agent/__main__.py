@@ -24,6 +24,7 @@ from services import credentials
 from services.agent.agent import Agent, AgentConfig
 from services.agent.credential import CredentialError
 from services.agent.runtime import safe_name
+from services.runtime import add_cluster_config_flag, cluster_config_of
 
 
 def parser() -> argparse.ArgumentParser:
@@ -101,6 +102,15 @@ def parser() -> argparse.ArgumentParser:
         help="the container this agent runs in ('self': this host name); trial containers "
         "share its volumes and network (CAIRN_DOCKER_SHARE_FROM)",
     )
+    p.add_argument(
+        "--hide",
+        type=Path,
+        action="append",
+        default=[],
+        help="a path no trial may see (repeatable; the work directory and $CAIRN_HOME always "
+        "are hidden)",
+    )
+    add_cluster_config_flag(p)
     p.add_argument("--log-level", default=env("CAIRN_LOG_LEVEL", "INFO"))
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
     return p
@@ -124,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.artificial_slots is not None and args.artificial_slots < 1:
         log.error("--artificial-slots must be at least 1")
         return 2
-    home = Path(os.environ.get("CAIRN_HOME") or Path.home() / ".cairn")
+    cairn_home = os.environ.get("CAIRN_HOME")
+    home = Path(cairn_home or Path.home() / ".cairn")
     work_dir = args.work_dir or home / "agents" / safe_name(args.agent_id)
     checkpoint_root = args.checkpoint_root
     if checkpoint_root is None and os.environ.get("CAIRN_HOME"):
@@ -148,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
             socket.gethostname() if args.docker_share_from == "self" else args.docker_share_from
         )
         or None,
+        host_policy=cluster_config_of(args, log).tasks,
+        hide=tuple(p.absolute() for p in args.hide)
+        + ((Path(cairn_home).absolute(),) if cairn_home else ()),
     )
     try:
         with contextlib.suppress(KeyboardInterrupt):

@@ -44,8 +44,11 @@ from events import faults
 from events.bus import COMMANDS_STREAM, Bus
 from events.bus_auth import agent_durable
 from events.commands import agent_subject
+from events.config.cluster import TaskPolicy
+from events.config.host_requests import HostPolicy
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
+from services.agent.confinement import Confinement, RunDirectoryError, RunPlaces
 from services.agent.credential import Credential, CredentialError, obtain
 from services.agent.docker_runtime import (
     DockerRuntimeError,
@@ -68,6 +71,7 @@ from services.agent.runtime import (
 )
 from services.agent.signals import preempt, terminate
 from services.agent.slots import Slot, discover_slots
+from services.confine import ConfinementError
 
 log = structlog.get_logger("agent")
 
@@ -104,6 +108,11 @@ class AgentConfig:
     docker_share_from: str | None = None
     """The container the agent runs in, if any: trial containers join its network and get its
     work and checkpoint mounts."""
+    hide: tuple[Path, ...] = ()
+    """Paths no run's code may see besides the work directory (the cluster's data directory)."""
+    host_policy: HostPolicy = field(default_factory=TaskPolicy)
+    """What the cluster allows trials of this host (bind mounts, devices, capabilities): the
+    cluster config's ``tasks``."""
 
 
 @dataclass
@@ -171,6 +180,11 @@ class Agent:
         self.gpu_slots = {s.slot_id: s.slot_id for s in self.slots if s.device == "cuda"}
         self.incarnation = uuid.uuid4().hex
         config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.confinement = Confinement(
+            config.work_dir,
+            hide=config.hide,
+            default_checkpoints=config.checkpoint_root or config.work_dir / "checkpoints",
+        )
         self.client = ApiClient(config.api_url, config.token)
         self.code = CodeCache(self.client, config.work_dir / "code")
         self.executed = CommandLog(config.work_dir / "executed-commands")
@@ -185,6 +199,7 @@ class Agent:
         self._sub: Any = None
         self.credential: Credential | None = None
         self._docker: Any = None
+        self.confinement.secure_work_dir()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -543,6 +558,7 @@ class Agent:
             alloc.state = "skipped"
             return
         work: Path | None = None
+        places: RunPlaces | None = None
         try:
             if alloc.kill_requested:
                 message = f"{alloc.stop_reason} before the process started"
@@ -557,7 +573,17 @@ class Agent:
                 work = prepare_work_dir(self.config.work_dir, aid)
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
-                run.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+                device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
+                image = run_image(run.config, device)
+                identity = self.confinement.identity_for(run.identity, container=image is not None)
+                places = await asyncio.to_thread(
+                    self.confinement.prepare,
+                    work=work,
+                    identity=identity,
+                    checkpoint_dir=run.checkpoint_dir,
+                    experiment_id=run.experiment_id,
+                    trial_id=run.trial_id,
+                )
                 if run.num_nodes > 1:
                     failure = await self._rendezvous(alloc, run)
                     if failure is not None:
@@ -570,9 +596,9 @@ class Agent:
                 envs = trial_environment(
                     run, agent_id=self.id, api_url=self.config.api_url, gpu_slots=self.gpu_slots
                 )
+                for env in envs:
+                    env.update(self.confinement.environment(identity, places))
                 shipper = LogShipper(self.client, aid, f"{self.id}:{self.incarnation}")
-                device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
-                image = run_image(run.config, device)
                 procs: TrialProcesses | TrialContainers
                 if image is not None:
                     procs, self._docker = await launch_containers(
@@ -586,10 +612,13 @@ class Agent:
                         gpu_slots=self.gpu_slots,
                         kill_grace=self.config.kill_grace,
                         share_from=self.config.docker_share_from,
+                        identity=identity,
+                        policy=self.config.host_policy,
                     )
                 else:
                     procs = TrialProcesses(aid, shipper, self.config.kill_grace)
-                    await procs.launch(run.argv, work, envs)
+                    argv = self.confinement.argv(run.argv, identity, places)
+                    await procs.launch(argv, work, envs)
                 try:
                     record = record_of(aid, procs.pids)
                     await asyncio.to_thread(self.run_processes.keep, record)
@@ -605,6 +634,8 @@ class Agent:
                 OSError,
                 tarfile.TarError,
                 DockerRuntimeError,
+                ConfinementError,
+                RunDirectoryError,
             ) as exc:
                 log.error("cannot start the run", allocation_id=aid, error=str(exc))
                 status = 127 if isinstance(exc, FileNotFoundError) else 1
@@ -613,7 +644,13 @@ class Agent:
             shipper.start()
             alloc.procs = procs
             alloc.state = "running"
-            log.info("run launched", allocation_id=aid, pids=procs.pids, argv=run.argv)
+            log.info(
+                "run launched",
+                allocation_id=aid,
+                pids=procs.pids,
+                argv=run.argv,
+                uid=identity.uid if identity is not None else os.getuid(),
+            )
             alloc.launched.set()
             if alloc.kill_requested:
                 alloc.kill_requested = False
@@ -650,6 +687,8 @@ class Agent:
             alloc.state = "exited"
             if work is not None:
                 await asyncio.to_thread(shutil.rmtree, work, True)
+            if places is not None:
+                await asyncio.to_thread(self.confinement.release, places)
 
     async def _rendezvous(self, alloc: Allocation, run: RunSpec) -> str | None:
         """Joins the rendezvous of a run placed on several agents and waits for the others.

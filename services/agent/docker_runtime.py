@@ -31,7 +31,9 @@ from typing import Any
 
 import structlog
 
+from events.config.host_requests import HostPolicy, capability_name, host_request_errors
 from services.agent.runtime import LogShipper, RunSpec, safe_name
+from services.confine import Identity
 
 log = structlog.get_logger("agent")
 
@@ -41,9 +43,11 @@ LABEL_TRIAL = "ai.cairn.trial"
 LABEL_AGENT_CONTAINER = "ai.cairn.agent-container"
 """On trial containers of an agent that runs in a container: that container (as ``share_from``
 names it), so that whoever removes the agent's container can remove its trials too."""
-_HOST_ONLY = ("PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HOME")
+_HOST_ONLY = ("PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "HOME", "TMPDIR")
 """Variables of the agent's environment that name host paths or host devices: a container takes
-them only when the experiment sets them itself."""
+them only when the experiment sets them itself (``HOME`` is the work directory there, ``TMPDIR``
+the container's own ``/tmp``)."""
+NO_NEW_PRIVILEGES = "no-new-privileges"
 
 
 class DockerRuntimeError(Exception):
@@ -83,7 +87,8 @@ class ContainerPlan:
     gpu_ids: list[str] = field(default_factory=list)
     shm_size: str | None = None
     cap_add: list[str] = field(default_factory=list)
-    cap_drop: list[str] = field(default_factory=list)
+    cap_drop: list[str] = field(default_factory=lambda: ["ALL"])
+    security_opt: list[str] = field(default_factory=lambda: [NO_NEW_PRIVILEGES])
 
     def create_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``docker.DockerClient().containers.create``."""
@@ -111,6 +116,8 @@ class ContainerPlan:
             kwargs["cap_add"] = self.cap_add
         if self.cap_drop:
             kwargs["cap_drop"] = self.cap_drop
+        if self.security_opt:
+            kwargs["security_opt"] = self.security_opt
         if self.gpu_ids:
             from docker.types import DeviceRequest
 
@@ -120,14 +127,20 @@ class ContainerPlan:
         return kwargs
 
 
-def container_environment(env: Mapping[str, str], run: RunSpec) -> dict[str, str]:
+def container_environment(
+    env: Mapping[str, str], run: RunSpec, work: Path | None = None
+) -> dict[str, str]:
     """A process environment (from ``trial_environment``) as a container takes it.
 
     The agent's host paths (``PATH``, ``PYTHONPATH``, ...) are left to the image unless the
     experiment's ``environment_variables`` set them; every ``CAIRN_*`` variable, the ranks and
-    the experiment's variables pass as they are.
+    the experiment's variables pass as they are. ``HOME`` is the work directory (the container's
+    user has no home in the image) unless the experiment sets it.
     """
-    return {k: v for k, v in env.items() if k not in _HOST_ONLY or k in run.environment}
+    out = {k: v for k, v in env.items() if k not in _HOST_ONLY or k in run.environment}
+    if work is not None and "HOME" not in run.environment:
+        out["HOME"] = str(work)
+    return out
 
 
 def _bind_mounts(config: Mapping[str, Any]) -> dict[str, dict[str, str]]:
@@ -178,18 +191,17 @@ def plan_containers(
         shared_mounts: with ``share_from``, its mounts that hold the work and checkpoint
             directories (see :func:`mounts_holding`).
         user: ``uid:gid`` the entrypoint runs as (None: the image's user).
+
+    Every container drops every capability but those the config adds (allowed by the cluster:
+    see :func:`check_host_requests`) and runs with ``no-new-privileges``.
     """
     config = run.config
     resources = config.get("resources") or {}
     shm = resources.get("shm_size") if isinstance(resources, Mapping) else None
     gpu_ids = [gpu_slots[s] for s in run.slot_ids if s in gpu_slots]
     environment = config.get("environment") or {}
-    caps = {
-        key: [str(c) for c in environment.get(key) or []]
-        if isinstance(environment, Mapping)
-        else []
-        for key in ("add_capabilities", "drop_capabilities")
-    }
+    added = environment.get("add_capabilities") if isinstance(environment, Mapping) else None
+    cap_add = sorted({capability_name(str(c)) for c in added or []})
     volumes = _bind_mounts(config)
     if share_from is not None:
         for source, bind in (shared_mounts or {}).items():
@@ -205,7 +217,7 @@ def plan_containers(
                 image=image,
                 command=list(run.argv),
                 working_dir=str(work),
-                environment=container_environment(env, run),
+                environment=container_environment(env, run, work),
                 labels={
                     LABEL_AGENT: agent_id,
                     LABEL_ALLOCATION: run.allocation_id,
@@ -219,8 +231,7 @@ def plan_containers(
                 devices=_devices(config),
                 gpu_ids=gpu_ids,
                 shm_size=str(shm) if shm else None,
-                cap_add=caps["add_capabilities"],
-                cap_drop=caps["drop_capabilities"],
+                cap_add=cap_add,
             )
         )
     return plans
@@ -451,9 +462,31 @@ class TrialContainers:
                 container.remove(force=True)
 
 
-def agent_user() -> str:
-    """``uid:gid`` of the agent, so files a trial writes belong to the agent's user."""
-    return f"{os.getuid()}:{os.getgid()}"
+def container_user(identity: Identity | None) -> str:
+    """``uid:gid`` a run's containers run as: its identity, or (an agent that is not root and
+    so cannot give files to another uid) the agent's own.
+
+    Raises:
+        DockerRuntimeError: that would be uid 0.
+    """
+    uid, gid = (identity.uid, identity.gid) if identity else (os.getuid(), os.getgid())
+    if uid == 0 or gid == 0:
+        raise DockerRuntimeError("a trial container never runs as root (uid or gid 0)")
+    return f"{uid}:{gid}"
+
+
+def check_host_requests(config: Mapping[str, Any], policy: HostPolicy) -> None:
+    """Refuses a config asking for host paths, devices or capabilities the cluster does not
+    allow, judging paths as this host resolves them (links followed).
+
+    Raises:
+        DockerRuntimeError: naming each field and value.
+    """
+    errors = host_request_errors(config, policy, resolve=os.path.realpath)
+    if errors:
+        raise DockerRuntimeError(
+            "the cluster does not allow " + "; ".join(f"{p}: {m}" for p, m in errors)
+        )
 
 
 async def launch(
@@ -468,15 +501,24 @@ async def launch(
     gpu_slots: Mapping[str, str],
     kill_grace: float,
     share_from: str | None,
+    identity: Identity | None,
+    policy: HostPolicy,
 ) -> tuple[TrialContainers, Any]:
     """Starts ``run`` in containers of ``image``, connecting to the engine first if need be.
+
+    Args:
+        identity: who the containers run as (see :func:`container_user`).
+        policy: what the cluster allows trials of the host (checked again here).
 
     Returns:
         The run's containers and the client (kept by the agent for its next runs).
 
     Raises:
-        DockerRuntimeError: no engine, no image, or the engine refused a container.
+        DockerRuntimeError: the config asks for what the cluster does not allow, no engine, no
+            image, or the engine refused a container.
     """
+    check_host_requests(run.config, policy)
+    user = container_user(identity)
     if client is None:
         client = await asyncio.to_thread(docker_client)
     shared = None
@@ -495,7 +537,7 @@ async def launch(
         gpu_slots=gpu_slots,
         share_from=share_from,
         shared_mounts=shared,
-        user=agent_user(),
+        user=user,
     )
     containers = TrialContainers(client, run.allocation_id, shipper, kill_grace)
     await containers.launch(plans)

@@ -37,6 +37,7 @@ from events.archive import extract_tar
 from events.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient, ApiError
 from services.agent.signals import exit_status, terminate
+from services.confine import Identity
 
 log = structlog.get_logger("agent")
 
@@ -144,6 +145,8 @@ class RunSpec:
     master_addr: str | None = None
     """The chief's address and port once the rendezvous completed (several agents only)."""
     master_port: int | None = None
+    identity: Identity | None = None
+    """The unix identity the owner's code runs as (the spec's ``agent_user_group``)."""
 
     @classmethod
     def from_api(cls, spec: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -151,6 +154,7 @@ class RunSpec:
 
         Raises:
             ValueError: the spec cannot be launched (no entrypoint, malformed fields).
+            ConfinementError: the spec's identity is root.
         """
         slot_ids = [str(s) for s in spec.get("slot_ids") or []]
         placements = spec.get("placements") or {}
@@ -192,7 +196,21 @@ class RunSpec:
             launcher=launcher,
             node_rank=node_rank,
             num_nodes=num_nodes,
+            identity=identity_of(spec.get("agent_user_group")),
         )
+
+
+def identity_of(group: Any) -> Identity | None:
+    """The identity an ``agent_user_group`` names (``None`` when it names none).
+
+    Raises:
+        ConfinementError: it names uid or gid 0.
+    """
+    if not isinstance(group, Mapping) or group.get("agent_uid") is None:
+        return None
+    return Identity(
+        int(group["agent_uid"]), int(group["agent_gid"]), str(group.get("agent_user") or "")
+    )
 
 
 def _free_port() -> int:

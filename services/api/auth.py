@@ -263,6 +263,13 @@ async def create_user(store: EventStore, username: str, password: str, *, admin:
     return row is not None
 
 
+async def user_exists(store: EventStore, username: str) -> bool:
+    """Whether an account named ``username`` exists (active or not)."""
+    with translate_errors():
+        found = await store.pool.fetchval("SELECT 1 FROM api_users WHERE username = $1", username)
+    return found is not None
+
+
 async def list_users(store: EventStore) -> list[dict[str, Any]]:
     """Every user account by name: ``username``, ``admin``, ``active``, ``created_at`` (ISO
     8601)."""

@@ -25,6 +25,7 @@ from services.api.auth import (
     sign_trial_token,
 )
 from services.api.errors import bad_request, parse, read_json
+from services.api.identities import identity_for_run
 from services.api.inbox import claim, in_transaction, record
 from services.api.limits import BATCH_MAX_BODY
 from services.api.routes_agents import check_incarnation
@@ -81,6 +82,10 @@ class SpecResponse(BaseModel):
     config: dict[str, Any]
     user: str
     cluster_id: str
+    agent_user_group: dict[str, Any] | None = None
+    """The unix identity the run's code runs as (``agent_uid``, ``agent_gid``, ``agent_user``,
+    ``agent_group``, ``linked``): the owner's, assigned on first use unless an admin linked
+    the owner to an account."""
 
 
 class StartedBody(BaseModel):
@@ -207,6 +212,9 @@ async def spec(request: web.Request) -> web.Response:
         token=sign_trial_token(state.secret, trial_id, alloc.run_id),
         cluster_id=await load_cluster_id(state.store),
     )
+    if experiment.owner:
+        identity = await identity_for_run(state.store, experiment.owner)
+        body["agent_user_group"] = identity.to_json()
     return web.json_response(body)
 
 

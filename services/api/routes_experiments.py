@@ -29,6 +29,7 @@ from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import ApiError, bad_request, conflict, forbidden, not_found, parse
 from services.api.errors import read_json as read_json_body
+from services.api.host_access import check_host_requests
 from services.api.inbox import in_transaction
 from services.api.limits import (
     DEFAULT_MAX_BODY,
@@ -300,6 +301,7 @@ async def create_experiment(request: web.Request) -> web.Response:
     if body.template is not None:
         raw_config = await with_template(store_of(request), body.template, raw_config)
     config, warnings = await _validate_config(request, raw_config)
+    check_host_requests(request, config)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
     store = store_of(request)
     experiment_id = await store.next_experiment_id()

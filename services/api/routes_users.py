@@ -1,5 +1,6 @@
 """Users: list them and add one (admin), activate and deactivate them (admin), change a
-password (the user themself, or an admin)."""
+password (the user themself, or an admin), link one to a unix account that their code runs as
+(admin; Determined's ``agent_user_group``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
+from events.envelope import new
+from events.identities import ASSIGNED_UIDS, CLUSTER_UID, IDENTITIES_STREAM
+from events.store import Transaction
+from events.types import AgentUserLinked
 from services.api import auth
 from services.api.auth import create_user, list_users, principal_of
 from services.api.errors import bad_request, conflict, forbidden, not_found, parse, read_json
+from services.api.identities import load_identities
+from services.api.inbox import in_transaction
 from services.api.routing import USERS, Access, RouteTable, cluster_of, store_of
 
 log = structlog.get_logger("api")
@@ -187,3 +194,117 @@ for _active in (True, False):
         body=EmptyBody,
         response=ActiveResponse,
     )(_activation(_active))
+
+
+UNIX_NAME = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
+"""What an account or group name of the machines looks like (as ``useradd`` takes it)."""
+
+
+def _unix_id(value: int) -> int:
+    if value == 0:
+        raise ValueError("user code never runs as root: 0 is refused")
+    if value == CLUSTER_UID or value in ASSIGNED_UIDS:
+        raise ValueError(
+            f"{value} is in the range cairn assigns itself "
+            f"({CLUSTER_UID}-{ASSIGNED_UIDS.stop - 1}); link to an account outside it"
+        )
+    return value
+
+
+class AgentUserGroupBody(BaseModel):
+    """The unix account a user's code runs as (``agent_user``/``agent_group``: its names)."""
+
+    model_config = {"extra": "forbid"}
+
+    agent_uid: int = Field(ge=0, le=2**32 - 2)
+    agent_gid: int = Field(ge=0, le=2**32 - 2)
+    agent_user: str = Field("", pattern=UNIX_NAME + "|^$")
+    agent_group: str = Field("", pattern=UNIX_NAME + "|^$")
+
+    _ids = field_validator("agent_uid", "agent_gid")(_unix_id)
+
+
+class AgentUserGroup(BaseModel):
+    """The unix identity a user's code runs as; ``linked`` when an admin chose it (else the
+    cluster assigned it), all null when no code of theirs has run yet."""
+
+    username: str
+    agent_uid: int | None
+    agent_gid: int | None
+    agent_user: str | None
+    agent_group: str | None
+    linked: bool
+
+
+@routes.add(
+    "PUT",
+    "/api/v1/users/{username}/agent-user-group",
+    allow=ADMINS,
+    body=AgentUserGroupBody,
+    response=AgentUserGroup,
+)
+async def put_agent_user_group(request: web.Request) -> web.Response:
+    """Links a user to a unix account that their trials run as from their next run on (admin;
+    uid and gid 0 and cairn's own range are refused)."""
+    principal = principal_of(request)
+    username = request.match_info["username"]
+    body = parse(AgentUserGroupBody, await read_json(request))
+    store = store_of(request)
+    if not await auth.user_exists(store, username):
+        raise not_found(f"no user {username!r}")
+    event = AgentUserLinked(
+        username=username,
+        agent_uid=body.agent_uid,
+        agent_gid=body.agent_gid,
+        agent_user=body.agent_user,
+        agent_group=body.agent_group,
+        actor=principal.name,
+    )
+
+    async def decide(tx: Transaction) -> None:
+        state = await load_identities(tx)
+        await tx.append(IDENTITIES_STREAM, [new(event)], expected_version=state.version)
+
+    await in_transaction(store, decide)
+    log.info(
+        "user linked to a unix account",
+        username=username,
+        agent_uid=body.agent_uid,
+        agent_gid=body.agent_gid,
+        by=principal.name,
+    )
+    return web.json_response(
+        {
+            "username": username,
+            "agent_uid": body.agent_uid,
+            "agent_gid": body.agent_gid,
+            "agent_user": body.agent_user or username,
+            "agent_group": body.agent_group,
+            "linked": True,
+        }
+    )
+
+
+@routes.get("/api/v1/users/{username}/agent-user-group", allow=USERS, response=AgentUserGroup)
+async def get_agent_user_group(request: web.Request) -> web.Response:
+    """The unix identity a user's code runs as (the user themself, or an admin)."""
+    principal = principal_of(request)
+    username = request.match_info["username"]
+    if principal.name != username and not principal.is_admin:
+        raise forbidden("a user may read only their own agent user group (admins: anyone's)")
+    store = store_of(request)
+    if not await auth.user_exists(store, username):
+        raise not_found(f"no user {username!r}")
+    found = (await load_identities(store)).of(username)
+    if found is None:
+        return web.json_response(
+            {
+                "username": username,
+                "agent_uid": None,
+                "agent_gid": None,
+                "agent_user": None,
+                "agent_group": None,
+                "linked": False,
+            }
+        )
+    return web.json_response({"username": username, **found.to_json()})

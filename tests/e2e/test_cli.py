@@ -161,6 +161,29 @@ def test_user_login_whoami_create_logout(cluster: Env) -> None:
     }
 
 
+def test_only_an_admin_links_a_user_to_a_unix_account(cluster: Env) -> None:
+    """``user link-with-agent-user`` (admin) links a user, ``user agent-user-group`` shows it;
+    the user cannot link themself (exit 5) and uid 0 is refused (exit 1, naming the field)."""
+    ok(cluster, "user", "create", "dave", "--password", "pw-dave-1")
+    ok(
+        cluster, "user", "link-with-agent-user", "dave", "--agent-uid", "1234",
+        "--agent-gid", "2345", "--agent-user", "dave", "--agent-group", "ml",
+    )  # fmt: skip
+    shown = as_json(cluster, "user", "agent-user-group", "dave")
+    assert (shown["agent_uid"], shown["agent_gid"], shown["linked"]) == (1234, 2345, True)
+    root = cli(cluster, "user", "link-with-agent-user", "dave", "--agent-uid", "0",
+               "--agent-gid", "1")  # fmt: skip
+    assert root.returncode == 1 and "agent_uid" in root.stderr, root.stderr
+    ok(cluster, "user", "login", "dave", extra={"CAIRN_PASSWORD": "pw-dave-1"})
+    try:
+        mine = cli(cluster, "user", "link-with-agent-user", "dave", "--agent-uid", "1",
+                   "--agent-gid", "1")  # fmt: skip
+        assert mine.returncode == 5, mine.stderr
+        assert "uid 1234" in ok(cluster, "user", "agent-user-group").stdout
+    finally:
+        ok(cluster, "user", "logout")
+
+
 def test_no_token_for_a_remote_master_exits_3(cluster: Env, tmp_path: Path) -> None:
     """A master that is not the local cluster, with no stored token, asks for a login (exit 3)."""
     done = run_cli("-m", cluster.api_url, "experiment", "list", home=tmp_path)

@@ -13,17 +13,19 @@ from services.agent.slots import cpu_slots
 from tests.helpers import wait_until
 from tests.integration.test_agent_process import Cluster, cluster  # noqa: F401 (fixture)
 
-# Node 0's rank writes its pid to $PID_FILE and sleeps ten minutes; node 1's rank waits for that
-# file (both parts run), then fails with exit code 3.
+# Node 0's rank writes its pid to child.pid in the checkpoint directory (the one both parts
+# share) and sleeps ten minutes; node 1's rank waits for that file (both parts run), then fails
+# with exit code 3.
 GANG_SCRIPT = """
 import os, sys, time
 print("rank", os.environ["RANK"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], flush=True)
+pid_file = os.path.join(os.environ["CAIRN_CHECKPOINT_DIR"], "child.pid")
 if os.environ["GROUP_RANK"] == "0":
-    with open(os.environ["PID_FILE"] + ".part", "w") as fh:
+    with open(pid_file + ".part", "w") as fh:
         fh.write(str(os.getpid()))
-    os.replace(os.environ["PID_FILE"] + ".part", os.environ["PID_FILE"])
+    os.replace(pid_file + ".part", pid_file)
     time.sleep(600)
-while not os.path.exists(os.environ["PID_FILE"]):
+while not os.path.exists(pid_file):
     time.sleep(0.05)
 sys.exit(3)
 """
@@ -92,7 +94,7 @@ async def test_one_failing_part_stops_the_whole_gang(cluster: Cluster) -> None: 
     assert sorted(j["agent_id"] for j in joins) == ["h1", "h2"]
     [chief_join] = [j for j in joins if j["agent_id"] == "h1"]
     endpoint = f"{chief_join['address']} {chief_join['port']}"
-    chief_rank = int((cluster.tmp / "child.pid").read_text())
+    chief_rank = int((cluster.tmp / "ckpt" / "child.pid").read_text())
 
     async def both_ranks_logged() -> bool:
         lines = [r["line"] for r in await cluster.logs(alloc)]

@@ -134,7 +134,7 @@ class Cluster:
             "hyperparameters": hparams,
             "searcher": {"name": "single", "metric": "validation_loss"},
             "checkpoint_storage": {"type": "shared_fs", "host_path": str(self.tmp / "ckpt")},
-            "environment": {"environment_variables": [f"PID_FILE={self.tmp / 'child.pid'}"]},
+            "environment": {"environment_variables": ["PID_FILE=child.pid"]},
         }
         body = {"config": config, "code": base64.b64encode(CODE).decode()}
         headers = {"Authorization": f"Bearer {self.admin}"}
@@ -223,6 +223,12 @@ class Cluster:
             allocation_id,
         )
         return [dict(r) for r in rows]
+
+    def pid_file(self, allocation_id: str) -> Path:
+        """Where ``sleeper.py`` of run ``allocation_id`` writes its child's pid (its working
+        directory, the only place its unprivileged identity may write besides checkpoints)."""
+        found = sorted(self.tmp.glob(f"work-*/allocations/{allocation_id}/child.pid"))
+        return found[0] if found else self.tmp / "no-child.pid"
 
     async def start_agent(
         self,
@@ -412,7 +418,7 @@ async def test_preempted_trial_that_ignores_the_signal_is_terminated(cluster: Cl
     await cluster.start_agent("p2", "--preempt-timeout", "0.5")
     trial, alloc = await cluster.allocate("p2", entrypoint="python3 sleeper.py")
     await cluster.command("p2", "start", alloc)
-    await wait_until(lambda: (cluster.tmp / "child.pid").exists(), timeout=20)
+    await wait_until(lambda: cluster.pid_file(alloc).exists(), timeout=20)
     await cluster.store.append(
         names.trial_stream(trial),
         [PreemptionRequested(trial_id=trial, allocation_id=alloc, reason="test", agent_ids=["p2"])],
@@ -427,8 +433,8 @@ async def test_kill_escalates_to_sigkill_for_the_whole_process_group(cluster: Cl
     agent = await cluster.start_agent("k1")
     trial, alloc = await cluster.allocate("k1", entrypoint="python3 sleeper.py --ignore-term")
     await cluster.command("k1", "start", alloc)
-    pid_file = cluster.tmp / "child.pid"
-    await wait_until(pid_file.exists, timeout=20)
+    await wait_until(lambda: cluster.pid_file(alloc).exists(), timeout=20)
+    pid_file = cluster.pid_file(alloc)
     await wait_until(lambda: pid_file.read_text().strip() != "", timeout=5)
     grandchild = int(pid_file.read_text())
     started = time.monotonic()

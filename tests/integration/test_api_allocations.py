@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from events.identities import ASSIGNED_UIDS, IDENTITIES_STREAM
 from events.store import EventStore
 from events.types import (
     AgentLost,
@@ -97,6 +98,36 @@ async def test_spec_folds_trial_experiment_and_checkpoint(api: Api, store: Event
     assert spec["active"] is False
     status, _ = await api.call("GET", "/api/v1/allocations/11.9/spec", token=api.agent)
     assert status == 404
+
+
+async def test_spec_names_the_owners_identity_assigned_once_and_linked_by_an_admin(
+    api: Api, store: EventStore
+) -> None:
+    """Concurrent first specs of two users' runs assign each user one uid of their own (once,
+    whatever the race: every spec of a user names the same uid); an admin's link changes what
+    the user's next spec names, and is a fact in the log."""
+    await submit_experiment(store, 1, owner="alice")
+    await submit_experiment(store, 2, owner="bob")
+    a, b = await allocate(store, 11), await allocate(store, 21)
+    specs = await asyncio.gather(
+        *(
+            api.ok("GET", f"/api/v1/allocations/{alloc}/spec", token=api.agent)
+            for alloc in (a, b, a, b)
+        )
+    )
+    groups = [s["agent_user_group"] for s in specs]
+    assert groups[0] == groups[2] and groups[1] == groups[3]
+    assert {g["agent_uid"] for g in groups} == set(ASSIGNED_UIDS[:2])
+    assert all(g["agent_uid"] == g["agent_gid"] and not g["linked"] for g in groups)
+    assert groups[0]["agent_user"] == "alice"
+    assert await types_of(store, IDENTITIES_STREAM) == ["AgentUserAssigned"] * 2
+    admin = await api.login()
+    await api.ok("POST", "/api/v1/users", admin, {"username": "alice", "password": "pw-alice"})
+    body = {"agent_uid": 1500, "agent_gid": 1600, "agent_user": "al", "agent_group": "ml"}
+    await api.ok("PUT", "/api/v1/users/alice/agent-user-group", admin, body)
+    spec = await api.ok("GET", f"/api/v1/allocations/{a}/spec", token=api.agent)
+    assert spec["agent_user_group"] == {**body, "linked": True}
+    assert (await types_of(store, IDENTITIES_STREAM))[-1] == "AgentUserLinked"
 
 
 async def test_started_and_exited_are_idempotent(api: Api, store: EventStore) -> None:

@@ -118,6 +118,15 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
             200,
             "admin",
         ),
+        (
+            "PUT",
+            "/api/v1/users/{username}/agent-user-group",
+            "/api/v1/users/carol/agent-user-group",
+            admin,
+            {"agent_uid": 1001, "agent_gid": 1001},
+            200,
+            "admin",
+        ),
         # A login changes nothing but a session token (route audit=False): its refusal is what
         # the trail keeps.
         (

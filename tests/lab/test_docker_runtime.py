@@ -1,9 +1,13 @@
-"""The Docker runtime against a real engine: output, exit codes, signals, mounts, cleanup."""
+"""The Docker runtime against a real engine: output, exit codes, signals, mounts, cleanup, and
+the confinement of the trial's containers (identity, privileges, host paths)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,16 +15,20 @@ from typing import Any
 
 import pytest
 
+from events.config.cluster import TaskPolicy
 from services.agent.docker_runtime import (
     LABEL_AGENT,
     LABEL_ALLOCATION,
+    DockerRuntimeError,
     TrialContainers,
-    agent_user,
+    container_user,
+    launch,
     plan_containers,
     remove_own_containers,
 )
 from services.agent.runtime import LogShipper, RunSpec, trial_environment
 from services.agent.signals import preempt, terminate
+from services.confine import SHARED_DIR_MODE, Identity
 from tests.helpers import wait_until
 
 SCRIPT = """
@@ -39,6 +47,17 @@ if mode == "term":
     signal.signal(signal.SIGTERM, on_term)
 if mode == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "status":
+    wanted = ("Uid", "Gid", "Groups", "NoNewPrivs", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+    status = {}
+    for line in open("/proc/self/status").read().splitlines():
+        key, _, value = line.partition(":")
+        if key in wanted:
+            status[key] = value.strip()
+    status["home"] = os.environ.get("HOME")
+    status["docker_sock"] = os.path.exists("/var/run/docker.sock")
+    print("STATUS " + __import__("json").dumps(status), flush=True)
+    sys.exit(0)
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -54,20 +73,29 @@ def agent_id() -> Iterator[str]:
     remove_own_containers(docker_client(), name)
 
 
-def _run(tmp_path: Path, mode: str) -> tuple[RunSpec, Path]:
+IDENTITY = Identity(2_000_000_301, 2_000_000_301, "lab")
+
+
+def _run(tmp_path: Path, mode: str, config: dict[str, Any] | None = None) -> tuple[RunSpec, Path]:
+    """A run of the script in ``mode``, its work and checkpoint directories prepared as the
+    agent prepares them for :data:`IDENTITY`."""
+    tmp_path.chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
     (work / "script.py").write_text(SCRIPT)
+    for path in (work, work / "script.py"):
+        os.chown(path, IDENTITY.uid, IDENTITY.gid)
     raw = {
         "allocation_id": f"5.1.{uuid.uuid4().hex[:6]}",
         "trial_id": 5,
         "entrypoint": ["python3", "script.py", mode],
         "token": "t",
         "slot_ids": ["s0"],
-        "config": {},
+        "config": config or {},
     }
     run = RunSpec.from_api(raw, "a", tmp_path / "checkpoints")
     run.checkpoint_dir.mkdir(parents=True)
+    run.checkpoint_dir.chmod(SHARED_DIR_MODE)
     return run, work
 
 
@@ -77,7 +105,7 @@ async def _start(
     run, work = _run(tmp_path, mode)
     envs = trial_environment(run, agent_id=agent_id, api_url="http://x", gpu_slots={}, base={})
     plans = plan_containers(
-        run, image, envs, agent_id=agent_id, work=work, gpu_slots={}, user=agent_user()
+        run, image, envs, agent_id=agent_id, work=work, gpu_slots={}, user=container_user(IDENTITY)
     )
     shipper = LogShipper(client=None, allocation_id=run.allocation_id, key_prefix="k")  # type: ignore[arg-type]
     containers = TrialContainers(client, run.allocation_id, shipper, kill_grace=2.0)
@@ -154,3 +182,60 @@ async def test_restart_removes_only_its_own_containers(
         for container in made:
             with contextlib.suppress(Exception):
                 container.remove(force=True)
+
+
+async def test_container_runs_unprivileged_without_capabilities_or_new_privileges(
+    docker_engine: Any, base_image: str, agent_id: str, tmp_path: Path
+) -> None:
+    """The trial's process in its container runs as the run's non-root uid and gid, with
+    NoNewPrivs set, every capability set empty, its work directory as HOME and no Docker
+    socket."""
+    containers, shipper, _ = await _start(docker_engine, base_image, agent_id, tmp_path, "status")
+    assert await containers.wait() == 0
+    [line] = [text for _, text in _lines(shipper) if text.startswith("STATUS ")]
+    status = json.loads(line.removeprefix("STATUS "))
+    assert {int(u) for u in status["Uid"].split()} == {IDENTITY.uid}
+    assert {int(g) for g in status["Gid"].split()} == {IDENTITY.gid}
+    assert status["NoNewPrivs"] == "1"
+    for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert status[name] == "0000000000000000", (name, status)
+    assert status["home"] == str(tmp_path / "work")
+    assert status["docker_sock"] is False
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"bind_mounts": [{"host_path": "/", "container_path": "/host"}]}, "bind_mounts[0]"),
+        (
+            {"bind_mounts": [{"host_path": "/var/run/docker.sock", "container_path": "/s"}]},
+            "bind_mounts[0]",
+        ),
+        (
+            {"resources": {"devices": [{"host_path": "/dev/kmsg", "container_path": "/dev/k"}]}},
+            "resources.devices[0]",
+        ),
+        ({"environment": {"add_capabilities": ["SYS_ADMIN"]}}, "environment.add_capabilities[0]"),
+    ],
+)
+async def test_the_agent_refuses_host_paths_devices_and_capabilities_not_allowed(
+    docker_engine: Any,
+    base_image: str,
+    agent_id: str,
+    tmp_path: Path,
+    config: dict[str, Any],
+    field: str,
+) -> None:
+    """A run whose config mounts a host path, a device or a capability the cluster does not
+    allow (however it reached the agent) is refused before any container exists."""
+    run, work = _run(tmp_path, "exit", config)
+    envs = trial_environment(run, agent_id=agent_id, api_url="http://x", gpu_slots={}, base={})
+    shipper = LogShipper(client=None, allocation_id=run.allocation_id, key_prefix="k")  # type: ignore[arg-type]
+    with pytest.raises(DockerRuntimeError, match=re.escape(field)):
+        await launch(
+            docker_engine, run, base_image, envs, shipper, agent_id=agent_id, work=work,
+            gpu_slots={}, kill_grace=1.0, share_from=None, identity=IDENTITY,
+            policy=TaskPolicy(),
+        )  # fmt: skip
+    labelled = {"label": f"{LABEL_AGENT}={agent_id}"}
+    assert docker_engine.containers.list(all=True, filters=labelled) == []

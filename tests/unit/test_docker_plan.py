@@ -127,7 +127,8 @@ def test_plan_in_an_agent_container_shares_its_volumes_and_network() -> None:
 
 def test_plan_per_rank_gpus_and_devices() -> None:
     """Two local ranks give two containers (distinct names, ranks); GPUs become device requests;
-    devices, shared memory and capabilities pass through."""
+    devices, shared memory and added capabilities pass through, every other capability is
+    dropped and no process gains privileges."""
     config = {
         "resources": {
             "devices": [{"host_path": "/dev/fuse", "container_path": "/dev/fuse"}],
@@ -147,7 +148,8 @@ def test_plan_per_rank_gpus_and_devices() -> None:
     assert request["DeviceIDs"] == ["0", "1"]
     assert kwargs["devices"] == ["/dev/fuse:/dev/fuse:mrw"]
     assert kwargs["shm_size"] == str(1 << 30)
-    assert (kwargs["cap_add"], kwargs["cap_drop"]) == (["SYS_ADMIN"], ["NET_RAW"])
+    assert (kwargs["cap_add"], kwargs["cap_drop"]) == (["SYS_ADMIN"], ["ALL"])
+    assert kwargs["security_opt"] == ["no-new-privileges"]
 
 
 def test_lines_split_across_chunks() -> None:
