@@ -125,7 +125,7 @@ class _Cluster(ProcessCluster):
         for _ in range(200):
             try:
                 data = await self.request(
-                    "POST", "/auth/login", {"username": "admin", "password": "admin"}
+                    "POST", "/auth/login", {"username": "admin", "password": self.admin_password}
                 )
                 self.token = data["token"]
                 return

@@ -62,6 +62,8 @@ hyperparameters:
   width: {type: int, minval: 16, maxval: 256}
 """
 OPENS = 3
+ADMIN_PASSWORD = "bench-admin-password"
+"""The initial admin's password of the benchmark's own gateway."""
 LIVE = 16
 """Trials still running when the page opens (a search runs a few at a time)."""
 
@@ -209,7 +211,13 @@ async def run(ctx: BenchContext) -> Report:
     progress(f"webui: loading {trials} trials x {points} points ({live} live)")
     await _load(dsn, trials, points, live)
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CAIRN_DB": dsn, "CAIRN_NATS": ""}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CAIRN_DB": dsn,
+        "CAIRN_NATS": "",
+        "CAIRN_ADMIN_PASSWORD": ADMIN_PASSWORD,
+    }
     log = open(ctx.tmp / "webui-api.log", "wb")  # noqa: SIM115 - closed in finally
     api = await asyncio.to_thread(
         subprocess.Popen,
@@ -267,7 +275,8 @@ async def _login(url: str) -> str:
         while True:
             try:
                 async with http.post(
-                    f"{url}/api/v1/auth/login", json={"username": "admin", "password": "admin"}
+                    f"{url}/api/v1/auth/login",
+                    json={"username": "admin", "password": ADMIN_PASSWORD},
                 ) as resp:
                     if resp.status == 200:
                         return str((await resp.json())["token"])

@@ -9,8 +9,8 @@ without a scheme gets ``http://`` and, without a port, Determined's 8080.
 with ``$CAIRN_PASSWORD``/``$DET_PASS``, or one asked on the terminal, unless the token stored for
 the master is already that user's. Otherwise the stored token is used; when the master refuses it
 (or none is stored) the client logs in by itself with ``$CAIRN_USER``/``$CAIRN_PASSWORD``, else
-Determined's ``$DET_USER``/``$DET_PASS``, else as the embedded cluster's admin when the master is
-the local cluster. Where a ``CAIRN_*`` variable and its Determined twin are both set, the
+Determined's ``$DET_USER``/``$DET_PASS``, else as the embedded cluster's admin (with the password
+``cairn up`` keeps in ``admin.password``) when the master is the local cluster. Where a ``CAIRN_*`` variable and its Determined twin are both set, the
 ``CAIRN_*`` one wins.
 
 **Tokens** are stored per master in ``$CAIRN_HOME/auth.json`` (or ``~/.cairn/auth.json``), a
@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from cairn.client import ApiError, Client
 from cairn.errors import AuthRequiredError, UsageError
 from cairn.local.cluster import default_data_dir
+from cairn.local.service_credentials import admin_password
 from cairn.local.state import read_state
 
 AUTH_FILE = "auth.json"
@@ -156,7 +157,9 @@ def _auto_credentials(master: str) -> tuple[str, str] | None:
     if found is not None:
         return found
     if master == local_master():
-        return "admin", os.environ.get("CAIRN_ADMIN_PASSWORD", "admin")
+        # the cluster's own record of it first: it is what the cluster was started with
+        password = admin_password(default_data_dir()) or os.environ.get("CAIRN_ADMIN_PASSWORD")
+        return ("admin", password) if password else None
     return None
 
 

@@ -100,3 +100,25 @@ class EventTooLargeError(EventsError):
         self.limit = limit
         self.part = part
         self.part_size = part_size
+
+
+class MigrationsPendingError(EventsError):
+    """The database lacks migrations that this session's role may not apply.
+
+    A service's own role cannot change the schema; the migrations are applied by the cluster's
+    superuser (``python -m services.migrate``, which ``cairn up`` runs at every start).
+
+    Attributes:
+        namespace: the migrations' namespace (``core``, ``api``, ...).
+        missing: the ids of the pending migrations, in order.
+    """
+
+    def __init__(self, namespace: str, missing: list[str]) -> None:
+        names = ", ".join(f"{namespace}/{m}" for m in missing)
+        super().__init__(
+            f"the database lacks migrations {names}, and this role may not apply them: run "
+            "`python -m services.migrate --db-file FILE` with the superuser's DSN in FILE "
+            "(`cairn up` does so at every start)"
+        )
+        self.namespace = namespace
+        self.missing = missing

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from events.db import Connection
+from events.errors import MigrationsPendingError
 
 _LOCK_KEY = 0x6361_6972  # "cair": serializes concurrent migrators
 
@@ -27,6 +28,18 @@ one interface the services share; appends go through :mod:`events.store`)."""
 
 SHARED_READ: frozenset[str] = frozenset({"events"})
 """The owned relations other packages may name in a read (never a write)."""
+
+LOG_WRITER = "cairn_log_writer"
+"""The role that owns the append functions (migration ``0007_append_owner``): no one logs in
+as it, and it is the only role besides the database's superuser that may write ``events``.
+Roles are shared by every database of a server, so one role serves them all."""
+
+_APPEND_SIGNATURE = (
+    "cairn_append(text, uuid[], text[], int[], text[], text[], bigint, text, bigint, text)"
+)
+APPEND_FUNCTIONS: tuple[str, ...] = (_APPEND_SIGNATURE, "cairn_lock_appends()")
+"""The functions through which the log is appended to (with their argument types, as ``GRANT
+EXECUTE`` names them): the only write access to ``events`` a service's role is given."""
 
 CORE: Sequence[tuple[str, str]] = (
     (
@@ -156,11 +169,80 @@ CORE: Sequence[tuple[str, str]] = (
         $$;
         """,
     ),
+    (
+        "0007_append_owner",
+        # Appends run with the rights of LOG_WRITER, a role nobody logs in as: a service's own
+        # role may execute the two functions below but holds no INSERT, UPDATE or DELETE on
+        # events, so the only writes to the log are the ones cairn_append makes. LOCK ... IN
+        # EXCLUSIVE MODE requires UPDATE, DELETE or TRUNCATE on the table: UPDATE is granted
+        # for that alone. search_path is pinned so that a caller's objects are never resolved
+        # inside the functions. EXECUTE is revoked from PUBLIC; services.roles grants it.
+        f"""
+        DO $$
+        BEGIN
+            CREATE ROLE {LOG_WRITER} NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            NULL;  -- another database of this server (or a concurrent migrator) made it
+        END
+        $$;
+        GRANT SELECT, INSERT, UPDATE ON events TO {LOG_WRITER};
+        CREATE FUNCTION cairn_lock_appends() RETURNS void LANGUAGE plpgsql AS $$
+        BEGIN
+            PERFORM set_config('lock_timeout', '10s', true);
+            LOCK TABLE events IN EXCLUSIVE MODE;
+        END
+        $$;
+        ALTER FUNCTION {_APPEND_SIGNATURE} OWNER TO {LOG_WRITER};
+        ALTER FUNCTION {_APPEND_SIGNATURE} SECURITY DEFINER SET search_path = public, pg_temp;
+        ALTER FUNCTION cairn_lock_appends() OWNER TO {LOG_WRITER};
+        ALTER FUNCTION cairn_lock_appends() SECURITY DEFINER SET search_path = public, pg_temp;
+        REVOKE ALL ON FUNCTION {_APPEND_SIGNATURE} FROM PUBLIC;
+        REVOKE ALL ON FUNCTION cairn_lock_appends() FROM PUBLIC;
+        """,
+    ),
+    (
+        "0008_checkpoint_rows",
+        # A consumer's checkpoint row is written by its own service only: with row security on,
+        # a role other than the superuser may read every row but write only the rows a policy
+        # of its own allows (services.roles makes one per service's role). The superuser, who
+        # owns the table, is not subject to it.
+        """
+        ALTER TABLE checkpoints ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY checkpoints_read ON checkpoints FOR SELECT USING (true);
+        """,
+    ),
 )
 
 
+async def pending(
+    conn: Connection, namespace: str, migrations: Sequence[tuple[str, str]]
+) -> list[str]:
+    """The ids of ``namespace``'s migrations not applied yet, in order (read only)."""
+    if not await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+        return [mig_id for mig_id, _ in migrations]
+    done = {
+        r["id"]
+        for r in await conn.fetch(
+            "SELECT id FROM schema_migrations WHERE namespace = $1", namespace
+        )
+    }
+    return [mig_id for mig_id, _ in migrations if mig_id not in done]
+
+
 async def apply(conn: Connection, namespace: str, migrations: Sequence[tuple[str, str]]) -> int:
-    """Applies the not-yet-applied migrations of ``namespace`` in order; returns how many ran."""
+    """Applies the not-yet-applied migrations of ``namespace`` in order; returns how many ran.
+
+    When none is pending this only reads, so a service's role (which may not change the
+    schema) passes; otherwise it needs a role that may create in the schema.
+
+    Raises:
+        MigrationsPendingError: some are pending and this session may not apply them.
+    """
+    missing = await pending(conn, namespace, migrations)
+    if not missing:
+        return 0
+    if not await conn.fetchval("SELECT has_schema_privilege(current_schema(), 'CREATE')"):
+        raise MigrationsPendingError(namespace, missing)
     ran = 0
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)

@@ -4,6 +4,10 @@ Invariant: every append takes ``LOCK TABLE events IN EXCLUSIVE MODE`` before ins
 positions are assigned and committed in the same order. A reader that has seen position p has
 therefore seen every committed event below p; gaps (from rolled-back appends) are never filled
 later and are safe to skip. The lock does not block readers.
+
+Appends and the lock go through two functions, ``cairn_append`` and ``cairn_lock_appends``,
+that run as :data:`events.migrations.LOG_WRITER`: a service's role may execute them and read
+``events``, and holds no other right on it (see :mod:`services.roles`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from events.limits import MAX_EVENT_BYTES, encoded, largest_part
 from events.registry import encode, to_current
 
 NOTIFY_CHANNEL = "cairn_events"
-_LOCK_APPENDS = "SET LOCAL lock_timeout = '10s'; LOCK TABLE events IN EXCLUSIVE MODE"
+# Taken by a function (migration 0007_append_owner) that runs as the log's writer role: a
+# service's own role may not lock the table itself.
+_LOCK_APPENDS = "SELECT cairn_lock_appends()"
 # One statement appends (migration 0006_append_function): it takes the append lock, checks the
 # fence and the expected version, inserts and queues the wake-up.
 _APPEND = "SELECT * FROM cairn_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"

@@ -1,12 +1,16 @@
 """What every service process shares: flags, logging, connections, readiness, clean shutdown.
 
-A service is ``python -m services.<name> --db DSN --nats URL`` (or env ``CAIRN_DB`` /
-``CAIRN_NATS``); the NATS URL names the service's credentials file, never a secret
+A service is ``python -m services.<name>`` with its DSN and NATS URL read from files
+(``--db-file`` / ``--nats-file``, or ``CAIRN_DB_FILE`` / ``CAIRN_NATS_FILE``), as ``cairn up``
+starts it; ``--db DSN --nats URL`` (or env ``CAIRN_DB`` / ``CAIRN_NATS``) still work for a service
+started by hand, though a command line and an environment are readable by others (see
+:mod:`services.credentials`). The NATS URL names the service's NATS credentials file
 (``nats://host:4222?creds=/path/relay.creds``, see :mod:`events.bus_auth`), and
 ``--cluster-config PATH`` (``CAIRN_CLUSTER_CONFIG``) the cluster config
-(:mod:`events.config.cluster`), read once here and handed to the service. When the launcher sets
-``CAIRN_READY_FILE``, the service writes that file once it is connected and serving, which is
-how ``cairn up`` knows it is healthy.
+(:mod:`events.config.cluster`), read once here and handed to the service. Before it reads its
+credentials, the process makes itself undumpable. When the launcher sets ``CAIRN_READY_FILE``,
+the service writes that file once it is connected and serving, which is how ``cairn up`` knows
+it is healthy.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from events.config.cluster import ClusterConfig, ClusterConfigError, load_cluste
 from events.errors import EventsError, FencedError
 from events.lease import LeaderLease, lease_timeout
 from events.store import EventStore
+from services import credentials
 
 
 @dataclass
@@ -68,11 +73,17 @@ ServiceRun = Callable[[ServiceContext], Awaitable[None]]
 def base_parser(name: str) -> argparse.ArgumentParser:
     """The flags every service takes."""
     parser = argparse.ArgumentParser(prog=f"python -m services.{name}")
-    parser.add_argument("--db", default=os.environ.get("CAIRN_DB"), help="PostgreSQL DSN")
+    parser.add_argument(
+        "--db-file", default=None, help="file holding the PostgreSQL DSN (CAIRN_DB_FILE)"
+    )
+    parser.add_argument(
+        "--nats-file", default=None, help="file holding the NATS URL (CAIRN_NATS_FILE)"
+    )
+    parser.add_argument("--db", default=None, help="PostgreSQL DSN (CAIRN_DB; visible to others)")
     parser.add_argument(
         "--nats",
-        default=os.environ.get("CAIRN_NATS"),
-        help="NATS URL; ?creds=PATH names the service's NATS credentials file",
+        default=None,
+        help="NATS URL (CAIRN_NATS); ?creds=PATH names the service's NATS credentials file",
     )
     parser.add_argument("--log-level", default=os.environ.get("CAIRN_LOG_LEVEL", "INFO"))
     add_cluster_config_flag(parser)
@@ -102,24 +113,32 @@ def main(
     run: ServiceRun,
     *,
     parser: argparse.ArgumentParser | None = None,
-    needs_bus: bool = True,
+    needs_bus: bool | None = True,
     decider: bool = False,
 ) -> None:
     """Parses flags, connects, runs ``run`` until SIGTERM/SIGINT, and exits non-zero on failure.
 
-    ``decider``: the service leads by lease (its paused transactions end sooner; see
-    :func:`session_settings`).
+    ``needs_bus``: connect to NATS (``None``: only when a NATS URL was given). ``decider``: the
+    service leads by lease (its paused transactions end sooner; see :func:`session_settings`).
     """
+    credentials.make_undumpable()
     args = (parser or base_parser(name)).parse_args()
     cairn_logging.configure(name, level=args.log_level)
     origin.set_service(name)
     log = structlog.get_logger(name)
+    try:
+        args.db = args.db or credentials.secret("CAIRN_DB", args.db_file)
+        args.nats = args.nats or credentials.secret("CAIRN_NATS", args.nats_file)
+    except credentials.CredentialsError as exc:
+        log.error("cannot read a credential", error=str(exc))
+        sys.exit(2)
     if not args.db:
-        log.error("no database: pass --db or set CAIRN_DB")
+        log.error("no database: pass --db-file or set CAIRN_DB_FILE (or CAIRN_DB)")
         sys.exit(2)
     cluster = cluster_config_of(args, log)
     try:
-        asyncio.run(_serve(name, args, run, needs_bus, decider, cluster))
+        bus = bool(args.nats) if needs_bus is None else needs_bus
+        asyncio.run(_serve(name, args, run, bus, decider, cluster))
     except EventsError as exc:
         log.error("service failed", error=str(exc))
         sys.exit(1)

@@ -24,6 +24,10 @@ from events.store import EventStore, Transaction
 
 ROOT = Path(__file__).resolve().parent.parent
 
+ADMIN_PASSWORD = "test-admin-password"
+"""The initial admin's password in the clusters tests start themselves (``cairn up`` generates
+one instead)."""
+
 
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie left to a non-reaping init counts as gone)."""

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cairn.local import cluster
+from cairn.local import cluster, service_credentials
 from cairn.local.state import (
     FAILED,
     HEALTHY,
@@ -138,9 +138,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         state = cluster.running_state(data_dir)
     if state is not None:
         return _already_running(args, data_dir, state)
+    password, generated = service_credentials.ensure_admin_password(
+        data_dir, os.environ.get("CAIRN_ADMIN_PASSWORD")
+    )
+    shown = password if generated else None
     if args.foreground:
-        return _up_foreground(args, options)
-    return _up_background(args, options)
+        return _up_foreground(args, options, shown)
+    return _up_background(args, options, shown)
+
+
+def _show_admin_password(args: argparse.Namespace, data_dir: Path, password: str | None) -> None:
+    """Shows a password generated at this first start, once (it is kept in the data dir)."""
+    if password is not None:
+        where = data_dir / service_credentials.ADMIN_PASSWORD_FILE
+        _say(args, f"admin password (shown once; kept in {where}, mode 0600): {password}")
 
 
 def _already_running(args: argparse.Namespace, data_dir: Path, state: ClusterState) -> int:
@@ -158,7 +169,9 @@ def _already_running(args: argparse.Namespace, data_dir: Path, state: ClusterSta
     return EXIT_DOWN
 
 
-def _up_background(args: argparse.Namespace, options: cluster.ClusterOptions) -> int:
+def _up_background(
+    args: argparse.Namespace, options: cluster.ClusterOptions, password: str | None
+) -> int:
     data_dir = options.data_dir
     proc = cluster.spawn_supervisor(options)
     _say(args, f"starting the cluster on {data_dir} (supervisor pid {proc.pid}) ...")
@@ -178,6 +191,7 @@ def _up_background(args: argparse.Namespace, options: cluster.ClusterOptions) ->
             remember_cluster(data_dir)
         report = cluster.describe(data_dir)
         _print_report(args, report)
+        _show_admin_password(args, data_dir, password)
         _say(args, "cluster healthy")
         return EXIT_OK
     if state is not None and state.error:
@@ -204,11 +218,14 @@ def _stop_supervisor(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
-def _up_foreground(args: argparse.Namespace, options: cluster.ClusterOptions) -> int:
+def _up_foreground(
+    args: argparse.Namespace, options: cluster.ClusterOptions, password: str | None
+) -> int:
     data_dir = options.data_dir
 
     def on_healthy(sup: cluster.Supervisor) -> None:
         _print_report(args, cluster.describe(data_dir))
+        _show_admin_password(args, data_dir, password)
         _say(args, "cluster healthy; press Ctrl-C to stop")
 
     _say(args, f"starting the cluster on {data_dir} in the foreground ...")

@@ -12,7 +12,7 @@ from typing import Any
 
 from cairn.client import Client
 from cairn.errors import CairnError
-from cairn.local import cluster
+from cairn.local import cluster, service_credentials
 from cairn.local.state import read_state
 from events import lifecycle
 
@@ -56,16 +56,20 @@ def run(args: argparse.Namespace) -> int:
     if state is None or not state.api_url:
         raise CairnError("the cluster did not record its API address")
     client = Client(state.api_url)
-    password = os.environ.get("CAIRN_ADMIN_PASSWORD", "admin")
+    password = service_credentials.admin_password(data_dir) or os.environ.get(
+        "CAIRN_ADMIN_PASSWORD"
+    )
+    if password is None:
+        raise CairnError(f"no admin password in {data_dir}; run `cairn up` there first")
     client.login("admin", password)
     print(f"==> submitting {args.config} (code: {args.code})")
     exp_id = client.create_experiment(args.config.read_text(), args.code)
     print(f"==> experiment {exp_id} submitted; following it")
-    print(_web_ui(state.api_url, exp_id, password))
+    print(_web_ui(state.api_url, exp_id, data_dir))
     summary = _follow(client, exp_id, args.timeout)
     ok = _report(client, summary)
     print()
-    print(_web_ui(state.api_url, exp_id, password))
+    print(_web_ui(state.api_url, exp_id, data_dir))
     print(f"API:        {state.api_url}/api/v1/openapi.json (log in: POST /api/v1/auth/login)")
     print(f"Events:     {state.api_url}/api/v1/events/stream?experiment_id={exp_id} (SSE)")
     cli = cairn_command()
@@ -98,11 +102,11 @@ def cairn_command() -> str:
     return str(script) if script.exists() else f"{sys.executable} -m cairn"
 
 
-def _web_ui(api_url: str, exp_id: int, password: str) -> str:
+def _web_ui(api_url: str, exp_id: int, data_dir: Path) -> str:
     """The lines telling where the web UI is and how to log in."""
-    shown = "admin" if password == "admin" else "$CAIRN_ADMIN_PASSWORD"
+    where = data_dir / service_credentials.ADMIN_PASSWORD_FILE
     return (
-        f"Web UI:     {api_url}/#/experiments/{exp_id}  (log in as admin / {shown})\n"
+        f"Web UI:     {api_url}/#/experiments/{exp_id}  (log in as admin, password in {where})\n"
         f"            compare the best trials from the Trials tab; the cluster at {api_url}/#/cluster"
     )
 

@@ -1,8 +1,12 @@
 """The embedded cluster: launcher and supervisor behind ``cairn up`` / ``status`` / ``down``.
 
 One supervisor process owns everything on a data directory: a real PostgreSQL (``DIR/pg``), a
-nats-server with JetStream (``DIR/nats``) and one process per service
-(``python -m services.<name> --db DSN --nats URL``). It records pids, ports and per-process state
+nats-server with JetStream (``DIR/nats``) and one process per service (``python -m
+services.<name>``). Only the supervisor holds the PostgreSQL superuser's credential: before the
+services start it applies every migration and makes each service's role with only its rights
+(``python -m services.migrate``), and each service gets its own credentials in files of its own
+(see :mod:`cairn.local.service_credentials`), never in its environment. The supervisor and every
+service make themselves undumpable. It records pids, ports and per-process state
 in ``DIR/cluster.json`` (see :mod:`cairn.local.state`), restarts what dies with backoff (at most
 :data:`MAX_RESTARTS` in :data:`RESTART_WINDOW` seconds, then the process is marked ``failed``) and
 stops everything in order on SIGTERM/SIGINT: services, then nats-server, then PostgreSQL.
@@ -35,6 +39,7 @@ from typing import Any, TextIO
 import structlog
 
 from cairn.errors import CairnError
+from cairn.local import service_credentials
 from cairn.local.private_files import read_or_create_secret
 from cairn.local.servers import (
     ServerProcess,
@@ -67,6 +72,7 @@ from cairn.local.state import (
 from events.bus_auth import USER_ROLES
 from events.config.cluster import CLUSTER_CONFIG_FILE, ClusterConfigError, load_cluster_config
 from events.redact import redact_url
+from services import credentials
 
 SERVICES: tuple[str, ...] = ("relay", "api", "searcher", "scheduler", "tracker", "agent")
 """Services started by ``cairn up``, in start order (each is ``python -m services.<name>``)."""
@@ -407,11 +413,18 @@ class Supervisor:
         pg = self.children["postgres"].server
         assert pg is not None
         try:
-            asyncio.run(
-                asyncio.wait_for(_ensure_database(pg.url, self.state.dsn), self._remaining())
-            )
+            asyncio.run(asyncio.wait_for(_ensure_database(pg.url), self._remaining()))
         except Exception as exc:  # asyncpg, events and timeout errors alike
             raise ClusterStartError(f"could not prepare database {DATABASE!r}: {exc}") from exc
+        try:
+            service_credentials.grant_roles(
+                self.state.dsn,
+                service_credentials.secrets_dir(self.data_dir),
+                env=child_env(),
+                timeout=self._remaining(),
+            )
+        except service_credentials.CredentialsHandoverError as exc:
+            raise ClusterStartError(str(exc)) from exc
 
     def _start_services(self) -> None:
         port = self.options.api_port
@@ -419,6 +432,9 @@ class Supervisor:
             port = free_port()
         self.state.ports["api"] = port
         self.state.api_url = f"http://127.0.0.1:{port}"
+        service_credentials.ensure_admin_password(
+            self.data_dir, os.environ.get("CAIRN_ADMIN_PASSWORD")
+        )
         for service in service_names(self.options.agents):
             for name in replica_names(service, self.options.replicas):
                 log_path = logs_dir(self.data_dir) / f"{name}.log"
@@ -430,9 +446,8 @@ class Supervisor:
     def service_command(self, name: str) -> list[str]:
         """The command line of service ``name``.
 
-                The DSN and NATS URL carry passwords, and any local user can read a command line, so
-                they travel in the environment (``CAIRN_DB``, ``CAIRN_NATS``); the NATS URL and the join token
-        only as paths of 0600 files.
+        It holds no secret: any local user can read a command line. The service finds its
+        credentials in the files :meth:`_spawn` names in its environment.
         """
         agent = service_of(name) == "agent"
         cmd = [sys.executable, "-m", f"services.{service_of(name)}"]
@@ -453,17 +468,26 @@ class Supervisor:
         assert child.ready_file is not None
         with contextlib.suppress(FileNotFoundError):
             child.ready_file.unlink()
+        bus = service_nats_env(name, self.state.nats_url, self.data_dir)
+        files = service_credentials.service_files(
+            service_credentials.secrets_dir(self.data_dir),
+            service_of(name),
+            nats_url=bus.pop("CAIRN_NATS"),
+            admin_password=self.data_dir / service_credentials.ADMIN_PASSWORD_FILE,
+        )
         config_file = cluster_config_path(self.data_dir)
-        env = child_env(
-            {
-                "CAIRN_DB": self.state.dsn,
-                "CAIRN_READY_FILE": str(child.ready_file),
-                "CAIRN_API_URL": self.state.api_url,
-                "CAIRN_HOME": str(self.data_dir),
-                "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
-                "CAIRN_CLUSTER_CONFIG": str(config_file) if config_file.exists() else "",
-                **service_nats_env(name, self.state.nats_url, self.data_dir),
-            }
+        env = service_credentials.service_env(
+            child_env(
+                {
+                    "CAIRN_READY_FILE": str(child.ready_file),
+                    "CAIRN_API_URL": self.state.api_url,
+                    "CAIRN_HOME": str(self.data_dir),
+                    "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
+                    "CAIRN_CLUSTER_CONFIG": str(config_file) if config_file.exists() else "",
+                    **bus,
+                }
+            ),
+            files,
         )
         with open(child.record.log, "ab") as out:
             child.proc = subprocess.Popen(
@@ -697,11 +721,9 @@ def reap_leftovers(state: ClusterState, timeout: float = STOP_TIMEOUT) -> list[s
     return [p.name for p in alive]
 
 
-async def _ensure_database(admin_url: str, dsn: str) -> None:
-    """Creates the ``cairn`` database if missing and applies the core migrations."""
+async def _ensure_database(admin_url: str) -> None:
+    """Creates the ``cairn`` database if missing (``services.migrate`` fills it)."""
     import asyncpg
-
-    from events.store import EventStore
 
     conn = await asyncpg.connect(admin_url)
     try:
@@ -710,8 +732,6 @@ async def _ensure_database(admin_url: str, dsn: str) -> None:
             await conn.execute(f'CREATE DATABASE "{DATABASE}"')
     finally:
         await conn.close()
-    store = await EventStore.connect(dsn)
-    await store.close()
 
 
 def _port_free(port: int) -> bool:
@@ -801,6 +821,7 @@ def supervise(
     Raises:
         ClusterStartError: another supervisor runs on the data directory.
     """
+    credentials.make_undumpable()
     with supervisor_lock(options.data_dir):
         logs_dir(options.data_dir).mkdir(parents=True, exist_ok=True)
         with open(supervisor_log(options.data_dir), "a", buffering=1) as stream:

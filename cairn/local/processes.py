@@ -7,50 +7,96 @@ up`` has its own supervisor with restarts.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cairn.local.cluster import join_token_file, service_nats_env, terminate
+from cairn.local import service_credentials
+from cairn.local.cluster import join_token_file, service_nats_env, service_of, terminate
+from cairn.local.private_files import write_private
 from cairn.local.servers import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
+PREPARE_TIMEOUT = 120.0
+"""Seconds the migrations and roles may take before the first service starts."""
 
 
 @dataclass
 class ProcessCluster:
-    """Relay, searcher, scheduler, API and agents as processes; logs in ``workdir/<name>.log``."""
+    """Relay, searcher, scheduler, API and agents as processes; logs in ``workdir/<name>.log``.
+
+    As under ``cairn up``, ``db_url`` (a superuser's) is used only to migrate and to make the
+    services' roles before the first service starts; each service connects as its own role and
+    finds its credentials in files under ``workdir/secrets`` (see
+    :mod:`cairn.local.service_credentials`), never in its environment.
+
+    Attributes:
+        db_url: a superuser's DSN of the cluster's database.
+        nats_url: the nats-server's URL, as :func:`cairn.local.servers.start_nats` gives it.
+        workdir: logs, secrets and agents' work directories.
+        admin_password: the initial admin's password (random unless given).
+        api_port: the gateway's port.
+        procs: the processes started, by name.
+        agents: the names of the agents among them.
+    """
 
     db_url: str
     nats_url: str
     workdir: Path
+    admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     api_port: int = field(default_factory=free_port)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)
     cluster_config: Path | None = None
+    _prepared: bool = field(default=False, repr=False)
 
     @property
     def api_url(self) -> str:
         """The API gateway's base URL."""
         return f"http://127.0.0.1:{self.api_port}"
 
-    def env(self, service: str = "admin") -> dict[str, str]:
-        """The environment a process of ``service`` (``relay``, ``agent``, ...) gets: each
-        service its own NATS user, agents the join token file (see
-        :func:`cairn.local.cluster.service_nats_env`)."""
+    @property
+    def secrets(self) -> Path:
+        """The directory of the services' credential files."""
+        return service_credentials.secrets_dir(self.workdir)
+
+    def base_env(self) -> dict[str, str]:
+        """What every service's environment holds (no secret)."""
         env = dict(os.environ)
-        env.pop("CAIRN_AGENT_TOKEN", None)
         env.update(
             PYTHONPATH=str(ROOT),
-            CAIRN_DB=self.db_url,
             CAIRN_API_URL=self.api_url,
             CAIRN_FAULTS="",
             CAIRN_CLUSTER_CONFIG=str(self.cluster_config or ""),
-            **service_nats_env(service, self.nats_url, self.workdir),
         )
         return env
+
+    def prepare(self) -> None:
+        """Migrates the database and makes the services' roles and credential files (once;
+        :meth:`start` does it before the first service)."""
+        if self._prepared:
+            return
+        service_credentials.grant_roles(
+            self.db_url, self.secrets, env=self.base_env(), timeout=PREPARE_TIMEOUT
+        )
+        write_private(self.workdir / service_credentials.ADMIN_PASSWORD_FILE, self.admin_password)
+        self._prepared = True
+
+    def env(self, service: str) -> dict[str, str]:
+        """The environment of ``service`` (``api``, ``agent``, ...): the paths of its
+        credential files and no secret; each service its own NATS user, agents the join
+        token file (see :func:`cairn.local.cluster.service_nats_env`)."""
+        bus = service_nats_env(service, self.nats_url, self.workdir)
+        files = service_credentials.service_files(
+            self.secrets,
+            service,
+            nats_url=bus.pop("CAIRN_NATS"),
+            admin_password=self.workdir / service_credentials.ADMIN_PASSWORD_FILE,
+        )
+        return service_credentials.service_env({**self.base_env(), **bus}, files)
 
     def allow_checkpoints_under(self, *roots: Path) -> None:
         """Writes ``workdir/cluster.yaml`` allowing checkpoint storage under ``roots`` (besides
@@ -67,11 +113,13 @@ class ProcessCluster:
 
     def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
         """Starts ``python -m module args`` in its own session, logging to ``<name>.log``."""
+        self.prepare()
+        service = service_of(module.removeprefix("services."))
         with open(self.workdir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, *args],
                 cwd=self.workdir,
-                env=self.env(module.removeprefix("services.")),
+                env=self.env(service),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

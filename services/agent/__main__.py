@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from events import logging as cairn_logging
+from services import credentials
 from services.agent.agent import Agent, AgentConfig
 from services.agent.credential import CredentialError
 from services.agent.runtime import safe_name
@@ -34,7 +35,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-url", default=env("CAIRN_API_URL"), help="API gateway URL (CAIRN_API_URL)"
     )
-    p.add_argument("--nats", default=env("CAIRN_NATS"), help="NATS URL (CAIRN_NATS)")
+    p.add_argument("--nats-file", default=None, help="file holding the NATS URL (CAIRN_NATS_FILE)")
+    p.add_argument("--nats", default=None, help="NATS URL (CAIRN_NATS; visible to others)")
     p.add_argument(
         "--agent-id",
         default=env("CAIRN_AGENT_ID") or socket.gethostname(),
@@ -116,12 +118,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parses flags and runs the agent until SIGTERM/SIGINT; returns the exit status."""
+    credentials.make_undumpable()
     args = parser().parse_args(argv)
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack
     cairn_logging.configure("agent", level=args.log_level)
     log = structlog.get_logger("agent")
+    try:
+        args.nats = args.nats or credentials.secret("CAIRN_NATS", args.nats_file)
+    except credentials.CredentialsError as exc:
+        log.error("cannot read a credential", error=str(exc))
+        return 2
     if not args.api_url or not args.nats:
-        log.error("need --api-url and --nats (or CAIRN_API_URL / CAIRN_NATS)")
+        log.error("need --api-url and --nats-file (or CAIRN_API_URL / CAIRN_NATS_FILE)")
         return 2
     if args.artificial_slots is not None and args.artificial_slots < 1:
         log.error("--artificial-slots must be at least 1")

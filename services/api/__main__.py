@@ -1,10 +1,11 @@
-"""``python -m services.api --db DSN --nats URL --port P [--host H]``: the API gateway.
+"""``python -m services.api --db-file F --nats-file F --port P [--host H]``: the API gateway.
 
-Applies its migrations, creates the initial admin user and the join token if needed, serves
-HTTP, announces readiness and runs until SIGTERM/SIGINT. NATS is optional (connected when a URL
-is given). ``--join-token-file`` names the cluster's join token and ``--nats-authority-file`` the
-bus's signing authority (both mode 0600; only the gateway reads the latter), with which it gives
-each joining agent its own NATS user.
+Checks its migrations, creates the initial admin user (password from
+``CAIRN_ADMIN_PASSWORD_FILE``, or ``CAIRN_ADMIN_PASSWORD``; no default) and the join token if
+needed, serves HTTP, announces readiness and runs until SIGTERM/SIGINT. NATS is optional
+(connected when a URL is given). ``--join-token-file`` names the cluster's join token and
+``--nats-authority-file`` the bus's signing authority (both mode 0600; only the gateway reads the
+latter), with which it gives each joining agent its own NATS user.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import structlog
 from aiohttp import web
 
 from events.bus_auth import Authority, read_private
+from services import credentials
 from services.api.app import create_app
 from services.api.auth import cluster_secret
 from services.runtime import ServiceContext, base_parser, main
@@ -39,6 +41,7 @@ async def run(ctx: ServiceContext) -> None:
         join_token_file=ctx.args.join_token_file,
         nats_authority=authority,
         cluster=ctx.cluster,
+        admin_password=credentials.secret("CAIRN_ADMIN_PASSWORD"),
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -73,5 +76,4 @@ def parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    flags, _ = parser().parse_known_args()
-    main("api", run, parser=parser(), needs_bus=bool(flags.nats))
+    main("api", run, parser=parser(), needs_bus=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from aiohttp import web
@@ -81,6 +82,7 @@ def create_app(
     join_token_file: str | None = None,
     nats_authority: Authority | None = None,
     cluster: ClusterConfig | None = None,
+    admin_password: str | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
@@ -98,6 +100,8 @@ def create_app(
             :func:`services.api.auth.join_token`).
         nats_authority: the bus's signing authority, to give joining agents NATS users.
         cluster: the cluster config (``None``: every default).
+        admin_password: the initial admin's password (see
+            :func:`services.api.auth.ensure_admin`); without one no admin is created.
 
     Returns:
         The application, ready for an ``AppRunner``.
@@ -122,13 +126,13 @@ def create_app(
     for route in [*all_routes(), *routes_webui.routes.routes]:
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route
-    app.on_startup.append(_startup)
+    app.on_startup.append(functools.partial(_startup, admin_password=admin_password))
     return app
 
 
-async def _startup(app: web.Application) -> None:
+async def _startup(app: web.Application, *, admin_password: str | None) -> None:
     state = app[STATE]
     await tables.migrate(state.store)
     await tokens.bound_lifetimes(state.store, state.cluster.accounts.token_lifetime)
-    await ensure_admin(state.store)
+    await ensure_admin(state.store, admin_password)
     state.join_token = await join_token(state.store, state.join_token_file)

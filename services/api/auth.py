@@ -200,15 +200,46 @@ async def join_token(store: EventStore, path: str | None = None) -> str:
     return str(value)
 
 
-async def ensure_admin(store: EventStore) -> None:
-    """Creates the ``admin`` user on first start (password ``CAIRN_ADMIN_PASSWORD``, default
-    ``admin``); an existing admin is left as it is."""
+LEGACY_ADMIN_PASSWORD = "admin"
+"""The password earlier versions gave the initial admin when none was set; it is replaced by the
+one given, the first time the gateway starts with one (see :func:`ensure_admin`)."""
+
+
+async def ensure_admin(store: EventStore, password: str | None) -> None:
+    """Creates the ``admin`` user on first start, with ``password``; there is no default.
+
+    An existing admin keeps its password, unless it is still the one earlier versions set by
+    default (:data:`LEGACY_ADMIN_PASSWORD`): a data directory from before is upgraded to the
+    password given, so the old default stops working. Without a password no admin is made (and
+    the gateway says so); the others still work.
+
+    Args:
+        store: the event store.
+        password: the initial admin's password (``cairn up`` generates one at the first start
+            and hands it over in ``CAIRN_ADMIN_PASSWORD_FILE``).
+    """
+    loop = asyncio.get_running_loop()
     with translate_errors():
-        exists = await store.pool.fetchval("SELECT 1 FROM api_users WHERE username = 'admin'")
-    if exists:
+        stored = await store.pool.fetchval(
+            "SELECT password_hash FROM api_users WHERE username = 'admin'"
+        )
+    if stored is not None:
+        if password is None or password == LEGACY_ADMIN_PASSWORD:
+            return
+        legacy = await loop.run_in_executor(
+            None, verify_password, LEGACY_ADMIN_PASSWORD, str(stored)
+        )
+        if legacy:
+            await change_password(store, "admin", password)
+            log.warning("replaced the admin's default password with the one given")
         return
-    password = os.environ.get("CAIRN_ADMIN_PASSWORD", "admin")
-    hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
+    if not password:
+        log.warning(
+            "no admin user created: no initial password given "
+            "(set CAIRN_ADMIN_PASSWORD_FILE or CAIRN_ADMIN_PASSWORD)"
+        )
+        return
+    hashed = await loop.run_in_executor(None, hash_password, password)
     with translate_errors():
         await store.pool.execute(
             "INSERT INTO api_users (username, password_hash, admin) VALUES ('admin', $1, true) "

@@ -18,6 +18,11 @@ import orjson
 
 from events.db import Connection
 
+TABLES: tuple[str, ...] = ("agent_heartbeats", "trial_progress", "code_blobs")
+"""The gateway's tables this module reads: all that a reading service's role may select from
+them (:mod:`services.roles`); ``api_users``, ``api_tokens`` and ``api_secrets`` are never read
+outside the gateway."""
+
 
 @dataclass(frozen=True)
 class Heartbeat:

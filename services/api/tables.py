@@ -172,9 +172,12 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
 async def migrate(store: EventStore) -> int:
     """Applies the gateway's pending migrations; returns how many ran.
 
-    Only the gateway's own: every service migrates the tables it owns when it starts, and the
-    gateway reads the tracker's through :mod:`services.tracker.read`, which answers as if they
-    were empty until the tracker has created them.
+    Only the gateway's own. ``python -m services.migrate`` applies every owner's before the
+    services start, so on a cluster this only checks (the gateway's role may not change the
+    schema and stops with :class:`~events.errors.MigrationsPendingError` if one is missing);
+    with a superuser's DSN (tests, a gateway started by hand) it applies them. The gateway reads
+    the tracker's tables through :mod:`services.tracker.read`, which answers as if they were
+    empty until they exist.
     """
     async with store.pool.acquire() as conn:
         with translate_errors():

@@ -1,6 +1,6 @@
 """``python -m services.tracker``: the projections (``tr_*`` tables) and the checkpoint GC.
 
-Flags besides the common ones (``--db``/``CAIRN_DB``, ``--nats``/``CAIRN_NATS``):
+Flags besides the common ones (``--db-file``/``CAIRN_DB_FILE``, ``--nats-file``/``CAIRN_NATS_FILE``):
 ``--checkpoint-root`` (``CAIRN_CHECKPOINT_ROOT``; default ``$CAIRN_HOME/checkpoints`` or
 ``~/.cairn/checkpoints``), the root of experiments without ``checkpoint_storage``, and
 ``--rebuild``, which rebuilds the projections (usage included) from the log and exits.

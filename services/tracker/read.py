@@ -3,8 +3,8 @@
 The tracker owns every ``tr_*`` and ``audit_*`` table (``schema.OWNED_TABLES``) and is the only
 package whose modules hold SQL naming them; the gateway's query API and web pages read them
 through these functions. Each takes a connection outside a transaction and answers as if the
-tables were empty while the tracker has not created them yet (it runs its own migrations when
-it starts, which may be after the gateway). Rows keep database types (``datetime``, decoded
+tables were empty while they do not exist yet (a database migrated only by services that
+started before the tracker, under a superuser). Rows keep database types (``datetime``, decoded
 JSON); presenting them is the reader's business.
 """
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from cairn.local.service_credentials import admin_password
 from cairn.local.state import read_state
 from tests.browser.support import CHROMIUM, CHROMIUM_ARGS, Http
 
@@ -47,7 +48,7 @@ def main() -> int:
         if state is None or not state.api_url:
             print("the demo cluster did not start", file=sys.stderr)
             return 1
-        _shoot(state.api_url, args.out)
+        _shoot(state.api_url, admin_password(data) or "", args.out)
         print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
         return 0
     finally:
@@ -55,11 +56,11 @@ def main() -> int:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _shoot(api_url: str, out: Path) -> None:
+def _shoot(api_url: str, password: str, out: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     api = Http(api_url)
-    token = api.login("admin", os.environ.get("CAIRN_ADMIN_PASSWORD", "admin"))
+    token = api.login("admin", password)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})

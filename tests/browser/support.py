@@ -120,7 +120,7 @@ def start_cluster(pg_server: ServerProcess, workdir: Path, slots: int = 3) -> It
         cluster.start("tracker", "services.tracker")
         cluster.start_agent("agent-a", slots, "--heartbeat", "0.5")
         api = Http(cluster.api_url)
-        api.token = api.login("admin", "admin")
+        api.token = api.login("admin", cluster.admin_password)
         yield LiveCluster(cluster, api, workdir)
     except BaseException:
         print(cluster.logs())

@@ -119,7 +119,7 @@ def new_session(browser: Any, live: LiveCluster) -> Session:
 def admin(browser: Any, live: LiveCluster) -> Iterator[Session]:
     """A page logged in as admin; fails the test on any console error."""
     session = new_session(browser, live)
-    session.login("admin", "admin")
+    session.login("admin", live.processes.admin_password)
     session.page.wait_for_selector("#experiments-table table")
     yield session
     session.page.context.close()

@@ -496,11 +496,16 @@ def _pause_leader(local: Local, name: str) -> int:
 
 
 def start_standby(local: Local, name: str, log_path: Path) -> subprocess.Popen[bytes]:
-    """Starts another replica of decider ``name`` on the cluster (it waits for the lease)."""
+    """Starts another replica of decider ``name`` on the cluster (it waits for the lease), as
+    the supervisor starts one: as the decider's role, with its credential files."""
     from cairn.local.cluster import child_env
+    from cairn.local.service_credentials import DB_FILE, NATS_FILE, SECRETS_DIR, service_env
 
-    recorded = local.recorded()
-    env = child_env({"CAIRN_DB": recorded["dsn"], "CAIRN_NATS": recorded["nats_url"]})
+    files = local.home / SECRETS_DIR / name
+    env = service_env(
+        child_env(),
+        {"CAIRN_DB_FILE": str(files / DB_FILE), "CAIRN_NATS_FILE": str(files / NATS_FILE)},
+    )
     with open(log_path, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", f"services.{name}"],

@@ -76,7 +76,7 @@ class Cluster(ProcessCluster):
         async def logged_in() -> bool:
             try:
                 data = await self.request(
-                    "POST", "/auth/login", {"username": "admin", "password": "admin"}
+                    "POST", "/auth/login", {"username": "admin", "password": self.admin_password}
                 )
             except (aiohttp.ClientError, AssertionError):
                 return False  # the API is still starting

@@ -93,6 +93,11 @@ def cluster() -> Iterator[Env]:
         assert stopped.returncode == 0, stopped.stderr
 
 
+def admin_password(env: Env) -> str:
+    """The admin password ``cairn up`` generated for the module's cluster."""
+    return (env.home / "admin.password").read_text().strip()
+
+
 def cli(env: Env, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Runs the CLI against the module's cluster."""
     return run_cli(*args, home=env.home, **kwargs)
@@ -130,7 +135,8 @@ def finished(cluster: Env) -> dict[str, Any]:
 def test_user_login_whoami_create_logout(cluster: Env) -> None:
     """login stores a 0600 token; whoami, create, list work; logout falls back to local admin."""
     assert cli(cluster, "user", "login", "admin", "--password", "wrong").returncode == 3
-    assert "logged in" in ok(cluster, "user", "login", "admin", "--password", "admin").stdout
+    password = admin_password(cluster)
+    assert "logged in" in ok(cluster, "user", "login", "admin", "--password", password).stdout
     auth = cluster.home / "auth.json"
     assert stat.S_IMODE(auth.stat().st_mode) == 0o600
     assert json.loads(auth.read_text())["masters"][cluster.api_url]["username"] == "admin"
@@ -562,7 +568,7 @@ def test_the_data_dirs_cluster_config_governs_storage_and_tokens(
     ok(cluster, "experiment", "cancel", str(created_id(accepted.stdout)))
 
     for _ in range(2):  # two sessions of admin's: the first stays valid, the second is in use
-        ok(cluster, "user", "login", "admin", "--password", "admin")
+        ok(cluster, "user", "login", "admin", "--password", admin_password(cluster))
     tokens = as_json(cluster, "token", "list")["tokens"]
     assert len(tokens) >= 2 and all(t["expires_at"] for t in tokens)
     assert [t["current"] for t in tokens].count(True) == 1

@@ -46,7 +46,7 @@ def describe(cluster: Cluster, trial_id: int) -> str:
         CAIRN_HOME=str(cluster.workdir / "cli-home"),
         CAIRN_MASTER=cluster.api_url,
         CAIRN_USER="admin",
-        CAIRN_PASSWORD="admin",
+        CAIRN_PASSWORD=cluster.admin_password,
     )
     done = subprocess.run(
         [sys.executable, "-m", "cairn.cli", "trial", "describe", str(trial_id)],

@@ -47,8 +47,17 @@ CALL_TIMEOUT = 10
 """The cluster's ``CAIRN_CUSTOM_SEARCHER_TIMEOUT`` (its default); the sleepers sleep 40 s."""
 MARGIN = 2.0
 """Most seconds the hostile searchers may add to the other user's first trial."""
-NEEDLES = ("CAIRN_DB=", "CAIRN_NATS=", "CAIRN_AGENT_TOKEN=", "postgresql://")
-"""What a cluster credential in a process's environment looks like."""
+NEEDLES = (
+    "CAIRN_DB=",
+    "CAIRN_NATS=",
+    "CAIRN_AGENT_TOKEN=",
+    "postgresql://",
+    "CAIRN_DB_FILE=",
+    "CAIRN_NATS_FILE=",
+    "CAIRN_AGENT_TOKEN_FILE=",
+)
+"""What a cluster credential in a process's environment looks like, or the path of the file a
+service reads one from (the services hold only those)."""
 
 HOSTILE = '''
 import glob, json, os, socket, time

@@ -56,7 +56,9 @@ def test_demo_runs_a_real_asha_search_and_reports_a_best_trial_above_baseline() 
         assert re.search(r"best trial \d+: validation_loss", out), out
         assert "hyperparameters: " in out and "lr=" in out
         assert "beats the 0.90 accuracy baseline" in out
-        assert "Web UI:     http://" in out and "/#/experiments/1  (log in as admin / admin)" in out
+        password_file = scratch / "cluster" / "admin.password"
+        assert "Web UI:     http://" in out
+        assert f"/#/experiments/1  (log in as admin, password in {password_file})" in out
     finally:
         subprocess.run(
             [sys.executable, "-m", "cairn", "down", "--data-dir", str(scratch / "cluster")],

@@ -26,6 +26,7 @@ from cairn.auth import session
 from cairn.cli import main as cairn_main
 from cairn.compat import install_path
 from cairn.experimental import client
+from cairn.local.service_credentials import admin_password
 from tests.helpers import ROOT
 
 TUTORIAL = ROOT / "examples" / "determined_tutorial"
@@ -73,8 +74,10 @@ def cluster() -> Iterator[Env]:
         api_url = json.loads((home / "cluster.json").read_text())["api_url"]
         user_home = scratch / "user"
         det_env = {k: v for k, v in base.items() if k != "CAIRN_HOME"}
+        password = admin_password(home)
+        assert password, "cairn up generated the admin password"
         det_env.update(
-            CAIRN_HOME=str(user_home), DET_MASTER=api_url, DET_USER="admin", DET_PASS="admin"
+            CAIRN_HOME=str(user_home), DET_MASTER=api_url, DET_USER="admin", DET_PASS=password
         )
         with pytest.MonkeyPatch.context() as patch:
             for name in CAIRN_VARIABLES:

@@ -237,7 +237,7 @@ def test_cluster_requires_credentials_and_never_shows_them(cluster_dir: Path) ->
         for p in processes
         if p.name() != "postgres"  # PostgreSQL's own environment is the server's business
     ]
-    for secret in secrets[1:]:
+    for secret in secrets:
         assert not any(secret in env for env in environments)
     for secret in secrets:
         assert secret not in shown

@@ -110,7 +110,13 @@ async def test_standbys_take_over_from_killed_and_paused_leaders(
     assert set(procs) == {"postgres", "nats", *SERVICES, *replica_names}
     state = json.loads((replicated / "cluster.json").read_text())
     store = await EventStore.connect(state["dsn"])
-    cluster = Cluster(state["dsn"], state["nats_url"], tmp_path, api_port=state["ports"]["api"])
+    cluster = Cluster(
+        state["dsn"],
+        state["nats_url"],
+        tmp_path,
+        api_port=state["ports"]["api"],
+        admin_password=(replicated / "admin.password").read_text().strip(),
+    )
     try:
         await cluster.login()
 

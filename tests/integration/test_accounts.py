@@ -29,7 +29,7 @@ from events.types import TemplateSet
 from services.api import routes_events
 from services.api.app import create_app
 from services.api.auth import cluster_secret, hash_token
-from tests.helpers import wait_until
+from tests.helpers import ADMIN_PASSWORD, wait_until
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_support import TEST_CLUSTER, Api, running_api
 
@@ -81,7 +81,7 @@ async def test_tokens_last_30_days_by_default_and_older_ones_get_a_lifetime(
     without an expiry gets the configured lifetime from its creation when the gateway starts
     (and is gone if that has passed)."""
     async with running_api(store) as api:
-        status, body, _ = await login(api, "admin", "admin")
+        status, body, _ = await login(api, "admin", ADMIN_PASSWORD)
         assert status == 200, body
         expires = datetime.fromisoformat(body["expires_at"])
         assert abs(expires - datetime.now(UTC) - timedelta(days=30)) < timedelta(minutes=5)
@@ -109,7 +109,7 @@ async def test_a_token_stops_working_when_its_lifetime_ends(store: EventStore) -
     """With a 2-second token lifetime a fresh token works, then is refused (401) once it has
     expired."""
     async with running_api(store, cluster=cluster(token_lifetime="2s")) as api:
-        status, body, _ = await login(api, "admin", "admin")
+        status, body, _ = await login(api, "admin", ADMIN_PASSWORD)
         assert status == 200, body
         token = body["token"]
         assert (await api.call("GET", "/api/v1/me", token=token))[0] == 200

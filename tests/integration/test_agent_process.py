@@ -39,7 +39,7 @@ from events.types import (
 from services.agent.slots import cpu_slots
 from services.api.app import create_app
 from services.api.auth import cluster_secret, join_token
-from tests.helpers import wait_until
+from tests.helpers import ADMIN_PASSWORD, wait_until
 from tests.integration.test_api_support import TEST_CLUSTER
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,6 +283,7 @@ async def cluster(
         secret=await cluster_secret(store),
         nats_authority=nats_authority(auth_dir),
         cluster=TEST_CLUSTER,
+        admin_password=ADMIN_PASSWORD,
     )
 
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -293,7 +294,7 @@ async def cluster(
     url = f"http://{host}:{port}"
     async with aiohttp.ClientSession() as session:
         async with session.post(
-            f"{url}/api/v1/auth/login", json={"username": "admin", "password": "admin"}
+            f"{url}/api/v1/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}
         ) as resp:
             admin = str((await resp.json())["token"])
         c = Cluster(

@@ -48,7 +48,7 @@ async def test_health_is_public_and_everything_else_needs_a_token(api: Api) -> N
 
 
 async def test_login_issues_a_token_and_wrong_password_is_401(api: Api) -> None:
-    """The initial admin logs in with the default password; a wrong one gets 401."""
+    """The initial admin logs in with the password it was given; a wrong one gets 401."""
     me = await api.ok("GET", "/api/v1/me", token=api.admin)
     assert me == {"kind": "user", "username": "admin", "admin": True}
     status, _ = await api.call(

@@ -20,6 +20,7 @@ from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
 from services.api import agent_credentials, checkpoint_ids
 from services.api.app import create_app
 from services.api.auth import cluster_secret, join_token, sign_trial_token
+from tests.helpers import ADMIN_PASSWORD
 
 CONFIG = """
 name: mnist
@@ -95,7 +96,7 @@ class Api:
         assert status == 200, (status, body)
         return body
 
-    async def login(self, username: str = "admin", password: str = "admin") -> str:
+    async def login(self, username: str = "admin", password: str = ADMIN_PASSWORD) -> str:
         """Logs in and returns the bearer token."""
         body = await self.ok(
             "POST", "/api/v1/auth/login", json={"username": username, "password": password}
@@ -112,7 +113,14 @@ async def running_api(
     """Starts the gateway on 127.0.0.1:<free port> and yields a client logged in as admin
     (``checkpoint_root``: its default checkpoint root; ``cluster``: its cluster config)."""
     secret = await cluster_secret(store)
-    app = create_app(store, None, secret=secret, checkpoint_root=checkpoint_root, cluster=cluster)
+    app = create_app(
+        store,
+        None,
+        secret=secret,
+        checkpoint_root=checkpoint_root,
+        cluster=cluster,
+        admin_password=ADMIN_PASSWORD,
+    )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

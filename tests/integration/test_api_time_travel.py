@@ -24,6 +24,7 @@ from events.types import (
     ValidationReported,
 )
 from services.tracker.service import catch_up
+from tests.helpers import ADMIN_PASSWORD
 from tests.integration.test_api_queries import submit, user
 from tests.integration.test_api_support import Api, allocate, running_api
 
@@ -226,7 +227,7 @@ async def test_cli_at_flags(
     monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CAIRN_MASTER", api.url)
     monkeypatch.setenv("CAIRN_USER", "admin")
-    monkeypatch.setenv("CAIRN_PASSWORD", "admin")
+    monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
 
     def run(args: tuple[str, ...]) -> tuple[int, str]:
         out = io.StringIO()

@@ -21,6 +21,7 @@ from services.api.app import all_routes
 from services.api.audit_trail import PER_CALLER
 from services.tracker import audit
 from services.tracker.service import catch_up
+from tests.helpers import ADMIN_PASSWORD
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_queries import end_trial, set_state, submit, user
 from tests.integration.test_api_support import CONFIG, Api, allocate, running_api
@@ -597,7 +598,7 @@ async def test_cli_audit_filters_by_user_experiment_and_time(
 
     monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("CAIRN_USER", "admin")
-    monkeypatch.setenv("CAIRN_PASSWORD", "admin")
+    monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
     bob = await user(api, store, "bob")
     await submit(store, 1)
     await submit(store, 2)

@@ -10,26 +10,22 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from events import migrations
-from services.api import tables as api_tables
-from services.tracker import audit as tracker_audit
-from services.tracker import schema as tracker_schema
+from services import roles
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("events", "services", "cairn")
 
-OWNERS: dict[str, tuple[str, ...]] = {
-    "events": migrations.OWNED_TABLES,
-    "services.api": api_tables.OWNED_TABLES,
-    "services.tracker": tracker_schema.OWNED_TABLES,
-}
-"""Owning package -> the relations it owns, each as its schema module exports them."""
+OWNERS = roles.OWNERS
+"""Owning package -> the relations it owns (the declaration the services' roles derive from)."""
 
 MIGRATION_HOMES: dict[str, Sequence[Sequence[tuple[str, str]]]] = {
-    "events": (migrations.CORE,),
-    "services.api": (api_tables.MIGRATIONS,),
-    "services.tracker": (tracker_schema.MIGRATIONS, tracker_audit.MIGRATIONS),
+    package: tuple(steps for _, steps in homes) for package, homes in roles.MIGRATION_HOMES.items()
 }
 """Owning package -> its migration lists (one namespace each)."""
+
+MIGRATION_LIST = "services.roles"
+"""The one module outside the owners that names every owner's migrations: the list
+``python -m services.migrate`` applies, as the superuser, before any service starts."""
 
 EXCLUDED: dict[str, str] = {}
 """Module path -> why it is not scanned yet."""
@@ -203,14 +199,17 @@ def foreign_migrations(path: Path) -> Iterator[str]:
 
 
 def test_each_package_runs_only_its_own_migrations() -> None:
-    """No module reaches for another owner's migrations: each service migrates what it owns
-    when it starts, and readers of an owner's tables tolerate their absence until then."""
+    """No module reaches for another owner's migrations but the list that
+    ``services.migrate`` applies before the services start; a service checks its own owner's at
+    start (and readers of an owner's tables tolerate their absence)."""
     found = [
         f"{path.relative_to(ROOT)}:{where}"
         for path in sources()
+        if module_of(path) != MIGRATION_LIST
         for where in foreign_migrations(path)
     ]
     assert found == []
+    assert list(foreign_migrations(ROOT / "services" / "roles.py")), "MIGRATION_LIST is stale"
 
 
 def test_every_relation_has_one_owner_and_one_migration_home() -> None:
@@ -318,3 +317,84 @@ def test_every_exclusion_is_still_needed() -> None:
             for what in trespasses(module_of(path), text, owners)
         ]
         assert found, stale
+
+
+def reachable(module: str) -> set[str]:
+    """The modules of events/ and services/ that ``module`` imports, directly or not."""
+    seen: set[str] = set()
+    pending = [module]
+    while pending:
+        name = pending.pop()
+        path = source_of(name)
+        if name in seen or path is None:
+            continue
+        seen.add(name)
+        pending.extend(m for m in imported_modules(path) if m.split(".")[0] in SCANNED[:2])
+        parts = name.split(".")
+        pending.extend(".".join(parts[:i]) for i in range(1, len(parts)))
+    return seen
+
+
+def test_each_service_role_covers_the_tables_its_code_names() -> None:
+    """Every table of another owner that a service's code can reach in SQL is one its role may
+    read (``ServiceRole.reads``), so the grants derived from the owners' declaration are
+    enough for the code that runs, and no service reaches a table its role cannot."""
+    owners = owner_of()
+    for role in roles.SERVICE_ROLES:
+        named: set[str] = set()
+        for module in reachable(f"services.{role.service}.__main__"):
+            path = source_of(module)
+            assert path is not None
+            for _, text in string_literals(parsed(path)):
+                for match in _NAMED.finditer(text):
+                    name = match.group("name") or match.group("relation")
+                    if name in owners and owners[name] != "events":
+                        named.add(name)
+        foreign = named - set(role.owns)
+        assert foreign <= set(role.reads), (role.service, sorted(foreign - set(role.reads)))
+
+
+def test_the_gateways_read_module_declares_what_it_reads() -> None:
+    """``services.api.read.TABLES`` (what reading services' roles may select) is exactly the set
+    of the gateway's tables that module's SQL names, so a new read there needs a new grant."""
+    from services.api import read as api_read
+
+    path = ROOT / "services" / "api" / "read.py"
+    gateway = set(OWNERS["services.api"])
+    named = {
+        match.group("name") or match.group("relation")
+        for _, text in string_literals(parsed(path))
+        for match in _NAMED.finditer(text)
+    }
+    assert named & gateway == set(api_read.TABLES)
+
+
+def test_every_service_but_the_agent_has_a_database_role() -> None:
+    """The services ``cairn up`` starts are exactly those with a declared role, and the agent:
+    an agent holds no database credential, and no service starts without its DSN file."""
+    from cairn.local.cluster import SERVICES
+
+    declared = {role.service for role in roles.SERVICE_ROLES}
+    assert set(SERVICES) - {"agent"} == declared
+    assert "agent" not in declared
+
+
+def test_every_consumer_is_named_after_the_service_that_runs_it() -> None:
+    """Each consumer's checkpoint name belongs to the service running it (its role may write
+    only such rows of ``checkpoints``), so no consumer is left unable to move its checkpoint."""
+    from events.relay import CHECKPOINT as RELAY
+    from services.scheduler.service import SchedulerConsumer
+    from services.searcher.service import SearcherConsumer
+    from services.tracker import audit, gc, projections, usage
+
+    runs = {
+        RELAY: "relay",
+        SchedulerConsumer.name: "scheduler",
+        SearcherConsumer.name: "searcher",
+        projections.NAME: "tracker",
+        audit.NAME: "tracker",
+        usage.NAME: "tracker",
+        gc.NAME: "tracker",
+    }
+    assert {name: roles.checkpoint_owner(name) for name in runs} == runs
+    assert roles.checkpoint_owner("api") is None  # the gateway keeps no checkpoint
