@@ -21,6 +21,7 @@ Example::
       allowed_bind_mount_roots: [/datasets]
       allowed_devices: [/dev/fuse]
       allowed_capabilities: [SYS_PTRACE]
+      default_image: {cpu: cairn-trial:local, cuda: cairn-trial-cuda:local}
     accounts:
       token_lifetime: 7d
       min_password_length: 12
@@ -33,7 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, PlainSerializer, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, ValidationError
 
 from events.config.common import ConfigModel
 from events.config.errors import ConfigError, from_validation_error, show
@@ -106,9 +107,44 @@ class CheckpointStoragePolicy(ConfigModel):
     s3_server_credentials: list[S3CredentialGrant] = Field(default_factory=list, max_length=1000)
 
 
+def _image_name(value: str) -> str:
+    if not value or len(value) > 512 or any(c.isspace() for c in value):
+        raise ValueError(
+            f"must be an image name such as 'cairn-trial:local' (no spaces), got {show(value)}"
+        )
+    return value
+
+
+ImageName = Annotated[str, AfterValidator(_image_name)]
+"""A container image as ``docker run`` names it (``cairn-trial:local``, ``repo/name@sha256:...``)."""
+
+
+def _images_of(value: Any) -> Any:
+    """One image for every device (``cairn-trial:local``) as ``{cpu: ..., cuda: ...}``."""
+    return {"cpu": value, "cuda": value} if isinstance(value, str) else value
+
+
+class TaskImages(ConfigModel):
+    """The image of each kind of slot, as Determined's default task images
+    (``task_container_defaults.image``); a single name in the file means both.
+
+    Attributes:
+        cpu: the image of trials on CPU slots.
+        cuda: the image of trials on GPUs (``gpu`` is not accepted here: write ``cuda``);
+            ``None``: the ``cpu`` image.
+    """
+
+    cpu: ImageName
+    cuda: ImageName | None = None
+
+    def for_device(self, device: str) -> str:
+        """The image for a run on ``device`` (``cpu`` or ``cuda``)."""
+        return (self.cuda if device == "cuda" else None) or self.cpu
+
+
 class TaskPolicy(ConfigModel):
     """What trial and task configs may ask of an agent's host (enforced by the agents and the
-    API where they plan a trial's container or process).
+    API where they plan a trial's container or process), and how agents run user code.
 
     Attributes:
         allowed_bind_mount_roots: host directories under which ``bind_mounts[].host_path`` may
@@ -117,11 +153,15 @@ class TaskPolicy(ConfigModel):
             (the default) allows no device.
         allowed_capabilities: Linux capabilities (``SYS_PTRACE``, without ``CAP_``)
             ``environment.add_capabilities`` may name; none (the default) allows none.
+        default_image: the image agents run a trial in when its config names none
+            (``environment.image``); ``None`` (the default): such a trial runs as a process
+            on the agent's machine.
     """
 
     allowed_bind_mount_roots: list[AbsPath] = Field(default_factory=list, max_length=1000)
     allowed_devices: list[AbsPath] = Field(default_factory=list, max_length=1000)
     allowed_capabilities: list[str] = Field(default_factory=list, max_length=100)
+    default_image: Annotated[TaskImages, BeforeValidator(_images_of)] | None = None
 
 
 class LoginThrottle(ConfigModel):
@@ -237,6 +277,7 @@ def _vocabulary() -> frozenset[str]:
         CheckpointStoragePolicy,
         S3CredentialGrant,
         TaskPolicy,
+        TaskImages,
         AccountPolicy,
         LoginThrottle,
     ):

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint_root = args.checkpoint_root
     if checkpoint_root is None and os.environ.get("CAIRN_HOME"):
         checkpoint_root = home / "checkpoints"
+    cluster = cluster_config_of(args, log)
     config = AgentConfig(
         agent_id=args.agent_id,
         api_url=args.api_url,
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             socket.gethostname() if args.docker_share_from == "self" else args.docker_share_from
         )
         or None,
-        host_policy=cluster_config_of(args, log).tasks,
+        host_policy=cluster.tasks,
+        default_image=cluster.tasks.default_image,
         hide=tuple(p.absolute() for p in args.hide)
         + ((Path(cairn_home).absolute(),) if cairn_home else ()),
     )

@@ -44,7 +44,7 @@ from events import faults
 from events.bus import COMMANDS_STREAM, Bus
 from events.bus_auth import agent_durable
 from events.commands import agent_subject
-from events.config.cluster import TaskPolicy
+from events.config.cluster import TaskImages, TaskPolicy
 from events.config.host_requests import HostPolicy
 from events.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
@@ -113,6 +113,9 @@ class AgentConfig:
     host_policy: HostPolicy = field(default_factory=TaskPolicy)
     """What the cluster allows trials of this host (bind mounts, devices, capabilities): the
     cluster config's ``tasks``."""
+    default_image: TaskImages | None = None
+    """The image a run whose config names none runs in (``tasks.default_image``); ``None``:
+    such a run is a process on this machine."""
 
 
 @dataclass
@@ -574,7 +577,11 @@ class Agent:
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
                 device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
-                image = run_image(run.config, device)
+                image = run_image(run.config, device) or (
+                    self.config.default_image.for_device(device)
+                    if self.config.default_image is not None
+                    else None
+                )
                 identity = self.confinement.identity_for(run.identity, container=image is not None)
                 places = await asyncio.to_thread(
                     self.confinement.prepare,
