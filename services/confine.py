@@ -33,6 +33,10 @@ The rules it keeps:
   being non-dumpable. A container engine socket the launcher may write (through its groups) is
   covered too, and without a user namespace to cover it user code is refused: it would be root
   on the host. ``docs/security.md`` states these limits.
+- **No engine socket in sight.** A root launcher covers every container engine socket it
+  finds (:data:`events.config.host_requests.ENGINE_SOCKETS`) in user code's view; where it
+  cannot make a mount namespace (an agent in a container that holds the socket to start trial
+  containers), user code is refused as a process: it must run in a container of its own.
 
 Nothing here runs at import time; the machine is probed once, on first use.
 """
@@ -378,6 +382,15 @@ def confined_argv(
     program = list(argv)
     if found.root:
         drop = _setpriv(found.setpriv, identity) if identity and found.setpriv else []
+        sockets = reachable_engine_sockets()
+        if sockets and not found.mount_ns:
+            raise ConfinementError(
+                f"user code would reach the container engine's socket {sockets[0]}: this "
+                "launcher holds it and cannot hide it without a mount namespace; run user "
+                "code in containers (the cluster config's tasks.default_image) or start the "
+                "launcher where it has no engine socket"
+            )
+        view = replace(view, hide=(*view.hide, *sockets))
         if not found.mount_ns:
             if view.hide:
                 log.warning(

@@ -270,6 +270,39 @@ def test_without_network_nothing_on_this_machine_is_reachable(tmp: Path) -> None
         assert wired.stdout.strip() == "ok", wired.stderr
 
 
+def test_an_engine_socket_of_the_launcher_is_covered_or_user_code_is_refused(
+    tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container engine's socket the root launcher holds is covered in user code's view (it
+    can neither see a socket there nor connect); where no mount namespace can cover it, user
+    code is refused as a process, saying so."""
+    path = tmp / "docker.sock"
+    with socket.socket(socket.AF_UNIX) as engine:
+        engine.bind(str(path))
+        engine.listen()
+        path.chmod(0o666)  # so that only the cover, not the mode, keeps user code out
+        monkeypatch.setattr("services.confine.ENGINE_SOCKETS", (str(path),))
+        script = (
+            "import os, socket, stat, sys\n"
+            f"p = {str(path)!r}\n"
+            "kind = 'socket' if stat.S_ISSOCK(os.stat(p).st_mode) else 'other'\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n    s.connect(p); print(kind, 'connected')\n"
+            "except OSError as e:\n    print(kind, 'refused', e.errno)"
+        )
+        covered = run(tmp, [PYTHON, "-c", script])
+        assert covered.returncode == 0, covered.stderr
+        assert covered.stdout.startswith("other refused"), covered.stdout
+        monkeypatch.setattr("services.confine.ENGINE_SOCKETS", ())
+        control = run(tmp, [PYTHON, "-c", script])  # the probe does connect when nothing covers
+        assert control.stdout.strip() == "socket connected", control.stderr
+        monkeypatch.setattr("services.confine.ENGINE_SOCKETS", (str(path),))
+        without = dataclasses.replace(host(), mount_ns=False)
+        monkeypatch.setattr("services.confine.host", lambda: without)
+        with pytest.raises(ConfinementError, match="would reach the container engine's socket"):
+            confined_argv([PYTHON, "-c", script], identity=IDENTITY)
+
+
 def test_root_and_malformed_identities_are_refused() -> None:
     """uid or gid 0 (and ids the kernel cannot hold) never make an identity."""
     for uid, gid in ((0, 5), (5, 0), (-1, 5), (2**32 - 1, 5)):
