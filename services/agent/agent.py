@@ -577,11 +577,7 @@ class Agent:
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
                 device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
-                image = run_image(run.config, device) or (
-                    self.config.default_image.for_device(device)
-                    if self.config.default_image is not None
-                    else None
-                )
+                image = run_image(run.config, device, self.config.default_image)
                 identity = self.confinement.identity_for(run.identity, container=image is not None)
                 places = await asyncio.to_thread(
                     self.confinement.prepare,

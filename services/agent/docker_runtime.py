@@ -31,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from events.config.cluster import TaskImages
 from events.config.host_requests import HostPolicy, capability_name, host_request_errors
 from services.agent.runtime import LogShipper, RunSpec, safe_name
 from services.confine import Identity
@@ -54,20 +55,25 @@ class DockerRuntimeError(Exception):
     """A run could not be started in a container (no engine, no image, refused by the engine)."""
 
 
-def run_image(config: Mapping[str, Any], device: str) -> str | None:
-    """The image ``environment.image`` names for ``device`` (``cpu`` or ``cuda``), or None.
+def run_image(
+    config: Mapping[str, Any], device: str, default: TaskImages | None = None
+) -> str | None:
+    """The image a run on ``device`` (``cpu`` or ``cuda``) runs in: the one
+    ``environment.image`` names, else the cluster's ``default`` (``tasks.default_image``), else
+    None (a process).
 
     A mapping of images per device falls back to the ``cpu`` image for a device it does not
     name; ``gpu`` is Determined's older name of ``cuda``.
     """
     env = config.get("environment") or {}
     image = env.get("image") if isinstance(env, Mapping) else None
-    if isinstance(image, str):
-        return image or None
+    if isinstance(image, str) and image:
+        return image
     if isinstance(image, Mapping):
         chosen = image.get(device) or (image.get("gpu") if device == "cuda" else None)
-        return str(chosen or image.get("cpu") or "") or None
-    return None
+        if chosen or image.get("cpu"):
+            return str(chosen or image.get("cpu"))
+    return default.for_device(device) if default is not None else None
 
 
 @dataclass

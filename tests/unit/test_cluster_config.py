@@ -25,6 +25,7 @@ def test_defaults_allow_nothing_beyond_the_default_root() -> None:
     assert config.tasks.allowed_bind_mount_roots == []
     assert config.tasks.allowed_devices == []
     assert config.tasks.allowed_capabilities == []
+    assert config.tasks.default_image is None
     assert config.accounts.token_lifetime == timedelta(days=30)
     assert config.accounts.min_password_length == 8
 
@@ -62,6 +63,8 @@ def test_a_full_file_is_read(tmp_path: Path) -> None:
         ("accounts: {token_lifetime: 0}", "accounts.token_lifetime: must be more than 0 s"),
         ("accounts: {min_password_length: 0}", "accounts.min_password_length: must be >= 1"),
         ("checkpoint_storage: {allowed_roots: [rel]}", "allowed_roots[0]: must be an absolute"),
+        ("tasks: {default_image: 'a b'}", "tasks.default_image: must be an image name"),
+        ("tasks: {default_image: {gpu: x}}", "tasks.default_image.gpu: unknown field"),
         ("[1, 2]", "must be a mapping"),
         ("a: [", "invalid YAML"),
     ],
@@ -74,6 +77,18 @@ def test_a_bad_file_names_the_file_and_the_field(tmp_path: Path, text: str, expe
         load_cluster_config(path)
     assert str(caught.value).startswith(f"{path}: ")
     assert expected in str(caught.value)
+
+
+def test_the_default_image_is_one_name_or_one_per_device() -> None:
+    """``tasks.default_image`` as one name serves every device; as a mapping, ``cuda`` falls
+    back to ``cpu``."""
+    one = parse_cluster_config("tasks: {default_image: cairn-trial:local}").tasks.default_image
+    assert one is not None
+    assert one.for_device("cpu") == one.for_device("cuda") == "cairn-trial:local"
+    both = parse_cluster_config("tasks: {default_image: {cpu: c, cuda: g}}").tasks.default_image
+    assert both is not None and (both.for_device("cpu"), both.for_device("cuda")) == ("c", "g")
+    cpu = parse_cluster_config("tasks: {default_image: {cpu: c}}").tasks.default_image
+    assert cpu is not None and cpu.for_device("cuda") == "c"
 
 
 def test_a_missing_file_is_an_error_not_the_defaults(tmp_path: Path) -> None:

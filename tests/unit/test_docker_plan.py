@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from events.config.cluster import TaskImages
 from services.agent.docker_runtime import (
     LABEL_AGENT,
     LABEL_ALLOCATION,
@@ -47,6 +48,18 @@ def test_image_per_device() -> None:
     assert run_image(both, "cuda") == "t:gpu"
     assert run_image({"environment": {"image": {"gpu": "t:old"}}}, "cuda") == "t:old"
     assert run_image({"environment": {"image": {"cpu": "t:cpu"}}}, "cuda") == "t:cpu"
+
+
+def test_the_clusters_default_image_serves_a_config_without_one() -> None:
+    """``tasks.default_image`` is the image of a run whose config names none (per device), and
+    never overrides the config's own."""
+    default = TaskImages(cpu="d:cpu", cuda="d:cuda")
+    assert run_image({}, "cpu", default) == "d:cpu"
+    assert run_image({"environment": {"image": None}}, "cuda", default) == "d:cuda"
+    assert run_image({"environment": {"image": {}}}, "cpu", default) == "d:cpu"
+    assert run_image({"environment": {"image": "mine"}}, "cuda", default) == "mine"
+    assert run_image({}, "cuda", TaskImages(cpu="only")) == "only"
+    assert run_image({}, "cpu", None) is None
 
 
 def test_container_gets_the_trial_environment_without_host_paths() -> None:
