@@ -10,8 +10,13 @@ RUN python3 -m venv /opt/cairn \
  && ln -s "$(/opt/cairn/bin/python -c 'import pgserver, pathlib; print(pathlib.Path(pgserver.__file__).parent / "pginstall/bin")')" /opt/pgbin \
  && useradd --create-home --uid 1000 cairn \
  && mkdir -p /var/lib/cairn /var/lib/cairn-agent /checkpoints /data \
- && chown cairn:cairn /var/lib/cairn /var/lib/cairn-agent /checkpoints /data
-# A named volume mounted on one of these directories starts owned by cairn.
+ && chown cairn:cairn /var/lib/cairn /data \
+ && chmod 0711 /var/lib/cairn-agent \
+ && chmod 1733 /checkpoints
+# A named volume mounted on one of these directories starts with its owner and mode: PostgreSQL's
+# and NATS's data belong to cairn; an agent's work directory to the agent (root in its container:
+# others may traverse it, not list it); checkpoints are root's, mode 1733 (every trial's uid
+# creates its own checkpoints; none lists or removes another's).
 COPY postgres-entrypoint.sh /usr/local/bin/cairn-postgres
 ENV PATH=/opt/cairn/bin:/opt/pgbin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONUNBUFFERED=1

@@ -1,0 +1,1 @@
+"""Tools of the compose lab cluster (``deploy/compose``), run inside cairn's services image."""
