@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from events.config.host_requests import HostPolicy, capability_name, host_request_errors
+from events.domain.config.host_requests import HostPolicy, capability_name, host_request_errors
 from services.agent.runtime import LogShipper, RunSpec, safe_name
 from services.confine import Identity
 
