@@ -26,8 +26,8 @@ import aiohttp
 from bench.common import BenchContext, Report, per_second, progress
 from bench.trials import FineMeasure, _Cluster, _code_tarball, _config, _wait_terminal
 from cairn.local.servers import ServerProcess, start_nats
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore
+from events.domain.names import experiment_stream, trial_stream
+from events.log.store import EventStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits"

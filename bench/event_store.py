@@ -18,11 +18,7 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict
 
 from bench.common import BenchContext, Measure, Report, Stopwatch, per_second, progress, timed
-from events.envelope import Event, RecordedEvent
-from events.folds import fold
-from events.registry import encode
-from events.store import EventStore
-from events.types import (
+from events.domain.types import (
     CheckpointSaved,
     ExperimentSubmitted,
     SlotsAllocated,
@@ -33,6 +29,10 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log.envelope import Event, RecordedEvent
+from events.log.folds import fold
+from events.log.registry import encode
+from events.log.store import EventStore
 
 PAGE = 5000  # the page size of EventStore.iter_all; every paged read here uses it
 EVENTS_PER_STREAM = 100
@@ -71,7 +71,7 @@ def _dumps(value: Any) -> str:
 
 
 async def _json_codec(conn: asyncpg.Connection) -> None:
-    """The same jsonb codec as cairn's pool (``events.db``): jsonb arrives as Python values."""
+    """The same jsonb codec as cairn's pool (``events.log.db``): jsonb arrives as Python values."""
     await conn.set_type_codec(
         "jsonb", encoder=_dumps, decoder=json.loads, schema="pg_catalog", format="text"
     )

@@ -37,12 +37,9 @@ from bench.common import BenchContext, Measure, Report, progress
 from bench.event_store import INSERT_COLUMNS
 from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
-from events.config import parse_config
-from events.envelope import Event, RecordedEvent
-from events.lease import lease_timeout
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore, lease_stream
-from events.types import (
+from events.domain.config import parse_config
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import (
     CheckpointSaved,
     ExperimentStateChanged,
     ExperimentSubmitted,
@@ -55,6 +52,9 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log.envelope import Event, RecordedEvent
+from events.log.lease import lease_timeout
+from events.log.store import EventStore, lease_stream
 from services.searcher.methods import Create, make_method
 
 EXPERIMENTS = 200

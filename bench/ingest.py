@@ -41,10 +41,10 @@ from typing import Any
 from bench.common import BenchContext, Measure, Report, per_second, progress
 from cairn.core._http import Session
 from cairn.core._reporter import MAX_BATCH, HTTPReporter
-from events.config import parse_config
-from events.names import allocation_id, trial_stream
-from events.store import EventStore
-from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
+from events.domain.config import parse_config
+from events.domain.names import allocation_id, trial_stream
+from events.domain.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
+from events.log.store import EventStore
 from services.api.auth import trial_token
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import BenchContext, Measure, Report, print_table, progress
-from events.config import parse_config
+from events.domain.config import parse_config
 from services.searcher.methods import Create, Shutdown, Stop, make_method
 
 ROOT = Path(__file__).resolve().parents[1]

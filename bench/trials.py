@@ -42,10 +42,10 @@ import aiohttp
 from bench.common import BenchContext, Measure, Report, per_second, progress
 from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
-from events.config import load_yaml
-from events.envelope import RecordedEvent
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore
+from events.domain.config import load_yaml
+from events.domain.names import experiment_stream, trial_stream
+from events.log.envelope import RecordedEvent
+from events.log.store import EventStore
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTED = ROOT / "examples" / "scripted"

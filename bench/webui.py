@@ -33,10 +33,10 @@ import asyncpg
 
 from bench.common import BenchContext, Measure, Report, progress
 from cairn.local.servers import free_port
-from events.config import parse_config
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import ExperimentSubmitted, TrialRequested, TrialStateChanged
+from events.domain.config import parse_config
+from events.domain.names import trial_stream
+from events.domain.types import ExperimentSubmitted, TrialRequested, TrialStateChanged
+from events.log.store import EventStore
 from services.api import tables
 from services.tracker import schema as tracker_schema
 from services.tracker.service import catch_up

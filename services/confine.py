@@ -34,7 +34,7 @@ The rules it keeps:
   covered too, and without a user namespace to cover it user code is refused: it would be root
   on the host. ``docs/security.md`` states these limits.
 - **No engine socket in sight.** A root launcher covers every container engine socket it
-  finds (:data:`events.config.host_requests.ENGINE_SOCKETS`) in user code's view; where it
+  finds (:data:`events.domain.config.host_requests.ENGINE_SOCKETS`) in user code's view; where it
   cannot make a mount namespace (an agent in a container that holds the socket to start trial
   containers), user code is refused as a process: it must run in a container of its own.
 
@@ -58,8 +58,8 @@ from pathlib import Path
 
 import structlog
 
-from events.config.host_requests import ENGINE_SOCKETS
-from events.identities import CLUSTER_UID, UnixIdentity
+from events.domain.config.host_requests import ENGINE_SOCKETS
+from events.domain.identities import CLUSTER_UID, UnixIdentity
 
 log = structlog.get_logger("confine")
 
@@ -194,10 +194,10 @@ def host() -> Host:
 
 def default_identity(*, uid: int = CLUSTER_UID) -> Identity | None:
     """The cluster's unprivileged identity, for user code that belongs to no particular user
-    (each user's own comes from :mod:`events.identities`).
+    (each user's own comes from :mod:`events.domain.identities`).
 
     Args:
-        uid: its uid and gid (:data:`events.identities.CLUSTER_UID` unless the cluster chose
+        uid: its uid and gid (:data:`events.domain.identities.CLUSTER_UID` unless the cluster chose
             another).
 
     Returns:
@@ -213,7 +213,7 @@ def default_identity(*, uid: int = CLUSTER_UID) -> Identity | None:
 
 def identity_of(decided: UnixIdentity) -> Identity:
     """The :class:`Identity` of a user's identity as the log decided it
-    (:func:`events.identities.fold_identities`).
+    (:func:`events.domain.identities.fold_identities`).
 
     Raises:
         ConfinementError: it names uid or gid 0.

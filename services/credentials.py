@@ -5,7 +5,7 @@ Whatever a process was started with stays readable in ``/proc/<pid>/environ`` an
 ``/proc/<pid>/cmdline`` for as long as it runs, so ``cairn up`` gives each service only the
 paths of its secret files (mode 0600, in a 0700 directory of its own), in variables that hold
 no secret: ``CAIRN_DB_FILE``, ``CAIRN_NATS_FILE``, ``CAIRN_ADMIN_PASSWORD_FILE`` (and
-``CAIRN_JOIN_TOKEN_FILE``, ``CAIRN_NATS_AUTHORITY_FILE``; see :mod:`events.bus_auth`). The variables holding a secret itself (``CAIRN_DB``,
+``CAIRN_JOIN_TOKEN_FILE``, ``CAIRN_NATS_AUTHORITY_FILE``; see :mod:`events.log.bus_auth`). The variables holding a secret itself (``CAIRN_DB``,
 ``CAIRN_NATS``, ...) are still read when no file is named, for services started by hand.
 
 Every service (and the supervisor of ``cairn up``) calls :func:`make_undumpable` before it reads

@@ -30,9 +30,9 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import structlog
 
 from cairn.local.private_files import read_or_create_secret, write_private
-from events import db, migrations
-from events import logging as cairn_logging
-from events.errors import EventsError
+from events.log import db, migrations
+from events.log import logging as cairn_logging
+from events.log.errors import EventsError
 from services import credentials, roles
 
 log = structlog.get_logger("migrate")

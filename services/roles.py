@@ -7,8 +7,8 @@ it writes, the sequences it takes ids from, and the other owners' tables it read
 read modules.
 
 Invariant: no role made here is a superuser, may create or alter anything, or holds INSERT,
-UPDATE or DELETE on ``events``: it appends only through :data:`events.migrations.APPEND_FUNCTIONS`,
-which run as :data:`events.migrations.LOG_WRITER`. It writes only the relations its package owns
+UPDATE or DELETE on ``events``: it appends only through :data:`events.log.migrations.APPEND_FUNCTIONS`,
+which run as :data:`events.log.migrations.LOG_WRITER`. It writes only the relations its package owns
 and those named in its :class:`ServiceRole`, and reads, besides those, only :data:`READ_BY_ALL`
 and its :attr:`ServiceRole.reads`. Of ``checkpoints`` it writes only its own consumers' rows: a
 consumer is named after its service (``scheduler``, ``tracker-audit``; see
@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from events import migrations
+from events.log import migrations
 from services.api import read as api_read
 from services.api import tables as api_tables
 from services.tracker import audit as tracker_audit

@@ -5,9 +5,9 @@ A service is ``python -m services.<name>`` with its DSN and NATS URL read from f
 starts it; ``--db DSN --nats URL`` (or env ``CAIRN_DB`` / ``CAIRN_NATS``) still work for a service
 started by hand, though a command line and an environment are readable by others (see
 :mod:`services.credentials`). The NATS URL names the service's NATS credentials file
-(``nats://host:4222?creds=/path/relay.creds``, see :mod:`events.bus_auth`), and
+(``nats://host:4222?creds=/path/relay.creds``, see :mod:`events.log.bus_auth`), and
 ``--cluster-config PATH`` (``CAIRN_CLUSTER_CONFIG``) the cluster config
-(:mod:`events.config.cluster`), read once here and handed to the service. Before it reads its
+(:mod:`events.domain.config.cluster`), read once here and handed to the service. Before it reads its
 credentials, the process makes itself undumpable. When the launcher sets ``CAIRN_READY_FILE``,
 the service writes that file once it is connected and serving, which is how ``cairn up`` knows
 it is healthy.
@@ -28,13 +28,13 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from events import logging as cairn_logging
-from events import origin
-from events.bus import Bus
-from events.config.cluster import ClusterConfig, ClusterConfigError, load_cluster_config
-from events.errors import EventsError, FencedError
-from events.lease import LeaderLease, lease_timeout
-from events.store import EventStore
+from events.domain.config.cluster import ClusterConfig, ClusterConfigError, load_cluster_config
+from events.log import logging as cairn_logging
+from events.log import origin
+from events.log.bus import Bus
+from events.log.errors import EventsError, FencedError
+from events.log.lease import LeaderLease, lease_timeout
+from events.log.store import EventStore
 from services import credentials
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from cairn.local.servers import ServerProcess, start_nats, start_postgres
-from events.bus import Bus
-from events.store import EventStore
+from events.log.bus import Bus
+from events.log.store import EventStore
 from tests.helpers import create_database
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,9 +18,9 @@ import asyncpg
 import psutil
 
 from cairn.local.servers import ServerProcess
-from events.consumer import Consumer
-from events.envelope import RecordedEvent
-from events.store import EventStore, Transaction
+from events.log.consumer import Consumer
+from events.log.envelope import RecordedEvent
+from events.log.store import EventStore, Transaction
 
 ROOT = Path(__file__).resolve().parent.parent
 

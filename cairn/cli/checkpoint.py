@@ -11,7 +11,7 @@ from typing import Any
 from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
 from cairn.errors import CairnError, UsageError
-from events.archive import CHECKPOINT_LIMITS, extract_tar
+from events.domain.archive import CHECKPOINT_LIMITS, extract_tar
 
 
 def register(sub: Any) -> None:

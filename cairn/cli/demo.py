@@ -14,7 +14,7 @@ from cairn.client import Client
 from cairn.errors import CairnError
 from cairn.local import cluster, service_credentials
 from cairn.local.state import read_state
-from events import lifecycle
+from events.domain import lifecycle
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "digits"

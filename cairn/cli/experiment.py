@@ -25,7 +25,7 @@ from cairn.cli.output import (
 from cairn.cli.trial import add_log_args, add_pagination_args, print_logs, trial_rows
 from cairn.client import ApiError, Client
 from cairn.errors import CairnError, UnreachableError, UsageError
-from events import lifecycle
+from events.domain import lifecycle
 
 FOLLOW_INTERVAL = 1.0
 UNREACHABLE_GRACE = 60.0
@@ -191,7 +191,7 @@ def load_config(path: Path, overrides: list[str]) -> dict[str, Any]:
 
     The server validates the result; only unreadable YAML or malformed overrides fail here.
     """
-    from events.config import ConfigError, apply_overrides, load_yaml
+    from events.domain.config import ConfigError, apply_overrides, load_yaml
 
     try:
         text = path.read_text(encoding="utf-8")

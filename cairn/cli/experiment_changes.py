@@ -103,7 +103,7 @@ SETTABLE = {
 
 def cmd_config(args: argparse.Namespace) -> int:
     """Prints the experiment's config (with every later change applied) as YAML."""
-    from events.config import dump_yaml
+    from events.domain.config import dump_yaml
 
     config = auth_store.connect(args).get_experiment(args.id).get("config") or {}
     if wants_json(args):
@@ -114,7 +114,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _partial_config(args: argparse.Namespace) -> dict[str, Any]:
-    from events.config import ConfigError, apply_overrides, load_yaml
+    from events.domain.config import ConfigError, apply_overrides, load_yaml
 
     doc: Any = {}
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.errors import UsageError
-from events.config import ConfigError, ExperimentConfig, parse_config
+from events.domain.config import ConfigError, ExperimentConfig, parse_config
 from services.searcher.methods.base import SearcherError
 from services.searcher.preview import DEFAULT_PREVIEW_SEED, preview_search, render_preview
 

@@ -61,7 +61,7 @@ def register(sub: Any) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """Lists templates (``-d``: with their configs)."""
-    from events.config import dump_yaml
+    from events.domain.config import dump_yaml
 
     data = auth_store.connect(args).list_templates()
     if wants_json(args):
@@ -83,7 +83,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_describe(args: argparse.Namespace) -> int:
     """Prints one template's config as YAML."""
-    from events.config import dump_yaml
+    from events.domain.config import dump_yaml
 
     template = auth_store.connect(args).get_template(args.name)
     if wants_json(args):

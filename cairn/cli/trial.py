@@ -24,7 +24,7 @@ from cairn.cli.output import (
 )
 from cairn.client import Client
 from cairn.errors import CairnError, UnreachableError, UsageError
-from events.names import TrialIdError, parse_trial_id
+from events.domain.names import TrialIdError, parse_trial_id
 
 LOG_PAGE = 1000
 RECONNECTS = 5

@@ -35,8 +35,8 @@ from typing import Any
 
 from cairn.core._distributed import DistributedContext
 from cairn.core._reporter import Reporter
-from events.checkpoint_storage import MARKER_FILE, CheckpointStorage, marker_bytes
-from events.errors import EventsError
+from events.domain.checkpoint_storage import MARKER_FILE, CheckpointStorage, marker_bytes
+from events.log.errors import EventsError
 
 log = logging.getLogger("cairn.core")
 

@@ -26,8 +26,8 @@ from cairn.core._train import (
     TrainContext,
     default_tensorboard_path,
 )
-from events.checkpoint_storage import CheckpointStorage, S3Storage
-from events.config.storage import tensorboard_dir
+from events.domain.checkpoint_storage import CheckpointStorage, S3Storage
+from events.domain.config.storage import tensorboard_dir
 
 log = logging.getLogger("cairn.core")
 

@@ -328,7 +328,7 @@ class Checkpoint:
         Raises:
             CairnError: the checkpoint is deleted, or its files could not be unpacked.
         """
-        from events.archive import extract_tar
+        from events.domain.archive import extract_tar
 
         if self.state not in (CheckpointState.COMPLETED, CheckpointState.PARTIALLY_DELETED):
             raise CairnError(f"checkpoint {self.uuid} is {self.state.value}: nothing to download")

@@ -43,8 +43,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from cairn.local.private_files import write_private
-from events.bus_auth import AUTHORITY_FILE, USER_ROLES, Authority, read_private
-from events.limits import BUS_MAX_PAYLOAD
+from events.log.bus_auth import AUTHORITY_FILE, USER_ROLES, Authority, read_private
+from events.log.limits import BUS_MAX_PAYLOAD
 from services import roles
 
 SERVICE_UID = 1000

@@ -69,9 +69,13 @@ from cairn.local.state import (
     state_path,
     write_state,
 )
-from events.bus_auth import USER_ROLES
-from events.config.cluster import CLUSTER_CONFIG_FILE, ClusterConfigError, load_cluster_config
-from events.redact import redact_url
+from events.domain.config.cluster import (
+    CLUSTER_CONFIG_FILE,
+    ClusterConfigError,
+    load_cluster_config,
+)
+from events.log.bus_auth import USER_ROLES
+from events.log.redact import redact_url
 from services import credentials
 
 SERVICES: tuple[str, ...] = ("relay", "api", "searcher", "scheduler", "tracker", "agent")
@@ -184,7 +188,7 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def cluster_config_path(data_dir: Path) -> Path:
-    """The embedded cluster's config file (:mod:`events.config.cluster`): ``DIR/cluster.yaml``.
+    """The embedded cluster's config file (:mod:`events.domain.config.cluster`): ``DIR/cluster.yaml``.
 
     Every service gets its path (``CAIRN_CLUSTER_CONFIG``) when it exists; without it every
     setting has its default (checkpoints only under ``DIR/checkpoints``).

@@ -3,7 +3,7 @@
 Both run as plain child processes on loopback TCP ports, so tests and ``cairn up`` own their PIDs
 and fault tests can SIGKILL them. PostgreSQL requires a password, generated at the first start and
 kept beside the server's directory in a mode 0600 file (:func:`secret_file`); the URLs it hands out
-carry it, so show them to people only through :func:`events.redact.redact_url`. nats-server
+carry it, so show them to people only through :func:`events.log.redact.redact_url`. nats-server
 requires a user credential (:func:`start_nats`); its URLs only name the credentials file.
 """
 
@@ -25,16 +25,16 @@ from urllib.parse import quote
 
 from cairn.errors import CairnError
 from cairn.local.private_files import SecretFileError, read_or_create_secret, write_private
-from events.bus import split_url, with_creds
-from events.bus_auth import (
+from events.log.bus import split_url, with_creds
+from events.log.bus_auth import (
     AUTHORITY_FILE,
     USER_ROLES,
     Authority,
     BusAuthError,
     read_private,
 )
-from events.limits import BUS_MAX_PAYLOAD
-from events.redact import redact_url
+from events.log.limits import BUS_MAX_PAYLOAD
+from events.log.redact import redact_url
 
 PG_SUPERUSER = "postgres"
 LEGACY_PG_USER = "pgserver"
@@ -384,7 +384,7 @@ def start_nats(
 ) -> ServerProcess:
     """Starts nats-server with JetStream storing under ``store_dir`` on a loopback port.
 
-    The server runs in operator mode (:mod:`events.bus_auth`): it refuses anonymous clients
+    The server runs in operator mode (:mod:`events.log.bus_auth`): it refuses anonymous clients
     and accepts users signed by the cluster's account signing key, kept with every service's
     credentials under :func:`nats_auth_dir` (created at the first start). :attr:`ServerProcess.url`
     names the ``admin`` user's credentials file (``?creds=PATH``); a service connects with

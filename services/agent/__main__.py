@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from events import logging as cairn_logging
+from events.log import logging as cairn_logging
 from services import credentials
 from services.agent.agent import Agent, AgentConfig
 from services.agent.credential import CredentialError

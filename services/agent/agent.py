@@ -40,13 +40,13 @@ from typing import Any
 import nats.errors
 import structlog
 
-from events import faults
-from events.bus import COMMANDS_STREAM, Bus
-from events.bus_auth import agent_durable
-from events.commands import agent_subject
-from events.config.cluster import TaskImages, TaskPolicy
-from events.config.host_requests import HostPolicy
-from events.errors import BusUnavailableError
+from events.domain.commands import agent_subject
+from events.domain.config.cluster import TaskImages, TaskPolicy
+from events.domain.config.host_requests import HostPolicy
+from events.log import faults
+from events.log.bus import COMMANDS_STREAM, Bus
+from events.log.bus_auth import agent_durable
+from events.log.errors import BusUnavailableError
 from services.agent.client import ApiClient, ApiError
 from services.agent.confinement import Confinement, RunDirectoryError, RunPlaces
 from services.agent.credential import Credential, CredentialError, obtain

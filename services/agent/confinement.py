@@ -34,8 +34,8 @@ from pathlib import Path
 
 import structlog
 
-from events.config.storage import tensorboard_dir
-from events.identities import CLUSTER_UID
+from events.domain.config.storage import tensorboard_dir
+from events.domain.identities import CLUSTER_UID
 from services.confine import (
     SHARED_DIR_MODE,
     ConfinementError,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from events.bus_auth import BusAuthError, read_private, write_private
+from events.log.bus_auth import BusAuthError, read_private, write_private
 from services.agent.client import ApiClient, ApiError
 
 log = structlog.get_logger("agent")

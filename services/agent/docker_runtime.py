@@ -31,8 +31,8 @@ from typing import Any
 
 import structlog
 
-from events.config.cluster import TaskImages
-from events.config.host_requests import HostPolicy, capability_name, host_request_errors
+from events.domain.config.cluster import TaskImages
+from events.domain.config.host_requests import HostPolicy, capability_name, host_request_errors
 from services.agent.runtime import LogShipper, RunSpec, safe_name
 from services.confine import Identity
 

@@ -34,8 +34,8 @@ from urllib.parse import urlsplit
 import structlog
 
 from cairn.compat import python_path_with_shim
-from events.archive import extract_tar
-from events.config.storage import checkpoint_root as checkpoint_root
+from events.domain.archive import extract_tar
+from events.domain.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient, ApiError
 from services.agent.signals import exit_status, terminate
 from services.confine import Identity

@@ -17,7 +17,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from events.bus_auth import Authority, read_private
+from events.log.bus_auth import Authority, read_private
 from services import credentials
 from services.api.app import create_app
 from services.api.auth import cluster_secret

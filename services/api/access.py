@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from events.names import parse_trial_id, trial_label
+from events.domain.names import parse_trial_id, trial_label
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
 from services.api.errors import forbidden, not_found
@@ -83,7 +83,7 @@ async def readable_checkpoint(
 ) -> tuple[dict[str, Any], ExperimentView]:
     """A checkpoint's row and its experiment, if the caller may read it; 404 unknown, 403 not
     theirs. The row is the projection's, whose first report of a uuid wins, as ownership
-    does (:mod:`events.checkpoints`)."""
+    does (:mod:`events.domain.checkpoints`)."""
     if "\x00" in uuid or len(uuid) > 500:
         raise not_found(f"no checkpoint {uuid!r}")
     store = store_of(request)

@@ -3,7 +3,7 @@
 An agent presents the join token once, to ``POST /api/v1/agents/{agent_id}/join``, and receives
 an API token bound to its agent id (``agent:<random>``; only its SHA-256 is stored) and, when the
 gateway holds the bus's signing key, a NATS user that may read only that agent's command subject
-(:mod:`events.bus_auth`). The join token opens nothing else.
+(:mod:`events.log.bus_auth`). The join token opens nothing else.
 
 Invariants:
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from events.bus_auth import Authority, agent_inbox, public_key, safe_token
-from events.commands import agent_subject
-from events.db import translate_errors
-from events.store import EventStore
+from events.domain.commands import agent_subject
+from events.log.bus_auth import Authority, agent_inbox, public_key, safe_token
+from events.log.db import translate_errors
+from events.log.store import EventStore
 from services.api.errors import forbidden
 
 TOKEN_PREFIX = "agent:"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from events.bus import Bus
-from events.bus_auth import Authority
-from events.config.cluster import ClusterConfig
-from events.config.storage import default_checkpoint_root
-from events.store import EventStore
+from events.domain.config.cluster import ClusterConfig
+from events.domain.config.storage import default_checkpoint_root
+from events.log.bus import Bus
+from events.log.bus_auth import Authority
+from events.log.store import EventStore
 from services.api import (
     openapi,
     routes_agents,

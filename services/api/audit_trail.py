@@ -3,7 +3,7 @@ that would otherwise leave no trace.
 
 :func:`audit_middleware` (outermost) gives each request an id (the client's ``X-Request-ID``
 when it is a short token, else a new one; echoed in the response) and binds an
-:class:`events.origin.Origin`, so every event the request appends carries its actor, request id
+:class:`events.log.origin.Origin`, so every event the request appends carries its actor, request id
 and remote address. When the response is known it records:
 
 - ``RequestRejected`` for a refused request: any 4xx of a mutating method (POST, PUT, PATCH,
@@ -36,10 +36,10 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from events import origin
-from events.envelope import NewEvent, new
-from events.errors import EventsError
-from events.types.audit import AUDIT_STREAM, RequestAccepted, RequestRejected
+from events.domain.types.audit import AUDIT_STREAM, RequestAccepted, RequestRejected
+from events.log import origin
+from events.log.envelope import NewEvent, new
+from events.log.errors import EventsError
 from services.api.routing import STATE
 
 log = structlog.get_logger("api")

@@ -8,7 +8,7 @@ Four kinds of bearer token are accepted:
 - the cluster's join token (:func:`join_token`), which only opens ``POST
   /api/v1/agents/{agent_id}/join``;
 - trial tokens, ``trial:<label>:<run_id>:<hex>`` where ``<label>`` names the trial as
-  :func:`events.names.trial_label` does (``17``; a legacy trial ``9.1``) and ``<hex>`` is
+  :func:`events.domain.names.trial_label` does (``17``; a legacy trial ``9.1``) and ``<hex>`` is
   HMAC-SHA256 of ``trial:<label>:<run_id>`` under the cluster secret (created by the first
   migration); they open only their own trial and its allocations, and only while ``run_id`` is
   the trial's current run (a token of an earlier run is refused with 403, reason
@@ -31,9 +31,9 @@ from typing import Any, Literal
 import structlog
 from aiohttp import web
 
-from events.db import translate_errors
-from events.names import parse_trial_id, trial_label, trial_stream
-from events.store import EventStore
+from events.domain.names import parse_trial_id, trial_label, trial_stream
+from events.log.db import translate_errors
+from events.log.store import EventStore
 from services.api import agent_credentials, tables
 from services.api.audit_trail import actor_of, set_actor
 from services.api.errors import ApiError, forbidden, unauthorized

@@ -15,13 +15,13 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from events.errors import (
+from events.log.errors import (
     ConcurrencyError,
     DuplicateEventError,
     EventTooLargeError,
     StoreUnavailableError,
 )
-from events.storable import find_unstorable, within_depth
+from events.log.storable import find_unstorable, within_depth
 
 log = structlog.get_logger("api")
 M = TypeVar("M", bound=BaseModel)

@@ -2,7 +2,7 @@
 
 A request names the point with ``?at=``: a log position (an integer) or an ISO 8601 timestamp,
 which stands for the last position recorded at or before it. The answer is the fold
-(:mod:`events.aggregates`) of the relevant streams' events up to that position, in the same
+(:mod:`events.domain.aggregates`) of the relevant streams' events up to that position, in the same
 shape as the present state; what only the tracker's projections know and the log does not
 (heartbeats, reported progress and status) is null in a past answer.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.aggregates import (
+from events.domain.aggregates import (
     CLUSTER_FACTS,
     TRIAL_SUMMARY_FACTS,
     ExperimentView,
@@ -25,11 +25,11 @@ from events.aggregates import (
     iso,
     metric_value,
 )
-from events.db import translate_errors
-from events.envelope import RecordedEvent
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore, row_to_event
-from events.types import CheckpointSaved, CheckpointsDeleted, ValidationReported
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import CheckpointSaved, CheckpointsDeleted, ValidationReported
+from events.log.db import translate_errors
+from events.log.envelope import RecordedEvent
+from events.log.store import EventStore, row_to_event
 from services.api.errors import bad_request, not_found
 from services.api.views import MAX_ID, read_facts
 

@@ -1,4 +1,4 @@
-"""The gateway's side of :mod:`events.config.host_requests`: a config that asks for host paths,
+"""The gateway's side of :mod:`events.domain.config.host_requests`: a config that asks for host paths,
 devices or capabilities the cluster config (``tasks``) does not allow is a 400 naming the
 field."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from events.config.host_requests import host_request_errors
+from events.domain.config.host_requests import host_request_errors
 from services.api.errors import ApiError
 from services.api.routing import cluster_of
 

@@ -1,13 +1,19 @@
-"""The unix identity each user's code runs as (see :mod:`events.identities`), as the gateway
+"""The unix identity each user's code runs as (see :mod:`events.domain.identities`), as the gateway
 reads and decides it: assigned the first time a run of the user's needs one, linked by an admin.
 """
 
 from __future__ import annotations
 
-from events.envelope import new
-from events.identities import FACTS, IDENTITIES_STREAM, Identities, UnixIdentity, assignment_for
-from events.identities import fold_identities as fold
-from events.store import EventStore, Transaction
+from events.domain.identities import (
+    FACTS,
+    IDENTITIES_STREAM,
+    Identities,
+    UnixIdentity,
+    assignment_for,
+)
+from events.domain.identities import fold_identities as fold
+from events.log.envelope import new
+from events.log.store import EventStore, Transaction
 from services.api.errors import ApiError
 from services.api.inbox import in_transaction
 from services.api.views import Reader, read_facts

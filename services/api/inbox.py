@@ -1,5 +1,5 @@
 """Idempotent intake for the gateway's routes: claims in the log's ``inbox`` (through
-:mod:`events.inbox`, which owns it) and transactions re-run on a concurrent append."""
+:mod:`events.log.inbox`, which owns it) and transactions re-run on a concurrent append."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from events.errors import ConcurrencyError
-from events.inbox import claim, claim_many, record
-from events.store import EventStore, Transaction
+from events.log.errors import ConcurrencyError
+from events.log.inbox import claim, claim_many, record
+from events.log.store import EventStore, Transaction
 
 __all__ = ["claim", "claim_many", "in_transaction", "record"]
 

@@ -5,7 +5,7 @@ The limit is the route's (:attr:`services.api.routing.Route.max_body`), else
 body is read; a body without one is cut off by aiohttp as it is read (``client_max_size``).
 Multipart parts are not covered by ``client_max_size``; handlers read them with
 :func:`read_part`. What a body may record in the log is bounded separately, by the store
-(:data:`events.limits.MAX_EVENT_BYTES`).
+(:data:`events.log.limits.MAX_EVENT_BYTES`).
 """
 
 from __future__ import annotations

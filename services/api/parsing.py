@@ -1,7 +1,7 @@
 """User YAML and configs are parsed here, off the event loop.
 
 A config or template is at most a few hundred KiB and its YAML is bounded
-(:mod:`events.config.safe_yaml`), but parsing and validating the largest still takes a moment of
+(:mod:`events.domain.config.safe_yaml`), but parsing and validating the largest still takes a moment of
 CPU; done on the event loop it would hold up every other request (health checks, heartbeats,
 reports) meanwhile. :func:`off_loop` runs such work on a small pool of its own, two at a time,
 whatever else uses the default executor.
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from events.config import load_yaml
+from events.domain.config import load_yaml
 from services.api.errors import ApiError
 
 log = structlog.get_logger("api")
@@ -46,7 +46,7 @@ async def off_loop(work: Callable[..., T], *args: Any) -> T:
 
 
 async def yaml_off_loop(text: str, source: str = "<config>") -> Any:
-    """:func:`events.config.load_yaml` of ``text``, off the event loop.
+    """:func:`events.domain.config.load_yaml` of ``text``, off the event loop.
 
     Raises:
         ConfigError: the YAML is invalid or past the limits.

@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from events import lifecycle
-from events.db import Connection, translate_errors
-from events.errors import StatementError
-from events.store import EventStore
+from events.domain import lifecycle
+from events.log.db import Connection, translate_errors
+from events.log.errors import StatementError
+from events.log.store import EventStore
 from services.api import read as api_read
 from services.tracker import read as tracker_read
 

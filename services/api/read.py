@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from events.db import Connection
+from events.log.db import Connection
 
 TABLES: tuple[str, ...] = ("agent_heartbeats", "trial_progress", "code_blobs")
 """The gateway's tables this module reads: all that a reading service's role may select from

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from events.envelope import RecordedEvent
-from events.types import RendezvousJoined
+from events.domain.types import RendezvousJoined
+from events.log.envelope import RecordedEvent
 
 
 @dataclass(frozen=True)

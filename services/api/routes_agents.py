@@ -16,10 +16,10 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.envelope import Event, new
-from events.store import Transaction
-from events.types import AgentRegistered, SlotsDisabled, SlotsEnabled
-from events.types.agent import Slot
+from events.domain.types import AgentRegistered, SlotsDisabled, SlotsEnabled
+from events.domain.types.agent import Slot
+from events.log.envelope import Event, new
+from events.log.store import Transaction
 from services.api import agent_credentials, history, tables
 from services.api import projections_read as pr
 from services.api.auth import Principal, check_agent, principal_of

@@ -12,10 +12,10 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.envelope import Event, new
-from events.names import trial_stream
-from events.store import Transaction
-from events.types import SlotsReleased, TrialExited, TrialStarted
+from events.domain.names import trial_stream
+from events.domain.types import SlotsReleased, TrialExited, TrialStarted
+from events.log.envelope import Event, new
+from events.log.store import Transaction
 from services.api import tables
 from services.api.auth import (
     check_agent,

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
-from events.registry import known_types
+from events.log.registry import known_types
 from services.api.errors import parse
 from services.api.routing import Access, RouteTable, store_of
 from services.api.views import MAX_ID

@@ -22,18 +22,18 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events import lifecycle
-from events.checkpoint_storage import (
+from events.domain import lifecycle
+from events.domain.checkpoint_storage import (
     CheckpointStorage,
     StorageError,
     StorageNotAllowedError,
     open_storage,
     safe_uuid,
 )
-from events.envelope import new
-from events.names import experiment_stream
-from events.store import Transaction
-from events.types import CheckpointsDeleteRequested
+from events.domain.names import experiment_stream
+from events.domain.types import CheckpointsDeleteRequested
+from events.log.envelope import new
+from events.log.store import Transaction
 from services.api import projections_read as pr
 from services.api.access import readable_checkpoint
 from services.api.auth import principal_of

@@ -22,12 +22,12 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
-from events.config.secrets import CONFIG_EVENTS, mask_payload
-from events.db import translate_errors
-from events.errors import StoreUnavailableError
-from events.names import coerce_trial_id, experiment_stream, trial_stream
-from events.registry import known_types
-from events.store import EventStore, row_to_event
+from events.domain.config.secrets import CONFIG_EVENTS, mask_payload
+from events.domain.names import coerce_trial_id, experiment_stream, trial_stream
+from events.log.db import translate_errors
+from events.log.errors import StoreUnavailableError
+from events.log.registry import known_types
+from events.log.store import EventStore, row_to_event
 from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import bad_request, forbidden, parse
@@ -45,7 +45,7 @@ PAGE_BYTES = 1 << 20
 """A page ends once its text passes this many bytes (a page holds at least one event)."""
 PREFETCH = 8
 """Rows read from the log per round trip while a page is built (events are at most
-:data:`events.limits.MAX_EVENT_BYTES` each, so this bounds what is held before it is sent)."""
+:data:`events.log.limits.MAX_EVENT_BYTES` each, so this bounds what is held before it is sent)."""
 SLOW_READER_SECONDS = 30.0
 """How long a page may wait for the client to take it before the client is disconnected."""
 MAX_POSITION = 2**62

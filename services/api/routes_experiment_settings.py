@@ -15,13 +15,11 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
-from events import lifecycle
-from events.config import ConfigError, parse_config
-from events.config.merge import changed_paths, merge_under
-from events.envelope import new
-from events.names import experiment_stream, trial_stream
-from events.store import Transaction
-from events.types import (
+from events.domain import lifecycle
+from events.domain.config import ConfigError, parse_config
+from events.domain.config.merge import changed_paths, merge_under
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import (
     CheckpointsDeleted,
     CheckpointsDeleteRequested,
     ContinuedTrial,
@@ -32,7 +30,9 @@ from events.types import (
     ExperimentResourcesChanged,
     TrialStateChanged,
 )
-from events.types.experiment_changes import ResourceField
+from events.domain.types.experiment_changes import ResourceField
+from events.log.envelope import new
+from events.log.store import Transaction
 from services.api.auth import Principal, principal_of
 from services.api.errors import ApiError, bad_request, conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction

@@ -15,14 +15,14 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, Field, field_validator
 
-from events import lifecycle
-from events.checkpoint_storage import StorageNotAllowedError, check_storage
-from events.config import ConfigError, ConfigTooLargeError, ConfigWarning, parse_config
-from events.config.cluster import CheckpointStoragePolicy
-from events.envelope import new
-from events.names import experiment_stream
-from events.store import Transaction
-from events.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
+from events.domain import lifecycle
+from events.domain.checkpoint_storage import StorageNotAllowedError, check_storage
+from events.domain.config import ConfigError, ConfigTooLargeError, ConfigWarning, parse_config
+from events.domain.config.cluster import CheckpointStoragePolicy
+from events.domain.names import experiment_stream
+from events.domain.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
+from events.log.envelope import new
+from events.log.store import Transaction
 from services.api import history, tables
 from services.api import projections_read as pr
 from services.api.access import readable_experiment

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from aiohttp import web
 from pydantic import BaseModel
 
-from events.db import translate_errors
-from events.store import EventStore
+from events.log.db import translate_errors
+from events.log.store import EventStore
 from services.api.routing import PUBLIC, RouteTable, store_of
 
 routes = RouteTable("master")

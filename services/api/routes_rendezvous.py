@@ -16,10 +16,10 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.envelope import new
-from events.names import trial_stream
-from events.store import Transaction
-from events.types import RendezvousJoined
+from events.domain.names import trial_stream
+from events.domain.types import RendezvousJoined
+from events.log.envelope import new
+from events.log.store import Transaction
 from services.api.auth import Principal, check_agent, check_holder, check_trial, principal_of
 from services.api.errors import bad_request, conflict, parse, read_json
 from services.api.inbox import claim, in_transaction, record

@@ -14,11 +14,11 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel
 
-from events import lifecycle
-from events.db import translate_errors
-from events.names import experiment_stream, trial_stream
-from events.store import row_to_event
-from events.types import TrialStopRequested, ValidationReported
+from events.domain import lifecycle
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import TrialStopRequested, ValidationReported
+from events.log.db import translate_errors
+from events.log.store import row_to_event
 from services.api.access import readable_trial, searcher_readable_experiment
 from services.api.errors import not_found
 from services.api.routing import ANYONE, RouteTable, store_of

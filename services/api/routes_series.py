@@ -20,9 +20,9 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.db import translate_errors
-from events.errors import StatementError
-from events.store import EventStore
+from events.log.db import translate_errors
+from events.log.errors import StatementError
+from events.log.store import EventStore
 from services.api import tables
 from services.api.access import readable_experiment, readable_trial
 from services.api.downsample import append_points, bucket_count, bucket_points

@@ -9,10 +9,10 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.config import ConfigError
-from events.envelope import new
-from events.store import Transaction
-from events.types import TemplateRemoved, TemplateSet
+from events.domain.config import ConfigError
+from events.domain.types import TemplateRemoved, TemplateSet
+from events.log.envelope import new
+from events.log.store import Transaction
 from services.api.auth import Principal, principal_of
 from services.api.errors import bad_request, forbidden, parse, read_json
 from services.api.inbox import in_transaction

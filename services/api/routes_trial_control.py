@@ -10,12 +10,12 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events import lifecycle
-from events.envelope import RecordedEvent, new
-from events.errors import StoreUnavailableError
-from events.names import trial_stream
-from events.store import EventStore, Transaction
-from events.types import TrialAlerted, TrialKillRequested
+from events.domain import lifecycle
+from events.domain.names import trial_stream
+from events.domain.types import TrialAlerted, TrialKillRequested
+from events.log.envelope import RecordedEvent, new
+from events.log.errors import StoreUnavailableError
+from events.log.store import EventStore, Transaction
 from services.api import history, tables
 from services.api import projections_read as pr
 from services.api.access import readable_trial

@@ -10,11 +10,9 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
-from events.checkpoints import checkpoint_owners
-from events.envelope import Event, NewEvent, new
-from events.names import trial_label, trial_stream
-from events.store import Transaction
-from events.types import (
+from events.domain.checkpoints import checkpoint_owners
+from events.domain.names import trial_label, trial_stream
+from events.domain.types import (
     CheckpointSaved,
     MetricsReported,
     TrialAlerted,
@@ -22,6 +20,8 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log.envelope import Event, NewEvent, new
+from events.log.store import Transaction
 from services.api import checkpoint_ids
 from services.api.access import readable_trial
 from services.api.auth import check_holder, check_trial, principal_of
@@ -318,7 +318,7 @@ async def ingest(
     ``trial_status``.
 
     New items are accepted only for the trial's current run (:mod:`services.api.runs`), and a
-    checkpoint only under a uuid no other trial recorded first (:mod:`events.checkpoints`);
+    checkpoint only under a uuid no other trial recorded first (:mod:`events.domain.checkpoints`);
     otherwise the whole batch is refused with a 409 and nothing is appended or claimed. Both
     checks are made under the append lock, taken before anything else, so they still hold when
     the events are appended (and of two reports claiming one new uuid, exactly one wins).

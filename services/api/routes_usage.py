@@ -14,7 +14,7 @@ from typing import Literal
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.errors import StatementError
+from events.log.errors import StatementError
 from services.api.auth import principal_of
 from services.api.errors import bad_request, forbidden, parse
 from services.api.routing import USERS, RouteTable, store_of

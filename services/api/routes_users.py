@@ -10,10 +10,10 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
-from events.envelope import new
-from events.identities import ASSIGNED_UIDS, CLUSTER_UID, IDENTITIES_STREAM
-from events.store import Transaction
-from events.types import AgentUserLinked
+from events.domain.identities import ASSIGNED_UIDS, CLUSTER_UID, IDENTITIES_STREAM
+from events.domain.types import AgentUserLinked
+from events.log.envelope import new
+from events.log.store import Transaction
 from services.api import auth
 from services.api.auth import create_user, list_users, principal_of
 from services.api.errors import bad_request, conflict, forbidden, not_found, parse, read_json

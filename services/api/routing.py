@@ -14,10 +14,10 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel
 
-from events.bus import Bus
-from events.bus_auth import Authority
-from events.config.cluster import ClusterConfig
-from events.store import EventStore
+from events.domain.config.cluster import ClusterConfig
+from events.log.bus import Bus
+from events.log.bus_auth import Authority
+from events.log.store import EventStore
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Access = Literal["public", "user", "admin", "agent", "trial", "join"]
@@ -125,7 +125,7 @@ class ApiState:
             :func:`services.api.auth.join_token`).
         nats_authority: the bus's signing authority, to issue agents their NATS users
             (``None``: the bus takes no credentials and agents get none).
-        cluster: the cluster config (:mod:`events.config.cluster`).
+        cluster: the cluster config (:mod:`events.domain.config.cluster`).
     """
 
     store: EventStore

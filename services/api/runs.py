@@ -3,7 +3,7 @@
 A trial's *current run* is the run of its latest ``SlotsAllocated``, from that allocation until
 its ``TrialExited`` is recorded. Training reports (metrics, checkpoints, progress, early exit)
 are accepted only for the current run, and only while neither the trial nor its experiment has
-ended (the states of :mod:`events.lifecycle`); a run's last report before it exits is therefore
+ended (the states of :mod:`events.domain.lifecycle`); a run's last report before it exits is therefore
 accepted, and anything from a finished trial's token, or naming a run that never existed or has
 exited, is refused with a 409. Log lines are output, not results: the agent may still ship a
 run's last lines after it exited, so logs only need an allocation the scheduler made.
@@ -11,7 +11,7 @@ run's last lines after it exited, so logs only need an allocation the scheduler 
 Every such 409 carries ``"reason": "run_not_current"`` in its error object: training code (the Core
 API) stops its process when it sees it, since nothing that process reports will be accepted again.
 
-Checked in the transaction that appends, after :meth:`~events.store.Transaction.lock_appends`,
+Checked in the transaction that appends, after :meth:`~events.log.store.Transaction.lock_appends`,
 so no ``TrialExited`` can be committed between the check and the append.
 """
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import lifecycle
-from events.db import translate_errors
-from events.names import experiment_stream, trial_stream
-from events.store import Transaction, row_to_event
+from events.domain import lifecycle
+from events.domain.names import experiment_stream, trial_stream
+from events.log.db import translate_errors
+from events.log.store import Transaction, row_to_event
 from services.api.errors import ApiError, conflict, not_found
 from services.api.views import (
     AllocationView,
@@ -58,8 +58,8 @@ class RunState:
 
     Attributes:
         trial: the trial's allocations (which exited) and its latest one.
-        trial_state: the trial's state (:func:`events.lifecycle.fold_trial`).
-        experiment_state: its experiment's state (:func:`events.lifecycle.fold_experiment`).
+        trial_state: the trial's state (:func:`events.domain.lifecycle.fold_trial`).
+        experiment_state: its experiment's state (:func:`events.domain.lifecycle.fold_experiment`).
     """
 
     trial: TrialView

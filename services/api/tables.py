@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from events import migrations
-from events.db import translate_errors
-from events.names import sql_trial_id
-from events.store import EventStore
+from events.domain.names import sql_trial_id
+from events.log import migrations
+from events.log.db import translate_errors
+from events.log.store import EventStore
 
 NAMESPACE = "api"
 
@@ -174,7 +174,7 @@ async def migrate(store: EventStore) -> int:
 
     Only the gateway's own. ``python -m services.migrate`` applies every owner's before the
     services start, so on a cluster this only checks (the gateway's role may not change the
-    schema and stops with :class:`~events.errors.MigrationsPendingError` if one is missing);
+    schema and stops with :class:`~events.log.errors.MigrationsPendingError` if one is missing);
     with a superuser's DSN (tests, a gateway started by hand) it applies them. The gateway reads
     the tracker's tables through :mod:`services.tracker.read`, which answers as if they were
     empty until they exist.

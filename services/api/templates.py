@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from events.config import ConfigError, ExperimentConfig
-from events.config.merge import merge_under
-from events.config.secrets import mask_secrets
-from events.db import translate_errors
-from events.store import EventStore, row_to_event
-from events.types import TemplateRemoved, TemplateSet
+from events.domain.config import ConfigError, ExperimentConfig
+from events.domain.config.merge import merge_under
+from events.domain.config.secrets import mask_secrets
+from events.domain.types import TemplateRemoved, TemplateSet
+from events.log.db import translate_errors
+from events.log.store import EventStore, row_to_event
 from services.api.errors import bad_request, not_found
 from services.api.parsing import yaml_off_loop
 from services.api.views import Reader, read_facts

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from events.config.cluster import LoginThrottle
+from events.domain.config.cluster import LoginThrottle
 
 MAX_TRACKED = 100_000
 """Most usernames plus addresses whose failures are remembered at once."""

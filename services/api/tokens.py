@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from events.db import translate_errors
-from events.store import EventStore
+from events.log.db import translate_errors
+from events.log.store import EventStore
 from services.api.auth import hash_token
 
 

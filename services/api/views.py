@@ -1,7 +1,7 @@
 """Read side of the gateway: fold experiment, trial and agent streams to answer queries.
 
 The folds are pure (events in, state out). Loaders take the store (a plain read) or a
-:class:`~events.store.Transaction` (to decide and append in one transaction). They read only the
+:class:`~events.log.store.Transaction` (to decide and append in one transaction). They read only the
 event types their fold uses (a long trial's many ``WorkloadCompleted`` are never decoded), and
 the stream's head version in the same statement, so an append with ``expected_version`` equal to
 the view's version fails if anything at all was appended since.
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from events import lifecycle
-from events.aggregates import (
+from events.domain import lifecycle
+from events.domain.aggregates import (
     AGENT_FACTS,
     EXPERIMENT_FACTS,
     TRIAL_FACTS,
@@ -31,9 +31,7 @@ from events.aggregates import (
     fold_trial,
     iso,
 )
-from events.db import Connection, translate_errors
-from events.envelope import RecordedEvent
-from events.names import (
+from events.domain.names import (
     TrialIdError,
     agent_stream,
     experiment_stream,
@@ -42,8 +40,10 @@ from events.names import (
     trial_label,
     trial_stream,
 )
-from events.store import EventStore, Transaction, row_to_event
-from events.types import TrialKillRequested, TrialStateChanged
+from events.domain.types import TrialKillRequested, TrialStateChanged
+from events.log.db import Connection, translate_errors
+from events.log.envelope import RecordedEvent
+from events.log.store import EventStore, Transaction, row_to_event
 from services.api.auth import Principal
 from services.api.errors import forbidden, not_found
 
@@ -162,7 +162,7 @@ async def experiment_of(reader: Reader, trial_id: int) -> int:
     async with _connection(reader) as conn:
         with translate_errors():
             value = await conn.fetchval(
-                # Raw payloads: the text of the stored id is the trial's label (events.names).
+                # Raw payloads: the text of the stored id is the trial's label (events.domain.names).
                 """SELECT (payload->>'experiment_id')::bigint FROM events
                    WHERE type = 'TrialRequested' AND payload->>'trial_id' = $1
                    ORDER BY position LIMIT 1""",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from events.relay import Relay
+from events.log.relay import Relay
 from services.runtime import ServiceContext, main, run_until_stopped
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from events.consumer import ConsumerRunner
-from events.lease import LeaderLease
+from events.log.consumer import ConsumerRunner
+from events.log.lease import LeaderLease
 from services.runtime import ServiceContext, base_parser, main, serve_replica
 from services.scheduler.planner import Settings
 from services.scheduler.service import SchedulerConsumer

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from events import lifecycle
-from events.envelope import Event
-from events.names import agent_stream, allocation_id, experiment_stream, trial_stream
-from events.types import (
+from events.domain import lifecycle
+from events.domain.names import agent_stream, allocation_id, experiment_stream, trial_stream
+from events.domain.types import (
     AgentLost,
     ExperimentStateChanged,
     KillRequested,
@@ -26,6 +25,7 @@ from events.types import (
     TrialRestarted,
     TrialStateChanged,
 )
+from events.log.envelope import Event
 from services.scheduler.policy import decide
 from services.scheduler.policy.state import (
     Agent,

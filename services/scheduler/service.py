@@ -5,7 +5,7 @@ checkpoint, fenced by its lease epoch, so a crash never leaves a decision withou
 checkpoint (or the reverse) and a deposed leader cannot write. It plans only on a state folded
 up to the head of the log (which holds its own earlier decisions), and appends each stream's
 decisions with the version that state saw: a plan overtaken by another writer loses with
-``ConcurrencyError`` and the runner re-plans (see :mod:`events.consumer`).
+``ConcurrencyError`` and the runner re-plans (see :mod:`events.log.consumer`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from events.consumer import Consumer
-from events.envelope import Event, RecordedEvent
-from events.store import EventStore, Transaction
+from events.log.consumer import Consumer
+from events.log.envelope import Event, RecordedEvent
+from events.log.store import EventStore, Transaction
 from services.api import read as api_read
 from services.scheduler.planner import Report, Reports, Settings, plan, reap
 from services.scheduler.state import STREAMS, TYPES, ClusterState

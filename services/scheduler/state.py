@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from events import lifecycle
-from events.envelope import RecordedEvent
+from events.domain import lifecycle
+from events.log.envelope import RecordedEvent
 
 STREAMS = frozenset({"trial", "experiment", "agent"})
 """The stream types the scheduler appends its decisions to."""

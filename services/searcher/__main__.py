@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from events.consumer import ConsumerRunner
-from events.lease import LeaderLease
+from events.log.consumer import ConsumerRunner
+from events.log.lease import LeaderLease
 from services.runtime import ServiceContext, main, serve_replica
 from services.searcher.custom_worker import CustomWorkers
 from services.searcher.sandbox import SandboxSettings

@@ -23,7 +23,7 @@ import traceback
 from typing import Any, TextIO
 
 from cairn.searcher import Create, SearcherContext, SearchMethod, Stop
-from events.config import CustomSearcher, parse_config
+from events.domain.config import CustomSearcher, parse_config
 from services.searcher.methods.sampling import sample_hparams
 
 

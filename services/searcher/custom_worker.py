@@ -37,12 +37,12 @@ from typing import TypeVar
 
 import structlog
 
-from events.db import translate_errors
-from events.envelope import NewEvent
-from events.errors import DuplicateEventError, EventsError, FencedError
-from events.names import experiment_stream
-from events.store import EventStore, Fence, Transaction
-from events.types import CustomSearcherAnswered, CustomSearcherFailed
+from events.domain.names import experiment_stream
+from events.domain.types import CustomSearcherAnswered, CustomSearcherFailed
+from events.log.db import translate_errors
+from events.log.envelope import NewEvent
+from events.log.errors import DuplicateEventError, EventsError, FencedError
+from events.log.store import EventStore, Fence, Transaction
 from services.api import read as api_read
 from services.confine import Identity, default_identity
 from services.searcher.methods.custom import CustomStrategy, answer_digest, hook_of

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from events.config import (
+from events.domain.config import (
     CustomSearcher,
     ExperimentConfig,
     HalvingSearcher,

@@ -38,10 +38,10 @@ from typing import Any
 
 import pydantic
 
-from events.archive import extract_tar
-from events.limits import MAX_EVENT_BYTES
-from events.storable import find_unstorable
-from events.types import CustomSearcherOp
+from events.domain.archive import extract_tar
+from events.domain.types import CustomSearcherOp
+from events.log.limits import MAX_EVENT_BYTES
+from events.log.storable import find_unstorable
 from services.confine import Identity, confined_argv
 
 TIMEOUT_ENV = "CAIRN_CUSTOM_SEARCHER_TIMEOUT"

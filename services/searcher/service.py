@@ -39,13 +39,13 @@ from typing import Any
 
 import structlog
 
-from events import lifecycle
-from events.config import ConfigError, CustomSearcher, ExperimentConfig, parse_config
-from events.consumer import Consumer
-from events.envelope import Event, RecordedEvent
-from events.names import experiment_stream
-from events.store import EventStore, Transaction
-from events.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
+from events.domain import lifecycle
+from events.domain.config import ConfigError, CustomSearcher, ExperimentConfig, parse_config
+from events.domain.names import experiment_stream
+from events.domain.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
+from events.log.consumer import Consumer
+from events.log.envelope import Event, RecordedEvent
+from events.log.store import EventStore, Transaction
 from services.searcher.custom_worker import ANSWER_TYPES, CustomWorkers
 from services.searcher.methods import (
     Create,

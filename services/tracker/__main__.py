@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from events.config.storage import default_checkpoint_root
+from events.domain.config.storage import default_checkpoint_root
 from services.runtime import ServiceContext, base_parser, main, run_until_stopped
 from services.tracker import audit, schema
 from services.tracker.projections import rebuild

@@ -2,7 +2,7 @@
 
 Consumer ``tracker-audit`` projects every event into ``audit_trail`` (migrations namespace
 ``tracker-audit``): its position, time, type and stream, the actor, request id and remote
-address of its metadata (stamped by :mod:`events.origin`), and the experiment and trial it
+address of its metadata (stamped by :mod:`events.log.origin`), and the experiment and trial it
 concerns. ``RequestRejected`` and ``RequestAccepted`` (requests that appended nothing else) keep
 their payload as ``detail``. Every value comes from the event itself or from earlier events
 (``audit_trials`` maps a trial to its experiment), so :func:`rebuild` gives the same rows.
@@ -16,13 +16,13 @@ from typing import Any
 
 import structlog
 
-from events import migrations
-from events.consumer import Consumer
-from events.db import Connection, translate_errors
-from events.envelope import RecordedEvent
-from events.errors import EventsError, StatementError
-from events.names import TrialIdError, coerce_trial_id, experiment_of_stream, trial_of_stream
-from events.store import EventStore, Transaction
+from events.domain.names import TrialIdError, coerce_trial_id, experiment_of_stream, trial_of_stream
+from events.log import migrations
+from events.log.consumer import Consumer
+from events.log.db import Connection, translate_errors
+from events.log.envelope import RecordedEvent
+from events.log.errors import EventsError, StatementError
+from events.log.store import EventStore, Transaction
 from services.tracker.rebuild import rebuild_consumer
 
 log = structlog.get_logger("tracker")

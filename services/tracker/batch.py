@@ -32,9 +32,9 @@ from datetime import datetime
 
 import orjson
 
-from events.db import Connection
-from events.lifecycle import TERMINAL
-from events.types import MetricsReported, ValidationReported, WorkloadCompleted
+from events.domain.lifecycle import TERMINAL
+from events.domain.types import MetricsReported, ValidationReported, WorkloadCompleted
+from events.log.db import Connection
 from services.tracker.series import roll_up_reported
 
 Report = WorkloadCompleted | ValidationReported | MetricsReported

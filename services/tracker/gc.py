@@ -22,30 +22,30 @@ from typing import Any, Literal
 
 import structlog
 
-from events.bus import EVENTS_PREFIX
-from events.checkpoint_storage import (
+from events.domain.checkpoint_storage import (
     CheckpointStorage,
     DirectoryStorage,
     StorageError,
     open_storage,
     safe_uuid,
 )
-from events.checkpoints import checkpoint_owners
-from events.config.cluster import CheckpointStoragePolicy
-from events.config.storage import checkpoint_root
-from events.consumer import Consumer
-from events.db import translate_errors
-from events.envelope import Event, RecordedEvent, new
-from events.errors import EventsError, StatementError
-from events.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
-from events.names import coerce_trial_id, experiment_stream, trial_stream
-from events.store import Transaction, row_to_event
-from events.types import (
+from events.domain.checkpoints import checkpoint_owners
+from events.domain.config.cluster import CheckpointStoragePolicy
+from events.domain.config.storage import checkpoint_root
+from events.domain.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
+from events.domain.names import coerce_trial_id, experiment_stream, trial_stream
+from events.domain.types import (
     CheckpointSaved,
     CheckpointsDeleted,
     ExperimentStateChanged,
     ValidationReported,
 )
+from events.log.bus import EVENTS_PREFIX
+from events.log.consumer import Consumer
+from events.log.db import translate_errors
+from events.log.envelope import Event, RecordedEvent, new
+from events.log.errors import EventsError, StatementError
+from events.log.store import Transaction, row_to_event
 from services.tracker.projections import metric_value
 
 log = structlog.get_logger("tracker")
@@ -199,7 +199,7 @@ async def read_experiment(
     already-deleted uuids from the log, in ``tx``.
 
     Only checkpoints the experiment owns are listed: a uuid one of its trials reported after
-    another trial had recorded it belongs to that other trial (:mod:`events.checkpoints`).
+    another trial had recorded it belongs to that other trial (:mod:`events.domain.checkpoints`).
 
     Args:
         tx: the transaction to read in.

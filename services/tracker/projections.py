@@ -16,13 +16,8 @@ from typing import Any
 
 import structlog
 
-from events import faults
-from events.aggregates import AGENT_FACTS, EXPERIMENT_FACTS
-from events.consumer import Consumer
-from events.db import Connection, translate_errors
-from events.envelope import Event, RecordedEvent
-from events.errors import EventsError, StatementError
-from events.lifecycle import (
+from events.domain.aggregates import AGENT_FACTS, EXPERIMENT_FACTS
+from events.domain.lifecycle import (
     DELETED,
     TERMINAL,
     can_continue,
@@ -30,8 +25,7 @@ from events.lifecycle import (
     next_experiment_state,
     next_trial_state,
 )
-from events.store import EventStore, Transaction
-from events.types import (
+from events.domain.types import (
     AgentLost,
     AgentRegistered,
     CheckpointSaved,
@@ -57,6 +51,12 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log import faults
+from events.log.consumer import Consumer
+from events.log.db import Connection, translate_errors
+from events.log.envelope import Event, RecordedEvent
+from events.log.errors import EventsError, StatementError
+from events.log.store import EventStore, Transaction
 from services.tracker import schema, series
 from services.tracker.batch import MetricRun, apply_run, group_of
 from services.tracker.rebuild import rebuild_consumer

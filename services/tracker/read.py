@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, TypedDict, cast
 
-from events.db import Connection
-from events.errors import StatementError
+from events.log.db import Connection
+from events.log.errors import StatementError
 
 CheckpointState = Literal["COMPLETED", "DELETED", "all"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from events.consumer import Consumer
-from events.db import translate_errors
-from events.store import EventStore
+from events.log.consumer import Consumer
+from events.log.db import translate_errors
+from events.log.store import EventStore
 
 
 async def rebuild_consumer(

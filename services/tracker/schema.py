@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from events import migrations
-from events.db import Connection, translate_errors
-from events.names import sql_trial_id
-from events.store import EventStore
+from events.domain.names import sql_trial_id
+from events.log import migrations
+from events.log.db import Connection, translate_errors
+from events.log.store import EventStore
 from services.tracker.audit import TABLES as AUDIT_TABLES
 from services.tracker.usage import MIGRATION as USAGE_MIGRATION
 from services.tracker.usage import TABLES as USAGE_TABLES
@@ -169,7 +169,7 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
     (
         "0002_integer_trial_ids",
         # Trial ids became integers; rows projected from legacy "E.N" ids get the integer the
-        # upcasters give them (events.names), so re-projecting the log would write the same.
+        # upcasters give them (events.domain.names), so re-projecting the log would write the same.
         "\n".join(
             f"ALTER TABLE {table} ALTER COLUMN {column} TYPE bigint USING {sql_trial_id(column)};"
             for table, column in (

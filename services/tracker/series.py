@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from events.db import Connection
-from events.lifecycle import TERMINAL
-from events.store import read_checkpoint
+from events.domain.lifecycle import TERMINAL
+from events.log.db import Connection
+from events.log.store import read_checkpoint
 
 LEVEL_BUCKETS: tuple[int, ...] = (1024, 256, 64, 16)
 """At most this many buckets per stored width of a series: the finest width bounds how fine a

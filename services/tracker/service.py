@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from events.bus import Bus
-from events.config.cluster import CheckpointStoragePolicy
-from events.config.storage import default_checkpoint_root
-from events.consumer import ConsumerRunner
-from events.store import EventStore
+from events.domain.config.cluster import CheckpointStoragePolicy
+from events.domain.config.storage import default_checkpoint_root
+from events.log.bus import Bus
+from events.log.consumer import ConsumerRunner
+from events.log.store import EventStore
 from services.tracker import audit, schema
 from services.tracker.audit import AuditConsumer
 from services.tracker.gc import GCConsumer

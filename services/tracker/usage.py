@@ -29,12 +29,7 @@ from typing import Any, Literal
 
 import structlog
 
-from events.consumer import Consumer
-from events.db import Connection, translate_errors
-from events.envelope import Event, RecordedEvent
-from events.errors import EventsError, StatementError
-from events.store import EventStore, Transaction
-from events.types import (
+from events.domain.types import (
     AgentRegistered,
     ExperimentSubmitted,
     SlotsAllocated,
@@ -42,6 +37,11 @@ from events.types import (
     TrialExited,
     TrialRequested,
 )
+from events.log.consumer import Consumer
+from events.log.db import Connection, translate_errors
+from events.log.envelope import Event, RecordedEvent
+from events.log.errors import EventsError, StatementError
+from events.log.store import EventStore, Transaction
 from services.tracker.rebuild import rebuild_consumer
 
 log = structlog.get_logger("tracker.usage")

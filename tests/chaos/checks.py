@@ -3,7 +3,7 @@
 Each check returns a :class:`Check`: its name, whether it held, and what was seen. The checks:
 
 - ``completed``: the experiment ended COMPLETED (log and API agree).
-- ``log``: ``python -m events.check`` finds nothing (duplicate event ids, stream gaps, a trial
+- ``log``: ``python -m events.domain.check`` finds nothing (duplicate event ids, stream gaps, a trial
   with two live allocations, an allocation started twice, ...).
 - ``requests``: every ``TrialRequested`` of the fault-free run with the same seed is in the log
   of the chaos run, with the same hyperparameters and trial seed.
@@ -49,9 +49,9 @@ def completed(local: Local, exp_id: int) -> Check:
 
 
 def log_invariants(local: Local) -> Check:
-    """``python -m events.check DSN`` reports 0 findings."""
+    """``python -m events.domain.check DSN`` reports 0 findings."""
     done = subprocess.run(
-        [sys.executable, "-m", "events.check", local.dsn],
+        [sys.executable, "-m", "events.domain.check", local.dsn],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -158,7 +158,7 @@ async def _snapshot(conn: asyncpg.Connection) -> dict[str, list[dict[str, Any]]]
 
 
 async def _rebuilt_equal(dsn: str, scratch_db: str) -> tuple[bool, str]:
-    from events.store import EventStore
+    from events.log.store import EventStore
     from services.tracker.projections import NAME, rebuild
 
     live = await asyncpg.connect(dsn)

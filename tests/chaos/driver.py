@@ -35,7 +35,7 @@ SCRIPTED = ROOT / "examples" / "scripted"
 UP_ARGS = ("up", "--slots", "2", "--api-port", "0", "--stop-timeout", "3")
 
 DECIDERS = ("relay", "searcher", "scheduler")
-"""Services that lead through a lease (see ``events/lease.py``)."""
+"""Services that lead through a lease (see ``events/log/lease.py``)."""
 
 DECISIONS = {
     "searcher": ("TrialRequested", "TrialStopRequested", "ExperimentStateChanged"),
@@ -564,7 +564,7 @@ def inject_stop(local: Local, fault: Fault, rng: random.Random) -> None:
 
 
 def _stream_last_seq(local: Local) -> int:
-    from events.bus import EVENTS_STREAM, connect_options
+    from events.log.bus import EVENTS_STREAM, connect_options
 
     async def last() -> int:
         import nats

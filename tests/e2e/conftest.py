@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cairn.local.servers import ServerProcess
-from events.store import EventStore
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster
 
 

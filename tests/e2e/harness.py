@@ -15,8 +15,8 @@ import psutil
 
 from cairn.client import code_tarball as client_tarball
 from cairn.local.processes import ProcessCluster
-from events.names import experiment_stream
-from events.store import EventStore
+from events.domain.names import experiment_stream
+from events.log.store import EventStore
 from tests.helpers import run_pids, wait_until
 
 GANG_AGENTS = ("agent-a", "agent-b")

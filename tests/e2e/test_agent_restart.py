@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from cairn.local.servers import ServerProcess
-from events import names
-from events.check import check_log
-from events.store import EventStore
+from events.domain import names
+from events.domain.check import check_log
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, events_of, experiment_state, first_trial, trial_ids, wait_for
 from tests.e2e.test_cli import CONFIG, created_id, run_cli
 from tests.e2e.test_trials import SCRIPTED, scripted

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from cairn.local.servers import ServerProcess
-from events.bus import COMMANDS_STREAM, EVENTS_STREAM, POSITION_HEADER, Bus
-from events.bus_auth import agent_durable
-from events.commands import agent_subject
-from events.store import EventStore
+from events.domain.commands import agent_subject
+from events.log.bus import COMMANDS_STREAM, EVENTS_STREAM, POSITION_HEADER, Bus
+from events.log.bus_auth import agent_durable
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
 from tests.e2e.test_trials import SCRIPTED, scripted
 from tests.helpers import wait_until

@@ -469,7 +469,7 @@ def test_continue_resumes_from_the_latest_checkpoint_then_delete_it(
     assert refused.returncode == 1 and "searcher.metric" in refused.stderr
     dsn = json.loads((cluster.home / "cluster.json").read_text())["dsn"]
     checked = subprocess.run(
-        [sys.executable, "-m", "events.check", dsn],
+        [sys.executable, "-m", "events.domain.check", dsn],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -22,7 +22,7 @@ import pytest
 
 from cairn.local.servers import start_postgres
 from cairn.local.service_credentials import ADMIN_PASSWORD_FILE, SECRETS_DIR
-from events import migrations
+from events.log import migrations
 from services import roles
 from services.api import tables as api_tables
 from services.api.auth import hash_password
@@ -201,7 +201,7 @@ def make_older_data_dir(data_dir: Path) -> str:
             await admin.execute(f'CREATE DATABASE "{DATABASE}"')
         finally:
             await admin.close()
-        from events.db import connect
+        from events.log.db import connect
 
         conn = await connect(server.url.rsplit("/", 1)[0] + f"/{DATABASE}")
         try:

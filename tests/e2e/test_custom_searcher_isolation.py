@@ -28,9 +28,9 @@ import pytest
 
 from cairn.client import code_tarball
 from cairn.local.servers import ServerProcess
-from events.check import check_log
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore, lease_stream
+from events.domain.check import check_log
+from events.domain.names import experiment_stream, trial_stream
+from events.log.store import EventStore, lease_stream
 from tests.e2e.harness import Cluster, experiment_state, wait_for
 from tests.e2e.test_trials import SCRIPTED, scripted
 from tests.helpers import wait_until

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from events.check import check_log
-from events.store import EventStore
+from events.domain.check import check_log
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, experiment_state, wait_for
 from tests.e2e.test_trials import SCRIPTED, scripted
 
@@ -35,7 +35,7 @@ def asha(checkpoints: Path) -> dict[str, Any]:
 
 def searcher_repeats(events: list[Any]) -> list[str]:
     """Searcher decisions that repeat an earlier one: a request id or a trial's stop twice
-    (what :func:`events.check.check_log` does not look at)."""
+    (what :func:`events.domain.check.check_log` does not look at)."""
     requested = Counter(e.payload["request_id"] for e in events if e.type == "TrialRequested")
     stopped = Counter(e.payload["trial_id"] for e in events if e.type == "TrialStopRequested")
     return [f"request {r} requested {n} times" for r, n in requested.items() if n > 1] + [

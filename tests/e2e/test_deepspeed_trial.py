@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from cairn.local.servers import ServerProcess
-from events.names import trial_stream
-from events.store import EventStore
+from events.domain.names import trial_stream
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, experiment_state, trial_ids, wait_for
 from tests.helpers import ROOT
 

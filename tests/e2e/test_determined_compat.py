@@ -14,10 +14,10 @@ import structlog
 import yaml
 
 from cairn.local.servers import ServerProcess
-from events.check import check_log
-from events.config import parse_config
-from events.names import trial_stream
-from events.store import EventStore
+from events.domain.check import check_log
+from events.domain.config import parse_config
+from events.domain.names import trial_stream
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, code_tarball, experiment_state, trial_ids, wait_for
 from tests.helpers import ROOT
 

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from cairn.local.servers import ServerProcess
-from events import names
-from events.check import check_log
-from events.store import EventStore
+from events.domain import names
+from events.domain.check import check_log
+from events.log.store import EventStore
 from tests.e2e.harness import (
     Cluster,
     events_of,

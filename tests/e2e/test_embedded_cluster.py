@@ -23,8 +23,8 @@ import psutil
 import pytest
 
 from cairn.local.cluster import SERVICES
-from events.store import EventStore
-from events.types import ExperimentSubmitted
+from events.domain.types import ExperimentSubmitted
+from events.log.store import EventStore
 from tests.helpers import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]

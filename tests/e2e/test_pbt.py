@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from events.check import check_log
-from events.names import trial_stream
-from events.store import EventStore
+from events.domain.check import check_log
+from events.domain.names import trial_stream
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, events_of, experiment_state, wait_for
 from tests.e2e.test_decisions import searcher_repeats
 from tests.e2e.test_trials import SCRIPTED, scripted

@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from cairn.local.cluster import DECIDERS, SERVICES
-from events.check import check_log
-from events.envelope import RecordedEvent
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore, lease_stream
+from events.domain.check import check_log
+from events.domain.names import experiment_stream, trial_stream
+from events.log.envelope import RecordedEvent
+from events.log.store import EventStore, lease_stream
 from tests.e2e.harness import Cluster
 from tests.e2e.test_embedded_cluster import cairn, down, processes, status
 from tests.helpers import ROOT, wait_until

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from cairn.local.servers import ServerProcess
-from events.checkpoint_storage import MARKER_FILE
-from events.config.secrets import MASK
-from events.names import trial_stream
-from events.store import EventStore
+from events.domain.checkpoint_storage import MARKER_FILE
+from events.domain.config.secrets import MASK
+from events.domain.names import trial_stream
+from events.log.store import EventStore
 from tests.conftest import S3Server
 from tests.e2e.harness import Cluster, events_of, experiment_state, first_trial, wait_for
 from tests.helpers import ROOT

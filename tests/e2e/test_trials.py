@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from cairn.local.servers import ServerProcess
-from events.names import trial_stream
-from events.store import EventStore
+from events.domain.names import trial_stream
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, events_of, experiment_state, first_trial, trial_ids, wait_for
 from tests.helpers import ROOT
 

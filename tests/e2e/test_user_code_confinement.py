@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from cairn.client import code_tarball
-from events.identities import ASSIGNED_UIDS
+from events.domain.identities import ASSIGNED_UIDS
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uids change only under root")

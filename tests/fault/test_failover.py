@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import psutil
 
-from events.check import check_log
-from events.lease import LeaderLease
-from events.store import EventStore, lease_stream
+from events.domain.check import check_log
+from events.log.lease import LeaderLease
+from events.log.store import EventStore, lease_stream
 from tests.helpers import spawn, wait_for_line, wait_until
 
 

@@ -12,11 +12,11 @@ import nats
 from nats.js.errors import NotFoundError
 
 from cairn.local.servers import ServerProcess
-from events.bus import EVENTS_STREAM, Bus, connect_options, position_of
-from events.consumer import ConsumerRunner
-from events.relay import CHECKPOINT as RELAY_CHECKPOINT
-from events.store import EventStore, lease_stream
-from events.types import ExperimentSubmitted
+from events.domain.types import ExperimentSubmitted
+from events.log.bus import EVENTS_STREAM, Bus, connect_options, position_of
+from events.log.consumer import ConsumerRunner
+from events.log.relay import CHECKPOINT as RELAY_CHECKPOINT
+from events.log.store import EventStore, lease_stream
 from tests.helpers import (
     EFFECTS_DDL,
     EffectsConsumer,
@@ -26,7 +26,7 @@ from tests.helpers import (
     wait_until,
 )
 
-ACK_WAIT = 2.0  # seconds; the production default is events.bus.ACK_WAIT_SECONDS
+ACK_WAIT = 2.0  # seconds; the production default is events.log.bus.ACK_WAIT_SECONDS
 CHECKPOINT_ROW = "SELECT true FROM checkpoints WHERE name = $1"
 
 

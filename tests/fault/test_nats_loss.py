@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from cairn.local.servers import ServerProcess, start_nats
-from events.bus import Bus
-from events.consumer import ConsumerRunner
-from events.relay import CHECKPOINT as RELAY_CHECKPOINT
-from events.relay import Relay
-from events.store import EventStore
-from events.types import ExperimentSubmitted
+from events.domain.types import ExperimentSubmitted
+from events.log.bus import Bus
+from events.log.consumer import ConsumerRunner
+from events.log.relay import CHECKPOINT as RELAY_CHECKPOINT
+from events.log.relay import Relay
+from events.log.store import EventStore
 from tests.helpers import EFFECTS_DDL, EffectsConsumer, effect_counts, wait_until
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import asyncpg
 
 from cairn.local.servers import ServerProcess, start_postgres
-from events.consumer import Consumer, ConsumerRunner
-from events.envelope import RecordedEvent
-from events.store import EventStore, Transaction
+from events.log.consumer import Consumer, ConsumerRunner
+from events.log.envelope import RecordedEvent
+from events.log.store import EventStore, Transaction
 from services.tracker import audit, projections, schema
 from services.tracker.audit import AuditConsumer
 from services.tracker.projections import ProjectionsConsumer

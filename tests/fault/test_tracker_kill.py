@@ -8,15 +8,15 @@ import signal
 from collections.abc import Callable
 
 from cairn.local.servers import ServerProcess
-from events.config import parse_config
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.config import parse_config
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import (
     ExperimentSubmitted,
     TrialRequested,
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log.store import EventStore
 from services.tracker import projections, schema
 from tests.helpers import spawn, wait_for_line, wait_until
 from tests.integration.test_api_support import CONFIG

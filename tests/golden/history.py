@@ -17,10 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from events import lifecycle
-from events.check import check_log
-from events.envelope import Event, RecordedEvent
-from events.store import EventStore, row_to_event
+from events.domain import lifecycle
+from events.domain.check import check_log
+from events.log.envelope import Event, RecordedEvent
+from events.log.store import EventStore, row_to_event
 from services.scheduler.state import ClusterState
 from services.searcher.service import TYPES as SEARCHER_TYPES
 from services.searcher.service import SearcherConsumer, _NewTrial, _StopTrial
@@ -175,7 +175,7 @@ async def insert(store: EventStore, rows: list[dict[str, Any]]) -> None:
 
 
 def lifecycles(events: list[RecordedEvent]) -> dict[str, Any]:
-    """Each experiment's and trial's state as :mod:`events.lifecycle` folds its stream."""
+    """Each experiment's and trial's state as :mod:`events.domain.lifecycle` folds its stream."""
     streams: dict[str, list[RecordedEvent]] = {}
     for e in events:
         streams.setdefault(e.stream_id, []).append(e)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.local.servers import start_nats, start_postgres
-from events.store import EventStore
+from events.log.store import EventStore
 from tests.e2e.harness import Cluster, events_of, experiment_state, trial_ids
 from tests.e2e.test_decisions import asha
 from tests.e2e.test_trials import SCRIPTED, scripted

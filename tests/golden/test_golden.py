@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from events.store import EventStore
+from events.log.store import EventStore
 from tests.golden import history
 
 

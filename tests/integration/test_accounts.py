@@ -22,10 +22,10 @@ import pytest
 from aiohttp import web
 
 from cairn.cli import main as cli_main
-from events.config import safe_yaml
-from events.config.cluster import ClusterConfig, parse_cluster_config
-from events.store import EventStore
-from events.types import TemplateSet
+from events.domain.config import safe_yaml
+from events.domain.config.cluster import ClusterConfig, parse_cluster_config
+from events.domain.types import TemplateSet
+from events.log.store import EventStore
 from services.api import routes_events
 from services.api.app import create_app
 from services.api.auth import cluster_secret, hash_token

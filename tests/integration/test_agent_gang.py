@@ -7,8 +7,8 @@ from typing import Any
 
 import psutil
 
-from events import names
-from events.types import SlotsAllocated, TrialRequested
+from events.domain import names
+from events.domain.types import SlotsAllocated, TrialRequested
 from services.agent.slots import cpu_slots
 from tests.helpers import wait_until
 from tests.integration.test_agent_process import Cluster, cluster  # noqa: F401 (fixture)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from cairn.local.servers import nats_auth_dir, nats_authority
-from events.bus_auth import subjects_of
-from events.commands import agent_subject
-from events.store import EventStore
-from events.types import TrialExited
+from events.domain.commands import agent_subject
+from events.domain.types import TrialExited
+from events.log.bus_auth import subjects_of
+from events.log.store import EventStore
 from services.api import agent_credentials
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment
 

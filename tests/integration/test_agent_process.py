@@ -23,12 +23,9 @@ import pytest
 from aiohttp import web
 
 from cairn.local.servers import bare_nats_url, nats_auth_dir_of, nats_authority
-from events import names
-from events.bus import Bus
-from events.commands import Command
-from events.envelope import RecordedEvent
-from events.store import EventStore
-from events.types import (
+from events.domain import names
+from events.domain.commands import Command
+from events.domain.types import (
     KillRequested,
     PreemptionRequested,
     SlotsAllocated,
@@ -36,6 +33,9 @@ from events.types import (
     TrialExited,
     TrialRequested,
 )
+from events.log.bus import Bus
+from events.log.envelope import RecordedEvent
+from events.log.store import EventStore
 from services.agent.slots import cpu_slots
 from services.api.app import create_app
 from services.api.auth import cluster_secret, join_token

@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from events.identities import ASSIGNED_UIDS, IDENTITIES_STREAM
-from events.store import EventStore
-from events.types import (
+from events.domain.identities import ASSIGNED_UIDS, IDENTITIES_STREAM
+from events.domain.types import (
     AgentLost,
     CheckpointSaved,
     KillRequested,
     PreemptionRequested,
     TrialExited,
 )
+from events.log.store import EventStore
 from tests.integration.test_api_support import (
     Api,
     allocate,

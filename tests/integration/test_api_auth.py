@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from events.envelope import NewEvent
-from events.store import EventStore
-from events.types import ExperimentSubmitted
+from events.domain.types import ExperimentSubmitted
+from events.log.envelope import NewEvent
+from events.log.store import EventStore
 from services.api.app import all_routes
 from services.api.errors import error_middleware
 from tests.helpers import spawn, wait_until

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from events.config.secrets import MASK
-from events.store import EventStore
+from events.domain.config.secrets import MASK
+from events.log.store import EventStore
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_support import Api, running_api
 

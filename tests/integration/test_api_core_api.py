@@ -12,9 +12,9 @@ import yaml
 from cairn.core._http import Session
 from cairn.core._preempt import PreemptContext
 from cairn.core._reporter import HTTPReporter
-from events.config import parse_config
-from events.store import EventStore
-from events.types import ExperimentSubmitted, TrialExited, TrialStopRequested
+from events.domain.config import parse_config
+from events.domain.types import ExperimentSubmitted, TrialExited, TrialStopRequested
+from events.log.store import EventStore
 from tests.helpers import wait_until
 from tests.integration.test_api_support import CONFIG, Api, allocate, running_api
 

@@ -16,13 +16,13 @@ import aiohttp
 import pytest
 
 from cairn.local.servers import ServerProcess
-from events.bus import EVENTS_STREAM, POSITION_HEADER, STUB_HEADER, Bus, subject_for
-from events.config.limits import MAX_CONFIG_CHARS
-from events.consumer import ConsumerRunner
-from events.limits import MAX_EVENT_BYTES
-from events.relay import CHECKPOINT as RELAY_CHECKPOINT
-from events.relay import Relay
-from events.store import EventStore
+from events.domain.config.limits import MAX_CONFIG_CHARS
+from events.log.bus import EVENTS_STREAM, POSITION_HEADER, STUB_HEADER, Bus, subject_for
+from events.log.consumer import ConsumerRunner
+from events.log.limits import MAX_EVENT_BYTES
+from events.log.relay import CHECKPOINT as RELAY_CHECKPOINT
+from events.log.relay import Relay
+from events.log.store import EventStore
 from services.api.limits import DEFAULT_MAX_BODY
 from services.searcher.service import SearcherConsumer
 from tests.helpers import wait_until

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from events.store import EventStore
-from events.types import ExperimentStateChanged
+from events.domain.types import ExperimentStateChanged
+from events.log.store import EventStore
 from services.api.auth import create_user
 from tests.helpers import wait_until
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from events.config import parse_config
-from events.store import EventStore
-from events.types import CheckpointSaved, ExperimentSubmitted
+from events.domain.config import parse_config
+from events.domain.types import CheckpointSaved, ExperimentSubmitted
+from events.log.store import EventStore
 from services.tracker.service import catch_up
 from tests.integration.test_api_queries import end_trial, set_state, submit, user, write_checkpoint
 from tests.integration.test_api_support import TEST_STORAGE, Api, allocate, running_api, types_of

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from events.store import EventStore
-from events.types import ExperimentStateChanged
+from events.domain.types import ExperimentStateChanged
+from events.log.store import EventStore
 from services.api.auth import create_user
 from tests.integration.test_api_support import CONFIG, Api, running_api
 

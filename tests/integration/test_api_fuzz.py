@@ -36,7 +36,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import status_code_conformance
 
 from cairn.local.servers import ServerProcess
-from events.store import EventStore
+from events.log.store import EventStore
 from services.api.app import all_routes
 from tests.helpers import create_database, wait_until_sync
 from tests.integration.test_api_support import CONFIG, allocate

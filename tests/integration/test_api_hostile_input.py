@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from events.config.limits import MAX_CONFIG_NODES
-from events.store import EventStore
+from events.domain.config.limits import MAX_CONFIG_NODES
+from events.log.store import EventStore
 from services.api.app import all_routes
 from services.api.errors import MAX_JSON_DEPTH
 from tests.helpers import wait_until

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.names import trial_stream
+from events.domain.types import (
     CheckpointSaved,
     ExperimentStateChanged,
     TrialKillRequested,
     TrialRequested,
 )
+from events.log.store import EventStore
 from services.tracker.service import catch_up
 from tests.helpers import wait_until
 from tests.integration.test_api_queries import end_trial, set_state, submit, write_checkpoint

@@ -16,17 +16,17 @@ from typing import Any
 
 import pytest
 
-from events.checkpoint_storage import MARKER_FILE, marker_bytes
-from events.config import parse_config
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.checkpoint_storage import MARKER_FILE, marker_bytes
+from events.domain.config import parse_config
+from events.domain.names import trial_stream
+from events.domain.types import (
     CheckpointSaved,
     ExperimentStateChanged,
     ExperimentSubmitted,
     TrialStateChanged,
     ValidationReported,
 )
+from events.log.store import EventStore
 from services.api import projections_read as pr
 from services.api.auth import create_user
 from services.tracker.service import catch_up

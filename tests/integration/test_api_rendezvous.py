@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import SlotsAllocated
+from events.domain.names import trial_stream
+from events.domain.types import SlotsAllocated
+from events.log.store import EventStore
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from events.config.cluster import ClusterConfig, parse_cluster_config
-from events.names import allocation_id, experiment_stream, trial_stream
-from events.store import EventStore
-from events.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
+from events.domain.config.cluster import ClusterConfig, parse_cluster_config
+from events.domain.names import allocation_id, experiment_stream, trial_stream
+from events.domain.types import ExperimentSubmitted, SlotsAllocated, TrialRequested
+from events.log.store import EventStore
 from services.api import agent_credentials, checkpoint_ids
 from services.api.app import create_app
 from services.api.auth import cluster_secret, join_token, sign_trial_token
@@ -141,7 +141,7 @@ async def submit_experiment(
     store: EventStore, experiment_id: int = 1, owner: str = "admin"
 ) -> None:
     """Appends an ExperimentSubmitted with a small valid config, as the gateway would."""
-    from events.config import parse_config
+    from events.domain.config import parse_config
 
     config = parse_config(CONFIG, default_seed=7).model_dump(mode="json")
     await store.append(

@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 
 from cairn.cli import main as cli_main
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import (
     CheckpointSaved,
     ExperimentStateChanged,
     TrialStarted,
     TrialStateChanged,
     ValidationReported,
 )
+from events.log.store import EventStore
 from services.tracker.service import catch_up
 from tests.helpers import ADMIN_PASSWORD
 from tests.integration.test_api_queries import submit, user

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from events.store import EventStore
+from events.log.store import EventStore
 from services.tracker.service import catch_up
 from tests.integration.test_api_support import (
     Api,

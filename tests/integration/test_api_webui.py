@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.names import trial_stream
+from events.domain.types import (
     ExperimentStateChanged,
     TrialRequested,
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log.store import EventStore
 from services.api.auth import create_user
 from services.tracker.service import catch_up
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from events.store import EventStore
-from events.types import CheckpointSaved
+from events.domain.types import CheckpointSaved
+from events.log.store import EventStore
 from services.api.app import all_routes
 from services.api.audit_trail import PER_CALLER
 from services.tracker import audit

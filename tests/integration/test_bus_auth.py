@@ -15,9 +15,9 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import ConsumerConfig
 
 from cairn.local.servers import ServerProcess, nats_auth_dir, nats_authority, nats_url_as
-from events.bus import COMMANDS_STREAM, EVENTS_STREAM, Bus, connect_options, with_creds
-from events.bus_auth import Authority, agent_durable, agent_inbox, write_private
-from events.commands import agent_subject
+from events.domain.commands import agent_subject
+from events.log.bus import COMMANDS_STREAM, EVENTS_STREAM, Bus, connect_options, with_creds
+from events.log.bus_auth import Authority, agent_durable, agent_inbox, write_private
 from tests.helpers import wait_until
 
 

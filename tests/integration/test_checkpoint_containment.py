@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from cairn.local.processes import ROOT
-from events.config.cluster import parse_cluster_config
-from events.store import EventStore
+from events.domain.config.cluster import parse_cluster_config
+from events.log.store import EventStore
 from services.tracker.service import catch_up
 from tests.integration.test_api_queries import end_trial, set_state
 from tests.integration.test_api_support import CONFIG, Api, allocate, running_api

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import cairn.core
-from events.checkpoint_storage import (
+from events.domain.checkpoint_storage import (
     MARKER_FILE,
     DirectoryStorage,
     S3Storage,

@@ -16,17 +16,17 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from events.check import check_log
-from events.consumer import ConsumerRunner
-from events.names import trial_stream
-from events.store import EventStore, Fence, lease_stream
-from events.types import (
+from events.domain.check import check_log
+from events.domain.names import trial_stream
+from events.domain.types import (
     ExperimentStateChanged,
     ExperimentSubmitted,
     LeaderElected,
     TrialStateChanged,
     ValidationReported,
 )
+from events.log.consumer import ConsumerRunner
+from events.log.store import EventStore, Fence, lease_stream
 from services.api import tables
 from services.confine import default_identity
 from services.searcher.custom_worker import CustomWorkers

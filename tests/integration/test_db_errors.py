@@ -7,9 +7,9 @@ import uuid
 import pytest
 
 from cairn.local.servers import free_port
-from events import db
-from events.errors import ConcurrencyError, StatementError, StoreUnavailableError
-from events.store import EventStore
+from events.log import db
+from events.log.errors import ConcurrencyError, StatementError, StoreUnavailableError
+from events.log.store import EventStore
 from tests.helpers import wait_until
 
 

@@ -13,12 +13,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from events import lifecycle, migrations
-from events.check import check_log
-from events.config import parse_config
-from events.consumer import ConsumerRunner
-from events.names import allocation_id, trial_stream
-from events.store import EventStore
+from events.domain import lifecycle
+from events.domain.check import check_log
+from events.domain.config import parse_config
+from events.domain.names import allocation_id, trial_stream
+from events.log import migrations
+from events.log.consumer import ConsumerRunner
+from events.log.store import EventStore
 from services.api import tables
 from services.api.auth import sign_trial_token
 from services.scheduler.state import ClusterState

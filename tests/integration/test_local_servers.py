@@ -16,8 +16,8 @@ import pytest
 
 from cairn.local import servers
 from cairn.local.servers import ServerProcess, secret_file, start_nats, start_postgres
-from events.bus import connect_options, with_creds
-from events.bus_auth import Authority, write_private
+from events.log.bus import connect_options, with_creds
+from events.log.bus_auth import Authority, write_private
 
 PASSWD = Path("/etc/passwd")
 

@@ -1,18 +1,18 @@
-"""``python -m events.check DSN`` reads a real log and reports what is broken."""
+"""``python -m events.domain.check DSN`` reads a real log and reports what is broken."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from events.store import EventStore
-from events.types import SlotsAllocated, TrialExited
+from events.domain.types import SlotsAllocated, TrialExited
+from events.log.store import EventStore
 from tests.conftest import ROOT
 
 
 def run_check(db_url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "events.check", db_url],
+        [sys.executable, "-m", "events.domain.check", db_url],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from events import aggregates, lifecycle
-from events.check import check_log
-from events.envelope import Event, RecordedEvent
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain import aggregates, lifecycle
+from events.domain.check import check_log
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import (
     ExperimentStateChanged,
     ExperimentSubmitted,
     TrialRequested,
     TrialStateChanged,
 )
+from events.log.envelope import Event, RecordedEvent
+from events.log.store import EventStore
 from services.api.views import fold_trial_control
 from services.scheduler.state import ClusterState
 from services.searcher.service import TYPES as SEARCHER_TYPES

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from events.store import EventStore
-from events.types import ExperimentStateChanged
+from events.domain.types import ExperimentStateChanged
+from events.log.store import EventStore
 from services.api import read as api_read
 from services.api import tables
 from services.tracker.service import catch_up

@@ -5,16 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from events.check import check_log
-from events.consumer import ConsumerRunner
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.check import check_log
+from events.domain.names import trial_stream
+from events.domain.types import (
     CheckpointSaved,
     ExperimentSubmitted,
     TrialStateChanged,
     ValidationReported,
 )
+from events.log.consumer import ConsumerRunner
+from events.log.store import EventStore
 from services.searcher.service import SearcherConsumer
 from tests.integration.test_searcher_service import _fresh_store
 

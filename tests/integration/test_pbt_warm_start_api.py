@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from events.names import experiment_stream
-from events.store import EventStore
-from events.types import CheckpointSaved, TrialRequested
+from events.domain.names import experiment_stream
+from events.domain.types import CheckpointSaved, TrialRequested
+from events.log.store import EventStore
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment
 
 

@@ -7,14 +7,21 @@ import asyncio
 import json
 
 from cairn.local.servers import ServerProcess
-from events.bus import EVENTS_STREAM, POSITION_HEADER, STUB_HEADER, Bus, headers_size, subject_for
-from events.consumer import ConsumerRunner
-from events.envelope import RecordedEvent
-from events.limits import BUS_MAX_PAYLOAD, MAX_EVENT_BYTES
-from events.relay import CHECKPOINT as RELAY_CHECKPOINT
-from events.relay import Relay
-from events.store import EventStore
-from events.types import ExperimentSubmitted
+from events.domain.types import ExperimentSubmitted
+from events.log.bus import (
+    EVENTS_STREAM,
+    POSITION_HEADER,
+    STUB_HEADER,
+    Bus,
+    headers_size,
+    subject_for,
+)
+from events.log.consumer import ConsumerRunner
+from events.log.envelope import RecordedEvent
+from events.log.limits import BUS_MAX_PAYLOAD, MAX_EVENT_BYTES
+from events.log.relay import CHECKPOINT as RELAY_CHECKPOINT
+from events.log.relay import Relay
+from events.log.store import EventStore
 from tests.helpers import EFFECTS_DDL, EffectsConsumer, effect_counts, wait_until
 
 BIG = 2 * 1024 * 1024

@@ -8,11 +8,7 @@ from typing import Any
 
 import pytest
 
-from events.consumer import ConsumerRunner
-from events.envelope import Event
-from events.errors import ConcurrencyError
-from events.store import EventStore, Transaction
-from events.types import (
+from events.domain.types import (
     AgentRegistered,
     ExperimentSubmitted,
     TrialExited,
@@ -21,7 +17,11 @@ from events.types import (
     TrialStarted,
     WorkloadCompleted,
 )
-from events.types.agent import Slot
+from events.domain.types.agent import Slot
+from events.log.consumer import ConsumerRunner
+from events.log.envelope import Event
+from events.log.errors import ConcurrencyError
+from events.log.store import EventStore, Transaction
 from services.scheduler.planner import Settings
 from services.scheduler.service import SchedulerConsumer
 from services.scheduler.state import ClusterState

@@ -6,10 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from events.consumer import ConsumerRunner
-from events.envelope import Event
-from events.store import EventStore
-from events.types import (
+from events.domain.types import (
     AgentRegistered,
     ExperimentSubmitted,
     SlotsReleased,
@@ -17,7 +14,10 @@ from events.types import (
     TrialRequested,
     TrialStarted,
 )
-from events.types.agent import Slot
+from events.domain.types.agent import Slot
+from events.log.consumer import ConsumerRunner
+from events.log.envelope import Event
+from events.log.store import EventStore
 from services.api import tables
 from services.scheduler.planner import Settings
 from services.scheduler.service import SchedulerConsumer

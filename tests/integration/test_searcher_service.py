@@ -8,17 +8,17 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from events.check import check_log
-from events.consumer import ConsumerRunner
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.check import check_log
+from events.domain.names import trial_stream
+from events.domain.types import (
     ExperimentStateChanged,
     ExperimentSubmitted,
     TrialRequested,
     TrialStateChanged,
     ValidationReported,
 )
+from events.log.consumer import ConsumerRunner
+from events.log.store import EventStore
 from services.searcher.methods import TPEStrategy
 from services.searcher.service import SearcherConsumer
 

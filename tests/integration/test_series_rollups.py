@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import (
     TrialRequested,
     TrialStateChanged,
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log.store import EventStore
 from services.tracker import projections, series
 from services.tracker.series import SeriesBuckets
 from services.tracker.service import catch_up

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from cairn.local.private_files import write_private
-from events.store import EventStore
+from events.log.store import EventStore
 from services import credentials
 from services.api.auth import LEGACY_ADMIN_PASSWORD, check_password, ensure_admin, hash_password
 from services.api.tables import migrate as migrate_api

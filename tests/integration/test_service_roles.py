@@ -12,10 +12,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from events import migrations
-from events.errors import ConcurrencyError, FencedError, MigrationsPendingError, StatementError
-from events.store import EventStore, Fence
-from events.types import ExperimentSubmitted, LeaderElected
+from events.domain.types import ExperimentSubmitted, LeaderElected
+from events.log import migrations
+from events.log.errors import ConcurrencyError, FencedError, MigrationsPendingError, StatementError
+from events.log.store import EventStore, Fence
 from services import migrate, roles
 from services.api import tables as api_tables
 from tests.helpers import wait_until
@@ -243,7 +243,7 @@ async def test_migrate_is_idempotent_and_upgrades_an_older_database(
     conn = await asyncpg.connect(db_url)
     try:
         old_core = [m for m in migrations.CORE if m[0] <= "0006_append_function"]
-        from events.db import connect
+        from events.log.db import connect
 
         translated = await connect(db_url)
         try:

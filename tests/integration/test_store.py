@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from events.envelope import NewEvent, RecordedEvent
-from events.errors import ConcurrencyError, DuplicateEventError, EventTooLargeError, FencedError
-from events.folds import fold, load, save_snapshot
-from events.lease import LeaderLease
-from events.limits import MAX_EVENT_BYTES, encoded
-from events.store import EventStore, Fence, lease_stream
-from events.types import ExperimentSubmitted, TrialRequested
+from events.domain.types import ExperimentSubmitted, TrialRequested
+from events.log.envelope import NewEvent, RecordedEvent
+from events.log.errors import ConcurrencyError, DuplicateEventError, EventTooLargeError, FencedError
+from events.log.folds import fold, load, save_snapshot
+from events.log.lease import LeaderLease
+from events.log.limits import MAX_EVENT_BYTES, encoded
+from events.log.store import EventStore, Fence, lease_stream
 from tests.fixtures.folds import CountingFold
 from tests.helpers import wait_until
 

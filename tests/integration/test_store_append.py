@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from events.db import connect
-from events.errors import ConcurrencyError, FencedError
-from events.lease import LeaderLease
-from events.store import NOTIFY_CHANNEL, EventStore, Fence
-from events.types import ExperimentSubmitted
+from events.domain.types import ExperimentSubmitted
+from events.log.db import connect
+from events.log.errors import ConcurrencyError, FencedError
+from events.log.lease import LeaderLease
+from events.log.store import NOTIFY_CHANNEL, EventStore, Fence
 from tests.helpers import wait_until
 
 

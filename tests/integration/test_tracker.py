@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from cairn.local.servers import ServerProcess
-from events.checkpoint_storage import MARKER_FILE, marker_bytes
-from events.envelope import Event, RecordedEvent
-from events.names import allocation_id, trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.checkpoint_storage import MARKER_FILE, marker_bytes
+from events.domain.names import allocation_id, trial_stream
+from events.domain.types import (
     AgentLost,
     AgentRegistered,
     CheckpointSaved,
@@ -36,7 +34,9 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
-from events.types.agent import Slot
+from events.domain.types.agent import Slot
+from events.log.envelope import Event, RecordedEvent
+from events.log.store import EventStore
 from services.tracker.projections import rebuild
 from services.tracker.schema import PRIMARY_KEYS, TABLES
 from services.tracker.service import catch_up

@@ -11,12 +11,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from events.config import parse_config
-from events.consumer import ConsumerRunner
-from events.envelope import Event
-from events.names import experiment_stream, trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.config import parse_config
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import (
     CheckpointSaved,
     ExperimentSubmitted,
     MetricsReported,
@@ -24,6 +21,9 @@ from events.types import (
     ValidationReported,
     WorkloadCompleted,
 )
+from events.log.consumer import ConsumerRunner
+from events.log.envelope import Event
+from events.log.store import EventStore
 from services.tracker import projections, schema
 from tests.integration.test_api_support import CONFIG
 from tests.integration.test_tracker import snapshot

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.consumer import ConsumerRunner
-from events.names import trial_stream
-from events.store import EventStore
-from events.types import ExperimentSubmitted, TrialStateChanged
+from events.domain.names import trial_stream
+from events.domain.types import ExperimentSubmitted, TrialStateChanged
+from events.log.consumer import ConsumerRunner
+from events.log.store import EventStore
 from services.searcher.service import SearcherConsumer
 
 GRID: dict[str, Any] = {

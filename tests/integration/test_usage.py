@@ -17,12 +17,9 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from events.config import parse_config
-from events.consumer import ConsumerRunner
-from events.envelope import Event
-from events.names import allocation_id, experiment_stream, trial_stream
-from events.store import EventStore
-from events.types import (
+from events.domain.config import parse_config
+from events.domain.names import allocation_id, experiment_stream, trial_stream
+from events.domain.types import (
     AgentLost,
     AgentRegistered,
     ExperimentSubmitted,
@@ -31,7 +28,10 @@ from events.types import (
     TrialExited,
     TrialRequested,
 )
-from events.types.agent import Slot
+from events.domain.types.agent import Slot
+from events.log.consumer import ConsumerRunner
+from events.log.envelope import Event
+from events.log.store import EventStore
 from services.api.auth import create_user
 from services.tracker import schema, usage
 from tests.integration.test_api_support import CONFIG, running_api

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from events.store import EventStore
-from events.types import TrialExited, TrialStarted
+from events.domain.types import TrialExited, TrialStarted
+from events.log.store import EventStore
 from tests.helpers import wait_until
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_support import Api, allocate, running_api, submit_experiment

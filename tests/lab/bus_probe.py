@@ -20,8 +20,8 @@ from typing import Any
 
 import nats
 
-from events.bus import COMMANDS_STREAM, EVENTS_STREAM, connect_options
-from events.commands import agent_subject
+from events.domain.commands import agent_subject
+from events.log.bus import COMMANDS_STREAM, EVENTS_STREAM, connect_options
 
 
 async def connect(url: str, creds: str | None, errors: list[str], inbox: str | None = None) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from events.config.cluster import TaskPolicy
+from events.domain.config.cluster import TaskPolicy
 from services.agent.docker_runtime import (
     LABEL_AGENT,
     LABEL_ALLOCATION,

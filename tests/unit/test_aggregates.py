@@ -1,4 +1,4 @@
-"""The typed folds of :mod:`events.aggregates` over every stored shape of every event type."""
+"""The typed folds of :mod:`events.domain.aggregates` over every stored shape of every event type."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from events import aggregates, lifecycle
-from events.envelope import RecordedEvent
-from events.names import trial_stream
-from events.store import row_to_event
+from events.domain import aggregates, lifecycle
+from events.domain.names import trial_stream
+from events.log.envelope import RecordedEvent
+from events.log.store import row_to_event
 from services.scheduler.state import ClusterState
 from tests.golden import history
 from tests.unit.test_registry import all_versions

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from cairn.cli.checkpoint import extract
 from cairn.errors import CairnError
-from events.archive import ArchiveError, ArchiveLimits, ArchiveTooLargeError, extract_tar
+from events.domain.archive import ArchiveError, ArchiveLimits, ArchiveTooLargeError, extract_tar
 
 
 @dataclass(frozen=True)

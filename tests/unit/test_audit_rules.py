@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from events.catalogue import render
-from events.envelope import Metadata
-from events.origin import Origin, bound, set_service, stamp
+from events.log.catalogue import render
+from events.log.envelope import Metadata
+from events.log.origin import Origin, bound, set_service, stamp
 from services.api.audit_trail import RejectionLimiter
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "events.md"
@@ -63,15 +63,15 @@ def test_stamp_fills_only_what_the_call_site_left_empty() -> None:
 
 
 def test_committed_event_catalogue_is_current() -> None:
-    """docs/events.md is what `python -m events.catalogue` renders from the registry now."""
+    """docs/events.md is what `python -m events.log.catalogue` renders from the registry now."""
     assert DOCS.read_text() == render(), (
-        "docs/events.md is stale: run `.venv/bin/python -m events.catalogue > docs/events.md`"
+        "docs/events.md is stale: run `.venv/bin/python -m events.log.catalogue > docs/events.md`"
     )
 
 
 def test_catalogue_lists_every_type_with_its_fields() -> None:
     """Each registered type has a section with its schema version and every field."""
-    from events.registry import known_types
+    from events.log.registry import known_types
 
     text = render()
     for name, model in known_types().items():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from events.limits import MAX_EVENT_BYTES, encoded
-from events.registry import encode
+from events.log.limits import MAX_EVENT_BYTES, encoded
+from events.log.registry import encode
 from services.tracker.gc import (
     CheckpointInfo,
     ExperimentCheckpoints,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cairn.local.cluster import ClusterOptions, ClusterStartError, Supervisor, cluster_config_path
-from events.config.cluster import (
+from events.domain.config.cluster import (
     ClusterConfig,
     ClusterConfigError,
     load_cluster_config,

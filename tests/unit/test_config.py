@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from events.config import (
+from events.domain.config import (
     AdaptiveASHASearcher,
     ConfigError,
     ConstHP,
@@ -149,7 +149,7 @@ def test_seed_comes_from_default_seed_then_clock_and_an_explicit_seed_wins(
 ) -> None:
     """A missing experiment_seed is filled from default_seed, else the unix time."""
     assert parse_config(MINIMAL, default_seed=42).experiment_seed == 42
-    monkeypatch.setattr("events.config.loading.time.time", lambda: 1_700_000_123.9)
+    monkeypatch.setattr("events.domain.config.loading.time.time", lambda: 1_700_000_123.9)
     assert parse_config(MINIMAL).experiment_seed == 1_700_000_123
     explicit = {**MINIMAL, "reproducibility": {"experiment_seed": 9}}
     assert parse_config(explicit, default_seed=42).experiment_seed == 9

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from events.config import (
+from events.domain.config import (
     ClusterDefaultStorage,
     ConfigError,
     S3Storage,
     parse_config,
 )
-from events.config.secrets import MASK, mask_payload, mask_secrets
-from events.config.storage import checkpoint_root
-from events.registry import decode
+from events.domain.config.secrets import MASK, mask_payload, mask_secrets
+from events.domain.config.storage import checkpoint_root
+from events.log.registry import decode
 from services.api.views import environment_variables
 from services.tracker.gc import GCPolicy
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from events.config import ConfigError, ConfigTooLargeError, load_yaml, parse_config
-from events.config.limits import (
+from events.domain.config import ConfigError, ConfigTooLargeError, load_yaml, parse_config
+from events.domain.config.limits import (
     MAX_CONFIG_CHARS,
     MAX_CONFIG_DEPTH,
     MAX_CONFIG_NODES,
@@ -19,7 +19,7 @@ from events.config.limits import (
     MAX_SLOTS_PER_TRIAL,
     MAX_TRIALS,
 )
-from events.storable import find_unstorable
+from events.log.storable import find_unstorable
 from services.searcher.preview import PreviewTooLargeError, preview_search
 
 ROOT = Path(__file__).resolve().parents[2]

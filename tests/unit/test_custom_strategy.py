@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from events.config import parse_config
+from events.domain.config import parse_config
 from services.searcher.methods import (
     Create,
     SearchContext,

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.db import loads
+from events.log.db import loads
 
 _scalars = (
     st.none()
@@ -58,8 +58,8 @@ def test_trusted_construction_equals_validation() -> None:
     import datetime
     import uuid
 
-    from events.envelope import Metadata, RecordedEvent
-    from events.store import row_to_event
+    from events.log.envelope import Metadata, RecordedEvent
+    from events.log.store import row_to_event
 
     row = {
         "position": 5,

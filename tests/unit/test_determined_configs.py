@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from events.config import ConfigError, parse_config
+from events.domain.config import ConfigError, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "fixtures" / "determined_configs"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from events.config.cluster import TaskImages
+from events.domain.config.cluster import TaskImages
 from services.agent.docker_runtime import (
     LABEL_AGENT,
     LABEL_ALLOCATION,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from events.config.cluster import TaskPolicy
-from events.config.host_requests import capability_name, host_request_errors
+from events.domain.config.cluster import TaskPolicy
+from events.domain.config.host_requests import capability_name, host_request_errors
 from services.agent.docker_runtime import DockerRuntimeError, check_host_requests
 
 

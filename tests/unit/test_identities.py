@@ -5,15 +5,15 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from events.envelope import Event, RecordedEvent
-from events.identities import (
+from events.domain.identities import (
     ASSIGNED_UIDS,
     IDENTITIES_STREAM,
     Identities,
     assignment_for,
     fold_identities,
 )
-from events.types import AgentUserAssigned, AgentUserLinked
+from events.domain.types import AgentUserAssigned, AgentUserLinked
+from events.log.envelope import Event, RecordedEvent
 
 
 def recorded(*facts: Event) -> list[RecordedEvent]:

@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from cairn.lab.secret_files import MOUNT, fill
-from events.bus_auth import Authority
+from events.log.bus_auth import Authority
 
 ME = (os.getuid(), os.getgid())
 HOLDERS = ("postgres", "migrate", "relay", "searcher", "scheduler", "tracker", "api", "agent")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from events import lifecycle as lc
-from events.envelope import Metadata, RecordedEvent
+from events.domain import lifecycle as lc
+from events.log.envelope import Metadata, RecordedEvent
 
 
 def changed(n: int, kind: str, state: str) -> RecordedEvent:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from events.bus import headers_size
-from events.limits import BUS_MAX_PAYLOAD, ENVELOPE_ALLOWANCE, MAX_EVENT_BYTES, largest_part
+from events.log.bus import headers_size
+from events.log.limits import BUS_MAX_PAYLOAD, ENVELOPE_ALLOWANCE, MAX_EVENT_BYTES, largest_part
 
 
 def test_largest_part_names_the_one_huge_field() -> None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from events.check import check_events
-from events.envelope import Event, Metadata, RecordedEvent
-from events.registry import encode
-from events.types import (
+from events.domain.check import check_events
+from events.domain.types import (
     CheckpointSaved,
     CustomSearcherAnswered,
     CustomSearcherFailed,
@@ -20,6 +18,8 @@ from events.types import (
     TrialStarted,
     TrialStateChanged,
 )
+from events.log.envelope import Event, Metadata, RecordedEvent
+from events.log.registry import encode
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from events.names import (
+from events.domain.names import (
     TrialIdError,
     allocation_id,
     coerce_trial_id,
@@ -16,7 +16,7 @@ from events.names import (
     trial_of_stream,
     trial_stream,
 )
-from events.registry import decode
+from events.log.registry import decode
 from tests.unit.test_registry import all_versions, fixture
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from events.config import ConfigError, ExperimentConfig, PBTSearcher, parse_config
+from events.domain.config import ConfigError, ExperimentConfig, PBTSearcher, parse_config
 from services.searcher.methods import (
     Create,
     PBTStrategy,

@@ -6,10 +6,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from events.envelope import Event, Metadata, RecordedEvent
-from events.names import allocation_id, trial_stream
-from events.registry import encode
-from events.types import (
+from events.domain.names import allocation_id, trial_stream
+from events.domain.types import (
     AgentRegistered,
     CheckpointSaved,
     ExperimentStateChanged,
@@ -21,7 +19,9 @@ from events.types import (
     TrialRequested,
     TrialStopRequested,
 )
-from events.types.agent import Slot
+from events.domain.types.agent import Slot
+from events.log.envelope import Event, Metadata, RecordedEvent
+from events.log.registry import encode
 from services.scheduler.planner import Settings, plan, reap
 from services.scheduler.state import ClusterState
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from events.config import parse_config
+from events.domain.config import parse_config
 from services.searcher.methods.sampling import grid_size
 from services.searcher.preview import preview_search, render_preview
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from events.envelope import Event
-from events.names import parse_allocation_id, trial_stream
-from events.types import AgentRegistered, CheckpointSaved, SlotsAllocated, TrialStarted
-from events.types.agent import Slot
+from events.domain.names import parse_allocation_id, trial_stream
+from events.domain.types import AgentRegistered, CheckpointSaved, SlotsAllocated, TrialStarted
+from events.domain.types.agent import Slot
+from events.log.envelope import Event
 from services.scheduler.planner import Report, Reports, Settings, plan
 from tests.unit.test_planner import Log, experiment, types
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from events.redact import redact_url
+from events.log.redact import redact_url
 
 
 @pytest.mark.parametrize(

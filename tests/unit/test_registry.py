@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from events.errors import UnknownEventError
-from events.registry import decode, known_types, upcast
-from events.types import TrialExited
+from events.domain.types import TrialExited
+from events.log.errors import UnknownEventError
+from events.log.registry import decode, known_types, upcast
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "events"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from events.config import parse_config
-from events.types import (
+from events.domain.config import parse_config
+from events.domain.types import (
     ContinuedTrial,
     ExperimentContinued,
     ExperimentResourcesChanged,

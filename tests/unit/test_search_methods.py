@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.config import AdaptiveASHASearcher, ExperimentConfig, parse_config
-from events.config.hyperparameters import iter_leaves
+from events.domain.config import AdaptiveASHASearcher, ExperimentConfig, parse_config
+from events.domain.config.hyperparameters import iter_leaves
 from services.searcher.methods import (
     Create,
     Operation,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from events.storable import find_unstorable, within_depth
+from events.log.storable import find_unstorable, within_depth
 
 
 def _nested(depth: int) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from events.checkpoint_storage import (
+from events.domain.checkpoint_storage import (
     MARKER_FILE,
     DirectoryStorage,
     StorageError,
@@ -16,7 +16,7 @@ from events.checkpoint_storage import (
     check_storage,
     marker_bytes,
 )
-from events.config.cluster import CheckpointStoragePolicy, parse_cluster_config
+from events.domain.config.cluster import CheckpointStoragePolicy, parse_cluster_config
 
 
 def policy(**section: object) -> CheckpointStoragePolicy:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from events.envelope import Metadata, RecordedEvent, stored_event, stored_metadata
-from events.store import row_to_event
+from events.log.envelope import Metadata, RecordedEvent, stored_event, stored_metadata
+from events.log.store import row_to_event
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from events import migrations
+from events.log import migrations
 from services import roles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,7 +251,9 @@ def test_the_scan_sees_the_sql_it_forbids() -> None:
     assert not list(trespasses("services.api.x", "read from the tracker's tables", owners))
 
 
-DATABASE_MODULES = frozenset({"asyncpg", "events.db", "events.store", "events.consumer"})
+DATABASE_MODULES = frozenset(
+    {"asyncpg", "events.log.db", "events.log.store", "events.log.consumer"}
+)
 """Modules through which code reaches the database."""
 
 
@@ -382,7 +384,7 @@ def test_every_service_but_the_agent_has_a_database_role() -> None:
 def test_every_consumer_is_named_after_the_service_that_runs_it() -> None:
     """Each consumer's checkpoint name belongs to the service running it (its role may write
     only such rows of ``checkpoints``), so no consumer is left unable to move its checkpoint."""
-    from events.relay import CHECKPOINT as RELAY
+    from events.log.relay import CHECKPOINT as RELAY
     from services.scheduler.service import SchedulerConsumer
     from services.searcher.service import SearcherConsumer
     from services.tracker import audit, gc, projections, usage

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from optuna.trial import TrialState
 
-from events.config import ConfigError, ExperimentConfig, parse_config
-from events.config.limits import MAX_TPE_TRIALS
+from events.domain.config import ConfigError, ExperimentConfig, parse_config
+from events.domain.config.limits import MAX_TPE_TRIALS
 from services.searcher.methods import Create, SearcherError, SearchMethod, Shutdown, make_method
 from services.searcher.methods.tpe import TPEStrategy
 

@@ -5,7 +5,7 @@ Use :func:`make_method` to build the method for a config; see :mod:`.base` for t
 
 from __future__ import annotations
 
-from events.config import (
+from events.domain.config import (
     AdaptiveASHASearcher,
     AsyncHalvingSearcher,
     ExperimentConfig,

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
-from events.config import HalvingSearcher, PBTSearcher, SearcherConfig
+from events.domain.config import HalvingSearcher, PBTSearcher, SearcherConfig
 from services.searcher.methods.sampling import sample_hparams
 
 ExitReason = Literal["errored", "user_canceled", "invalid_hp"]

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from events.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP
-from events.config.hyperparameters import iter_leaves
+from events.domain.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP
+from events.domain.config.hyperparameters import iter_leaves
 from services.searcher.methods.asha import WORST
 from services.searcher.methods.base import (
     Create,

@@ -13,8 +13,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from events.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP, LogHP
-from events.config.hyperparameters import iter_leaves
+from events.domain.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP, LogHP
+from events.domain.config.hyperparameters import iter_leaves
 
 
 def sample_one(hp: LeafHP, rng: random.Random) -> Any:

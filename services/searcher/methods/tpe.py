@@ -25,8 +25,8 @@ from optuna.distributions import (
 )
 from optuna.trial import Trial, TrialState
 
-from events.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP
-from events.config.hyperparameters import iter_leaves
+from events.domain.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP
+from events.domain.config.hyperparameters import iter_leaves
 from services.searcher.methods.base import (
     TRIAL_SEED_BOUND,
     Create,

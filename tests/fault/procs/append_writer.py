@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from events.store import EventStore
-from events.types import TrialRequested
+from events.domain.types import TrialRequested
+from events.log.store import EventStore
 
 
 async def main(dsn: str, stream: str, count: int) -> None:

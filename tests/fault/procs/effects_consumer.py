@@ -9,9 +9,9 @@ import asyncio
 import signal
 import sys
 
-from events.bus import ACK_WAIT_SECONDS, Bus
-from events.consumer import ConsumerRunner
-from events.store import EventStore
+from events.log.bus import ACK_WAIT_SECONDS, Bus
+from events.log.consumer import ConsumerRunner
+from events.log.store import EventStore
 from tests.helpers import EFFECTS_DDL, EffectsConsumer
 
 

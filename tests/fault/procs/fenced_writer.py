@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from events.errors import FencedError, StoreUnavailableError
-from events.lease import LeaderLease
-from events.store import EventStore
-from events.types import ExperimentSubmitted
+from events.domain.types import ExperimentSubmitted
+from events.log.errors import FencedError, StoreUnavailableError
+from events.log.lease import LeaderLease
+from events.log.store import EventStore
 
 
 async def main(dsn: str, lease_name: str, stream: str) -> None:

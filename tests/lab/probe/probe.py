@@ -14,7 +14,7 @@ import sys
 import time
 
 import cairn as det
-from events.config.host_requests import ENGINE_SOCKETS
+from events.domain.config.host_requests import ENGINE_SOCKETS
 
 SKIP = ("/proc", "/sys", "/dev")
 

@@ -1,0 +1,15 @@
+"""cairn's domain: what the facts in the log say and the rules over them. Where to find what:
+
+| module | what |
+|---|---|
+| ``types`` | the event payload models (frozen, versioned), one module per stream category |
+| ``aggregates`` | the pure fold of each aggregate: experiment, trial with its allocations, agent, cluster |
+| ``lifecycle`` | experiment and trial states and their state machines |
+| ``check`` | invariants of a whole log (``python -m events.domain.check DSN``) |
+| ``names`` | ids and stream names of experiments, trials and allocations |
+| ``commands`` | agent commands derived from logged events |
+| ``checkpoints``, ``checkpoint_storage`` | who owns a checkpoint; where checkpoint files live |
+| ``identities`` | which unix identity each user's code runs as |
+| ``config`` | the experiment config (Determined's schema) and the cluster config |
+| ``archive`` | the one safe way to unpack a tar archive |
+"""

@@ -1,0 +1,66 @@
+"""Where checkpoint files live: a directory every agent mounts, or an S3-compatible bucket.
+
+A checkpoint is a set of files named by paths relative to the checkpoint (``/``-separated),
+``metadata.json`` among them, stored under the checkpoint's uuid. Training code writes and
+reads them (``cairn.core``), the tracker's GC deletes them, the API streams them as a tar.gz;
+:func:`open_storage` gives each the storage of an experiment's ``checkpoint_storage`` config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from events.domain.checkpoint_storage.base import (
+    MARKER_FILE,
+    CheckpointStorage,
+    StorageError,
+    marker_bytes,
+    safe_uuid,
+)
+from events.domain.checkpoint_storage.directory import DirectoryStorage
+from events.domain.checkpoint_storage.policy import StorageNotAllowedError, check_storage
+from events.domain.checkpoint_storage.s3 import S3Storage
+from events.domain.config.cluster import CheckpointStoragePolicy
+from events.domain.config.storage import checkpoint_root
+
+
+def open_storage(
+    config: Any, default_root: Path, *, policy: CheckpointStoragePolicy | None
+) -> CheckpointStorage:
+    """The storage of a ``checkpoint_storage`` config.
+
+    Args:
+        config: the experiment's ``checkpoint_storage`` (a mapping or ``None``); ``s3`` opens the
+            bucket, ``shared_fs``/``directory`` their directory, anything else (no type, or
+            gcs/azure, which cairn accepts with a warning) the cluster default.
+        default_root: the cluster's default checkpoint root.
+        policy: the cluster config's storage policy, which the services always pass; ``None``
+            only in the user's own processes (the Core API), which reach what the user can.
+
+    Returns:
+        The storage.
+
+    Raises:
+        StorageNotAllowedError: the policy does not allow ``config``.
+    """
+    if policy is not None:
+        check_storage(config, policy, default_root=default_root)
+    if isinstance(config, Mapping) and config.get("type") == "s3":
+        return S3Storage.from_config(config)
+    return DirectoryStorage(checkpoint_root(config, default_root))
+
+
+__all__ = [
+    "MARKER_FILE",
+    "CheckpointStorage",
+    "DirectoryStorage",
+    "S3Storage",
+    "StorageError",
+    "StorageNotAllowedError",
+    "check_storage",
+    "marker_bytes",
+    "open_storage",
+    "safe_uuid",
+]

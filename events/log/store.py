@@ -1,0 +1,487 @@
+"""The PostgreSQL event store: serialized appends with optimistic concurrency, ordered reads.
+
+Invariant: every append takes ``LOCK TABLE events IN EXCLUSIVE MODE`` before inserting, so
+positions are assigned and committed in the same order. A reader that has seen position p has
+therefore seen every committed event below p; gaps (from rolled-back appends) are never filled
+later and are safe to skip. The lock does not block readers.
+
+Appends and the lock go through two functions, ``cairn_append`` and ``cairn_lock_appends``,
+that run as :data:`events.log.migrations.LOG_WRITER`: a service's role may execute them and read
+``events``, and holds no other right on it (see :mod:`services.roles`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from events.log import faults, migrations, origin
+from events.log.db import Connection, Pool, create_pool, translate_errors
+from events.log.envelope import (
+    Event,
+    NewEvent,
+    RecordedEvent,
+    stored_event,
+    stored_metadata,
+)
+from events.log.errors import ConcurrencyError, EventTooLargeError, FencedError
+from events.log.limits import MAX_EVENT_BYTES, encoded, largest_part
+from events.log.registry import encode, to_current
+
+NOTIFY_CHANNEL = "cairn_events"
+# Taken by a function (migration 0007_append_owner) that runs as the log's writer role: a
+# service's own role may not lock the table itself.
+_LOCK_APPENDS = "SELECT cairn_lock_appends()"
+# One statement appends (migration 0006_append_function): it takes the append lock, checks the
+# fence and the expected version, inserts and queues the wake-up.
+_APPEND = "SELECT * FROM cairn_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+_COLUMNS = (
+    "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
+    "recorded_at"
+)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A leader's epoch on a lease; writes carrying a stale fence are rejected."""
+
+    lease: str
+    epoch: int
+
+
+def lease_stream(lease: str) -> str:
+    """The stream on which a lease's ``LeaderElected`` events are recorded."""
+    return f"lease-{lease}"
+
+
+def row_to_event(row: Any) -> RecordedEvent:
+    """A ``RecordedEvent`` from a row of the ``events`` table (columns as in ``SELECT *``).
+
+    Its payload is upcast to the type's current schema version here, the read boundary, so
+    every fold sees one shape of each type whatever version the log holds.
+    """
+    # Rows come from our own table, written through ``append``: constructing without
+    # re-validation is safe and is most of the cost of a replay saved.
+    version, payload = to_current(row["type"], row["schema_version"], row["payload"])
+    return stored_event(
+        {
+            "position": row["position"],
+            "stream_id": row["stream_id"],
+            "stream_version": row["stream_version"],
+            "event_id": row["event_id"],
+            "type": row["type"],
+            "schema_version": version,
+            "payload": payload,
+            "metadata": stored_metadata(row["metadata"]),
+            "recorded_at": row["recorded_at"],
+        }
+    )
+
+
+def _as_new(item: Event | NewEvent) -> NewEvent:
+    return item if isinstance(item, NewEvent) else NewEvent(event=item)
+
+
+class Transaction:
+    """A database transaction in which appends, reads, checkpoints and effects commit together.
+
+    Attributes:
+        conn: the connection the transaction runs on.
+        max_event_bytes: the largest event :meth:`append` accepts (payload plus metadata).
+        fence: a leader's fence that every append of this transaction carries (its epoch is
+            stamped on each event) and is checked against; see :meth:`write_as`.
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        in_transaction: bool = True,
+    ) -> None:
+        self.conn = conn
+        self.max_event_bytes = max_event_bytes
+        self.fence: Fence | None = None
+        self._locked = False
+        self._fenced: Fence | None = None
+        # False only for EventStore.append's single statement, which commits on its own.
+        self._in_transaction = in_transaction
+
+    def write_as(self, fence: Fence | None) -> None:
+        """Makes every later append of this transaction a write of the leader holding ``fence``:
+        each event records its epoch, and the append is refused if the epoch is stale."""
+        self.fence = fence
+
+    async def lock_appends(self) -> None:
+        """Takes the append lock now rather than at the first append (held until commit).
+
+        Nothing can be appended by anyone else between this call and the commit, so a decision
+        read from the log after it (e.g. "this uuid is not recorded yet") still holds when this
+        transaction appends. Callers that also claim inbox keys take it first, before the claim,
+        so two transactions never wait on each other's locks.
+        """
+        if not self._locked:
+            await self.conn.execute(_LOCK_APPENDS)
+            self._locked = True
+
+    async def check_fence(self, fence: Fence) -> None:
+        """Raises :class:`FencedError` unless ``fence.epoch`` is the lease's latest epoch.
+
+        Checked once per transaction and fence: the append lock, taken here, keeps any newer
+        election out until the commit.
+        """
+        await self.lock_appends()
+        if self._fenced == fence:
+            return
+        current = await self.conn.fetchval(
+            "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1",
+            lease_stream(fence.lease),
+        )
+        if current != fence.epoch:
+            raise FencedError(fence.lease, fence.epoch, int(current))
+        self._fenced = fence
+
+    async def stream_version(self, stream_id: str) -> int:
+        """Returns the stream's current version (0 for a stream with no events)."""
+        value = await self.conn.fetchval(
+            "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1", stream_id
+        )
+        return int(value)
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | NewEvent],
+        *,
+        expected_version: int | None = None,
+        fence: Fence | None = None,
+    ) -> list[RecordedEvent]:
+        """Appends ``events`` to ``stream_id`` atomically with the rest of this transaction.
+
+        Args:
+            stream_id: target stream, e.g. ``trial-42``.
+            events: payloads (or payloads with ids and metadata) in order.
+            expected_version: the version the stream must be at (0: must not exist yet);
+                ``None`` appends whatever the version is.
+            fence: the writer's leader epoch; a stale one raises :class:`FencedError`
+                (default: the transaction's :attr:`fence`).
+
+        Raises:
+            EventTooLargeError: an event's encoded payload and metadata exceed
+                ``max_event_bytes``; nothing is appended.
+            ConcurrencyError: the stream is not at ``expected_version``.
+            FencedError: ``fence`` is no longer current.
+            DuplicateEventError: an event's ``event_id`` is already in the log.
+        """
+        if not events:
+            return []
+        items = [_as_new(e) for e in events]
+        fence = fence or self.fence
+        epoch = fence.epoch if fence is not None else None
+        stamped = [origin.stamp(item.metadata) for item in items]
+        metas = [m.model_copy(update={"epoch": epoch}) if epoch else m for m in stamped]
+        payloads = [encode(i.event) for i in items]
+        payload_texts = [encoded(p) for p in payloads]
+        meta_texts = [m.model_dump_json(exclude_none=True) for m in metas]
+        for item, payload, text, meta_text in zip(
+            items, payloads, payload_texts, meta_texts, strict=True
+        ):
+            # The payload text is ASCII-escaped JSON, so its characters are bytes; the bus's
+            # max_payload is sized from this measure (events.log.limits).
+            size = len(text) + len(meta_text.encode())
+            if size > self.max_event_bytes:
+                meta_size = size - len(text)
+                part, part_size = (
+                    largest_part(payload) if meta_size <= len(text) else ("metadata", meta_size)
+                )
+                raise EventTooLargeError(
+                    stream_id, item.event.event_type, size, self.max_event_bytes, part, part_size
+                )
+        check = fence if fence is not None and fence != self._fenced else None
+        with translate_errors(stream_id):
+            rows = await self.conn.fetch(
+                _APPEND,
+                stream_id,
+                [i.event_id for i in items],
+                [i.event.event_type for i in items],
+                [i.event.schema_version for i in items],
+                payload_texts,
+                meta_texts,
+                expected_version,
+                lease_stream(check.lease) if check is not None else None,
+                check.epoch if check is not None else None,
+                NOTIFY_CHANNEL,
+            )
+        self._locked = True  # the statement took the append lock, held until commit
+        if check is not None:
+            fenced = rows[0]["o_fenced"]
+            if fenced is not None:
+                raise FencedError(check.lease, check.epoch, int(fenced))
+            self._fenced = check
+        current = int(rows[0]["o_current"])
+        if rows[0]["o_position"] is None:
+            raise ConcurrencyError(stream_id, expected_version, current)
+        versions = [current + n + 1 for n in range(len(items))]
+        by_version = {r["o_version"]: r for r in rows}
+        recorded = [
+            stored_event(
+                {
+                    "position": by_version[v]["o_position"],
+                    "stream_id": stream_id,
+                    "stream_version": v,
+                    "event_id": item.event_id,
+                    "type": item.event.event_type,
+                    "schema_version": item.event.schema_version,
+                    "payload": payload,
+                    "metadata": meta,
+                    "recorded_at": by_version[v]["o_recorded_at"],
+                }
+            )
+            for v, item, payload, meta in zip(versions, items, payloads, metas, strict=True)
+        ]
+        origin.count_appended(len(recorded))
+        if self._in_transaction:
+            await faults.point("store.before_commit")
+        return recorded
+
+    async def read_all(
+        self,
+        after: int = 0,
+        *,
+        upto: int | None = None,
+        limit: int = 1000,
+        types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
+    ) -> list[RecordedEvent]:
+        """Reads committed events with ``after < position <= upto`` in position order.
+
+        Args:
+            after: read positions above this one.
+            upto: read positions up to this one (``None``: the head).
+            limit: at most this many events.
+            types: event types to read (``None``: all).
+            envelopes: stream types (``trial``, ``agent``, ...) whose events of other types are
+                read too, as envelopes with an empty payload: enough for a reader to know each
+                of those streams' versions without paying for payloads it does not fold.
+        """
+        return await _read_all(self.conn, after, upto, limit, types, envelopes)
+
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        """Reads one stream's events after ``after_version`` in version order."""
+        return await _read_stream(self.conn, stream_id, after_version)
+
+    async def next_trial_id(self) -> int:
+        """Takes a new cluster-wide trial id from sequence ``trial_ids`` (never reused; a
+        rolled-back transaction leaves a gap)."""
+        with translate_errors():
+            value = await self.conn.fetchval("SELECT nextval('trial_ids')")
+        return int(value)
+
+    async def lock_checkpoint(self, name: str) -> int:
+        """Locks consumer ``name``'s checkpoint row until commit and returns its position."""
+        await self.conn.execute(
+            "INSERT INTO checkpoints (name) VALUES ($1) ON CONFLICT DO NOTHING", name
+        )
+        value = await self.conn.fetchval(
+            "SELECT position FROM checkpoints WHERE name = $1 FOR UPDATE", name
+        )
+        return int(value)
+
+    async def set_checkpoint(self, name: str, position: int) -> None:
+        """Moves consumer ``name``'s checkpoint forward to ``position`` (never backwards)."""
+        await self.conn.execute(
+            """INSERT INTO checkpoints (name, position) VALUES ($1, $2)
+               ON CONFLICT (name) DO UPDATE SET position = excluded.position, updated_at = now()
+               WHERE checkpoints.position < excluded.position""",
+            name,
+            position,
+        )
+
+
+async def _read_all(
+    conn: Connection,
+    after: int,
+    upto: int | None,
+    limit: int,
+    types: Iterable[str] | None,
+    envelopes: Iterable[str] = (),
+) -> list[RecordedEvent]:
+    type_list = sorted(set(types)) if types is not None else None
+    categories = sorted(set(envelopes))
+    with translate_errors():
+        if type_list is None or not categories:
+            rows = await conn.fetch(
+                f"""SELECT {_COLUMNS} FROM events
+                    WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                      AND ($3::text[] IS NULL OR type = ANY($3))
+                    ORDER BY position LIMIT $4""",
+                after,
+                upto,
+                type_list,
+                limit,
+            )
+        else:
+            rows = await conn.fetch(
+                """SELECT position, stream_id, stream_version, event_id, type, schema_version,
+                          CASE WHEN type = ANY($3) THEN payload ELSE '{}'::jsonb END AS payload,
+                          metadata, recorded_at
+                   FROM events
+                   WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                     AND (type = ANY($3) OR split_part(stream_id, '-', 1) = ANY($5))
+                   ORDER BY position LIMIT $4""",
+                after,
+                upto,
+                type_list,
+                limit,
+                categories,
+            )
+    return [row_to_event(r) for r in rows]
+
+
+async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> list[RecordedEvent]:
+    with translate_errors():
+        rows = await conn.fetch(
+            f"""SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2
+                ORDER BY stream_version""",
+            stream_id,
+            after_version,
+        )
+    return [row_to_event(r) for r in rows]
+
+
+class EventStore:
+    """The log: an asyncpg pool plus the append/read operations on it.
+
+    Attributes:
+        pool: the connection pool.
+        dsn: where it connects.
+        max_event_bytes: the largest event an append accepts (payload plus metadata, encoded);
+            :data:`events.log.limits.MAX_EVENT_BYTES` unless told otherwise.
+    """
+
+    def __init__(self, pool: Pool, dsn: str, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.pool = pool
+        self.dsn = dsn
+        self.max_event_bytes = max_event_bytes
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        max_event_bytes: int = MAX_EVENT_BYTES,
+        settings: dict[str, str] | None = None,
+    ) -> EventStore:
+        """Opens a pool on ``dsn`` (sessions with server ``settings``, if given) and applies the
+        core migrations."""
+        pool = await create_pool(dsn, min_size=min_size, max_size=max_size, settings=settings)
+        async with pool.acquire() as conn:
+            with translate_errors():
+                await migrations.apply(conn, "core", migrations.CORE)
+        return cls(pool, dsn, max_event_bytes=max_event_bytes)
+
+    async def close(self) -> None:
+        """Closes the pool."""
+        with contextlib.suppress(Exception):
+            await self.pool.close()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """Yields a :class:`Transaction` that commits when the block exits without error."""
+        with translate_errors():
+            async with self.pool.acquire() as conn, conn.transaction():
+                yield Transaction(conn, max_event_bytes=self.max_event_bytes)
+
+    async def append(
+        self,
+        stream_id: str,
+        events: Sequence[Event | NewEvent],
+        *,
+        expected_version: int | None = None,
+        fence: Fence | None = None,
+    ) -> list[RecordedEvent]:
+        """Appends in a transaction of its own; see :meth:`Transaction.append`.
+
+        The append is one statement (lock, fence and version checks, insert, wake-up) run
+        outside an explicit transaction, so it commits on its own: one round trip in all.
+        """
+        if not events:
+            return []
+        with translate_errors():
+            async with self.pool.acquire() as conn:
+                tx = Transaction(conn, max_event_bytes=self.max_event_bytes, in_transaction=False)
+                return await tx.append(
+                    stream_id, events, expected_version=expected_version, fence=fence
+                )
+
+    async def read_all(
+        self,
+        after: int = 0,
+        *,
+        upto: int | None = None,
+        limit: int = 1000,
+        types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
+    ) -> list[RecordedEvent]:
+        """Reads committed events in position order; see :meth:`Transaction.read_all`."""
+        async with self.pool.acquire() as conn:
+            return await _read_all(conn, after, upto, limit, types, envelopes)
+
+    async def iter_all(
+        self,
+        after: int = 0,
+        *,
+        batch: int = 5000,
+        types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
+    ) -> AsyncIterator[RecordedEvent]:
+        """Iterates every committed event after ``after`` in position order, in pages (the
+        arguments as in :meth:`Transaction.read_all`)."""
+        position = after
+        type_list = list(types) if types is not None else None
+        categories = list(envelopes)
+        while True:
+            page = await self.read_all(position, limit=batch, types=type_list, envelopes=categories)
+            for event in page:
+                yield event
+            if len(page) < batch:
+                return
+            position = page[-1].position
+
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        """Reads one stream's events after ``after_version`` in version order."""
+        async with self.pool.acquire() as conn:
+            return await _read_stream(conn, stream_id, after_version)
+
+    async def head(self) -> int:
+        """Returns the highest committed position (0 for an empty log)."""
+        with translate_errors():
+            value = await self.pool.fetchval("SELECT coalesce(max(position), 0) FROM events")
+        return int(value)
+
+    async def stream_version(self, stream_id: str) -> int:
+        """Returns the stream's current version (0 for a stream with no events)."""
+        async with self.transaction() as tx:
+            return await tx.stream_version(stream_id)
+
+    async def checkpoint(self, name: str) -> int:
+        """Returns consumer ``name``'s checkpoint (0 if it has none)."""
+        with translate_errors():
+            return await read_checkpoint(self.pool, name)
+
+    async def next_experiment_id(self) -> int:
+        """Allocates a new experiment id (ids are never reused; gaps are possible)."""
+        with translate_errors():
+            value = await self.pool.fetchval("SELECT nextval('experiment_ids')")
+        return int(value)
+
+
+async def read_checkpoint(conn: Any, name: str) -> int:
+    """Consumer ``name``'s checkpoint read on ``conn`` (a connection or pool; 0 if it has none),
+    for readers that want it in their own transaction."""
+    value = await conn.fetchval("SELECT position FROM checkpoints WHERE name = $1", name)
+    return int(value or 0)
