@@ -244,7 +244,7 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
             slots=tuple(Slot(s, device_type="cpu") for s in a.usable_slots()),
         )
         for a in sorted(state.agents.values(), key=lambda a: a.agent_id)
-        if not a.lost
+        if a.placeable
     )
     allocations = []
     for trial in state.trials.values():

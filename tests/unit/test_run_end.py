@@ -1,11 +1,19 @@
-"""One end per run: which of an agent's exit report and a ``lost`` verdict is a run's end (pure)."""
+"""One end per run: which of an agent's exit report and a ``lost`` verdict is a run's end, and
+why a leaving agent takes no new work (pure: the scheduler's fold and planner, the agent fold)."""
 
 from __future__ import annotations
 
+from events.domain.aggregates import fold_agent
 from events.domain.names import trial_stream
-from events.domain.types import SlotsAllocated, SlotsReleased, TrialExited, TrialStateChanged
+from events.domain.types import (
+    AgentLeaving,
+    SlotsAllocated,
+    SlotsReleased,
+    TrialExited,
+    TrialStateChanged,
+)
 from events.log.envelope import Event
-from tests.unit.test_planner import types
+from tests.unit.test_planner import experiment, types
 from tests.unit.test_reconcile import Log, beat, register, step, two_running_trials
 
 
@@ -79,3 +87,63 @@ def test_a_verdict_recorded_first_stands_against_a_later_report() -> None:
     made = step(log, beat("i2", 1))
     assert types(made) == ["TrialRestarted", "TrialRestarted"]
     assert log.state.trials[12].state == "ACTIVE"
+
+
+def leave(log: Log, incarnation: str) -> None:
+    log.add("agent-a", AgentLeaving(agent_id="a", incarnation=incarnation))
+
+
+def test_a_leaving_agent_takes_no_restart_until_it_registers_anew() -> None:
+    """``cairn down`` with agents first: the agent says it is leaving, then reports its runs'
+    shutdown exits while the scheduler runs on. The runs restart uncounted but are placed only
+    once the agent registers anew, so no run is placed on the leaving process and lost."""
+    log = two_running_trials()
+    leave(log, "i1")
+    report(log, "11.1", "lost", 143)
+    report(log, "12.1", "lost", 143)
+    made = settle(log, "i1")
+    assert types(made) == ["TrialRestarted", "TrialRestarted"]
+    assert [e.restarts for e in made] == [0, 0]  # type: ignore[attr-defined]
+    register(log, "i2")
+    made = settle(log, "i2")
+    assert types(made) == ["SlotsAllocated", "SlotsAllocated"]
+    assert exits(log) == [("11.1", "lost", 143), ("12.1", "lost", 143)]
+
+
+def test_without_leaving_a_restart_goes_to_the_departing_process_and_is_lost() -> None:
+    """The mechanism the announcement prevents: a shutdown exit reported while the scheduler
+    runs, with no ``AgentLeaving``, restarts the run on the departing process; its next
+    registration declares that run (never started) lost, a second run lost for one stop."""
+    log = two_running_trials()
+    report(log, "11.1", "lost", 143)
+    made = settle(log, "i1")
+    assert [e.allocation_id for e in made if isinstance(e, SlotsAllocated)] == ["11.2"]
+    register(log, "i2")
+    settle(log, "i2")
+    assert [x for x in exits(log) if x[0].startswith("11.")] == [
+        ("11.1", "lost", 143),
+        ("11.2", "lost", None),
+    ]
+
+
+def test_a_late_leaving_of_an_older_process_keeps_the_agent_placeable() -> None:
+    """An ``AgentLeaving`` of an incarnation other than the registered one (a previous process's
+    announcement, folded late) does not keep work from the agent's current process."""
+    log = Log()
+    register(log, "i2", slots=1)
+    leave(log, "i1")
+    experiment(log, 1, 1)
+    assert types(step(log)) == ["SlotsAllocated"]
+
+
+def test_the_agent_fold_is_leaving_until_it_registers_anew() -> None:
+    """The API's fold of the agent stream: leaving only for the registered process, and ended
+    by the next registration (so the API records one AgentLeaving per process)."""
+    log = Log()
+    register(log, "i1")
+    leave(log, "i0")
+    assert not fold_agent("a", log.events).leaving
+    leave(log, "i1")
+    assert fold_agent("a", log.events).leaving
+    register(log, "i2")
+    assert not fold_agent("a", log.events).leaving
