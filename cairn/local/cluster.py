@@ -9,7 +9,8 @@ services start it applies every migration and makes each service's role with onl
 service make themselves undumpable. It records pids, ports and per-process state
 in ``DIR/cluster.json`` (see :mod:`cairn.local.state`), restarts what dies with backoff (at most
 :data:`MAX_RESTARTS` in :data:`RESTART_WINDOW` seconds, then the process is marked ``failed``) and
-stops everything in order on SIGTERM/SIGINT: services, then nats-server, then PostgreSQL.
+stops everything in order on SIGTERM/SIGINT: agents, then the other services, then nats-server,
+then PostgreSQL (see :meth:`Supervisor._stop_all` for why the agents go first).
 
 In the default (background) mode ``cairn up`` spawns ``python -m cairn.local.cluster supervise``
 detached and waits until the state file says ``healthy``; with ``--foreground`` the same loop runs
@@ -646,7 +647,8 @@ class Supervisor:
     # -- stopping
 
     def shutdown(self) -> None:
-        """Stops services (SIGTERM, then SIGKILL), then nats-server, then PostgreSQL."""
+        """Stops agents, then the other services (SIGTERM, then SIGKILL), then nats-server, then
+        PostgreSQL."""
         if self.state.status == STOPPED:
             return
         self.state.status = STOPPING
@@ -658,8 +660,17 @@ class Supervisor:
         log.info("cluster stopped")
 
     def _stop_all(self) -> None:
+        """Agents first, while the API and the scheduler still run: each agent records that it
+        is leaving, then stops its runs and reports their exits to an API that takes them, so
+        the log says at once how each run ended (its exit code, after its last checkpoint) and
+        the scheduler restarts it without placing the restart on the leaving agent (protocol.md,
+        "One end per run"). Stopped together instead, the API may be gone before the reports:
+        they wait on disk for the next ``up``."""
         services = [c for c in self.children.values() if c.record.kind == "service"]
-        terminate([c.proc for c in services if c.proc is not None], self.options.stop_timeout)
+        agents = [c.proc for c in services if service_of(c.record.name) == "agent"]
+        others = [c.proc for c in services if service_of(c.record.name) != "agent"]
+        terminate([p for p in agents if p is not None], self.options.stop_timeout)
+        terminate([p for p in others if p is not None], self.options.stop_timeout)
         for name in ("nats", "postgres"):
             child = self.children.get(name)
             if child is not None and child.server is not None:
@@ -695,7 +706,8 @@ def terminate(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
 
 
 def reap_leftovers(state: ClusterState, timeout: float = STOP_TIMEOUT) -> list[str]:
-    """Stops processes a dead supervisor left behind (services first, PostgreSQL last).
+    """Stops processes a dead supervisor left behind (agents first, as ``down`` does, then the
+    other services, PostgreSQL last).
 
     Args:
         state: the dead supervisor's last record.
@@ -706,7 +718,8 @@ def reap_leftovers(state: ClusterState, timeout: float = STOP_TIMEOUT) -> list[s
     """
     alive = [p for p in state.processes.values() if p.alive()]
     groups = [
-        [p for p in alive if p.kind == "service"],
+        [p for p in alive if p.kind == "service" and service_of(p.name) == "agent"],
+        [p for p in alive if p.kind == "service" and service_of(p.name) != "agent"],
         [p for p in alive if p.name == "nats"],
         [p for p in alive if p.name == "postgres"],
     ]

@@ -23,6 +23,7 @@ from events.domain import lifecycle
 from events.domain.config.secrets import mask_secrets
 from events.domain.names import agent_of_stream
 from events.domain.types import (
+    AgentLeaving,
     AgentLost,
     AgentRegistered,
     CheckpointSaved,
@@ -87,7 +88,7 @@ TRIAL_SUMMARY_FACTS = (
 )
 """What :func:`fold_trial_summary` reads."""
 
-AGENT_FACTS = ("AgentRegistered", "AgentLost", "SlotsDisabled", "SlotsEnabled")
+AGENT_FACTS = ("AgentRegistered", "AgentLeaving", "AgentLost", "SlotsDisabled", "SlotsEnabled")
 """What :func:`fold_agent` reads."""
 
 CLUSTER_FACTS = (*AGENT_FACTS, "SlotsAllocated", "SlotsReleased")
@@ -461,8 +462,9 @@ def fold_trial_summary(
 
 @dataclass
 class AgentView:
-    """An agent's stream folded: its latest registration, whether it was lost since, and which
-    of its slots users disabled (and of those, which drain)."""
+    """An agent's stream folded: its latest registration, whether that process announced it is
+    leaving or was lost since, and which of its slots users disabled (and of those, which
+    drain)."""
 
     agent_id: str
     version: int = 0
@@ -470,6 +472,7 @@ class AgentView:
     registered_at: datetime | None = None
     lost: bool = False
     lost_at: datetime | None = None
+    leaving: bool = False
     disabled: set[str] = field(default_factory=set)
     draining: set[str] = field(default_factory=set)
 
@@ -503,6 +506,13 @@ def apply_agent(view: AgentView, recorded: RecordedEvent) -> None:
         view.registered_at = recorded.recorded_at
         view.lost = False
         view.lost_at = None
+        view.leaving = False
+    elif isinstance(event, AgentLeaving):
+        # Only the registered process's announcement counts: an older one's, late, does not.
+        registration = view.registration
+        view.leaving = view.leaving or (
+            registration is not None and registration.incarnation == event.incarnation
+        )
     elif isinstance(event, AgentLost):
         view.lost = True
         view.lost_at = recorded.recorded_at

@@ -17,8 +17,10 @@ Trial processes lead their own sessions, so they outlive an agent that is SIGKIL
 process groups are recorded on disk (:mod:`services.agent.leftovers`) until its exit is reported,
 and a new agent process SIGKILLs what is left of them before anything else, so a restarted run
 never trains beside its predecessor. When the agent itself shuts down (SIGTERM, ``cairn down``)
-it stops its runs and says so in their exit reports (``agent_shutdown``): the platform stopped
-them, so their ends do not count as the trials' failures.
+it first records that it is leaving (``AgentLeaving``: the scheduler places nothing more on it
+until it registers anew), then stops its runs and says so in their exit reports
+(``agent_shutdown``): the platform stopped them, so their ends do not count as the trials'
+failures.
 """
 
 from __future__ import annotations
@@ -100,6 +102,9 @@ class AgentConfig:
     heartbeat: float = 2.0
     preempt_timeout: float = 30.0
     kill_grace: float = 5.0
+    leaving_timeout: float = 2.0
+    """Seconds a shutting-down agent tries to record that it is leaving before it stops its runs
+    anyway (the API may be stopping too)."""
     hostname: str = field(default_factory=socket.gethostname)
     rendezvous_timeout: float = 300.0
     """Seconds a run placed on several agents waits for all of them to join; then it fails."""
@@ -197,6 +202,7 @@ class Agent:
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._registrations = 0
+        self._registered = False
         self._heartbeats = 0
         self._bus: Bus | None = None
         self._sub: Any = None
@@ -335,6 +341,7 @@ class Agent:
             self.incarnation,
             f"register:{self.id}:{self.incarnation}:{self._registrations}",
         )
+        self._registered = True
         log.info(
             "registered", agent_id=self.id, slots=len(self.slots), incarnation=self.incarnation
         )
@@ -400,7 +407,9 @@ class Agent:
         return task
 
     async def _shutdown(self) -> None:
-        """Stops every run (SIGTERM, SIGKILL after the grace), reports their exits, disconnects."""
+        """Records that this process is leaving, then stops every run (SIGTERM, SIGKILL after
+        the grace), reports their exits, disconnects."""
+        await self._announce_leaving()
         active = [a for a in self.allocations.values() if a.active]
         if active:
             log.info("shutting down: stopping runs", allocations=[a.allocation_id for a in active])
@@ -422,6 +431,27 @@ class Agent:
             await self._bus.close()
         await self.client.close()
         log.info("agent stopped", agent_id=self.id)
+
+    async def _announce_leaving(self) -> None:
+        """``AgentLeaving`` before the runs are stopped: the scheduler, which restarts them when
+        their exits are reported, must not place those restarts (or anything) on this process,
+        which would never start them. Bounded by ``leaving_timeout``: an API that is stopping
+        too is not waited for (a restart placed here then is lost when the agent registers
+        anew, and restarted again)."""
+        if not self._registered:
+            return
+        key = f"leaving:{self.id}:{self.incarnation}"
+        try:
+            await asyncio.wait_for(
+                self.client.leaving(
+                    self.id, self.incarnation, key, retry_for=self.config.leaving_timeout
+                ),
+                self.config.leaving_timeout + 1.0,
+            )
+        except (ApiError, TimeoutError) as exc:
+            log.warning("could not record that the agent is leaving", error=str(exc))
+        else:
+            log.info("leaving recorded", agent_id=self.id, incarnation=self.incarnation)
 
     # --- commands -------------------------------------------------------------------------
 

@@ -177,6 +177,13 @@ class ApiClient:
             "POST", f"/agents/{_seg(agent_id)}/register", body=body, retry_for=None
         )
 
+    async def leaving(self, agent_id: str, incarnation: str, key: str, *, retry_for: float) -> Any:
+        """``POST /agents/{id}/leaving``: this process is shutting down and takes no new work."""
+        body = {"incarnation": incarnation, "idempotency_key": key}
+        return await self.request(
+            "POST", f"/agents/{_seg(agent_id)}/leaving", body=body, retry_for=retry_for
+        )
+
     async def heartbeat(
         self, agent_id: str, running: list[str], incarnation: str, seq: int, key: str
     ) -> Any:

@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.domain.types import AgentRegistered, SlotsDisabled, SlotsEnabled
+from events.domain.types import AgentLeaving, AgentRegistered, SlotsDisabled, SlotsEnabled
 from events.domain.types.agent import Slot
 from events.log.envelope import Event, new
 from events.log.store import Transaction
@@ -61,6 +61,13 @@ class HeartbeatBody(BaseModel):
     running: list[str] = Field(default_factory=list)
     incarnation: str = _INCARNATION
     seq: int = Field(0, ge=0, le=2**62)
+    idempotency_key: str | None = None
+
+
+class LeavingBody(BaseModel):
+    """The agent process ``incarnation`` is shutting down (before it stops its runs)."""
+
+    incarnation: str = _INCARNATION
     idempotency_key: str | None = None
 
 
@@ -276,6 +283,39 @@ async def register(request: web.Request) -> web.Response:
         await agent_credentials.bind_incarnation(store_of(request), agent_id, body.incarnation)
     if changed:
         log.info("agent registered", agent_id=agent_id, slots=len(body.slots))
+    return web.json_response({"agent_id": agent_id, "changed": changed})
+
+
+@routes.post(
+    "/api/v1/agents/{agent_id}/leaving",
+    allow=AGENTS,
+    body=LeavingBody,
+    response=RegisterResponse,
+)
+async def leaving(request: web.Request) -> web.Response:
+    """Appends AgentLeaving for the registered process ``incarnation`` (once; ``changed: false``
+    when it already said so, or is not the registered process): the scheduler places nothing
+    more on the agent until it registers anew (protocol.md)."""
+    agent_id, principal = _own_agent_id(request)
+    body = parse(LeavingBody, await read_json(request))
+    check_incarnation(principal, body.incarnation)
+
+    async def decide(tx: Transaction) -> bool:
+        view = await load_agent(tx, agent_id)
+        registration = view.registration
+        if view.leaving or registration is None or registration.incarnation != body.incarnation:
+            return False
+        event = AgentLeaving(agent_id=agent_id, incarnation=body.incarnation)
+        await tx.append(
+            agent_stream(agent_id),
+            [new(event, actor=f"agent:{agent_id}", causation_id=body.idempotency_key)],
+            expected_version=view.version,
+        )
+        return True
+
+    changed = await in_transaction(store_of(request), decide)
+    if changed:
+        log.info("agent leaving", agent_id=agent_id, incarnation=body.incarnation)
     return web.json_response({"agent_id": agent_id, "changed": changed})
 
 

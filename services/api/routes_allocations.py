@@ -271,7 +271,7 @@ async def exited(request: web.Request) -> web.Response:
     body = parse(ExitedBody, await read_json(request))
 
     def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
-        if alloc.exited:
+        if alloc.exited:  # one end per run: a verdict recorded first stands (protocol.md)
             return [], {"outcome": None}
         outcome: Outcome = exit_outcome(alloc, body.exit_code, agent_shutdown=body.agent_shutdown)
         events: list[Event] = [

@@ -86,6 +86,9 @@ def plan(state: ClusterState, settings: Settings, reports: Reports | None = None
         if exp is None or not trial.live:
             continue
         run = trial.run
+        # One end per run (protocol.md): a run with an exit in the log, its agent's report or
+        # an earlier verdict, is never judged lost again, so a report kept across a restart and
+        # delivered before the new registration is the run's end and the registration is not.
         if run is not None and run.exited is not None:
             decisions.extend(_after_exit(trial, run, exp))
         elif run is not None and _orphaned(state, run):
@@ -241,7 +244,7 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
             slots=tuple(Slot(s, device_type="cpu") for s in a.usable_slots()),
         )
         for a in sorted(state.agents.values(), key=lambda a: a.agent_id)
-        if not a.lost
+        if a.placeable
     )
     allocations = []
     for trial in state.trials.values():

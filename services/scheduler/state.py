@@ -40,6 +40,7 @@ TYPES = frozenset(
         "TrialRestarted",
         "TrialStateChanged",
         "AgentRegistered",
+        "AgentLeaving",
         "AgentLost",
         "TrialKillRequested",
         "SlotsDisabled",
@@ -117,15 +118,28 @@ class Experiment:
 
 @dataclass
 class AgentInfo:
-    """A registered agent."""
+    """A registered agent (``leaving``: its process announced its shutdown, see
+    :meth:`placeable`)."""
 
     agent_id: str
     pool: str
     slots: list[str]
     lost: bool = False
     registered_position: int = 0
+    incarnation: str = ""
+    leaving: bool = False
     disabled: dict[str, bool] = field(default_factory=dict)
     """Disabled slot ids -> drain (let running work finish); survives re-registration."""
+
+    @property
+    def placeable(self) -> bool:
+        """Whether new work may go to this agent: not lost, and its process is not leaving.
+
+        A leaving agent is still registered (it is stopping its runs and reporting their
+        exits), but whatever were placed on it now would never start and would be lost when it
+        registers anew, so nothing is until then.
+        """
+        return not self.lost and not self.leaving
 
     def usable_slots(self) -> list[str]:
         """The slots new work may be placed on."""
@@ -330,8 +344,16 @@ def _agent_registered(s: ClusterState, p: dict[str, Any], pos: int) -> None:
         pool=str(p.get("resource_pool") or ""),
         slots=[slot["slot_id"] for slot in p.get("slots", [])],
         registered_position=pos,
+        incarnation=str(p.get("incarnation") or ""),
         disabled=dict(before.disabled) if before is not None else {},
     )
+
+
+def _agent_leaving(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    """Only the registered process's announcement counts (an older one's, late, does not)."""
+    agent = s.agents.get(p["agent_id"])
+    if agent is not None and agent.incarnation == str(p.get("incarnation") or ""):
+        agent.leaving = True
 
 
 def _agent_of(s: ClusterState, agent_id: str) -> AgentInfo:
@@ -384,6 +406,7 @@ _HANDLERS = {
     "TrialRestarted": _restarted,
     "TrialStateChanged": _trial_state,
     "AgentRegistered": _agent_registered,
+    "AgentLeaving": _agent_leaving,
     "AgentLost": _agent_lost,
     "SlotsDisabled": _slots_disabled,
     "SlotsEnabled": _slots_enabled,

@@ -159,7 +159,8 @@ async def test_agent_sigterm_mid_run_is_not_the_trials_failure(
 ) -> None:
     """SIGTERM the agent while a trial with ``max_restarts: 0`` runs (as ``cairn down`` does),
     then start it again: the run's exit (143, the agent's own stop) is recorded ``lost``, the
-    restart does not count (``restarts`` stays 0), and the experiment COMPLETES."""
+    restart does not count (``restarts`` stays 0) and waits for the new agent process (nothing
+    is placed on the leaving one), and the experiment COMPLETES with two runs."""
     config = scripted(tmp_path / "ckpt", steps=300, sleep=0.03, report_every=5, checkpoint_every=20)
     config["max_restarts"] = 0
     exp = await cluster.submit(config, SCRIPTED)
@@ -189,17 +190,12 @@ async def test_agent_sigterm_mid_run_is_not_the_trials_failure(
     await wait_for(cluster, completed, timeout=120)
     events = await store.read_stream(names.trial_stream(trial))
     exits = [e.payload for e in events if e.type == "TrialExited"]
-    first, *between, last = exits
-    assert (first["run_id"], first["outcome"], first["exit_code"]) == (
-        1,
-        "lost",
-        128 + signal.SIGTERM,
-    ), first
-    # A run placed while the agent was down is lost again when it registers anew (nothing ran).
-    assert all(x["outcome"] == "lost" and x.get("exit_code") is None for x in between), between
-    assert last["outcome"] == "completed", last
+    assert [(x["run_id"], x["outcome"], x["exit_code"]) for x in exits] == [
+        (1, "lost", 128 + signal.SIGTERM),
+        (2, "completed", 0),
+    ], exits
     restarts = [e.payload["restarts"] for e in events if e.type == "TrialRestarted"]
-    assert restarts and set(restarts) == {0}, restarts
+    assert restarts == [0], restarts
     assert await check_log(store) == []
 
 
@@ -208,6 +204,15 @@ async def trial_stream(dsn: str, trial_id: int) -> list[Any]:
     store = await EventStore.connect(dsn)
     try:
         return list(await store.read_stream(names.trial_stream(trial_id)))
+    finally:
+        await store.close()
+
+
+async def agent_events(dsn: str, agent_id: str) -> list[Any]:
+    """The agent's events, read straight from the embedded cluster's log."""
+    store = await EventStore.connect(dsn)
+    try:
+        return list(await store.read_stream(names.agent_stream(agent_id)))
     finally:
         await store.close()
 
@@ -222,9 +227,11 @@ async def requested_trials(dsn: str, experiment_id: int) -> list[int]:
 
 
 def test_down_then_up_mid_trial_completes_the_experiment() -> None:
-    """``cairn down`` while a trial runs (the API stops with the agent, so the exit report has no
-    taker), then ``cairn up`` at once: the run's end is recorded and it restarts from its
-    checkpoint, and the experiment COMPLETES."""
+    """``cairn down`` while a trial runs, then ``cairn up`` at once: the agent, stopped first,
+    says it is leaving and reports its run's end to the API still up (``lost``, with its exit
+    code); the scheduler restarts it but places the restart only on the new agent process, so
+    the trial has two runs, lost then completed from the checkpoint, and the experiment
+    COMPLETES."""
     scratch = Path(tempfile.mkdtemp(prefix="cairn-downup-"))
     home = scratch / "home"
     up = ["up", "--slots", "2", "--api-port", "0", "--stop-timeout", "3"]
@@ -257,8 +264,16 @@ def test_down_then_up_mid_trial_completes_the_experiment() -> None:
         )
         first, second = exited()
         assert (first["run_id"], first["outcome"]) == (1, "lost"), first
+        assert first["exit_code"] is not None, "the agent's report, not a verdict: " + str(first)
         assert (second["run_id"], second["outcome"]) == (2, "completed")
         events = asyncio.run(trial_stream(dsn, trial))
+        agent_id = next(e.payload["agent_id"] for e in events if e.type == "TrialStarted")
+        agent = asyncio.run(agent_events(dsn, agent_id))
+        leaving = next(e.position for e in agent if e.type == "AgentLeaving")
+        registrations = [e.position for e in agent if e.type == "AgentRegistered"]
+        exit_at = next(e.position for e in events if e.type == "TrialExited")
+        restart_at = next(e.position for e in events if e.type == "TrialRestarted")
+        assert leaving < exit_at < restart_at < registrations[-1], "all before the next up"
         [restarted] = [e.payload for e in events if e.type == "TrialRestarted"]
         started = [e.payload for e in events if e.type == "TrialStarted"]
         assert restarted["latest_checkpoint"] and restarted["restarts"] == 0

@@ -504,8 +504,9 @@ async def test_two_slots_run_one_process_per_rank_and_only_the_chief_reports(
 async def test_sigterm_stops_the_agent_after_stopping_and_reporting_its_runs(
     cluster: Cluster,
 ) -> None:
-    """SIGTERM to the agent terminates its trial, reports the exit as the agent's own stop (outcome
-    ``lost``, not the trial's failure), and exits 0."""
+    """SIGTERM to the agent records that it is leaving (before any exit), terminates its trial,
+    reports the exit as the agent's own stop (outcome ``lost``, not the trial's failure), and
+    exits 0."""
     agent = await cluster.start_agent("s1")
     trial, alloc = await cluster.allocate("s1", {"steps": 100000, "sleep": 0.01})
     await cluster.command("s1", "start", alloc)
@@ -518,6 +519,11 @@ async def test_sigterm_stops_the_agent_after_stopping_and_reporting_its_runs(
     exited = await cluster.exited(trial)
     assert (exited["outcome"], exited["exit_code"]) == ("lost", 128 + signal.SIGTERM)
     assert await agent.stop(signal_it=False) == 0, agent.log()
+    [leaving] = [e for e in await cluster.store.read_stream("agent-s1") if e.type == "AgentLeaving"]
+    [ended] = [
+        e for e in await cluster.store.read_stream(f"trial-{trial}") if e.type == "TrialExited"
+    ]
+    assert leaving.position < ended.position, "the agent said it was leaving before the exit"
 
 
 async def test_trial_stops_itself_once_its_run_is_declared_lost(cluster: Cluster) -> None:

@@ -379,6 +379,15 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
         ("POST", "/api/v1/auth/logout", "/api/v1/auth/logout", bob, {}, 200, "bob"),
         (
             "POST",
+            "/api/v1/agents/{agent_id}/leaving",
+            "/api/v1/agents/gpu01/leaving",
+            agent,
+            {},
+            200,
+            "agent:gpu01",
+        ),
+        (
+            "POST",
             "/api/v1/agents/{agent_id}/join",
             "/api/v1/agents/gpu09/join",
             api.join,

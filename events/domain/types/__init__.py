@@ -1,6 +1,12 @@
 """Event payload models, one module per stream category. Importing this package registers them."""
 
-from events.domain.types.agent import AgentLost, AgentRegistered, SlotsDisabled, SlotsEnabled
+from events.domain.types.agent import (
+    AgentLeaving,
+    AgentLost,
+    AgentRegistered,
+    SlotsDisabled,
+    SlotsEnabled,
+)
 from events.domain.types.audit import RequestAccepted, RequestRejected
 from events.domain.types.experiment import (
     CheckpointsDeleted,
@@ -45,6 +51,7 @@ from events.domain.types.trial import (
 )
 
 __all__ = [
+    "AgentLeaving",
     "AgentLost",
     "AgentRegistered",
     "AgentUserAssigned",

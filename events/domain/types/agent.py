@@ -45,6 +45,21 @@ def _agent_registered_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 @register
+class AgentLeaving(Event):
+    """The agent process ``incarnation`` is shutting down: it takes no new work from now on.
+
+    Recorded before the agent stops its runs and reports their exits, so the scheduler, which
+    restarts those runs, places none of them (nor anything else) on this agent until it
+    registers anew. A later registration (a new incarnation) ends it.
+    """
+
+    event_type = "AgentLeaving"
+
+    agent_id: str
+    incarnation: str = ""
+
+
+@register
 class AgentLost(Event):
     """An agent stopped heartbeating; its running trials are to be treated as lost."""
 
