@@ -449,6 +449,12 @@ RANK_OFFSET: Setting[int] = Setting(
 )  # fmt: skip
 
 
+MASTERS = (MASTER, DET_MASTER, DET_MASTER_ADDR)
+"""Where a client reads the master's address from, first set wins."""
+CREDENTIALS = ((USER, PASSWORD), (DET_USER, DET_PASS))
+"""(user, password) pairs a client logs in with, first pair set wins."""
+
+
 def _collect() -> tuple[Setting[Any], ...]:
     found = tuple(v for v in globals().values() if isinstance(v, Setting))
     names = [s.name for s in found]
