@@ -38,13 +38,14 @@ from cairn.errors import AuthRequiredError, UsageError
 from cairn.local.cluster import default_data_dir
 from cairn.local.service_credentials import admin_password
 from cairn.local.state import read_state
+from events import settings
 
 AUTH_FILE = "auth.json"
 DEFAULT_PORT = 8080
 DEFAULT_MASTER = f"http://localhost:{DEFAULT_PORT}"
-MASTER_VARIABLES = ("CAIRN_MASTER", "DET_MASTER", "DET_MASTER_ADDR")
+MASTER_VARIABLES = tuple(s.name for s in settings.MASTERS)
 """Where the master's address is read from, first set wins."""
-CREDENTIAL_VARIABLES = (("CAIRN_USER", "CAIRN_PASSWORD"), ("DET_USER", "DET_PASS"))
+CREDENTIAL_VARIABLES = tuple((u.name, p.name) for u, p in settings.CREDENTIALS)
 """(user, password) variable pairs, first pair set wins."""
 
 
@@ -71,8 +72,8 @@ def resolve_master(given: str | None) -> str:
     """The master's URL (see the module docstring for the order)."""
     if given:
         return normalize(given)
-    for name in MASTER_VARIABLES:
-        value = os.environ.get(name)
+    for setting in settings.MASTERS:
+        value = setting.get()
         if value:
             return normalize(value)
     return local_master() or DEFAULT_MASTER
@@ -80,9 +81,7 @@ def resolve_master(given: str | None) -> str:
 
 def auth_path() -> Path:
     """``$CAIRN_HOME/auth.json`` when CAIRN_HOME is set, else ``~/.cairn/auth.json``."""
-    home = os.environ.get("CAIRN_HOME")
-    base = Path(home).expanduser() if home else Path.home() / ".cairn"
-    return base / AUTH_FILE
+    return settings.home_or_user_dir() / AUTH_FILE
 
 
 def _load() -> dict[str, Any]:
@@ -135,8 +134,8 @@ def forget(master: str) -> bool:
 
 def env_credentials() -> tuple[str, str] | None:
     """``(user, password)`` from ``CAIRN_USER``/``CAIRN_PASSWORD``, else ``DET_USER``/``DET_PASS``."""
-    for user_var, password_var in CREDENTIAL_VARIABLES:
-        user, password = os.environ.get(user_var), os.environ.get(password_var)
+    for user_setting, password_setting in settings.CREDENTIALS:
+        user, password = user_setting.get(), password_setting.get()
         if user and password is not None:
             return user, password
     return None
@@ -145,9 +144,9 @@ def env_credentials() -> tuple[str, str] | None:
 def env_password(user: str) -> str | None:
     """The password the environment gives for ``user``: that of the first pair naming ``user``,
     else a password variable set without its user variable."""
-    for user_var, password_var in CREDENTIAL_VARIABLES:
-        named, password = os.environ.get(user_var), os.environ.get(password_var)
-        if password is not None and named in (user, None, ""):
+    for user_setting, password_setting in settings.CREDENTIALS:
+        named, password = user_setting.get(), password_setting.get()
+        if password is not None and named in (user, None):
             return password
     return None
 
@@ -158,7 +157,7 @@ def _auto_credentials(master: str) -> tuple[str, str] | None:
         return found
     if master == local_master():
         # the cluster's own record of it first: it is what the cluster was started with
-        password = admin_password(default_data_dir()) or os.environ.get("CAIRN_ADMIN_PASSWORD")
+        password = admin_password(default_data_dir()) or settings.ADMIN_PASSWORD.get()
         return ("admin", password) if password else None
     return None
 

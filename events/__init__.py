@@ -6,6 +6,8 @@
 - :mod:`events.domain`: what the facts say — event types, the folds of each aggregate, the
   lifecycle state machines, the log's invariants, ids and stream names, agent commands, the
   experiment and cluster config schemas, checkpoint storage.
+- :mod:`events.settings`: every environment variable a cairn process reads, declared once and
+  read at call time (``docs/configuration.md`` is generated from it).
 
 ``log`` never imports ``domain`` except where it decodes events through the registry the types
 fill; ``domain`` builds on ``log``'s envelope and errors.

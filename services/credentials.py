@@ -22,15 +22,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
+from events import settings
+
 FILE_SUFFIX = "_FILE"
 """``CAIRN_DB_FILE`` names the file that holds what ``CAIRN_DB`` would."""
 
-SECRET_VARIABLES: tuple[str, ...] = (
-    "CAIRN_DB",
-    "CAIRN_NATS",
-    "CAIRN_AGENT_TOKEN",
-    "CAIRN_ADMIN_PASSWORD",
-    "CAIRN_PASSWORD",
+SECRET_VARIABLES: tuple[str, ...] = tuple(
+    s.name
+    for s in (
+        settings.DB,
+        settings.NATS,
+        settings.AGENT_TOKEN,
+        settings.ADMIN_PASSWORD,
+        settings.PASSWORD,
+    )
 )
 """Variables whose value is a secret: a launcher never passes them to a service it starts."""
 
@@ -55,10 +60,11 @@ def secret(name: str, path: str | Path | None = None) -> str | None:
 
     Raises:
         CredentialsError: a named file cannot be read or is empty.
+        KeyError: ``name`` or its ``_FILE`` form is not declared in :mod:`events.settings`.
     """
-    path = path or os.environ.get(name + FILE_SUFFIX) or None
+    path = path or settings.by_name(name + FILE_SUFFIX).get()
     if path is None:
-        return os.environ.get(name) or None
+        return settings.by_name(name).get() or None
     try:
         value = Path(path).read_text().strip()
     except OSError as exc:

@@ -20,7 +20,6 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import os
 import secrets
 import sys
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import structlog
 
 from cairn.local.private_files import read_or_create_secret, write_private
+from events import settings
 from events.log import db, migrations
 from events.log import logging as cairn_logging
 from events.log.errors import EventsError
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--logins", type=Path, default=None, help="directory of the services' login files"
     )
-    parser.add_argument("--log-level", default=os.environ.get("CAIRN_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=settings.LOG_LEVEL.get())
     args = parser.parse_args(argv)
     credentials.make_undumpable()
     cairn_logging.configure("migrate", level=args.log_level)

@@ -23,11 +23,11 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from events import settings
 from events.domain.config.cluster import ClusterConfig, ClusterConfigError, load_cluster_config
 from events.log import logging as cairn_logging
 from events.log import origin
@@ -56,9 +56,9 @@ class ServiceContext:
             role: for a replicated decider, ``leader`` (holds the lease and has rebuilt its
                 state) or ``standby`` (another replica holds the lease).
         """
-        path = os.environ.get("CAIRN_READY_FILE")
-        if path:
-            Path(path).write_text(str(os.getpid()))
+        path = settings.READY_FILE.get()
+        if path is not None:
+            path.write_text(str(os.getpid()))
         log = structlog.get_logger(self.name)
         if role is None:
             log.info("ready", pid=os.getpid())
@@ -85,7 +85,7 @@ def base_parser(name: str) -> argparse.ArgumentParser:
         default=None,
         help="NATS URL (CAIRN_NATS); ?creds=PATH names the service's NATS credentials file",
     )
-    parser.add_argument("--log-level", default=os.environ.get("CAIRN_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=settings.LOG_LEVEL.get())
     add_cluster_config_flag(parser)
     return parser
 
@@ -94,7 +94,7 @@ def add_cluster_config_flag(parser: argparse.ArgumentParser) -> None:
     """Adds ``--cluster-config PATH`` (default ``$CAIRN_CLUSTER_CONFIG``; none: defaults)."""
     parser.add_argument(
         "--cluster-config",
-        default=os.environ.get("CAIRN_CLUSTER_CONFIG") or None,
+        default=settings.CLUSTER_CONFIG.raw(),
         help="the cluster config file (CAIRN_CLUSTER_CONFIG; default: none, every default)",
     )
 

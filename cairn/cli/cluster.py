@@ -28,6 +28,7 @@ from cairn.local.state import (
     remember_cluster,
     state_path,
 )
+from events import settings
 
 EXIT_OK = 0
 EXIT_DOWN = 1
@@ -139,7 +140,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if state is not None:
         return _already_running(args, data_dir, state)
     password, generated = service_credentials.ensure_admin_password(
-        data_dir, os.environ.get("CAIRN_ADMIN_PASSWORD")
+        data_dir, settings.ADMIN_PASSWORD.get()
     )
     shown = password if generated else None
     if args.foreground:

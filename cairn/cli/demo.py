@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import time
@@ -14,6 +13,7 @@ from cairn.client import Client
 from cairn.errors import CairnError
 from cairn.local import cluster, service_credentials
 from cairn.local.state import read_state
+from events import settings
 from events.domain import lifecycle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,9 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if state is None or not state.api_url:
         raise CairnError("the cluster did not record its API address")
     client = Client(state.api_url)
-    password = service_credentials.admin_password(data_dir) or os.environ.get(
-        "CAIRN_ADMIN_PASSWORD"
-    )
+    password = service_credentials.admin_password(data_dir) or settings.ADMIN_PASSWORD.get()
     if password is None:
         raise CairnError(f"no admin password in {data_dir}; run `cairn up` there first")
     client.login("admin", password)

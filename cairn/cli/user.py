@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import os
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ from cairn.cli import auth_store
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
 from cairn.client import ApiError, Client
 from cairn.errors import UsageError
+from events import settings
 
 
 def register(sub: Any) -> None:
@@ -123,8 +123,8 @@ def cmd_login(args: argparse.Namespace) -> int:
     username = (
         args.username
         or getattr(args, "as_user", None)
-        or os.environ.get("CAIRN_USER")
-        or os.environ.get("DET_USER")
+        or settings.USER.get()
+        or settings.DET_USER.get()
         or _ask("Username: ")
     )
     password = _password(args.password or env_password(username))

@@ -12,10 +12,18 @@ import os
 import sys
 from typing import Any
 
+from events import settings
+
 
 def _env_int(name: str, default: int, env: dict[str, str]) -> int:
     raw = env.get(name, "")
     return int(raw) if raw.strip() else default
+
+
+def _num_nodes(env: dict[str, str], default: int) -> int:
+    """``CAIRN_NUM_NODES`` (the agents of a gang), else ``default``."""
+    value = settings.NUM_NODES.get(env)
+    return default if value is None else value
 
 
 class DistributedContext:
@@ -67,7 +75,7 @@ class DistributedContext:
             cross_rank=_env_int("GROUP_RANK", rank // max(local_size, 1), env),
             cross_size=_env_int(
                 "GROUP_WORLD_SIZE",
-                _env_int("CAIRN_NUM_NODES", max(size // max(local_size, 1), 1), env),
+                _num_nodes(env, max(size // max(local_size, 1), 1)),
                 env,
             ),
             chief_ip=env.get("MASTER_ADDR") or None,

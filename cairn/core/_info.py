@@ -14,12 +14,14 @@ processes.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-_REQUIRED = ("CAIRN_MASTER", "CAIRN_TRIAL_ID", "CAIRN_ALLOCATION_ID")
+from events import settings
+
+_REQUIRED = (settings.MASTER, settings.TRIAL_ID, settings.ALLOCATION_ID)
+"""Without all three the process was not started by a cairn agent."""
 LOCALHOST = "127.0.0.1"
 
 
@@ -121,17 +123,8 @@ class ClusterInfo:
         return self.trial.user_data
 
 
-def _json(name: str, default: Any, env: dict[str, str]) -> Any:
-    raw = env.get(name, "")
-    if not raw:
-        return default
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{name} is not valid JSON: {exc}") from exc
-
-
 def _int(name: str, default: int, env: dict[str, str]) -> int:
+    """A rank variable of the launcher's (``RANK``, ``WORLD_SIZE``...), not one of cairn's."""
     raw = env.get(name, "")
     if not raw.strip():
         return default
@@ -141,25 +134,18 @@ def _int(name: str, default: int, env: dict[str, str]) -> int:
         raise ValueError(f"{name} is not an integer: {raw!r}") from None
 
 
-def _list(name: str, env: dict[str, str], item: type[Any]) -> list[Any] | None:
-    value = _json(name, None, env)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise ValueError(f"{name} must be a JSON list, got {type(value).__name__}")
-    return [item(v) for v in value]
-
-
 def _containers(env: dict[str, str], slot_ids: list[str]) -> tuple[list[str], int, list[int]]:
     """(addresses, rank, slot counts) of the run's containers (see the module docstring)."""
     size = max(_int("WORLD_SIZE", 1, env), 1)
     local = max(_int("LOCAL_WORLD_SIZE", size, env), 1)
     count = max(size // local, 1)
-    rank = _int("CAIRN_CONTAINER_RANK", _int("RANK", 0, env) // local, env)
-    counts = _list("CAIRN_CONTAINER_SLOT_COUNTS", env, int)
+    rank = settings.CONTAINER_RANK.get(env)
+    if rank is None:
+        rank = _int("RANK", 0, env) // local
+    counts = settings.CONTAINER_SLOT_COUNTS.get(env)
     if counts is None:
         counts = [len(slot_ids)] if count == 1 else [local] * count
-    addrs = _list("CAIRN_CONTAINER_ADDRS", env, str)
+    addrs = settings.CONTAINER_ADDRS.get(env)
     if addrs is None:
         addrs = [env.get("MASTER_ADDR") or LOCALHOST] if count == 1 else []
     return addrs, rank, counts
@@ -184,31 +170,31 @@ def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | Non
         ValueError: a variable is malformed (names the variable).
     """
     env = dict(os.environ if environ is None else environ)
-    if not all(env.get(name) for name in _REQUIRED):
+    if not all(setting.is_set(env) for setting in _REQUIRED):
         return None
     trial = TrialInfo(
-        trial_id=_int("CAIRN_TRIAL_ID", 0, env),
-        experiment_id=_int("CAIRN_EXPERIMENT_ID", 0, env),
-        hparams=dict(_json("CAIRN_HPARAMS", {}, env)),
-        trial_seed=_int("CAIRN_TRIAL_SEED", 0, env),
-        steps_completed=_int("CAIRN_STEPS_COMPLETED", 0, env),
-        run_id=_int("CAIRN_RUN_ID", 1, env),
-        config=dict(_json("CAIRN_EXPERIMENT_CONFIG", {}, env)),
+        trial_id=settings.TRIAL_ID.get(env),
+        experiment_id=settings.EXPERIMENT_ID.get(env),
+        hparams=settings.HPARAMS.get(env),
+        trial_seed=settings.TRIAL_SEED.get(env),
+        steps_completed=settings.STEPS_COMPLETED.get(env),
+        run_id=settings.RUN_ID.get(env),
+        config=settings.EXPERIMENT_CONFIG.get(env),
     )
-    slot_ids = _list("CAIRN_SLOT_IDS", env, str) or []
+    slot_ids = settings.SLOT_IDS.get(env)
     addrs, rank, counts = _containers(env, slot_ids)
     return ClusterInfo(
-        master_url=env["CAIRN_MASTER"].rstrip("/"),
-        token=env.get("CAIRN_TOKEN", ""),
-        agent_id=env.get("CAIRN_AGENT_ID", ""),
-        allocation_id=env["CAIRN_ALLOCATION_ID"],
+        master_url=(settings.MASTER.get(env) or "").rstrip("/"),
+        token=settings.TOKEN.get(env),
+        agent_id=settings.AGENT_ID.get(env) or "",
+        allocation_id=settings.ALLOCATION_ID.get(env) or "",
         slot_ids=slot_ids,
-        latest_checkpoint=env.get("CAIRN_LATEST_CHECKPOINT") or None,
-        checkpoint_dir=env.get("CAIRN_CHECKPOINT_DIR") or None,
+        latest_checkpoint=settings.LATEST_CHECKPOINT.get(env),
+        checkpoint_dir=settings.CHECKPOINT_DIR.get(env),
         trial=trial,
-        cluster_id=env.get("CAIRN_CLUSTER_ID", ""),
-        task_id=env.get("CAIRN_TASK_ID") or str(trial.trial_id),
-        user=env.get("CAIRN_USER", ""),
+        cluster_id=settings.CLUSTER_ID.get(env),
+        task_id=settings.TASK_ID.get(env) or str(trial.trial_id),
+        user=settings.USER.get(env) or "",
         container_addrs=addrs,
         container_rank=rank,
         container_slot_counts=counts,

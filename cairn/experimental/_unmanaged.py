@@ -30,12 +30,14 @@ from cairn.core import Context, DistributedContext, PreemptMode, TensorboardMode
 from cairn.core._context import DEFAULT_LOCAL_STORAGE, _storage_path, local_context
 from cairn.core._reporter import LocalReporter
 from cairn.errors import CairnError
+from events import settings
 
 if TYPE_CHECKING:
     from cairn.experimental.client import Determined
     from cairn.experimental.core_v2 import Config
 
-MASTER_VARIABLES = ("CAIRN_MASTER", "DET_MASTER", "DET_MASTER_ADDR")
+MASTER_VARIABLES = tuple(s.name for s in settings.MASTERS)
+"""Where a master's address is read from (none set: the run is local)."""
 LEDGER_DIR = ".unmanaged"
 """Under a local run's checkpoint directory: one small JSON file per external trial id."""
 
@@ -97,7 +99,7 @@ def storage_config(storage: str | os.PathLike[str] | Mapping[str, Any]) -> dict[
 
 def master_configured(client: Determined | None) -> bool:
     """Whether the run is pointed at a master (a ``client``, or a master variable set)."""
-    return client is not None or any(os.environ.get(name) for name in MASTER_VARIABLES)
+    return client is not None or any(s.get() for s in settings.MASTERS)
 
 
 def backend_for(client: Determined | None) -> UnmanagedBackend:
@@ -111,7 +113,7 @@ def backend_for(client: Determined | None) -> UnmanagedBackend:
         master = (
             client.master
             if client is not None
-            else next(os.environ[name] for name in MASTER_VARIABLES if os.environ.get(name))
+            else next(value for s in settings.MASTERS if (value := s.get()))
         )
         raise UnmanagedNotSupportedError(
             f"core_v2 outside a trial reports to a master ({master}) in a later cairn; "

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from events import settings
+
 
 class LaunchError(Exception):
     """The launcher cannot start the ranks (bad arguments, missing framework)."""
@@ -57,14 +59,19 @@ class Gang:
             except ValueError:
                 raise LaunchError(f"{name}={raw!r} is not an integer") from None
 
+        try:
+            nnodes = max(settings.NUM_NODES.get(env) or 1, 1)
+            node_rank = settings.NODE_RANK.get(env)
+            rank_offset = settings.RANK_OFFSET.get(env)
+        except settings.SettingError as exc:
+            raise LaunchError(str(exc)) from None
         nproc = max(number("LOCAL_WORLD_SIZE", 1), 1)
-        nnodes = max(number("CAIRN_NUM_NODES", 1), 1)
         return cls(
             nnodes=nnodes,
-            node_rank=number("CAIRN_NODE_RANK", 0),
+            node_rank=node_rank,
             nproc_per_node=nproc,
             world_size=max(number("WORLD_SIZE", nproc * nnodes), 1),
-            rank_offset=number("CAIRN_RANK_OFFSET", 0),
+            rank_offset=rank_offset,
             master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
             master_port=number("MASTER_PORT", 29400),
         )

@@ -70,6 +70,7 @@ from cairn.local.state import (
     state_path,
     write_state,
 )
+from events import settings
 from events.domain.config.cluster import (
     CLUSTER_CONFIG_FILE,
     ClusterConfigError,
@@ -154,9 +155,9 @@ def default_data_dir() -> Path:
     """``$CAIRN_HOME``; else ``./.cairn`` if a cluster was started there; else the cluster the
     user started last (wherever that was), if its data directory is still there; else
     ``./.cairn``. Absolute."""
-    home = os.environ.get("CAIRN_HOME")
-    if home:
-        return Path(home).expanduser().resolve()
+    home = settings.cairn_home()
+    if home is not None:
+        return home
     here = Path(DEFAULT_DIR_NAME).resolve()
     if state_path(here).exists():
         return here
@@ -437,9 +438,7 @@ class Supervisor:
             port = free_port()
         self.state.ports["api"] = port
         self.state.api_url = f"http://127.0.0.1:{port}"
-        service_credentials.ensure_admin_password(
-            self.data_dir, os.environ.get("CAIRN_ADMIN_PASSWORD")
-        )
+        service_credentials.ensure_admin_password(self.data_dir, settings.ADMIN_PASSWORD.get())
         for service in service_names(self.options.agents):
             for name in replica_names(service, self.options.replicas):
                 log_path = logs_dir(self.data_dir) / f"{name}.log"

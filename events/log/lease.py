@@ -28,13 +28,14 @@ from typing import Any
 
 import structlog
 
+from events import settings
 from events.domain.types.system import LeaderElected
 from events.log import db
 from events.log.envelope import NewEvent
 from events.log.errors import EventsError, StoreUnavailableError
 from events.log.store import EventStore, Fence, lease_stream
 
-LEASE_TIMEOUT = 1.5
+LEASE_TIMEOUT = settings.LEASE_TIMEOUT.default
 """Seconds after which the session of a paused lease holder is ended (``CAIRN_LEASE_TIMEOUT``)."""
 PROBES_PER_TIMEOUT = 5
 """How many times per lease timeout the holder proves it is alive."""
@@ -43,13 +44,12 @@ log = structlog.get_logger("lease")
 
 
 def lease_timeout() -> float:
-    """The lease timeout in seconds: ``CAIRN_LEASE_TIMEOUT`` if set, else :data:`LEASE_TIMEOUT`."""
-    raw = os.environ.get("CAIRN_LEASE_TIMEOUT", "")
-    try:
-        value = float(raw) if raw else LEASE_TIMEOUT
-    except ValueError:
-        value = LEASE_TIMEOUT
-    return value if value > 0 else LEASE_TIMEOUT
+    """The lease timeout in seconds: ``CAIRN_LEASE_TIMEOUT`` if set, else :data:`LEASE_TIMEOUT`.
+
+    Raises:
+        events.settings.SettingError: ``CAIRN_LEASE_TIMEOUT`` is not a positive number.
+    """
+    return settings.LEASE_TIMEOUT.get()
 
 
 def lock_key(lease: str) -> int:

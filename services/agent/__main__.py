@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import faulthandler
-import os
 import signal
 import socket
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import structlog
 
+from events import settings
 from events.log import logging as cairn_logging
 from services import credentials
 from services.agent.agent import Agent, AgentConfig
@@ -30,16 +30,14 @@ from services.runtime import add_cluster_config_flag, cluster_config_of
 def parser() -> argparse.ArgumentParser:
     """The agent's flags (environment variables in parentheses)."""
     p = argparse.ArgumentParser(prog="python -m services.agent", description=__doc__)
-    env = os.environ.get
-    work_dir = env("CAIRN_AGENT_WORK_DIR")
     p.add_argument(
-        "--api-url", default=env("CAIRN_API_URL"), help="API gateway URL (CAIRN_API_URL)"
+        "--api-url", default=settings.API_URL.get(), help="API gateway URL (CAIRN_API_URL)"
     )
     p.add_argument("--nats-file", default=None, help="file holding the NATS URL (CAIRN_NATS_FILE)")
     p.add_argument("--nats", default=None, help="NATS URL (CAIRN_NATS; visible to others)")
     p.add_argument(
         "--agent-id",
-        default=env("CAIRN_AGENT_ID") or socket.gethostname(),
+        default=settings.AGENT_ID.get() or socket.gethostname(),
         help="agent id (CAIRN_AGENT_ID; default: hostname)",
     )
     p.add_argument(
@@ -49,27 +47,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--work-dir",
         type=Path,
-        default=Path(work_dir) if work_dir else None,
+        default=settings.AGENT_WORK_DIR.get(),
         help="run directories and code cache (CAIRN_AGENT_WORK_DIR; default: "
         "$CAIRN_HOME/agents/<id> or ~/.cairn/agents/<id>)",
     )
     p.add_argument(
         "--checkpoint-root",
         type=Path,
-        default=Path(env("CAIRN_CHECKPOINT_ROOT", "")) if env("CAIRN_CHECKPOINT_ROOT") else None,
+        default=settings.CHECKPOINT_ROOT.get(),
         help="checkpoint storage for experiments without checkpoint_storage "
         "(CAIRN_CHECKPOINT_ROOT; default: $CAIRN_HOME/checkpoints or <work-dir>/checkpoints)",
     )
     p.add_argument(
         "--join-token-file",
         type=Path,
-        default=Path(env("CAIRN_JOIN_TOKEN_FILE", "")) if env("CAIRN_JOIN_TOKEN_FILE") else None,
+        default=settings.JOIN_TOKEN_FILE.get(),
         help="file (mode 0600) with the cluster's join token, presented once on the agent's "
         "first start for its own credential (CAIRN_JOIN_TOKEN_FILE)",
     )
     p.add_argument(
         "--agent-token",
-        default=env("CAIRN_AGENT_TOKEN", ""),
+        default=settings.AGENT_TOKEN.get() or "",
         help="the join token by value, for clusters configured that way (CAIRN_AGENT_TOKEN); "
         "prefer --join-token-file",
     )
@@ -86,19 +84,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--rendezvous-timeout",
         type=float,
-        default=float(env("CAIRN_RENDEZVOUS_TIMEOUT", "300")),
+        default=settings.RENDEZVOUS_TIMEOUT.get(),
         help="seconds a run on several agents waits for all of them before it fails "
         "(CAIRN_RENDEZVOUS_TIMEOUT)",
     )
     p.add_argument(
         "--address",
-        default=env("CAIRN_AGENT_ADDRESS") or None,
+        default=settings.AGENT_ADDRESS.get(),
         help="address the other agents of a gang reach this one by (CAIRN_AGENT_ADDRESS; "
         "default: this machine's address on the route to the API)",
     )
     p.add_argument(
         "--docker-share-from",
-        default=env("CAIRN_DOCKER_SHARE_FROM"),
+        default=settings.DOCKER_SHARE_FROM.get(),
         help="the container this agent runs in ('self': this host name); trial containers "
         "share its volumes and network (CAIRN_DOCKER_SHARE_FROM)",
     )
@@ -111,7 +109,7 @@ def parser() -> argparse.ArgumentParser:
         "are hidden)",
     )
     add_cluster_config_flag(p)
-    p.add_argument("--log-level", default=env("CAIRN_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=settings.LOG_LEVEL.get())
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
     return p
 
@@ -134,12 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.artificial_slots is not None and args.artificial_slots < 1:
         log.error("--artificial-slots must be at least 1")
         return 2
-    cairn_home = os.environ.get("CAIRN_HOME")
-    home = Path(cairn_home or Path.home() / ".cairn")
-    work_dir = args.work_dir or home / "agents" / safe_name(args.agent_id)
+    cairn_home = settings.cairn_home()
+    work_dir = args.work_dir or settings.home_or_user_dir() / "agents" / safe_name(args.agent_id)
     checkpoint_root = args.checkpoint_root
-    if checkpoint_root is None and os.environ.get("CAIRN_HOME"):
-        checkpoint_root = home / "checkpoints"
+    if checkpoint_root is None and cairn_home is not None:
+        checkpoint_root = cairn_home / "checkpoints"
     cluster = cluster_config_of(args, log)
     config = AgentConfig(
         agent_id=args.agent_id,

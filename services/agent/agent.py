@@ -42,6 +42,7 @@ from typing import Any
 import nats.errors
 import structlog
 
+from events import settings
 from events.domain.commands import agent_subject
 from events.domain.config.cluster import TaskImages, TaskPolicy
 from events.domain.config.host_requests import HostPolicy
@@ -304,9 +305,9 @@ class Agent:
         return None
 
     def _ready(self) -> None:
-        path = os.environ.get("CAIRN_READY_FILE")
-        if path:
-            Path(path).write_text(str(os.getpid()))
+        path = settings.READY_FILE.get()
+        if path is not None:
+            path.write_text(str(os.getpid()))
         log.info("ready", pid=os.getpid(), agent_id=self.id)
 
     async def _announce(self) -> None:

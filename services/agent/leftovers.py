@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 import structlog
 
+from events import settings
 from services.agent.records import RecordDirectory
 
 log = structlog.get_logger("agent")
@@ -104,7 +105,7 @@ def _same_start(proc: psutil.Process, started: float) -> bool:
 
 def _carries(proc: psutil.Process, allocation_id: str) -> bool:
     try:
-        return proc.environ().get("CAIRN_ALLOCATION_ID") == allocation_id
+        return settings.ALLOCATION_ID.get(proc.environ()) == allocation_id
     except (psutil.Error, OSError):
         return False
 

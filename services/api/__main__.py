@@ -11,12 +11,12 @@ latter), with which it gives each joining agent its own NATS user.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import structlog
 from aiohttp import web
 
+from events import settings
 from events.log.bus_auth import Authority, read_private
 from services import credentials
 from services.api.app import create_app
@@ -59,17 +59,17 @@ def parser() -> argparse.ArgumentParser:
     """The service flags plus ``--port`` and ``--host``."""
     p = base_parser("api")
     p.add_argument(
-        "--port", type=int, default=int(os.environ.get("CAIRN_API_PORT", "8080")), help="HTTP port"
+        "--port", type=int, default=settings.API_PORT.get(), help="HTTP port (CAIRN_API_PORT)"
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address")
     p.add_argument(
         "--join-token-file",
-        default=os.environ.get("CAIRN_JOIN_TOKEN_FILE"),
+        default=settings.JOIN_TOKEN_FILE.raw(),
         help="file with the cluster's join token (CAIRN_JOIN_TOKEN_FILE)",
     )
     p.add_argument(
         "--nats-authority-file",
-        default=os.environ.get("CAIRN_NATS_AUTHORITY_FILE"),
+        default=settings.NATS_AUTHORITY_FILE.raw(),
         help="the bus's signing authority, to issue agents NATS users (CAIRN_NATS_AUTHORITY_FILE)",
     )
     return p

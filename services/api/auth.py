@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import hmac
 import json
-import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,6 +30,7 @@ from typing import Any, Literal
 import structlog
 from aiohttp import web
 
+from events import settings
 from events.domain.names import parse_trial_id, trial_label, trial_stream
 from events.log.db import translate_errors
 from events.log.store import EventStore
@@ -184,7 +184,7 @@ async def join_token(store: EventStore, path: str | None = None) -> str:
         if not value:
             raise ApiError(500, f"the join token file {path} is empty")
         return value
-    from_env = os.environ.get("CAIRN_AGENT_TOKEN")
+    from_env = settings.AGENT_TOKEN.get()
     if from_env:
         return from_env
     await tables.migrate(store)

@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,9 @@ from events.domain.archive import extract_tar
 from events.domain.types import CustomSearcherOp
 from events.log.limits import MAX_EVENT_BYTES
 from events.log.storable import find_unstorable
+from events.settings import CUSTOM_SEARCHER_TIMEOUT
 from services.confine import Identity, confined_argv
 
-TIMEOUT_ENV = "CAIRN_CUSTOM_SEARCHER_TIMEOUT"
-"""The environment variable that sets :attr:`SandboxSettings.call_timeout`."""
 _ENV_KEEP = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV")
 MAX_OP_DEPTH = 32
 """Deepest nesting of lists and mappings in an answer's operations."""
@@ -69,7 +68,7 @@ class SandboxSettings:
         max_answer: Longest answer (bytes of JSON) to one call; it must fit in one event.
     """
 
-    call_timeout: float = 10.0
+    call_timeout: float = CUSTOM_SEARCHER_TIMEOUT.default
     startup_timeout: float = 60.0
     memory_bytes: int = 2 * 1024**3
     cpu_seconds: int = 3600
@@ -81,15 +80,15 @@ class SandboxSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> SandboxSettings:
-        """The defaults, with ``call_timeout`` from ``CAIRN_CUSTOM_SEARCHER_TIMEOUT`` when that
-        is a positive number of seconds."""
-        env = os.environ if environ is None else environ
-        settings = cls()
-        try:
-            timeout = float(env.get(TIMEOUT_ENV, ""))
-        except ValueError:
-            return settings
-        return replace(settings, call_timeout=timeout) if timeout > 0 else settings
+        """The defaults, with ``call_timeout`` from ``CAIRN_CUSTOM_SEARCHER_TIMEOUT``.
+
+        Args:
+            environ: the environment to read (``os.environ`` by default).
+
+        Raises:
+            events.settings.SettingError: the variable is set but not a positive number.
+        """
+        return cls(call_timeout=CUSTOM_SEARCHER_TIMEOUT.get(environ))
 
     def limits(self) -> dict[str, int]:
         """The limits the host applies to itself before loading the user's code."""

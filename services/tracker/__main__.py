@@ -9,12 +9,12 @@ Flags besides the common ones (``--db-file``/``CAIRN_DB_FILE``, ``--nats-file``/
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import structlog
 
+from events import settings
 from events.domain.config.storage import default_checkpoint_root
 from services.runtime import ServiceContext, base_parser, main, run_until_stopped
 from services.tracker import audit, schema
@@ -28,11 +28,10 @@ log = structlog.get_logger("tracker")
 def parser() -> argparse.ArgumentParser:
     """The tracker's flags (environment variables in parentheses)."""
     p = base_parser("tracker")
-    env_root = os.environ.get("CAIRN_CHECKPOINT_ROOT")
     p.add_argument(
         "--checkpoint-root",
         type=Path,
-        default=Path(env_root) if env_root else None,
+        default=settings.CHECKPOINT_ROOT.get(),
         help="checkpoint storage of experiments without checkpoint_storage "
         "(CAIRN_CHECKPOINT_ROOT; default: $CAIRN_HOME/checkpoints or ~/.cairn/checkpoints)",
     )

@@ -7,10 +7,11 @@ A checkpoint is the directory ``<root>/<uuid>``; the root comes from the experim
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from events import settings
 
 
 def checkpoint_root(storage: Any, default: Path) -> Path:
@@ -52,9 +53,7 @@ def default_checkpoint_root(explicit: Path | str | None = None) -> Path:
     """
     if explicit:
         return Path(explicit).expanduser().absolute()
-    from_env = os.environ.get("CAIRN_CHECKPOINT_ROOT")
-    if from_env:
-        return Path(from_env).expanduser().absolute()
-    home = os.environ.get("CAIRN_HOME")
-    base = Path(home).expanduser() if home else Path.home() / ".cairn"
-    return (base / "checkpoints").absolute()
+    from_env = settings.CHECKPOINT_ROOT.get()
+    if from_env is not None:
+        return from_env.expanduser().absolute()
+    return settings.home_or_user_dir() / "checkpoints"
