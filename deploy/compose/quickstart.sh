@@ -11,7 +11,7 @@
 # .env (mode 600) holds no secret: the project name, the API port, the image tags, the Docker
 # socket the agents use, the secrets directory and, only when NATS is published for agents on
 # other hosts, CAIRN_NATS_PORT. The secrets are files under CAIRN_SECRETS_DIR (default
-# deploy/compose/secrets, mode 0700), made once by `python -m cairn.lab.secret_files` in a
+# deploy/compose/secrets, mode 0700), made once by `python -m services.compose_secrets` in a
 # throwaway container of the services image, and kept across runs (after `down`, delete that
 # directory and .env to start over with new ones). An .env from before (which held the
 # PostgreSQL and admin passwords) has them moved into the secrets directory at the next `up`.
@@ -78,7 +78,7 @@ PY
   docker run --rm -i --network none --user 0:0 --cap-drop ALL \
     --cap-add CHOWN --cap-add DAC_OVERRIDE --cap-add FOWNER \
     --security-opt no-new-privileges -v "$dir:/secrets" "$image" \
-    python -m cairn.lab.secret_files /secrets --operator "$(id -u):$(id -g)" "${legacy[@]}" \
+    python -m services.compose_secrets /secrets --operator "$(id -u):$(id -g)" "${legacy[@]}" \
     < "$input"
   if [ ${#legacy[@]} -gt 0 ]; then
     rm -f "$input"

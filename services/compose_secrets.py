@@ -1,6 +1,6 @@
 """The compose lab cluster's secrets: made once, and each service's in a directory of its own.
 
-``deploy/compose/quickstart.sh`` runs ``python -m cairn.lab.secret_files DIR --operator UID:GID``
+``deploy/compose/quickstart.sh`` runs ``python -m services.compose_secrets DIR --operator UID:GID``
 as root in a throwaway container of the services image (no network, ``DIR`` bind-mounted), so
 the host needs neither cairn's Python packages nor root. It fills ``DIR``::
 
@@ -186,7 +186,7 @@ def _owner(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (1 when the directory cannot be filled)."""
-    parser = argparse.ArgumentParser(prog="python -m cairn.lab.secret_files", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m services.compose_secrets", description=__doc__)
     parser.add_argument("root", type=Path, help="the secrets directory")
     parser.add_argument(
         "--operator", type=_owner, required=True, help="UID:GID of the cluster's operator"

@@ -7,8 +7,8 @@ import os
 import stat
 from pathlib import Path
 
-from cairn.lab.secret_files import MOUNT, fill
 from events.log.bus_auth import Authority
+from services.compose_secrets import MOUNT, fill
 
 ME = (os.getuid(), os.getgid())
 HOLDERS = ("postgres", "migrate", "relay", "searcher", "scheduler", "tracker", "api", "agent")

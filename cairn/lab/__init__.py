@@ -1,1 +1,0 @@
-"""Tools of the compose lab cluster (``deploy/compose``), run inside cairn's services image."""
