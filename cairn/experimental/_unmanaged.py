@@ -300,7 +300,11 @@ class ClusterBackend:
         answer = self._open(config, storage) if dist.is_chief else None
         if dist.size > 1:
             answer = dist.broadcast(answer)
-        assert answer is not None
+        if answer is None:
+            raise RuntimeError(
+                f"rank {dist.rank} of {dist.size} got no run from the chief: initialise "
+                "torch.distributed before core_v2.init() (or pass distributed=...)"
+            )
         self._master, self._experiment_id = answer["master"], int(answer["experiment_id"])
         info = ClusterInfo(
             master_url=answer["master"],

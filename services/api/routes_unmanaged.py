@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -51,13 +52,19 @@ routes = RouteTable("unmanaged")
 
 TRIAL_ONLY = frozenset({"trial"})
 MAX_REASON = 1000
+EXTERNAL_ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+"""External ids are printable text (no NUL or other control characters)."""
 
 
 class OpenRunBody(BaseModel):
     """The script's run: the names it gives its experiment and trial, and its config."""
 
-    external_experiment_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID)
-    external_trial_id: str = Field(min_length=1, max_length=MAX_EXTERNAL_ID)
+    external_experiment_id: str = Field(
+        min_length=1, max_length=MAX_EXTERNAL_ID, pattern=EXTERNAL_ID_PATTERN
+    )
+    external_trial_id: str = Field(
+        min_length=1, max_length=MAX_EXTERNAL_ID, pattern=EXTERNAL_ID_PATTERN
+    )
     config: dict[str, Any] = Field(description="the experiment config core_v2 built")
     hparams: dict[str, Any] = Field(default_factory=dict)
 
@@ -98,7 +105,7 @@ async def _lock(tx: Transaction, owner: str, external_experiment_id: str) -> Non
     """Serializes opens of one owner's external experiment (two first runs make one)."""
     await tx.conn.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended($1, 7219))",
-        f"unmanaged\0{owner}\0{external_experiment_id}",
+        json.dumps(["unmanaged", owner, external_experiment_id]),
     )
 
 
