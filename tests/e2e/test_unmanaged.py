@@ -201,7 +201,7 @@ async def test_two_ranks_under_torchrun_report_once(
         [
             str(torchrun),
             "--nproc-per-node=2",
-            "--master-port=0",
+            "--standalone",
             "--no-python",
             sys.executable,
             "-c",
