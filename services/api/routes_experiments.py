@@ -141,6 +141,9 @@ class ExperimentDetail(pr.ExperimentSummary):
         None, description="the log's head when the present state was read (absent with ``at``)"
     )
     lineage: list[TrialLineage] = []
+    external_id: str | None = Field(
+        None, description="an unmanaged experiment's name given by its script (core_v2)"
+    )
 
 
 class EmptyBody(BaseModel):

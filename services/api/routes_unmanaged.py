@@ -43,14 +43,15 @@ from services.api.errors import ApiError, conflict, forbidden, parse, read_json
 from services.api.host_access import check_host_requests
 from services.api.inbox import in_transaction
 from services.api.routes_experiments import _validate_config
-from services.api.routing import STATE, USERS, RouteTable, state_of, store_of
+from services.api.routing import STATE, USERS, Access, RouteTable, state_of, store_of
 from services.api.runs import not_current
 from services.api.views import experiment_of, load_experiment, load_trial
 
 log = structlog.get_logger("api")
 routes = RouteTable("unmanaged")
 
-TRIAL_ONLY = frozenset({"trial"})
+RUN_TOKEN: frozenset[Access] = frozenset({"trial", "admin"})
+"""The run's own trial token (an admin passes the gate, and is refused by the handler)."""
 MAX_REASON = 1000
 EXTERNAL_ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 """External ids are printable text (no NUL or other control characters)."""
@@ -65,7 +66,9 @@ class OpenRunBody(BaseModel):
     external_trial_id: str = Field(
         min_length=1, max_length=MAX_EXTERNAL_ID, pattern=EXTERNAL_ID_PATTERN
     )
-    config: dict[str, Any] = Field(description="the experiment config core_v2 built")
+    config: str | dict[str, Any] = Field(
+        description="the experiment config core_v2 built (a mapping, or YAML text)"
+    )
     hparams: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -91,6 +94,10 @@ class CloseRunBody(BaseModel):
     failed: bool = False
     message: str = Field("", max_length=MAX_REASON)
     exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+
+
+class HeartbeatBody(BaseModel):
+    """No fields."""
 
 
 class RunResponse(BaseModel):
@@ -249,12 +256,14 @@ def _run_of(request: web.Request) -> tuple[int, int]:
 
 @routes.post(
     "/api/v1/unmanaged/runs/heartbeat",
-    allow=TRIAL_ONLY,
+    allow=RUN_TOKEN,
+    body=HeartbeatBody,
     response=RunResponse,
     audit=False,
 )
 async def heartbeat(request: web.Request) -> web.Response:
     """Records that the run's script is alive; 409 once the run has ended."""
+    parse(HeartbeatBody, await read_json(request))
     trial_id, run_id = _run_of(request)
     with translate_errors():
         result = await store_of(request).pool.execute(
@@ -269,14 +278,14 @@ async def heartbeat(request: web.Request) -> web.Response:
 
 @routes.post(
     "/api/v1/unmanaged/runs/close",
-    allow=TRIAL_ONLY,
+    allow=RUN_TOKEN,
     body=CloseRunBody,
     response=RunResponse,
 )
 async def close(request: web.Request) -> web.Response:
     """Ends the run: COMPLETED, or ERROR when the script failed (a repeat changes nothing)."""
-    trial_id, run_id = _run_of(request)
     body = parse(CloseRunBody, await read_json(request))
+    trial_id, run_id = _run_of(request)
     store = store_of(request)
     experiment = await load_experiment(store, await experiment_of(store, trial_id))
     if not experiment.unmanaged:

@@ -111,6 +111,43 @@ def run(cluster: Cluster, tmp_path: Path, trial: str, mode: str = "ok", **user: 
     return done.returncode, json.loads(lines[-1]) if lines else None, done.stderr
 
 
+def start_script(cluster: Cluster, tmp_path: Path, trial: str, mode: str) -> subprocess.Popen[str]:
+    """Starts the script as the admin and leaves it running."""
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, trial, str(tmp_path / "ckpt"), mode],
+        cwd=tmp_path,
+        env=script_env(cluster, tmp_path / "home", "admin", cluster.admin_password),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def run_ranks(cluster: Cluster, tmp_path: Path, trial: str) -> subprocess.CompletedProcess[str]:
+    """Runs the script as two ranks under ``torchrun --standalone``, as the admin."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node=2",
+            "--no-python",
+            sys.executable,
+            "-c",
+            SCRIPT,
+            trial,
+            str(tmp_path / "ckpt"),
+            "ranks",
+        ],
+        cwd=tmp_path,
+        env=script_env(cluster, tmp_path / "home", "admin", cluster.admin_password),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+
 async def trial_state(store: EventStore, trial_id: int) -> str:
     """The trial's lifecycle state folded from its stream."""
     return lifecycle.fold_trial(await store.read_stream(trial_stream(trial_id))).state
@@ -162,14 +199,7 @@ async def test_a_killed_script_is_marked_errored_after_the_heartbeat_timeout(
 ) -> None:
     """A script SIGKILLed mid-run (its process proven dead) leaves its run open until the
     heartbeat timeout passes; then the trial is ERROR with a lost run, decided once."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, "trial-k", str(tmp_path / "ckpt"), "hang"],
-        cwd=tmp_path,
-        env=script_env(cluster, tmp_path / "home", "admin", cluster.admin_password),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_script(cluster, tmp_path, "trial-k", "hang")
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("{"), proc.stderr.read() if proc.stderr else ""
@@ -196,27 +226,7 @@ async def test_two_ranks_under_torchrun_report_once(
     cluster: Cluster, store: EventStore, tmp_path: Path
 ) -> None:
     """Two ranks under torchrun make one trial and one run, and each step is reported once."""
-    torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run(
-        [
-            str(torchrun),
-            "--nproc-per-node=2",
-            "--standalone",
-            "--no-python",
-            sys.executable,
-            "-c",
-            SCRIPT,
-            "trial-d",
-            str(tmp_path / "ckpt"),
-            "ranks",
-        ],
-        cwd=tmp_path,
-        env=script_env(cluster, tmp_path / "home", "admin", cluster.admin_password),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    done = run_ranks(cluster, tmp_path, "trial-d")
     assert done.returncode == 0, done.stderr[-3000:]
     outputs = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     assert len(outputs) == 2 and len({o["trial_id"] for o in outputs}) == 1
@@ -238,7 +248,8 @@ async def test_another_user_can_neither_see_nor_resume_the_run(
     cluster: Cluster, store: EventStore, tmp_path: Path
 ) -> None:
     """Bob gets 403 on the admin's unmanaged experiment and trial, never sees it listed,
-    may not close its run with his token, and the same external ids make him his own experiment."""
+    may not close its run with his token, gets 400 for an overlong or NUL-bearing external id, and
+    the same external ids make him his own experiment."""
     code, mine, err = run(cluster, tmp_path, "trial-x")
     assert code == 0, err
     await cluster.request("POST", "/users", {"username": "bob", "password": "bob-password-0123"})
@@ -255,16 +266,17 @@ async def test_another_user_can_neither_see_nor_resume_the_run(
             f"{cluster.api_url}/api/v1/unmanaged/runs/close", json={}, headers=bob
         ) as resp:
             assert resp.status == 403
-        async with http.post(
-            f"{cluster.api_url}/api/v1/unmanaged/trials",
-            json={
-                "external_experiment_id": "x" * 300,
+        for hostile in ({"external_experiment_id": "x" * 300}, {"external_trial_id": "a\x00b"}):
+            body = {
+                "external_experiment_id": "e",
                 "external_trial_id": "t",
                 "config": {"searcher": {"name": "single", "metric": "m"}},
-            },
-            headers=bob,
-        ) as resp:
-            assert resp.status == 400
+                **hostile,
+            }
+            async with http.post(
+                f"{cluster.api_url}/api/v1/unmanaged/trials", json=body, headers=bob
+            ) as resp:
+                assert resp.status == 400, hostile
         async with http.get(f"{cluster.api_url}/api/v1/experiments", headers=bob) as resp:
             assert all(e["id"] != mine["experiment_id"] for e in (await resp.json())["experiments"])
     code, theirs, err = run(cluster, tmp_path, "trial-x", user="bob", password="bob-password-0123")

@@ -46,7 +46,8 @@ export async function render(root, _params, query) {
 
   const columns = [
     { key: "id", label: "ID", render: (e) => h("a", { href: experimentHref(e.id) }, e.id) },
-    { key: "name", label: "Name", render: (e) => h("a", { href: experimentHref(e.id) }, e.name || "") },
+    { key: "name", label: "Name", render: (e) => h("span", {}, h("a", { href: experimentHref(e.id) }, e.name || ""),
+      e.unmanaged ? h("span", { class: "tag unmanaged", title: "reported by a script outside the cluster (core_v2)" }, " unmanaged") : "") },
     { key: "state", label: "State", render: (e) => stateBadge(e.state) },
     { key: "progress", label: "Progress", render: (e) => e.progress === null ? "" : `${Math.round(100 * e.progress)}%` },
     { key: "searcher_name", label: "Searcher" },
