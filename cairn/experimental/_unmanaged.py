@@ -11,7 +11,8 @@
   :mod:`cairn.auth`). The master creates (once per user, ``external_experiment_id`` and
   ``external_trial_id``) an unmanaged experiment and trial and opens the trial's next run
   (``POST /api/v1/unmanaged/trials``); the run reports metrics and checkpoints with its own trial
-  token as a managed trial does, sends heartbeats while it lives, and is closed COMPLETED or
+  token as a managed trial does, ships its stdout and stderr as the run's logs
+  (:mod:`cairn.experimental._log_shipper`), sends heartbeats while it lives, and is closed COMPLETED or
   ERROR when the context closes (``core_v2.close()`` or process exit). A script killed outright
   is ended ERROR by the master once its heartbeats stop (the cluster config's
   ``unmanaged.heartbeat_timeout``). Under a launcher only the chief (rank 0) talks to the master;
@@ -47,6 +48,7 @@ from cairn.core._http import HTTPStatusError, Session
 from cairn.core._info import ClusterInfo, TrialInfo
 from cairn.core._reporter import LocalReporter
 from cairn.errors import CairnError
+from cairn.experimental._log_shipper import LogShipper
 
 if TYPE_CHECKING:
     from cairn.client import Client
@@ -337,9 +339,12 @@ class ClusterBackend:
             run = Session(info.master_url, info.token)
             beats = _Heartbeats(run, float(answer["heartbeat_interval"]))
             beats.start()
+            shipper = LogShipper(run, info.allocation_id)
+            shipper.start()
 
             def ended(failed: bool) -> None:
                 beats.stop()
+                shipper.stop()
                 with contextlib.suppress(HTTPStatusError, OSError):
                     run.request("POST", "/unmanaged/runs/close", {"failed": failed})
 

@@ -157,8 +157,8 @@ async def test_a_script_reports_resumes_by_external_ids_and_ends_errored_on_fail
     cluster: Cluster, store: EventStore, tmp_path: Path
 ) -> None:
     """Run 1's metrics reach the API and it ends COMPLETED; run 2 (same ids) resumes the same
-    trial from run 1's checkpoint and, raising, ends ERROR; the experiment is marked unmanaged
-    and no allocation holds a slot."""
+    trial from run 1's checkpoint and, raising, ends ERROR; both runs' output is in the trial's
+    logs; the experiment is marked unmanaged and no allocation holds a slot."""
     code, first, err = run(cluster, tmp_path, "trial-a")
     assert code == 0, err
     trial_id = first["trial_id"]
@@ -186,6 +186,10 @@ async def test_a_script_reports_resumes_by_external_ids_and_ends_errored_on_fail
     assert (second["trial_id"], second["run"], second["start"]) == (trial_id, 2, 3)
     assert second["latest"] is not None
     assert await trial_state(store, trial_id) == lifecycle.ERROR
+    logs = (await cluster.request("GET", f"/trials/{trial_id}/logs"))["logs"]
+    shipped = {(entry["allocation_id"], entry["stream"], entry["line"]) for entry in logs}
+    assert (f"{trial_id}.1", "stdout", json.dumps(first)) in shipped
+    assert (f"{trial_id}.2", "stderr", "RuntimeError: the script fails") in shipped
     allocated = [
         e.payload
         for e in await store.read_stream(trial_stream(trial_id))
