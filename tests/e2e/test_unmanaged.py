@@ -158,7 +158,8 @@ async def test_a_script_reports_resumes_by_external_ids_and_ends_errored_on_fail
 ) -> None:
     """Run 1's metrics reach the API and it ends COMPLETED; run 2 (same ids) resumes the same
     trial from run 1's checkpoint and, raising, ends ERROR; both runs' output is in the trial's
-    logs; the experiment is marked unmanaged and no allocation holds a slot."""
+    logs; the experiment is marked unmanaged, refuses pause (409), and no allocation holds a
+    slot."""
     code, first, err = run(cluster, tmp_path, "trial-a")
     assert code == 0, err
     trial_id = first["trial_id"]
@@ -180,6 +181,8 @@ async def test_a_script_reports_resumes_by_external_ids_and_ends_errored_on_fail
         )
 
     await wait_until(listed, timeout=30, detail=cluster.logs)
+    with pytest.raises(AssertionError, match=r"409.*unmanaged"):
+        await cluster.action(first["experiment_id"], "pause")
 
     code, second, err = run(cluster, tmp_path, "trial-a", "fail")
     assert code == 1 and "the script fails" in err

@@ -9,6 +9,7 @@ const PAGE = 25;
 
 function actionsFor(e) {
   const a = [];
+  if (e.unmanaged) return a; // its script starts and ends its runs
   if (e.state === "ACTIVE") a.push("pause");
   if (e.state === "PAUSED" || e.state === "STOPPING_ERROR") a.push("activate");
   if (e.state === "ACTIVE" || e.state === "PAUSED") a.push("cancel");
