@@ -92,7 +92,8 @@ SERVICE_ROLES: tuple[ServiceRole, ...] = (
         "api",
         "services.api",
         log=("inbox",),
-        sequences=("experiment_ids",),
+        # trial_ids: the gateway requests the trials of unmanaged experiments (core_v2).
+        sequences=("experiment_ids", "trial_ids"),
         reads=tracker_schema.OWNED_TABLES,
     ),
     ServiceRole(

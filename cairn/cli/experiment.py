@@ -348,7 +348,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         [
             [
                 e.get("id"),
-                e.get("name"),
+                _name(e),
                 e.get("owner"),
                 e.get("state"),
                 _trial_count(e),
@@ -361,6 +361,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         ],
     )
     return 0
+
+
+UNMANAGED_MARK = "[unmanaged]"
+"""After the name of an experiment a script outside the cluster reports to (core_v2)."""
+
+
+def _name(exp: dict[str, Any]) -> str:
+    name = str(exp.get("name") or "")
+    return f"{name} {UNMANAGED_MARK}".strip() if exp.get("unmanaged") else name
 
 
 def _trial_count(exp: dict[str, Any]) -> str:
@@ -403,6 +412,11 @@ def describe_one(exp: dict[str, Any], *, metrics: bool = False) -> None:
             ("owner", exp.get("owner")),
             ("state", exp.get("state")),
             ("archived", exp.get("archived")),
+            *(
+                [("unmanaged", f"yes (external id {exp.get('external_id')})")]
+                if exp.get("unmanaged")
+                else []
+            ),
             ("searcher", searcher.get("name")),
             ("metric", exp.get("searcher_metric") or searcher.get("metric")),
             ("trials", exp.get("num_trials", len(exp.get("trials") or []))),

@@ -366,6 +366,31 @@ def init(
             tensorboard_mode=tensorboard_mode,
             hparams=hparams,
         )
+    return cluster_context(
+        cluster,
+        distributed=distributed,
+        checkpoint_storage=checkpoint_storage,
+        preempt_mode=preempt_mode,
+        tensorboard_mode=tensorboard_mode,
+    )
+
+
+def cluster_context(
+    cluster: ClusterInfo,
+    *,
+    distributed: DistributedContext | None = None,
+    checkpoint_storage: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    preempt_mode: PreemptMode = PreemptMode.WorkersAskChief,
+    tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
+    preemptible: bool = True,
+) -> Context:
+    """The context of a run that reports to the API with ``cluster.token``: a managed trial's
+    (from its ``CAIRN_*`` environment) or an unmanaged run's (``core_v2`` off the cluster).
+
+    Only the chief reports; the other ranks' reports go nowhere (as in Determined). An
+    unpreemptible run (``preemptible=False``, an unmanaged one) never asks the API whether to
+    stop.
+    """
     dist = distributed or DistributedContext.from_env()
     session = Session(cluster.master_url, cluster.token)
     run_id = cluster.trial.run_id
@@ -386,7 +411,9 @@ def init(
     else:
         root = Path(DEFAULT_LOCAL_STORAGE)
         log.warning("cairn: CAIRN_CHECKPOINT_DIR is not set; checkpoints go to %s", root)
-    preempt = PreemptContext(session, cluster.allocation_id, preempt_mode, dist)
+    preempt = PreemptContext(
+        session if preemptible else None, cluster.allocation_id, preempt_mode, dist
+    )
     preempt.start()
     trial = cluster.trial
     checkpoint = CheckpointContext(

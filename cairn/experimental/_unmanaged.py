@@ -6,8 +6,17 @@
   ``DET_MASTER_ADDR`` set): :class:`LocalBackend`, which runs the script on its own, as
   ``cairn.core`` does off-cluster: reports printed, checkpoints in a local directory, and a trial
   named by both external ids resumed from its latest checkpoint by the next run;
-- a master: the cluster's unmanaged-run client. It is not built yet; :func:`backend_for` raises
-  :class:`UnmanagedNotSupportedError` there, and that one function is where it plugs in.
+- a master: :class:`ClusterBackend`, which reports to it as the user logged in there (the
+  CLI's stored login, or ``CAIRN_USER``/``DET_USER`` and their passwords; see
+  :mod:`cairn.auth`). The master creates (once per user, ``external_experiment_id`` and
+  ``external_trial_id``) an unmanaged experiment and trial and opens the trial's next run
+  (``POST /api/v1/unmanaged/trials``); the run reports metrics and checkpoints with its own trial
+  token as a managed trial does, ships its stdout and stderr as the run's logs
+  (:mod:`cairn.experimental._log_shipper`), sends heartbeats while it lives, and is closed COMPLETED or
+  ERROR when the context closes (``core_v2.close()`` or process exit). A script killed outright
+  is ended ERROR by the master once its heartbeats stop (the cluster config's
+  ``unmanaged.heartbeat_timeout``). Under a launcher only the chief (rank 0) talks to the master;
+  the other ranks get its answer through the :class:`DistributedContext` and report nothing.
 
 A backend turns the run's :class:`~cairn.experimental.core_v2.Config` into a started
 :class:`cairn.core.Context` (``start``) and is told when the run ends and whether it failed (the
@@ -21,18 +30,29 @@ import contextlib
 import dataclasses
 import json
 import os
+import threading
 import urllib.parse
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cairn.core import Context, DistributedContext, PreemptMode, TensorboardMode
-from cairn.core._context import DEFAULT_LOCAL_STORAGE, _storage_path, local_context
+from cairn.core._context import (
+    DEFAULT_LOCAL_STORAGE,
+    _storage_path,
+    cluster_context,
+    local_context,
+)
+from cairn.core._http import HTTPStatusError, Session
+from cairn.core._info import ClusterInfo, TrialInfo
 from cairn.core._reporter import LocalReporter
 from cairn.errors import CairnError
+from cairn.experimental._log_shipper import LogShipper
 from events import settings
 
 if TYPE_CHECKING:
+    from cairn.client import Client
     from cairn.experimental.client import Determined
     from cairn.experimental.core_v2 import Config
 
@@ -43,8 +63,8 @@ LEDGER_DIR = ".unmanaged"
 
 
 class UnmanagedNotSupportedError(CairnError):
-    """A ``core_v2`` run was pointed at a master, and unmanaged runs on a cluster are not built
-    yet."""
+    """Kept for scripts that catch it: raised by cairn versions that ran ``core_v2`` only
+    locally, when a master was configured. Nothing raises it now."""
 
 
 class UnmanagedBackend(Protocol):
@@ -103,23 +123,9 @@ def master_configured(client: Determined | None) -> bool:
 
 
 def backend_for(client: Determined | None) -> UnmanagedBackend:
-    """The backend of an unmanaged run: local unless a master is configured.
-
-    Raises:
-        UnmanagedNotSupportedError: a master is configured (unmanaged runs on a cluster come
-            later; this is where their client plugs in).
-    """
+    """The backend of an unmanaged run: the master's when one is configured, else local."""
     if master_configured(client):
-        master = (
-            client.master
-            if client is not None
-            else next(value for s in settings.MASTERS if (value := s.get()))
-        )
-        raise UnmanagedNotSupportedError(
-            f"core_v2 outside a trial reports to a master ({master}) in a later cairn; "
-            "for now it runs locally when no master is configured (unset "
-            f"{', '.join(MASTER_VARIABLES)} and pass no client)"
-        )
+        return ClusterBackend(client)
     return LocalBackend()
 
 
@@ -238,3 +244,139 @@ class LocalBackend:
         """A local run has no web UI: the ``file://`` URL of its checkpoint directory."""
         root = self._root or default_storage()
         return root.as_uri()
+
+
+class ClusterBackend:
+    """An unmanaged run on a cluster: the master keeps its experiment, trial and runs.
+
+    Only the chief calls the master (opening the run, heartbeats, closing it); every rank gets
+    the opened run's facts from the chief and builds the same context, whose reports only the
+    chief sends.
+    """
+
+    def __init__(self, client: Determined | None) -> None:
+        self._client = client
+        self._master = ""
+        self._experiment_id = 0
+
+    def _user_session(self) -> Client:
+        if self._client is not None:
+            return self._client._session
+        from cairn.auth import session
+
+        return session()
+
+    def _open(self, config: Config, storage: dict[str, Any]) -> dict[str, Any]:
+        client = self._user_session()
+        experiment_id = config.external_experiment_id or f"unmanaged-{uuid.uuid4().hex}"
+        trial_id = config.external_trial_id or uuid.uuid4().hex
+        answer = client.post(
+            "/unmanaged/trials",
+            {
+                "external_experiment_id": experiment_id,
+                "external_trial_id": trial_id,
+                "config": config.experiment_config(storage),
+                "hparams": dict(config.hparams or {}),
+            },
+        )
+        return {"master": client.master, **dict(answer)}
+
+    def start(
+        self,
+        config: Config,
+        *,
+        checkpoint_storage: str | Mapping[str, Any],
+        distributed: DistributedContext | None,
+        preempt_mode: PreemptMode,
+        tensorboard_mode: TensorboardMode,
+    ) -> Context:
+        """Opens the run on the master (the chief does) and returns its context.
+
+        Raises:
+            ValueError: ``external_trial_id`` without ``external_experiment_id``, or a storage
+                shortcut that is not understood.
+            cairn.client.ApiError: the master refused the run (the message says why).
+        """
+        if config.external_trial_id and not config.external_experiment_id:
+            raise ValueError("external_trial_id needs an external_experiment_id to go with it")
+        storage = storage_config(checkpoint_storage)
+        dist = distributed or DistributedContext.from_env()
+        answer = self._open(config, storage) if dist.is_chief else None
+        if dist.size > 1:
+            answer = dist.broadcast(answer)
+        if answer is None:
+            raise RuntimeError(
+                f"rank {dist.rank} of {dist.size} got no run from the chief: initialise "
+                "torch.distributed before core_v2.init() (or pass distributed=...)"
+            )
+        self._master, self._experiment_id = answer["master"], int(answer["experiment_id"])
+        info = ClusterInfo(
+            master_url=answer["master"],
+            token=answer["token"],
+            agent_id="",
+            allocation_id=answer["allocation_id"],
+            slot_ids=[],
+            latest_checkpoint=answer["latest_checkpoint"],
+            checkpoint_dir=None,
+            trial=TrialInfo(
+                trial_id=int(answer["trial_id"]),
+                experiment_id=int(answer["experiment_id"]),
+                hparams=dict(answer["hparams"]),
+                steps_completed=int(answer["steps_completed"]),
+                run_id=int(answer["run_id"]),
+                config=dict(answer["config"]),
+            ),
+            task_id=str(answer["allocation_id"]),
+            user=str(answer["owner"]),
+        )
+        context = cluster_context(
+            info,
+            distributed=dist,
+            checkpoint_storage=storage,
+            preempt_mode=preempt_mode,
+            tensorboard_mode=tensorboard_mode,
+            preemptible=False,
+        )
+        if dist.is_chief:
+            run = Session(info.master_url, info.token)
+            beats = _Heartbeats(run, float(answer["heartbeat_interval"]))
+            beats.start()
+            shipper = LogShipper(run, info.allocation_id)
+            shipper.start()
+
+            def ended(failed: bool) -> None:
+                beats.stop()
+                shipper.stop()
+                with contextlib.suppress(HTTPStatusError, OSError):
+                    run.request("POST", "/unmanaged/runs/close", {"failed": failed})
+
+            context.on_close(ended)
+        return context
+
+    def webui_url(self) -> str:
+        """The run's experiment in the master's web UI."""
+        return f"{self._master}/#/experiments/{self._experiment_id}"
+
+
+class _Heartbeats(threading.Thread):
+    """Tells the master every ``interval`` seconds that the run's script is alive."""
+
+    def __init__(self, session: Session, interval: float) -> None:
+        super().__init__(name="cairn-unmanaged-heartbeat", daemon=True)
+        self._session = session
+        self._interval = max(interval, 0.1)
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self._session.request("POST", "/unmanaged/runs/heartbeat", {}, timeout=10)
+            except HTTPStatusError as exc:
+                if not exc.retryable:
+                    return  # the run has ended (closed or expired): nothing to keep alive
+            except OSError:
+                continue  # the master is unreachable for now: the next beat may get through
+
+    def stop(self) -> None:
+        """Stops beating (the run is being closed)."""
+        self._stopped.set()

@@ -24,9 +24,11 @@ the module's context is the trial's, as ``cairn.core.init()`` builds it.
 it runs locally (:mod:`cairn.experimental._unmanaged`): reports are printed, checkpoints go to
 ``checkpoint_storage`` (default ``~/.local/share/cairn/checkpoints``), and a run naming the same
 ``external_experiment_id`` and ``external_trial_id`` as an earlier one finds that one's latest
-checkpoint in ``core_v2.info.latest_checkpoint``. Reporting to a master from outside a trial is
-not built yet: with a master configured, :func:`init` raises
-:class:`~cairn.experimental._unmanaged.UnmanagedNotSupportedError`.
+checkpoint in ``core_v2.info.latest_checkpoint``. With a master configured (``CAIRN_MASTER``,
+``DET_MASTER`` or a ``client``) the run reports to it as the logged-in user: the cluster keeps an
+unmanaged experiment and trial per ``external_experiment_id`` and ``external_trial_id``, shows
+their metrics and checkpoints as a managed trial's, resumes the trial on the next run with the
+same ids, and marks it ERROR when the script fails or dies (``docs/unmanaged.md``).
 
 After :func:`init`, the module's ``train``, ``checkpoint``, ``distributed``, ``preempt``,
 ``searcher``, ``profiler`` and ``info`` are the context's (``None`` before); :func:`close` (also
@@ -222,7 +224,7 @@ def init_context(
         config: the unmanaged run's description (ignored inside a trial).
         defaults: deprecated; merged into ``config``'s place.
         unmanaged: deprecated; merged into ``config``'s place.
-        client: an SDK connection to report to (unmanaged runs on a cluster are not built yet).
+        client: an SDK connection to report to (default: the configured master, if any).
         distributed: rank/size of this process (default: from ``RANK``/``WORLD_SIZE``).
         checkpoint_storage: overrides the config's (and a trial's) checkpoint storage.
         preempt_mode: see :class:`cairn.core.PreemptMode`.
@@ -230,7 +232,7 @@ def init_context(
 
     Raises:
         ValueError: off a cluster with no config, or a config that cannot run.
-        UnmanagedNotSupportedError: off a cluster with a master configured.
+        cairn.client.ApiError: the master refused the run.
     """
     run_config = _merge(config, defaults, unmanaged)
     if _managed():
@@ -295,7 +297,7 @@ def init(
 
     Raises:
         ValueError: off a cluster with no config, or a config that cannot run.
-        UnmanagedNotSupportedError: off a cluster with a master configured.
+        cairn.client.ApiError: the master refused the run.
     """
     close()
     context = init_context(

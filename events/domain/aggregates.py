@@ -116,6 +116,8 @@ class ExperimentView:
     owner: str = ""
     state: str = lifecycle.ACTIVE
     archived: bool = False
+    unmanaged: bool = False
+    external_id: str | None = None
     submitted_at: datetime | None = None
     submitted_position: int | None = None
     ended_at: datetime | None = None
@@ -182,6 +184,8 @@ class ExperimentView:
             "weight": self.resources.get("weight"),
             "max_slots": self.resources.get("max_slots"),
             "archived": self.archived,
+            "unmanaged": self.unmanaged,
+            "external_id": self.external_id,
             "num_trials": len(self.trials),
             "searcher_metric": self.searcher.get("metric"),
             "smaller_is_better": self.smaller_is_better,
@@ -226,6 +230,8 @@ def apply_experiment(view: ExperimentView, recorded: RecordedEvent) -> None:
         view.code_ref = event.code_ref
         view.warnings = [w.model_dump() for w in event.warnings]
         view.owner = event.owner
+        view.unmanaged = event.unmanaged
+        view.external_id = event.external_id
         view.state = lifecycle.initial_experiment_state(event.activate)
         view.submitted_at = recorded.recorded_at
         view.submitted_position = recorded.position

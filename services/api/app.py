@@ -31,6 +31,7 @@ from services.api import (
     routes_tokens,
     routes_trial_control,
     routes_trials,
+    routes_unmanaged,
     routes_usage,
     routes_users,
     routes_webui,
@@ -65,6 +66,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_cluster.routes,
     routes_audit.routes,
     routes_usage.routes,
+    routes_unmanaged.routes,
 )
 
 
@@ -127,6 +129,7 @@ def create_app(
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route
     app.on_startup.append(functools.partial(_startup, admin_password=admin_password))
+    routes_unmanaged.install(app)
     return app
 
 

@@ -65,6 +65,7 @@ class ExperimentSummary(BaseModel):
     submitted_at: str | None
     ended_at: str | None
     progress: float | None
+    unmanaged: bool = False
 
 
 class TrialSummary(BaseModel):

@@ -141,6 +141,9 @@ class ExperimentDetail(pr.ExperimentSummary):
         None, description="the log's head when the present state was read (absent with ``at``)"
     )
     lineage: list[TrialLineage] = []
+    external_id: str | None = Field(
+        None, description="an unmanaged experiment's name given by its script (core_v2)"
+    )
 
 
 class EmptyBody(BaseModel):
@@ -581,6 +584,11 @@ def _action_handler(action: str) -> Any:
         async def decide(tx: Transaction) -> dict[str, Any]:
             view = await load_experiment(tx, experiment_id, with_trials=False)
             check_owner(principal, view.owner)
+            if view.unmanaged:
+                raise conflict(
+                    f"cannot {action} experiment {experiment_id}: it is unmanaged (its script "
+                    "starts and ends its runs; nothing on the cluster would act on this)"
+                )
             if view.state == target:
                 return {"id": experiment_id, "state": view.state, "changed": False}
             if view.state in lifecycle.ENDED or view.state not in sources:
@@ -605,7 +613,10 @@ def _action_handler(action: str) -> Any:
         return web.json_response(result)
 
     handler.__name__ = f"{action}_experiment"
-    handler.__doc__ = f"Moves the experiment to {target} (owner or admin; 409 when not allowed)."
+    handler.__doc__ = (
+        f"Moves the experiment to {target} (owner or admin; 409 when not allowed, and for an "
+        "unmanaged experiment)."
+    )
     return handler
 
 

@@ -27,6 +27,8 @@ OWNED_TABLES: tuple[str, ...] = (
     "task_logs",
     "trial_status",
     "agent_credentials",
+    "unmanaged_names",
+    "unmanaged_heartbeats",
 )
 """The gateway's tables: only modules of ``services.api`` hold SQL naming them; other services
 read them through :mod:`services.api.read`."""
@@ -164,6 +166,28 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         """
         ALTER TABLE api_tokens ADD COLUMN id bigint GENERATED ALWAYS AS IDENTITY UNIQUE;
         CREATE INDEX api_tokens_username ON api_tokens (username);
+        """,
+    ),
+    (
+        "0011_unmanaged",
+        # Unmanaged runs (core_v2 outside the cluster). unmanaged_names indexes the external ids
+        # the log records (ExperimentSubmitted/TrialRequested.external_id) per owner, written in
+        # the transaction that appends them; external_trial_id '' names the experiment itself.
+        # unmanaged_heartbeats is telemetry: when each open run's script was last heard from.
+        """
+        CREATE TABLE unmanaged_names (
+            owner                   text NOT NULL,
+            external_experiment_id  text NOT NULL,
+            external_trial_id       text NOT NULL,
+            experiment_id           bigint NOT NULL,
+            trial_id                bigint,
+            PRIMARY KEY (owner, external_experiment_id, external_trial_id)
+        );
+        CREATE TABLE unmanaged_heartbeats (
+            trial_id  bigint PRIMARY KEY,
+            run_id    integer NOT NULL,
+            seen_at   timestamptz NOT NULL DEFAULT now()
+        );
         """,
     ),
 )

@@ -161,6 +161,9 @@ class ClusterState:
     versions: dict[str, int] = field(default_factory=dict)
     allocations: dict[str, int] = field(default_factory=dict)
     """Allocation id -> its trial, for every allocation ever made (ids are read, not parsed)."""
+    unmanaged: set[int] = field(default_factory=set)
+    """Unmanaged experiments: their script opens and closes its runs through the API, holding
+    no slots, so the scheduler never folds them or their trials."""
 
     def apply(self, event: RecordedEvent) -> None:
         """Folds one event (or the bare envelope of one on a stream in :data:`STREAMS`)."""
@@ -189,6 +192,9 @@ def _resources(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _submitted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+    if p.get("unmanaged"):
+        s.unmanaged.add(p["experiment_id"])
+        return
     config = p.get("config") or {}
     res = _resources(config)
     priority = res.get("priority")
@@ -250,6 +256,8 @@ def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
 
 
 def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:
+    if p["experiment_id"] in s.unmanaged:
+        return
     trial = Trial(trial_id=p["trial_id"], experiment_id=p["experiment_id"], order=pos)
     trial.latest_checkpoint = p.get("warm_start_checkpoint")  # a clone starts from its parent's
     s.trials[trial.trial_id] = trial

@@ -356,6 +356,8 @@ class SearcherConsumer(Consumer):
 
     def _submitted(self, p: dict[str, Any]) -> None:
         exp_id = int(p["experiment_id"])
+        if p.get("unmanaged"):
+            return  # its script names its trials through the API: nothing to search
         try:
             config = parse_config(p["config"])
             strategy = None

@@ -266,8 +266,9 @@ async def _experiment_submitted(
     await conn.execute(
         """INSERT INTO tr_experiments (experiment_id, name, description, labels, owner, state,
                archived, searcher_name, searcher_metric, smaller_is_better, max_trials, config,
-               code_ref, resource_pool, num_trials, submitted_at, position)
-           VALUES ($1, $2, $3, $4, $5, $6, false, $7, $8, $9, $10, $11, $12, $13, 0, $14, $15)
+               code_ref, resource_pool, num_trials, submitted_at, position, unmanaged)
+           VALUES ($1, $2, $3, $4, $5, $6, false, $7, $8, $9, $10, $11, $12, $13, 0, $14, $15,
+                   $16)
            ON CONFLICT (experiment_id) DO NOTHING""",
         e.experiment_id,
         str(config.get("name") or ""),
@@ -284,6 +285,7 @@ async def _experiment_submitted(
         str(resources.get("resource_pool") or "default"),
         at,
         position,
+        e.unmanaged,
     )
 
 

@@ -39,6 +39,7 @@ class ExperimentRow(TypedDict):
     resource_pool: str | None
     submitted_at: datetime | None
     ended_at: datetime | None
+    unmanaged: bool
 
 
 class TrialRow(TypedDict):
@@ -232,7 +233,7 @@ class _Where:
 _EXPERIMENT_COLUMNS = """
     e.experiment_id AS id, e.name, e.owner, e.state, e.archived, e.searcher_name,
     e.searcher_metric, e.smaller_is_better, e.num_trials, e.max_trials, e.best_trial_id,
-    e.best_metric, e.resource_pool, e.submitted_at, e.ended_at,
+    e.best_metric, e.resource_pool, e.submitted_at, e.ended_at, e.unmanaged,
     (SELECT count(*) FROM tr_trials t WHERE t.experiment_id = e.experiment_id
        AND t.state = 'ACTIVE' AND t.started_at IS NOT NULL)::int AS running_trials"""
 

@@ -203,6 +203,11 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
             ON tr_series_rollups (experiment_id, "group", metric, trial_id, width);
         """,
     ),
+    (
+        "0005_unmanaged",
+        # Experiments a script outside the cluster reports to (core_v2): shown marked.
+        "ALTER TABLE tr_experiments ADD COLUMN unmanaged boolean NOT NULL DEFAULT false;",
+    ),
 )
 
 

@@ -87,13 +87,19 @@ def test_a_local_run_resumes_by_external_ids_and_ends_failed_on_an_exception(
     assert len(list(storage.glob("*/step"))) == 3
 
 
-def test_a_configured_master_is_refused_until_unmanaged_runs_reach_the_cluster(
+def test_a_configured_master_is_reported_to_and_an_unreachable_one_fails_the_run(
     tmp_path: Path,
 ) -> None:
-    """With DET_MASTER set, ``init()`` says unmanaged runs on a cluster are not built yet."""
-    done = run_script(tmp_path, "t", str(tmp_path / "s"), DET_MASTER="http://127.0.0.1:9")
+    """With DET_MASTER set, ``init()`` reports to that master (none there: it fails naming it)."""
+    done = run_script(
+        tmp_path,
+        "t",
+        str(tmp_path / "s"),
+        DET_MASTER="http://127.0.0.1:9",
+        CAIRN_HOME=str(tmp_path),
+    )
     assert done.returncode == 1
-    assert "UnmanagedNotSupportedError" in done.stderr and "DET_MASTER" in done.stderr
+    assert "127.0.0.1:9" in done.stderr and not (tmp_path / "s" / ".unmanaged").exists()
 
 
 def test_init_needs_a_config_off_a_cluster_and_names_ids_in_pairs(

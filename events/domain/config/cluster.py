@@ -197,6 +197,18 @@ class AccountPolicy(ConfigModel):
     login_throttle: LoginThrottle = Field(default_factory=LoginThrottle)
 
 
+class UnmanagedPolicy(ConfigModel):
+    """Unmanaged runs: scripts outside the cluster reporting through ``core_v2``.
+
+    Attributes:
+        heartbeat_timeout: how long an unmanaged run may go without a heartbeat (or any
+            report) before it is ended as lost and its trial marked ERROR; its script sends
+            one every third of this.
+    """
+
+    heartbeat_timeout: Duration = timedelta(minutes=5)
+
+
 class ClusterConfig(ConfigModel):
     """The whole cluster config (every section optional).
 
@@ -204,11 +216,13 @@ class ClusterConfig(ConfigModel):
         checkpoint_storage: where checkpoints may live.
         tasks: host paths, devices and capabilities trials may ask for.
         accounts: token lifetime, password length and login throttling.
+        unmanaged: unmanaged runs' heartbeat timeout.
     """
 
     checkpoint_storage: CheckpointStoragePolicy = Field(default_factory=CheckpointStoragePolicy)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
     accounts: AccountPolicy = Field(default_factory=AccountPolicy)
+    unmanaged: UnmanagedPolicy = Field(default_factory=UnmanagedPolicy)
 
 
 class ClusterConfigError(ConfigError):

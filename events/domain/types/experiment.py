@@ -11,6 +11,9 @@ from events.domain.types.legacy import integer_trial_id, legacy_ordinal
 from events.log.envelope import Event
 from events.log.registry import register, upcaster
 
+MAX_EXTERNAL_ID = 256
+"""The longest external experiment or trial id an unmanaged run may give (characters)."""
+
 
 @register
 class ExperimentSubmitted(Event):
@@ -18,10 +21,16 @@ class ExperimentSubmitted(Event):
 
     ``warnings`` names what the config sets that cairn accepted but ignores, as the submitter
     was told (version 2; a version 1 payload had none recorded).
+
+    An ``unmanaged`` experiment (version 3) is one a script started outside the cluster
+    reports to (``core_v2``): no searcher, scheduler or agent acts on it, and its trials' runs
+    are opened and closed by the script through the API. ``external_id`` is the name its owner
+    gave it (``core_v2.Config.external_experiment_id``), unique per owner. Version 2 payloads
+    are managed experiments without one.
     """
 
     event_type = "ExperimentSubmitted"
-    schema_version = 2
+    schema_version = 3
 
     experiment_id: int
     config: dict[str, Any]
@@ -29,11 +38,18 @@ class ExperimentSubmitted(Event):
     owner: str = "admin"
     activate: bool = True
     warnings: list[ConfigWarning] = Field(default_factory=list)
+    unmanaged: bool = False
+    external_id: str | None = Field(None, min_length=1, max_length=MAX_EXTERNAL_ID)
 
 
 @upcaster("ExperimentSubmitted", 1)
 def _experiment_submitted_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "warnings": []}
+
+
+@upcaster("ExperimentSubmitted", 2)
+def _experiment_submitted_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "unmanaged": False, "external_id": None}
 
 
 @register
@@ -50,11 +66,15 @@ class TrialRequested(Event):
     checkpoint it starts from (``warm_start_checkpoint``, trained ``warm_start_steps`` batches):
     its first run restores that checkpoint as if it were its own latest one.
 
-    v1 stored ``trial_id`` as ``"<experiment>.<seq>"``; v2 had no lineage.
+    A trial of an unmanaged experiment is requested by the API, not the searcher, when a
+    script first names it; ``external_id`` is the name the script gave it
+    (``core_v2.Config.external_trial_id``), unique within its experiment (version 4).
+
+    v1 stored ``trial_id`` as ``"<experiment>.<seq>"``; v2 had no lineage; v3 no external id.
     """
 
     event_type = "TrialRequested"
-    schema_version = 3
+    schema_version = 4
 
     experiment_id: int
     trial_id: int
@@ -67,6 +87,7 @@ class TrialRequested(Event):
     change: dict[str, Any] = Field(default_factory=dict)
     warm_start_checkpoint: str | None = None
     warm_start_steps: int = Field(0, ge=0)
+    external_id: str | None = Field(None, min_length=1, max_length=MAX_EXTERNAL_ID)
 
 
 @register
@@ -100,6 +121,11 @@ def _trial_requested_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
         "warm_start_checkpoint": None,
         "warm_start_steps": 0,
     }
+
+
+@upcaster("TrialRequested", 3)
+def _trial_requested_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "external_id": None}
 
 
 upcaster("TrialStopRequested", 1)(integer_trial_id)

@@ -70,8 +70,9 @@ export async function render(root, [id]) {
   }
 
   function drawHeader() {
-    stateEl.replaceChildren(stateBadge(exp.state), exp.archived ? " archived" : "");
-    actionsEl.replaceChildren(...(at !== null ? [] : actionsFor(exp.state, exp.archived)).map((a) =>
+    stateEl.replaceChildren(stateBadge(exp.state), exp.archived ? " archived" : "",
+      exp.unmanaged ? h("span", { class: "tag unmanaged", title: `unmanaged: reported by a script outside the cluster (external id ${exp.external_id || ""})` }, " unmanaged") : "");
+    actionsEl.replaceChildren(...(at !== null || exp.unmanaged ? [] : actionsFor(exp.state, exp.archived)).map((a) =>
       h("button", { class: "small", dataset: { action: a }, onclick: () => act(a) }, a)));
     const restarts = exp.trials.reduce((n, t) => n + (t.restarts || 0), 0);
     const best = exp.trials.find((t) => t.trial_id === exp.best_trial_id);

@@ -9,6 +9,7 @@ const PAGE = 25;
 
 function actionsFor(e) {
   const a = [];
+  if (e.unmanaged) return a; // its script starts and ends its runs
   if (e.state === "ACTIVE") a.push("pause");
   if (e.state === "PAUSED" || e.state === "STOPPING_ERROR") a.push("activate");
   if (e.state === "ACTIVE" || e.state === "PAUSED") a.push("cancel");
@@ -46,7 +47,8 @@ export async function render(root, _params, query) {
 
   const columns = [
     { key: "id", label: "ID", render: (e) => h("a", { href: experimentHref(e.id) }, e.id) },
-    { key: "name", label: "Name", render: (e) => h("a", { href: experimentHref(e.id) }, e.name || "") },
+    { key: "name", label: "Name", render: (e) => h("span", {}, h("a", { href: experimentHref(e.id) }, e.name || ""),
+      e.unmanaged ? h("span", { class: "tag unmanaged", title: "reported by a script outside the cluster (core_v2)" }, " unmanaged") : "") },
     { key: "state", label: "State", render: (e) => stateBadge(e.state) },
     { key: "progress", label: "Progress", render: (e) => e.progress === null ? "" : `${Math.round(100 * e.progress)}%` },
     { key: "searcher_name", label: "Searcher" },
