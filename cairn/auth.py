@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 from cairn.client import ApiError, Client
 from cairn.errors import AuthRequiredError, UsageError
-from cairn.local.cluster import default_data_dir
+from cairn.local.layout import default_data_dir
 from cairn.local.service_credentials import admin_password
 from cairn.local.state import read_state
 from events import settings

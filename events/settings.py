@@ -485,7 +485,7 @@ def by_name(name: str) -> Setting[Any]:
 USER_DIR = Path("~/.cairn")
 """The per-user directory used when ``CAIRN_HOME`` is unset: tokens (``auth.json``), an agent's
 work directories and the default checkpoint root (docs/tracking.md). The embedded cluster's data
-directory defaults to ``./.cairn`` instead (README), see :func:`cairn.local.cluster.default_data_dir`."""
+directory defaults to ``./.cairn`` instead (README), see :func:`cairn.local.layout.default_data_dir`."""
 
 
 def cairn_home(environ: Environ | None = None) -> Path | None:
@@ -493,7 +493,7 @@ def cairn_home(environ: Environ | None = None) -> Path | None:
 
     This is the one place ``CAIRN_HOME`` is interpreted. Its two defaults when unset belong to
     two different things and stay with them: the embedded cluster's data directory (``./.cairn``,
-    or the cluster started last; :func:`cairn.local.cluster.default_data_dir`) and the per-user
+    or the cluster started last; :func:`cairn.local.layout.default_data_dir`) and the per-user
     directory (:func:`home_or_user_dir`).
 
     Args:

@@ -17,7 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cairn.local import cluster, service_credentials
+from cairn.local import service_credentials
+from cairn.local.cluster import spawn_supervisor, supervise
+from cairn.local.layout import DEFAULT_DIR_NAME, default_data_dir
+from cairn.local.logs import logs_dir, supervisor_log, tail
+from cairn.local.options import DEFAULT_API_PORT, STOP_TIMEOUT, ClusterOptions
 from cairn.local.state import (
     FAILED,
     HEALTHY,
@@ -28,6 +32,9 @@ from cairn.local.state import (
     remember_cluster,
     state_path,
 )
+from cairn.local.status import describe, running_state, wait_for_exit, wait_for_status
+from cairn.local.stopping import reap_leftovers
+from cairn.local.supervisor import Supervisor
 from events import settings
 
 EXIT_OK = 0
@@ -55,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument(
         "--api-port",
         type=int,
-        default=cluster.DEFAULT_API_PORT,
+        default=DEFAULT_API_PORT,
         help="API port (a free one if taken; 0 for any; default %(default)s)",
     )
     up.add_argument(
@@ -67,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument(
         "--stop-timeout",
         type=float,
-        default=cluster.STOP_TIMEOUT,
+        default=STOP_TIMEOUT,
         help="seconds a service gets to exit on stop before it is killed (%(default)s)",
     )
     up.add_argument(
@@ -103,7 +110,7 @@ def _replicas(text: str) -> int:
 
 def _data_dir(args: argparse.Namespace) -> Path:
     given: Path | None = args.data_dir
-    return given.expanduser().resolve() if given is not None else cluster.default_data_dir()
+    return given.expanduser().resolve() if given is not None else default_data_dir()
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
@@ -122,7 +129,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Starts the cluster (or reports the one already running) and prints its processes."""
     data_dir = _data_dir(args)
     data_dir.mkdir(parents=True, exist_ok=True)
-    options = cluster.ClusterOptions(
+    options = ClusterOptions(
         data_dir=data_dir,
         slots=args.slots,
         agents=max(args.agents, 1),
@@ -131,12 +138,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         stop_timeout=args.stop_timeout,
         replicas=args.replicas,
     )
-    state = cluster.running_state(data_dir)
+    state = running_state(data_dir)
     if state is not None and state.status == STOPPING:
         _say(args, f"the cluster on {data_dir} is stopping; waiting for it to finish")
         assert state.supervisor_pid is not None
-        cluster.wait_for_exit(state.supervisor_pid, state.supervisor_create_time, DOWN_TIMEOUT)
-        state = cluster.running_state(data_dir)
+        wait_for_exit(state.supervisor_pid, state.supervisor_create_time, DOWN_TIMEOUT)
+        state = running_state(data_dir)
     if state is not None:
         return _already_running(args, data_dir, state)
     password, generated = service_credentials.ensure_admin_password(
@@ -158,8 +165,8 @@ def _show_admin_password(args: argparse.Namespace, data_dir: Path, password: str
 def _already_running(args: argparse.Namespace, data_dir: Path, state: ClusterState) -> int:
     if state.status == STARTING and state.supervisor_pid is not None:
         _say(args, f"a cluster is starting on {data_dir}; waiting for it")
-        cluster.wait_for_status(data_dir, None, state.supervisor_pid, args.timeout)
-    report = cluster.describe(data_dir)
+        wait_for_status(data_dir, None, state.supervisor_pid, args.timeout)
+    report = describe(data_dir)
     if report["healthy"]:
         _say(args, f"a cluster is already running on {data_dir}: nothing to do")
         _print_report(args, report)
@@ -170,27 +177,23 @@ def _already_running(args: argparse.Namespace, data_dir: Path, state: ClusterSta
     return EXIT_DOWN
 
 
-def _up_background(
-    args: argparse.Namespace, options: cluster.ClusterOptions, password: str | None
-) -> int:
+def _up_background(args: argparse.Namespace, options: ClusterOptions, password: str | None) -> int:
     data_dir = options.data_dir
-    proc = cluster.spawn_supervisor(options)
+    proc = spawn_supervisor(options)
     _say(args, f"starting the cluster on {data_dir} (supervisor pid {proc.pid}) ...")
     try:
-        state = cluster.wait_for_status(data_dir, proc, proc.pid, options.timeout + 30)
+        state = wait_for_status(data_dir, proc, proc.pid, options.timeout + 30)
     except KeyboardInterrupt:
         _stop_supervisor(proc)
         return 130
     if proc.poll() is not None and (state is None or state.supervisor_pid != proc.pid):
-        other = cluster.running_state(data_dir)
+        other = running_state(data_dir)
         if other is not None:  # another `cairn up` won the race for this data directory
             return _already_running(args, data_dir, other)
     if state is not None and state.status == HEALTHY:
-        if (
-            data_dir.name == cluster.DEFAULT_DIR_NAME
-        ):  # the default place: the CLI finds it from anywhere
+        if data_dir.name == DEFAULT_DIR_NAME:  # the default place: the CLI finds it from anywhere
             remember_cluster(data_dir)
-        report = cluster.describe(data_dir)
+        report = describe(data_dir)
         _print_report(args, report)
         _show_admin_password(args, data_dir, password)
         _say(args, "cluster healthy")
@@ -198,14 +201,14 @@ def _up_background(
     if state is not None and state.error:
         _err(f"error: the cluster did not start: {state.error}")
     elif proc.poll() is not None:
-        log_tail = cluster.tail(cluster.supervisor_log(data_dir))
+        log_tail = tail(supervisor_log(data_dir))
         _err(f"error: the supervisor exited with status {proc.returncode}:\n{log_tail}")
     else:
         _err(f"error: the cluster was not healthy after {options.timeout + 30:.0f}s; stopping it")
     _stop_supervisor(proc)
-    _err(f"logs: {cluster.logs_dir(data_dir)}")
+    _err(f"logs: {logs_dir(data_dir)}")
     if args.json:
-        print(json.dumps(cluster.describe(data_dir), indent=2))
+        print(json.dumps(describe(data_dir), indent=2))
     return EXIT_DOWN
 
 
@@ -219,25 +222,23 @@ def _stop_supervisor(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
-def _up_foreground(
-    args: argparse.Namespace, options: cluster.ClusterOptions, password: str | None
-) -> int:
+def _up_foreground(args: argparse.Namespace, options: ClusterOptions, password: str | None) -> int:
     data_dir = options.data_dir
 
-    def on_healthy(sup: cluster.Supervisor) -> None:
-        _print_report(args, cluster.describe(data_dir))
+    def on_healthy(sup: Supervisor) -> None:
+        _print_report(args, describe(data_dir))
         _show_admin_password(args, data_dir, password)
         _say(args, "cluster healthy; press Ctrl-C to stop")
 
     _say(args, f"starting the cluster on {data_dir} in the foreground ...")
-    code = cluster.supervise(
+    code = supervise(
         options, notify=lambda msg: _say(args, msg), on_healthy=on_healthy, hangup=True
     )
     state = read_state(data_dir)
     if code != 0:
         error = state.error if state is not None else None
         _err(f"error: the cluster did not start: {error or 'see the logs'}")
-        _err(f"logs: {cluster.logs_dir(data_dir)}")
+        _err(f"logs: {logs_dir(data_dir)}")
         return EXIT_DOWN
     _say(args, "cluster stopped")
     return EXIT_OK
@@ -249,7 +250,7 @@ def _up_foreground(
 def cmd_status(args: argparse.Namespace) -> int:
     """Prints each process of the cluster; 0 if all are healthy, 1 if any is down, 3 if none runs."""
     data_dir = _data_dir(args)
-    report = cluster.describe(data_dir)
+    report = describe(data_dir)
     if report["running"]:
         code = EXIT_OK if report["healthy"] else EXIT_DOWN
     else:
@@ -327,7 +328,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         _down_json(args, data_dir, stopped=False)
         return EXIT_OK
     if not state.supervisor_alive():
-        left = cluster.reap_leftovers(state)
+        left = reap_leftovers(state)
         if left:
             _say(args, f"no supervisor was running; stopped leftover processes: {', '.join(left)}")
         else:
@@ -339,14 +340,14 @@ def cmd_down(args: argparse.Namespace) -> int:
     _say(args, f"stopping the cluster on {data_dir} (supervisor pid {pid}) ...")
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    if not cluster.wait_for_exit(pid, state.supervisor_create_time, args.timeout):
+    if not wait_for_exit(pid, state.supervisor_create_time, args.timeout):
         _err(f"the supervisor did not stop within {args.timeout:.0f}s; killing it")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        cluster.wait_for_exit(pid, state.supervisor_create_time, 10)
+        wait_for_exit(pid, state.supervisor_create_time, 10)
         latest = read_state(data_dir)
         if latest is not None:
-            cluster.reap_leftovers(latest)
+            reap_leftovers(latest)
         _down_json(args, data_dir, stopped=True)
         return EXIT_DOWN
     latest = read_state(data_dir)

@@ -11,7 +11,8 @@ from typing import Any
 
 from cairn.client import Client
 from cairn.errors import CairnError
-from cairn.local import cluster, service_credentials
+from cairn.local import service_credentials
+from cairn.local.layout import DEFAULT_DIR_NAME, default_data_dir
 from cairn.local.state import read_state
 from events import settings
 from events.domain import lifecycle
@@ -44,7 +45,7 @@ def _cli(*argv: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Starts the cluster, submits the search, follows it, and reports the best trial."""
-    data_dir = (args.data_dir or cluster.default_data_dir()).resolve()
+    data_dir = (args.data_dir or default_data_dir()).resolve()
     print(f"==> starting the embedded cluster in {data_dir}")
     code = _cli(
         "up", "--data-dir", str(data_dir), "--slots", str(args.slots),
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"            (or put cairn on your PATH: export PATH={Path(cli).parent}:$PATH)")
     print(f"Data dir:   {data_dir} (logs in {data_dir / 'logs'})")
     # ``cairn up`` notes a cluster in the default place, so the CLI finds it from anywhere.
-    where = "" if data_dir.name == cluster.DEFAULT_DIR_NAME else f" --data-dir {data_dir}"
+    where = "" if data_dir.name == DEFAULT_DIR_NAME else f" --data-dir {data_dir}"
     if args.stop:
         _cli("down", "--data-dir", str(data_dir))
     else:

@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cairn.local import service_credentials
-from cairn.local.cluster import join_token_file, service_nats_env, service_of, terminate
+from cairn.local.environment import service_nats_env
+from cairn.local.layout import join_token_file
 from cairn.local.private_files import write_private
 from cairn.local.servers import free_port, wait_for_port
+from cairn.local.stopping import terminate
+from cairn.local.topology import service_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PREPARE_TIMEOUT = 120.0
@@ -88,7 +91,7 @@ class ProcessCluster:
     def env(self, service: str) -> dict[str, str]:
         """The environment of ``service`` (``api``, ``agent``, ...): the paths of its
         credential files and no secret; each service its own NATS user, agents the join
-        token file (see :func:`cairn.local.cluster.service_nats_env`)."""
+        token file (see :func:`cairn.local.environment.service_nats_env`)."""
         bus = service_nats_env(service, self.nats_url, self.workdir)
         files = service_credentials.service_files(
             self.secrets,

@@ -111,7 +111,7 @@ class Local:
 
     def status(self) -> dict[str, Any]:
         """What ``cairn --json status`` prints, read in this process (polled often)."""
-        from cairn.local.cluster import describe
+        from cairn.local.status import describe
 
         return describe(self.home)
 
@@ -498,7 +498,7 @@ def _pause_leader(local: Local, name: str) -> int:
 def start_standby(local: Local, name: str, log_path: Path) -> subprocess.Popen[bytes]:
     """Starts another replica of decider ``name`` on the cluster (it waits for the lease), as
     the supervisor starts one: as the decider's role, with its credential files."""
-    from cairn.local.cluster import child_env
+    from cairn.local.environment import child_env
     from cairn.local.service_credentials import DB_FILE, NATS_FILE, SECRETS_DIR, service_env
 
     files = local.home / SECRETS_DIR / name

@@ -22,7 +22,7 @@ import nats.errors
 import psutil
 import pytest
 
-from cairn.local.cluster import SERVICES
+from cairn.local.topology import SERVICES
 from events.domain.types import ExperimentSubmitted
 from events.log.store import EventStore
 from tests.helpers import wait_until_sync

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import yaml
 
-from cairn.local.cluster import DECIDERS, SERVICES
+from cairn.local.topology import DECIDERS, SERVICES
 from events.domain.check import check_log
 from events.domain.names import experiment_stream, trial_stream
 from events.log.envelope import RecordedEvent

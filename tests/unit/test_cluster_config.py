@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cairn.local.cluster import ClusterOptions, ClusterStartError, Supervisor, cluster_config_path
+from cairn.local.layout import cluster_config_path
+from cairn.local.options import ClusterOptions
+from cairn.local.supervisor import ClusterStartError, Supervisor
 from events.domain.config.cluster import (
     ClusterConfig,
     ClusterConfigError,

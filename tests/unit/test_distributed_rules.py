@@ -13,7 +13,9 @@ import pytest
 from cairn.core import DistributedContext
 from cairn.launch._gang import Gang, LaunchError, relabel, split_command
 from cairn.launch.torch_distributed import torchrun_argv
-from cairn.local.cluster import ClusterOptions, Supervisor, service_names
+from cairn.local.options import ClusterOptions
+from cairn.local.supervisor import Supervisor
+from cairn.local.topology import service_names
 from events.log.envelope import Metadata, RecordedEvent
 from services.agent.runtime import RunSpec, launcher_argv, trial_environment
 from services.api.rendezvous import fold_rendezvous

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cairn.cli.demo import cairn_command
-from cairn.local.cluster import default_data_dir
+from cairn.local.layout import default_data_dir
 from cairn.local.state import STATE_FILE, remember_cluster, remembered_cluster
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from cairn.local.cluster import DECIDERS, SERVICES, replica_names, service_of
+from cairn.local.topology import DECIDERS, SERVICES, replica_names, service_of
 from tests.helpers import ROOT
 
 

@@ -17,7 +17,7 @@ import pytest
 from cairn import auth
 from cairn.core._info import get_cluster_info
 from cairn.launch._gang import Gang, LaunchError
-from cairn.local.cluster import default_data_dir
+from cairn.local.layout import default_data_dir
 from events import settings
 from events.domain.config.storage import default_checkpoint_root
 from events.log import faults, lease

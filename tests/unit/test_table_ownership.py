@@ -374,7 +374,7 @@ def test_the_gateways_read_module_declares_what_it_reads() -> None:
 def test_every_service_but_the_agent_has_a_database_role() -> None:
     """The services ``cairn up`` starts are exactly those with a declared role, and the agent:
     an agent holds no database credential, and no service starts without its DSN file."""
-    from cairn.local.cluster import SERVICES
+    from cairn.local.topology import SERVICES
 
     declared = {role.service for role in roles.SERVICE_ROLES}
     assert set(SERVICES) - {"agent"} == declared
