@@ -39,6 +39,7 @@ from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
 from events.domain.config import parse_config
 from events.domain.names import experiment_stream, trial_stream
+from events.domain.search import Create, make_method
 from events.domain.types import (
     CheckpointSaved,
     ExperimentStateChanged,
@@ -55,7 +56,6 @@ from events.domain.types import (
 from events.log.envelope import Event, RecordedEvent
 from events.log.lease import lease_timeout
 from events.log.store import EventStore, lease_stream
-from services.searcher.methods import Create, make_method
 
 EXPERIMENTS = 200
 TRIALS = 5

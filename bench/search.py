@@ -1,6 +1,6 @@
 """Search efficiency on a real model: random, ASHA, TPE and PBT on the digits MLP.
 
-Each method drives cairn's own search method (``services.searcher.methods``, the code the
+Each method drives cairn's own search method (``events.domain.search``, the code the
 searcher service runs) against an in-process trial runner that really trains
 ``examples/digits``' MLP on scikit-learn's bundled digits, one epoch per step, with the same
 budget in epochs for every method. The cluster is left out on purpose, to stay cheap on two cores:
@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.common import BenchContext, Measure, Report, print_table, progress
 from events.domain.config import parse_config
-from services.searcher.methods import Create, Shutdown, Stop, make_method
+from events.domain.search import Create, Shutdown, Stop, make_method
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -17,8 +17,9 @@ from typing import Any
 
 from cairn.errors import UsageError
 from events.domain.config import ConfigError, ExperimentConfig, parse_config
-from services.searcher.methods.base import SearcherError
-from services.searcher.preview import DEFAULT_PREVIEW_SEED, preview_search, render_preview
+from events.domain.search.base import SearcherError
+from events.domain.search.preview import DEFAULT_PREVIEW_SEED, preview_search, render_preview
+from services.searcher.local_preview import LocalAnswers
 
 
 def register(sub: Any) -> None:
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     for warning in config.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     try:
-        result = preview_search(config, code_dir=path.resolve().parent)
+        result = preview_search(config, code_dir=path.resolve().parent, answers=LocalAnswers)
     except SearcherError as exc:
         print(f"error: cannot preview {path}: {exc}", file=sys.stderr)
         return 1

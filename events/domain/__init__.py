@@ -12,4 +12,5 @@
 | ``identities`` | which unix identity each user's code runs as |
 | ``config`` | the experiment config (Determined's schema) and the cluster config |
 | ``archive`` | the one safe way to unpack a tar archive |
+| ``search`` | the search methods (pure deciders of which trials to run) and ``preview-search``'s simulation, shared by the searcher service and the CLI |
 """

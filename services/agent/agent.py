@@ -365,7 +365,7 @@ class Agent:
                     seq,
                     f"heartbeat:{self.id}:{self.incarnation}:{seq}",
                 )
-                if isinstance(answer, dict) and answer.get("registered") is False:
+                if not answer.registered:
                     log.warning("the API no longer knows this agent; registering again")
                     await self.register()
             except ApiError as exc:
@@ -738,17 +738,21 @@ class Agent:
         answer = await self.client.rendezvous_join(
             aid, self.id, address, free_port(), f"rendezvous:{aid}:{self.id}"
         )
-        log.info("rendezvous joined", allocation_id=aid, address=address, nodes=answer["nodes"])
+        log.info("rendezvous joined", allocation_id=aid, address=address, nodes=answer.nodes)
         while True:
             if alloc.kill_requested or alloc.preempt_requested:
                 return f"{alloc.stop_reason} during the rendezvous"
-            if not answer.get("current", True):
+            if not answer.current:
                 return "the run ended during the rendezvous"
-            if answer.get("complete"):
-                run.master_addr = str(answer["chief_address"])
-                run.master_port = int(answer["chief_port"])
-                run.node_rank = int(answer["node_rank"])
-                run.num_nodes = int(answer["num_nodes"])
+            if answer.complete:
+                if answer.chief_address is None or answer.chief_port is None:
+                    raise ValueError(f"rendezvous of {aid} is complete but names no chief")
+                if answer.node_rank is None:
+                    raise ValueError(f"rendezvous of {aid} is complete but names no node rank")
+                run.master_addr = answer.chief_address
+                run.master_port = answer.chief_port
+                run.node_rank = answer.node_rank
+                run.num_nodes = answer.num_nodes
                 log.info(
                     "rendezvous complete",
                     allocation_id=aid,
@@ -758,7 +762,7 @@ class Agent:
                 return None
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
-                missing = [a for a in answer.get("nodes", []) if a not in answer.get("joined", [])]
+                missing = [a for a in answer.nodes if a not in answer.joined]
                 return (
                     f"rendezvous timed out after {self.config.rendezvous_timeout:g}s: "
                     f"agent(s) {', '.join(missing)} never joined"
@@ -777,7 +781,7 @@ class Agent:
                 log.warning("gang watch failing", allocation_id=aid, error=str(exc))
                 await asyncio.sleep(1.0)
                 continue
-            if answer.get("current") is False:
+            if not answer.current:
                 if alloc.procs is not None and not alloc.procs.done:
                     log.warning("another part of the gang ended; stopping", allocation_id=aid)
                     self._kill(alloc, "another part of the gang ended")

@@ -12,15 +12,32 @@ import asyncio
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
 import structlog
+from pydantic import BaseModel, ValidationError
+
+from services.contracts.agent import (
+    ExitedBody,
+    HeartbeatBody,
+    LeavingBody,
+    HeartbeatResponse,
+    JoinResponse,
+    LogsBody,
+    PreemptionResponse,
+    RegisterBody,
+    RendezvousJoinBody,
+    RendezvousResponse,
+    StartedBody,
+)
 
 log = structlog.get_logger("agent")
 
 RETRYABLE_STATUS = frozenset({408, 425, 429})
+
+_Answer = TypeVar("_Answer", bound=BaseModel)
 
 
 class ApiError(Exception):
@@ -34,6 +51,31 @@ class ApiError(Exception):
 
 def _seg(value: str) -> str:
     return quote(str(value), safe="")
+
+
+def _body(model: type[BaseModel], **fields: Any) -> dict[str, Any]:
+    """The JSON body of a request: ``fields`` checked against the gateway's ``model``, and only
+    the fields given sent (what the gateway would refuse is refused here, as its 422 would be).
+
+    Raises:
+        ApiError: a field the gateway would refuse (status 422).
+    """
+    try:
+        return model.model_validate(fields).model_dump(mode="json", exclude_unset=True)
+    except ValidationError as exc:
+        raise ApiError(422, f"not a valid {model.__name__}: {exc}") from None
+
+
+def _answer(model: type[_Answer], answer: Any, what: str) -> _Answer:
+    """``answer`` parsed as the gateway's ``model``.
+
+    Raises:
+        ApiError: the answer does not parse (status 200: the gateway answered, wrongly).
+    """
+    try:
+        return model.model_validate(answer)
+    except ValidationError as exc:
+        raise ApiError(200, f"malformed {what} answer: {exc}") from None
 
 
 def backoff(attempt: int, *, base: float = 0.2, cap: float = 5.0) -> float:
@@ -122,7 +164,7 @@ class ApiClient:
                 )
             await asyncio.sleep(delay)
 
-    async def join(self, agent_id: str, join_token: str) -> dict[str, Any]:
+    async def join(self, agent_id: str, join_token: str) -> JoinResponse:
         """``POST /agents/{id}/join`` with the join token (not this client's token)."""
         headers = {"Authorization": f"Bearer {join_token}", "Accept": "application/json"}
         deadline = time.monotonic() + 60.0
@@ -141,10 +183,7 @@ class ApiClient:
                 ):
                     text = await resp.text()
                     if resp.status < 300:
-                        answer = await resp.json(content_type=None)
-                        if not isinstance(answer, dict):
-                            raise ApiError(resp.status, f"not a join answer: {text[:200]}")
-                        return answer
+                        return _answer(JoinResponse, await resp.json(content_type=None), "join")
                     error = ApiError(resp.status, text)
                     if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
                         raise error
@@ -166,35 +205,41 @@ class ApiClient:
         key: str,
     ) -> Any:
         """``POST /agents/{id}/register``."""
-        body = {
-            "resource_pool": resource_pool,
-            "slots": slots,
-            "hostname": hostname,
-            "incarnation": incarnation,
-            "idempotency_key": key,
-        }
+        body = _body(
+            RegisterBody,
+            resource_pool=resource_pool,
+            slots=slots,
+            hostname=hostname,
+            incarnation=incarnation,
+            idempotency_key=key,
+        )
         return await self.request(
             "POST", f"/agents/{_seg(agent_id)}/register", body=body, retry_for=None
         )
 
     async def leaving(self, agent_id: str, incarnation: str, key: str, *, retry_for: float) -> Any:
         """``POST /agents/{id}/leaving``: this process is shutting down and takes no new work."""
-        body = {"incarnation": incarnation, "idempotency_key": key}
+        body = _body(LeavingBody, incarnation=incarnation, idempotency_key=key)
         return await self.request(
             "POST", f"/agents/{_seg(agent_id)}/leaving", body=body, retry_for=retry_for
         )
 
     async def heartbeat(
         self, agent_id: str, running: list[str], incarnation: str, seq: int, key: str
-    ) -> Any:
+    ) -> HeartbeatResponse:
         """``POST /agents/{id}/heartbeat``; a single attempt window of a few seconds."""
-        body = {"running": running, "incarnation": incarnation, "seq": seq, "idempotency_key": key}
-        return await self.request(
+        body = _body(
+            HeartbeatBody, running=running, incarnation=incarnation, seq=seq, idempotency_key=key
+        )
+        answer = await self.request(
             "POST", f"/agents/{_seg(agent_id)}/heartbeat", body=body, retry_for=5.0
         )
+        return _answer(HeartbeatResponse, answer, "heartbeat")
 
     async def spec(self, allocation_id: str, agent_id: str) -> dict[str, Any]:
-        """``GET /allocations/{id}/spec?agent_id=...``."""
+        """``GET /allocations/{id}/spec?agent_id=...``: the answer as sent, which
+        :meth:`services.agent.runtime.RunSpec.from_api` parses (a malformed spec fails the run's
+        launch, reported as its exit)."""
         answer = await self.request(
             "GET", f"/allocations/{_seg(allocation_id)}/spec", params={"agent_id": agent_id}
         )
@@ -236,12 +281,13 @@ class ApiClient:
         self, allocation_id: str, agent_id: str, incarnation: str, listed_from: int, key: str
     ) -> Any:
         """``POST /allocations/{id}/started`` (retried until it lands)."""
-        body = {
-            "agent_id": agent_id,
-            "incarnation": incarnation,
-            "listed_from": listed_from,
-            "idempotency_key": key,
-        }
+        body = _body(
+            StartedBody,
+            agent_id=agent_id,
+            incarnation=incarnation,
+            listed_from=listed_from,
+            idempotency_key=key,
+        )
         return await self.request(
             "POST", f"/allocations/{_seg(allocation_id)}/started", body=body, retry_for=None
         )
@@ -258,14 +304,15 @@ class ApiClient:
     ) -> Any:
         """``POST /allocations/{id}/exited`` (retried until it lands); ``agent_shutdown``: the
         agent stopped the run because it is shutting down."""
-        body: dict[str, Any] = {
-            "agent_id": agent_id,
-            "exit_code": exit_code,
-            "message": message,
-            "idempotency_key": key,
-        }
-        if agent_shutdown:
-            body["agent_shutdown"] = True
+        shutdown = {"agent_shutdown": True} if agent_shutdown else {}
+        body = _body(
+            ExitedBody,
+            agent_id=agent_id,
+            exit_code=exit_code,
+            message=message,
+            idempotency_key=key,
+            **shutdown,
+        )
         return await self.request(
             "POST", f"/allocations/{_seg(allocation_id)}/exited", body=body, retry_for=None
         )
@@ -274,27 +321,27 @@ class ApiClient:
         self, allocation_id: str, lines: list[dict[str, Any]], key: str, *, retry_for: float
     ) -> Any:
         """``POST /allocations/{id}/logs``."""
-        body = {"lines": lines, "idempotency_key": key}
+        body = _body(LogsBody, lines=lines, idempotency_key=key)
         return await self.request(
             "POST", f"/allocations/{_seg(allocation_id)}/logs", body=body, retry_for=retry_for
         )
 
     async def rendezvous_join(
         self, allocation_id: str, agent_id: str, address: str, port: int, key: str
-    ) -> dict[str, Any]:
+    ) -> RendezvousResponse:
         """``POST /allocations/{id}/rendezvous``: this agent's part of the gang is reachable at
         ``address:port`` (retried for a minute)."""
-        body = {"agent_id": agent_id, "address": address, "port": port, "idempotency_key": key}
+        body = _body(
+            RendezvousJoinBody, agent_id=agent_id, address=address, port=port, idempotency_key=key
+        )
         answer = await self.request(
             "POST", f"/allocations/{_seg(allocation_id)}/rendezvous", body=body
         )
-        if not isinstance(answer, dict):
-            raise ApiError(200, f"rendezvous answer is not an object: {answer!r}")
-        return answer
+        return _answer(RendezvousResponse, answer, "rendezvous")
 
     async def rendezvous(
         self, allocation_id: str, agent_id: str, wait_seconds: float
-    ) -> dict[str, Any]:
+    ) -> RendezvousResponse:
         """``GET /allocations/{id}/rendezvous``: long-polls up to ``wait_seconds`` for the
         other agents of the gang."""
         answer = await self.request(
@@ -302,11 +349,9 @@ class ApiClient:
             f"/allocations/{_seg(allocation_id)}/rendezvous",
             params={"agent_id": agent_id, "timeout_seconds": str(wait_seconds)},
         )
-        if not isinstance(answer, dict):
-            raise ApiError(200, f"rendezvous answer is not an object: {answer!r}")
-        return answer
+        return _answer(RendezvousResponse, answer, "rendezvous")
 
-    async def preemption(self, allocation_id: str, wait_seconds: float) -> dict[str, Any]:
+    async def preemption(self, allocation_id: str, wait_seconds: float) -> PreemptionResponse:
         """``GET /allocations/{id}/signals/preemption``: long-polls up to ``wait_seconds``;
         ``current: false`` once the run has ended or was replaced."""
         answer = await self.request(
@@ -314,6 +359,4 @@ class ApiClient:
             f"/allocations/{_seg(allocation_id)}/signals/preemption",
             params={"timeout_seconds": str(wait_seconds)},
         )
-        if not isinstance(answer, dict):
-            raise ApiError(200, f"preemption answer is not an object: {answer!r}")
-        return answer
+        return _answer(PreemptionResponse, answer, "preemption")

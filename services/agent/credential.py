@@ -105,7 +105,7 @@ async def obtain(
         answer = await client.join(agent_id, join)
     except ApiError as exc:
         raise CredentialError(f"the API refused this agent's join: {exc}") from exc
-    creds_text = answer.get("nats_creds")
+    creds_text = answer.nats_creds
     if creds_text:
         write_private(work_dir / NATS_CREDS_FILE, str(creds_text))
     write_private(
@@ -113,8 +113,8 @@ async def obtain(
         json.dumps(
             {
                 "agent_id": agent_id,
-                "token": str(answer["token"]),
-                "inbox_prefix": answer.get("inbox_prefix"),
+                "token": answer.token,
+                "inbox_prefix": answer.inbox_prefix,
             }
         ),
     )

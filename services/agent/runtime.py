@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
+from pydantic import ValidationError
 
 from cairn.compat import python_path_with_shim
 from events.domain.archive import extract_tar
@@ -39,6 +40,7 @@ from events.domain.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient, ApiError
 from services.agent.signals import exit_status, terminate
 from services.confine import Identity
+from services.contracts.agent import SpecResponse
 
 log = structlog.get_logger("agent")
 
@@ -104,19 +106,6 @@ def launcher_argv(argv: list[str]) -> tuple[list[str], bool]:
     return argv, False
 
 
-def env_pairs(value: Any) -> dict[str, str]:
-    """Environment variables given as a mapping or a list of ``KEY=VALUE``."""
-    if isinstance(value, Mapping):
-        return {str(k): str(v) for k, v in value.items()}
-    out: dict[str, str] = {}
-    if isinstance(value, list):
-        for item in value:
-            key, sep, val = str(item).partition("=")
-            if sep and key:
-                out[key] = val
-    return out
-
-
 @dataclass
 class RunSpec:
     """One run as the agent launches it (built from ``GET /allocations/{id}/spec``)."""
@@ -152,39 +141,56 @@ class RunSpec:
     """The unix identity the owner's code runs as (the spec's ``agent_user_group``)."""
 
     @classmethod
-    def from_api(cls, spec: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
-        """Parses a spec answer.
+    def from_api(cls, raw: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
+        """Parses a spec answer (:class:`services.contracts.agent.SpecResponse`) and builds the
+        run from it (:meth:`from_spec`).
 
         Raises:
-            ValueError: the spec cannot be launched (no entrypoint, malformed fields).
+            MalformedSpecError: a field is missing, unknown or of the wrong type.
+            ValueError: the spec cannot be launched (no entrypoint).
             ConfinementError: the spec's identity is root.
         """
-        slot_ids = [str(s) for s in spec.get("slot_ids") or []]
-        placements = spec.get("placements") or {}
+        try:
+            spec = SpecResponse.model_validate(raw)
+        except ValidationError as exc:
+            raise MalformedSpecError(raw.get("allocation_id"), exc) from None
+        return cls.from_spec(spec, agent_id, default_storage)
+
+    @classmethod
+    def from_spec(cls, spec: SpecResponse, agent_id: str, default_storage: Path) -> RunSpec:
+        """The run this agent launches of ``spec``: its own slots and ranks, the entrypoint's
+        argv and the checkpoint directory.
+
+        Raises:
+            ValueError: the spec cannot be launched (no entrypoint).
+            ConfinementError: the spec's identity is root.
+        """
+        slot_ids = list(spec.slot_ids)
+        placements = spec.placements
         rank_offset, world = 0, max(len(slot_ids), 1)
         node_rank, num_nodes = 0, 1
-        if isinstance(placements, Mapping) and agent_id in placements:
-            slot_ids = [str(s) for s in placements[agent_id]] or slot_ids
+        if agent_id in placements:
+            slot_ids = list(placements[agent_id]) or slot_ids
             agents = sorted(placements)
             node_rank, num_nodes = agents.index(agent_id), len(agents)
             rank_offset = sum(len(placements[a]) for a in agents[:node_rank])
             world = max(sum(len(v) for v in placements.values()), 1)
-        config = dict(spec.get("config") or {})
-        argv, launcher = launcher_argv(entrypoint_argv(spec.get("entrypoint")))
+        config = dict(spec.config)
+        argv, launcher = launcher_argv(entrypoint_argv(spec.entrypoint))
         return cls(
-            allocation_id=str(spec["allocation_id"]),
-            trial_id=int(spec["trial_id"]),
-            experiment_id=int(spec.get("experiment_id") or 0),
-            run_id=int(spec.get("run_id") or 1),
+            allocation_id=spec.allocation_id,
+            trial_id=spec.trial_id,
+            experiment_id=spec.experiment_id,
+            run_id=spec.run_id,
             argv=argv,
-            code_ref=spec.get("code_ref") or None,
-            hparams=dict(spec.get("hparams") or {}),
-            trial_seed=int(spec.get("trial_seed") or 0),
-            latest_checkpoint=spec.get("latest_checkpoint") or None,
-            steps_completed=int(spec.get("steps_completed") or 0),
-            token=str(spec.get("token") or ""),
-            checkpoint_dir=checkpoint_root(spec.get("checkpoint_storage"), default_storage),
-            environment=env_pairs(spec.get("environment_variables")),
+            code_ref=spec.code_ref or None,
+            hparams=dict(spec.hparams),
+            trial_seed=spec.trial_seed,
+            latest_checkpoint=spec.latest_checkpoint or None,
+            steps_completed=spec.steps_completed,
+            token=spec.token,
+            checkpoint_dir=checkpoint_root(spec.checkpoint_storage, default_storage),
+            environment=dict(spec.environment_variables),
             slot_ids=slot_ids,
             rank_offset=rank_offset,
             world_size=world,
@@ -194,13 +200,34 @@ class RunSpec:
                 if config.get("preemption_timeout") is not None
                 else None
             ),
-            user=str(spec.get("user") or ""),
-            cluster_id=str(spec.get("cluster_id") or ""),
+            user=spec.user,
+            cluster_id=spec.cluster_id,
             launcher=launcher,
             node_rank=node_rank,
             num_nodes=num_nodes,
-            identity=identity_of(spec.get("agent_user_group")),
+            identity=identity_of(spec.agent_user_group),
         )
+
+
+class MalformedSpecError(ValueError):
+    """The gateway's spec of an allocation does not parse as
+    :class:`services.contracts.agent.SpecResponse` (a field missing, unknown or mistyped): the
+    agent and the gateway disagree on the protocol, so the run is not launched.
+
+    Args:
+        allocation_id: the allocation the spec claims to be of, if it names one.
+        error: pydantic's account of each bad field.
+    """
+
+    def __init__(self, allocation_id: object, error: ValidationError) -> None:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<spec>'}: {e['msg']}" for e in error.errors()
+        )
+        super().__init__(
+            f"malformed spec of allocation {allocation_id!r} from the gateway ({problems}); "
+            "is the agent the gateway's release?"
+        )
+        self.problems = error.errors()
 
 
 def identity_of(group: Any) -> Identity | None:

@@ -14,10 +14,9 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from events.domain.types import AgentLeaving, AgentRegistered, SlotsDisabled, SlotsEnabled
-from events.domain.types.agent import Slot
 from events.log.envelope import Event, new
 from events.log.store import Transaction
 from services.api import agent_credentials, history, tables
@@ -27,54 +26,20 @@ from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import AGENTS, JOINERS, USERS, Access, RouteTable, state_of, store_of
 from services.api.views import agent_stream, load_agent
+from services.contracts.agent import (
+    HeartbeatBody,
+    HeartbeatResponse,
+    LeavingBody,
+    JoinBody,
+    JoinResponse,
+    RegisterBody,
+    RegisterResponse,
+)
 
 log = structlog.get_logger("api")
 routes = RouteTable("agents")
 
 _AGENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}$")
-
-
-_INCARNATION = Field("", max_length=64, pattern=r"^[A-Za-z0-9_-]*$")
-
-
-class RegisterBody(BaseModel):
-    """What an agent offers: its slots, pool and host; ``incarnation`` names this start of it."""
-
-    resource_pool: str = "default"
-    slots: list[Slot]
-    hostname: str = ""
-    incarnation: str = _INCARNATION
-    idempotency_key: str | None = None
-
-
-class RegisterResponse(BaseModel):
-    """Whether a new ``AgentRegistered`` was appended (``false``: already registered as such)."""
-
-    agent_id: str
-    changed: bool
-
-
-class HeartbeatBody(BaseModel):
-    """The allocations the agent is running right now, as of its heartbeat number ``seq`` in
-    process ``incarnation`` (``seq`` 0: unnumbered)."""
-
-    running: list[str] = Field(default_factory=list)
-    incarnation: str = _INCARNATION
-    seq: int = Field(0, ge=0, le=2**62)
-    idempotency_key: str | None = None
-
-
-class LeavingBody(BaseModel):
-    """The agent process ``incarnation`` is shutting down (before it stops its runs)."""
-
-    incarnation: str = _INCARNATION
-    idempotency_key: str | None = None
-
-
-class HeartbeatResponse(BaseModel):
-    """``registered: false`` tells the agent it was declared lost and must register again."""
-
-    registered: bool
 
 
 ADMINS: frozenset[Access] = frozenset({"admin"})
@@ -115,21 +80,6 @@ class SlotEnabledResponse(BaseModel):
     agent_id: str
     slot_id: str
     enabled: bool
-
-
-class JoinBody(BaseModel):
-    """No fields: the agent id is in the path, the join token in ``Authorization``."""
-
-
-class JoinResponse(BaseModel):
-    """The agent's own credential: keep it (mode 0600) and present ``token`` from now on;
-    ``nats_creds`` (when the bus requires credentials) is the ``.creds`` file of its NATS user,
-    whose replies arrive below ``inbox_prefix``."""
-
-    agent_id: str
-    token: str
-    nats_creds: str | None
-    inbox_prefix: str
 
 
 class AgentCredentialInfo(BaseModel):

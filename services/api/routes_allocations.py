@@ -6,11 +6,10 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, Field
 
 from events.domain.names import trial_stream
 from events.domain.types import SlotsReleased, TrialExited, TrialStarted
@@ -46,119 +45,23 @@ from services.api.views import (
     refresh_trial,
     trial_of,
 )
+from services.contracts.agent import (
+    ExitedBody,
+    LogsBody,
+    LogsResponse,
+    PreemptionQuery,
+    PreemptionResponse,
+    ReportResponse,
+    SpecQuery,
+    SpecResponse,
+    StartedBody,
+)
 
 log = structlog.get_logger("api")
 routes = RouteTable("allocations")
 
 MAX_POLL_SECONDS = 60.0
 POLL_EVERY = 0.2
-
-
-class SpecQuery(BaseModel):
-    """Which agent asks (its slot ids are returned; all slots when omitted)."""
-
-    agent_id: str | None = None
-
-
-class SpecResponse(BaseModel):
-    """Everything an agent needs to launch the run (see docs/protocol.md)."""
-
-    active: bool
-    allocation_id: str
-    trial_id: int
-    experiment_id: int
-    run_id: int
-    entrypoint: str | list[str] | None
-    code_ref: str | None
-    hparams: dict[str, Any]
-    trial_seed: int
-    latest_checkpoint: str | None
-    steps_completed: int
-    token: str
-    checkpoint_storage: dict[str, Any] | None
-    environment_variables: dict[str, str]
-    slot_ids: list[str]
-    placements: dict[str, list[str]]
-    config: dict[str, Any]
-    user: str
-    cluster_id: str
-    agent_user_group: dict[str, Any] | None = None
-    """The unix identity the run's code runs as (``agent_uid``, ``agent_gid``, ``agent_user``,
-    ``agent_group``, ``linked``): the owner's, assigned on first use unless an admin linked
-    the owner to an account."""
-
-
-class StartedBody(BaseModel):
-    """The agent launched the run's process.
-
-    ``incarnation`` names the agent process; ``listed_from`` is the first of its heartbeat numbers
-    that lists this allocation (every later one does too, until the exit is reported).
-    """
-
-    agent_id: str
-    incarnation: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9_-]*$")
-    listed_from: int | None = Field(None, ge=1, le=2**62)
-    idempotency_key: str | None = None
-
-
-class ExitedBody(BaseModel):
-    """The run's process ended with ``exit_code``.
-
-    ``agent_shutdown`` says the agent stopped the run because the agent itself was shutting
-    down (absent from older agents' reports): the platform ended the run, not the trial.
-    """
-
-    agent_id: str
-    exit_code: int
-    message: str = ""
-    idempotency_key: str | None = None
-    agent_shutdown: bool = False
-
-
-class ReportResponse(BaseModel):
-    """Whether this report appended events (``duplicate``: an earlier report already did)."""
-
-    allocation_id: str
-    appended: list[str]
-    duplicate: bool
-    outcome: str | None = None
-
-
-class LogLine(BaseModel):
-    """One line of a trial process's output."""
-
-    ts: datetime | None = None
-    rank: int | None = Field(None, ge=0, le=2**31 - 1)
-    stream: Literal["stdout", "stderr"] = "stdout"
-    line: str
-
-
-class LogsBody(BaseModel):
-    """A batch of log lines; a repeated ``idempotency_key`` is ignored."""
-
-    lines: list[LogLine]
-    idempotency_key: str = Field(min_length=1, max_length=500)
-
-
-class LogsResponse(BaseModel):
-    """How many lines were stored (0 for a repeated batch)."""
-
-    inserted: int
-
-
-class PreemptionQuery(BaseModel):
-    """How long to wait for a signal (capped at 60 s; 0 answers at once)."""
-
-    timeout_seconds: float = Field(0, ge=0, allow_inf_nan=False)
-
-
-class PreemptionResponse(BaseModel):
-    """Whether the run should checkpoint and exit, and whether it is still the trial's current
-    run (``current: false``: it was declared lost or has exited, so nothing it reports is
-    accepted and it should stop at once)."""
-
-    preempt: bool
-    current: bool = True
 
 
 def _allocation(request: web.Request) -> tuple[str, int]:
@@ -203,6 +106,7 @@ async def spec(request: web.Request) -> web.Response:
             s.device == "cuda" for s in agent.registration.slots if s.slot_id in wanted
         ):
             device = "cuda"
+    identity = await identity_for_run(state.store, experiment.owner) if experiment.owner else None
     body = build_spec(
         experiment,
         trial,
@@ -211,11 +115,9 @@ async def spec(request: web.Request) -> web.Response:
         device=device,
         token=sign_trial_token(state.secret, trial_id, alloc.run_id),
         cluster_id=await load_cluster_id(state.store),
+        agent_user_group=identity.to_json() if identity is not None else None,
     )
-    if experiment.owner:
-        identity = await identity_for_run(state.store, experiment.owner)
-        body["agent_user_group"] = identity.to_json()
-    return web.json_response(body)
+    return web.json_response(body.model_dump(mode="json", exclude_unset=True))
 
 
 @routes.post(

@@ -14,7 +14,6 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, Field
 
 from events.domain.names import trial_stream
 from events.domain.types import RendezvousJoined
@@ -26,46 +25,13 @@ from services.api.inbox import claim, in_transaction, record
 from services.api.rendezvous import Rendezvous, fold_rendezvous
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, store_of
 from services.api.views import Reader, allocation_of, load_trial, read_facts, trial_of
+from services.contracts.agent import RendezvousJoinBody, RendezvousQuery, RendezvousResponse
 
 log = structlog.get_logger("api")
 routes = RouteTable("rendezvous")
 
 MAX_POLL_SECONDS = 60.0
 POLL_EVERY = 0.2
-
-
-class JoinBody(BaseModel):
-    """An agent of the run's gang is ready and reachable at ``address:port``."""
-
-    agent_id: str = Field(min_length=1, max_length=255)
-    address: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:_\-\[\]%]+$")
-    port: int = Field(ge=1, le=65535)
-    idempotency_key: str | None = Field(None, max_length=500)
-
-
-class RendezvousQuery(BaseModel):
-    """Who asks (its node rank is answered) and how long to wait for completion (capped 60 s)."""
-
-    agent_id: str | None = Field(None, max_length=255)
-    timeout_seconds: float = Field(0, ge=0, allow_inf_nan=False)
-
-
-class RendezvousResponse(BaseModel):
-    """The state of the rendezvous; ``chief_*`` only once it is ``complete``; ``current: false``
-    when the run has ended or was replaced (whoever waits should give up)."""
-
-    allocation_id: str
-    current: bool
-    complete: bool
-    nodes: list[str]
-    joined: list[str]
-    num_nodes: int
-    world_size: int
-    chief_address: str | None
-    chief_port: int | None
-    node_rank: int | None
-    rank_offset: int | None
-    local_size: int | None
 
 
 def _allocation(request: web.Request) -> tuple[str, int]:
@@ -92,7 +58,7 @@ async def _load(
 @routes.post(
     "/api/v1/allocations/{allocation_id}/rendezvous",
     allow=AGENTS,
-    body=JoinBody,
+    body=RendezvousJoinBody,
     response=RendezvousResponse,
 )
 async def join(request: web.Request) -> web.Response:
@@ -101,7 +67,7 @@ async def join(request: web.Request) -> web.Response:
     400 if the agent holds no slots in the allocation, 409 if the run is no longer current.
     """
     allocation_id, trial_id = _allocation(request)
-    body = parse(JoinBody, await read_json(request))
+    body = parse(RendezvousJoinBody, await read_json(request))
     check_agent(principal_of(request), body.agent_id)
 
     async def decide(tx: Transaction) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """Chart data for the web UI: downsampled metric series of an experiment's trials (one metric)
 and of one trial (every metric), and an experiment's logs across its trials.
 
-The tracker reads the series (:mod:`services.tracker.series`, which owns their SQL): buckets of
-steps with the lowest and highest value of each, from its rollups of ended trials and from the
-live trials' points, so a 1,000-trial experiment answers with about a hundred points per trial
-without reading its million points. :mod:`services.api.downsample` sizes the buckets and turns
-each into at most two points. Each answer carries ``position``: the tracker's checkpoint when
+The tracker reads the series (through :mod:`services.tracker.read`; their SQL is in
+:mod:`services.tracker.series`): buckets of steps with the lowest and highest value of each, from
+its rollups of ended trials and from the live trials' points, so a 1,000-trial experiment
+answers with about a hundred points per trial without reading its million points.
+:mod:`services.api.downsample` sizes the buckets and turns each into at most two points. Each answer carries ``position``: the tracker's checkpoint when
 the read began; the projection holds at least the events up to it, so a client that follows
 ``/api/v1/events/stream`` after that position misses no point (it may see a few twice, which it
 recognises by their steps).
@@ -29,9 +29,7 @@ from services.api.downsample import append_points, bucket_count, bucket_points
 from services.api.errors import bad_request, parse
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import MAX_ID, trial_id_of
-from services.tracker import series
-from services.tracker.projections import NAME as TRACKER
-from services.tracker.series import SeriesBuckets
+from services.tracker import read as tracker_read
 
 routes = RouteTable("charts")
 T = TypeVar("T")
@@ -146,7 +144,7 @@ def _experiment_id(request: web.Request) -> int:
 
 async def tracker_position(store: EventStore) -> int:
     """The tracker's checkpoint: the projections reflect the log at least up to it."""
-    return await _read(store, series.position, TRACKER) or 0
+    return await _read(store, tracker_read.projections_position) or 0
 
 
 async def _read(store: EventStore, read: Callable[..., Awaitable[T]], *args: Any) -> T | None:
@@ -162,7 +160,7 @@ async def _read(store: EventStore, read: Callable[..., Awaitable[T]], *args: Any
             raise
 
 
-def _points(found: SeriesBuckets) -> dict[str, list[Any]]:
+def _points(found: tracker_read.SeriesBuckets) -> dict[str, list[Any]]:
     """A series' buckets as parallel columns of steps and values (at most two per bucket)."""
     steps: list[int] = []
     values: list[float] = []
@@ -196,14 +194,18 @@ async def experiment_series(request: web.Request) -> web.Response:
     if not isinstance(metric, str) or not metric:
         raise bad_request("metric: name a metric (the experiment has no searcher metric)", "metric")
     experiment_id = view.experiment_id
-    trials = await _read(store, series.trial_count, experiment_id) or 0
+    trials = await _read(store, tracker_read.series_trial_count, experiment_id) or 0
     buckets = bucket_count(query.buckets, trials)
     width = (
-        await _read(store, series.experiment_width, experiment_id, query.group, metric, buckets)
+        await _read(
+            store, tracker_read.experiment_series_width, experiment_id, query.group, metric, buckets
+        )
         or 1
     )
     found = (
-        await _read(store, series.experiment_series, experiment_id, query.group, metric, width)
+        await _read(
+            store, tracker_read.experiment_series, experiment_id, query.group, metric, width
+        )
         or []
     )
     body = {
@@ -212,7 +214,7 @@ async def experiment_series(request: web.Request) -> web.Response:
         "metric": metric,
         "buckets": buckets,
         "position": position,
-        "metrics": await _read(store, series.metric_names, experiment_id) or {},
+        "metrics": await _read(store, tracker_read.series_metric_names, experiment_id) or {},
         "trials": [{"trial_id": s.trial_id, **_points(s)} for s in found],
     }
     return _json(body)
@@ -232,7 +234,7 @@ async def trial_series(request: web.Request) -> web.Response:
     store = store_of(request)
     position = await tracker_position(store)
     buckets = bucket_count(query.buckets, 1)
-    found = await _read(store, series.trial_series, trial_id, buckets) or []
+    found = await _read(store, tracker_read.trial_series, trial_id, buckets) or []
     body = {
         "trial_id": trial_id,
         "buckets": buckets,
@@ -254,7 +256,7 @@ async def experiment_logs(request: web.Request) -> web.Response:
     view = await readable_experiment(request, _experiment_id(request))
     tail = query.tail is not None
     store = store_of(request)
-    trial_ids = await _read(store, series.trial_ids, view.experiment_id) or []
+    trial_ids = await _read(store, tracker_read.series_trial_ids, view.experiment_id) or []
     rows = await tables.fetch(
         store,
         f"""SELECT id, trial_id, allocation_id, rank, stream, ts, line FROM task_logs

@@ -18,7 +18,7 @@ from events.log.errors import StatementError
 from services.api.auth import principal_of
 from services.api.errors import bad_request, forbidden, parse
 from services.api.routing import USERS, RouteTable, store_of
-from services.tracker import usage
+from services.tracker import read as tracker_read
 
 routes = RouteTable("usage")
 
@@ -107,11 +107,11 @@ async def get_usage(request: web.Request) -> web.Response:
         owner = principal.name
     now = datetime.now(UTC)
     start, end = window(query, now)
-    start_ms, end_ms = usage.epoch_ms(start), usage.epoch_ms(end)
+    start_ms, end_ms = tracker_read.epoch_ms(start), tracker_read.epoch_ms(end)
     try:
         async with store_of(request).pool.acquire() as conn:
-            rows = await usage.usage_report(
-                conn, start_ms, end_ms, query.by, owner=owner, now_ms=usage.epoch_ms(now)
+            rows = await tracker_read.usage_report(
+                conn, start_ms, end_ms, query.by, owner=owner, now_ms=tracker_read.epoch_ms(now)
             )
     except StatementError as exc:
         if not exc.undefined_table:
@@ -120,13 +120,13 @@ async def get_usage(request: web.Request) -> web.Response:
     if query.format == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(usage.CSV_COLUMNS[query.by])
+        writer.writerow(tracker_read.USAGE_CSV_COLUMNS[query.by])
         for row in rows:
             writer.writerow(
                 [
                     row[query.by],
                     row["slot_type"],
-                    usage.slot_seconds_text(row["slot_ms"]),
+                    tracker_read.slot_seconds_text(row["slot_ms"]),
                     row["slot_ms"],
                 ]
             )

@@ -46,6 +46,7 @@ from events.log.envelope import RecordedEvent
 from events.log.store import EventStore, Transaction, row_to_event
 from services.api.auth import Principal
 from services.api.errors import forbidden, not_found
+from services.contracts.agent import SpecResponse
 
 MAX_ID = 2**63 - 1
 """Largest id a ``bigint`` column holds; larger ids in a path are simply unknown (404)."""
@@ -325,11 +326,13 @@ def build_spec(
     device: str,
     token: str,
     cluster_id: str = "",
-) -> dict[str, Any]:
+    agent_user_group: dict[str, Any] | None = None,
+) -> SpecResponse:
     """What an agent needs to launch one run (``GET /allocations/{id}/spec``).
 
     ``user`` is the experiment's owner and ``cluster_id`` the cluster's id: the agent hands both
-    to the trial process (``det.get_cluster_info().user`` / ``.cluster_id``).
+    to the trial process (``det.get_cluster_info().user`` / ``.cluster_id``). The answer names
+    ``agent_user_group`` only when one is given (the owner's unix identity).
     """
     alloc = allocation_of(trial, allocation_id)
     requested = experiment.trials.get(trial.trial_id)
@@ -347,7 +350,8 @@ def build_spec(
     if latest is None:
         steps = 0
     config = experiment.config
-    return {
+    identity = {} if agent_user_group is None else {"agent_user_group": agent_user_group}
+    fields: dict[str, Any] = {
         "active": trial.is_current(allocation_id),
         "allocation_id": allocation_id,
         "trial_id": trial.trial_id,
@@ -367,4 +371,6 @@ def build_spec(
         "config": config,
         "user": experiment.owner,
         "cluster_id": cluster_id,
+        **identity,
     }
+    return SpecResponse.model_validate(fields)

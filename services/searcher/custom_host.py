@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from cairn.searcher import Create, SearcherContext, SearchMethod, Stop
 from events.domain.config import CustomSearcher, parse_config
-from services.searcher.methods.sampling import sample_hparams
+from events.domain.search.sampling import sample_hparams
 
 
 def _load(spec: str) -> type[SearchMethod]:

@@ -1,7 +1,7 @@
 """Asking custom searchers: off the searcher's event loop, outside its consumer's transactions.
 
 The searcher's fold only records which calls to ask a user's method
-(:class:`~services.searcher.methods.custom.CustomStrategy`). The leader's
+(:class:`~events.domain.search.custom.CustomStrategy`). The leader's
 :class:`CustomWorkers` keeps one :class:`CustomWorker` task per live custom search with a call
 due. A worker starts the experiment's sandbox (:mod:`services.searcher.sandbox`) when a call is
 due, not before; feeds a fresh process the calls already answered, in order, so that the user's
@@ -38,6 +38,7 @@ from typing import TypeVar
 import structlog
 
 from events.domain.names import experiment_stream
+from events.domain.search.custom import CustomStrategy, answer_digest, hook_of
 from events.domain.types import CustomSearcherAnswered, CustomSearcherFailed
 from events.log.db import translate_errors
 from events.log.envelope import NewEvent
@@ -45,7 +46,6 @@ from events.log.errors import DuplicateEventError, EventsError, FencedError
 from events.log.store import EventStore, Fence, Transaction
 from services.api import read as api_read
 from services.confine import Identity, default_identity
-from services.searcher.methods.custom import CustomStrategy, answer_digest, hook_of
 from services.searcher.sandbox import Sandbox, SandboxError, SandboxSettings, as_json, code_root
 
 log = structlog.get_logger("searcher")

@@ -24,7 +24,7 @@ facts and learns each request's trial id from them, as recorded.
 
 A custom searcher (a user's code) never runs here, neither on this event loop nor inside a
 consumer transaction. Its method's inputs become numbered calls in the fold
-(:mod:`services.searcher.methods.custom`); after each commit the leader hands the due calls to
+(:mod:`events.domain.search.custom`); after each commit the leader hands the due calls to
 :class:`~services.searcher.custom_worker.CustomWorkers`, which ask them in a sandboxed process
 and record each answer as a fact (``CustomSearcherAnswered`` / ``CustomSearcherFailed``) in a
 transaction of their own. The fold applies those facts like any other input, so a rebuild or a
@@ -42,12 +42,7 @@ import structlog
 from events.domain import lifecycle
 from events.domain.config import ConfigError, CustomSearcher, ExperimentConfig, parse_config
 from events.domain.names import experiment_stream
-from events.domain.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
-from events.log.consumer import Consumer
-from events.log.envelope import Event, RecordedEvent
-from events.log.store import EventStore, Transaction
-from services.searcher.custom_worker import ANSWER_TYPES, CustomWorkers
-from services.searcher.methods import (
+from events.domain.search import (
     Create,
     Operation,
     SearcherError,
@@ -57,7 +52,12 @@ from services.searcher.methods import (
     make_method,
     read_validation,
 )
-from services.searcher.methods.custom import CustomStrategy
+from events.domain.search.custom import CustomStrategy
+from events.domain.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
+from events.log.consumer import Consumer
+from events.log.envelope import Event, RecordedEvent
+from events.log.store import EventStore, Transaction
+from services.searcher.custom_worker import ANSWER_TYPES, CustomWorkers
 
 log = structlog.get_logger("searcher")
 

@@ -17,13 +17,13 @@ from events.domain import lifecycle
 from events.domain.check import check_log
 from events.domain.config import parse_config
 from events.domain.names import allocation_id, trial_stream
+from events.domain.search import make_method
 from events.log import migrations
 from events.log.consumer import ConsumerRunner
 from events.log.store import EventStore
 from services.api import tables
 from services.api.auth import sign_trial_token
 from services.scheduler.state import ClusterState
-from services.searcher.methods import make_method
 from services.searcher.service import SearcherConsumer
 from services.tracker import schema as tracker_schema
 from services.tracker.service import catch_up

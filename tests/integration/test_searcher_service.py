@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 
 from events.domain.check import check_log
 from events.domain.names import trial_stream
+from events.domain.search import TPEStrategy
 from events.domain.types import (
     ExperimentStateChanged,
     ExperimentSubmitted,
@@ -19,7 +20,6 @@ from events.domain.types import (
 )
 from events.log.consumer import ConsumerRunner
 from events.log.store import EventStore
-from services.searcher.methods import TPEStrategy
 from services.searcher.service import SearcherConsumer
 
 CONFIG: dict[str, Any] = {

@@ -29,6 +29,7 @@ from services.agent.docker_runtime import (
 from services.agent.runtime import LogShipper, RunSpec, trial_environment
 from services.agent.signals import preempt, terminate
 from services.confine import SHARED_DIR_MODE, Identity
+from tests.agent_specs import spec_answer
 from tests.helpers import wait_until
 
 SCRIPT = """
@@ -93,7 +94,7 @@ def _run(tmp_path: Path, mode: str, config: dict[str, Any] | None = None) -> tup
         "slot_ids": ["s0"],
         "config": config or {},
     }
-    run = RunSpec.from_api(raw, "a", tmp_path / "checkpoints")
+    run = RunSpec.from_api(spec_answer(**raw), "a", tmp_path / "checkpoints")
     run.checkpoint_dir.mkdir(parents=True)
     run.checkpoint_dir.chmod(SHARED_DIR_MODE)
     return run, work

@@ -19,8 +19,8 @@ from events.domain.config.limits import (
     MAX_SLOTS_PER_TRIAL,
     MAX_TRIALS,
 )
+from events.domain.search.preview import PreviewTooLargeError, preview_search
 from events.log.storable import find_unstorable
-from services.searcher.preview import PreviewTooLargeError, preview_search
 
 ROOT = Path(__file__).resolve().parents[2]
 

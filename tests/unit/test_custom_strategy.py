@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from events.domain.config import parse_config
-from services.searcher.methods import (
+from events.domain.search import (
     Create,
     SearchContext,
     SearcherError,
@@ -17,7 +17,7 @@ from services.searcher.methods import (
     Stop,
     make_method,
 )
-from services.searcher.methods.custom import CustomStrategy
+from events.domain.search.custom import CustomStrategy
 
 CONFIG: dict[str, Any] = {
     "name": "custom",

@@ -15,6 +15,7 @@ import pytest
 
 import cairn
 import cairn.core
+from tests.agent_specs import spec_answer
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE_API = ROOT / "examples" / "core_api" / "train.py"
@@ -254,7 +255,7 @@ def test_agent_exports_the_owner_and_cluster_id_the_spec_names(tmp_path: Path) -
         "user": "alice",
         "cluster_id": "5f0c-lab",
     }
-    run_spec = RunSpec.from_api(spec, "gpu03", tmp_path)
+    run_spec = RunSpec.from_api(spec_answer(**spec), "gpu03", tmp_path)
     base = {"PATH": "/bin", "CAIRN_USER": "agent-operator", "CAIRN_CLUSTER_ID": "stale"}
     (env,) = trial_environment(
         run_spec, agent_id="gpu03", api_url="http://api:8080/", gpu_slots={}, base=base

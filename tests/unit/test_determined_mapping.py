@@ -16,6 +16,7 @@ from cairn.compat import install_path, python_path_with_shim, real_determined_sp
 from cairn.launch import deepspeed, wrap_rank
 from cairn.launch._gang import Gang
 from services.agent.runtime import RunSpec, trial_environment
+from tests.agent_specs import spec_answer
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIM = str(install_path())
@@ -106,7 +107,7 @@ def spec(entrypoint: str, environment: dict[str, str] | None = None) -> RunSpec:
         "slot_ids": ["0"],
         "environment_variables": environment or {},
     }
-    return RunSpec.from_api(raw, "agent-a", Path("/tmp/ckpt"))
+    return RunSpec.from_api(spec_answer(**raw), "agent-a", Path("/tmp/ckpt"))
 
 
 def test_the_agent_puts_the_shim_last_on_a_trials_path_only_without_a_real_one(

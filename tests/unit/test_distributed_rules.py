@@ -19,6 +19,7 @@ from cairn.local.topology import service_names
 from events.log.envelope import Metadata, RecordedEvent
 from services.agent.runtime import RunSpec, launcher_argv, trial_environment
 from services.api.rendezvous import fold_rendezvous
+from tests.agent_specs import spec_answer
 
 PLACEMENTS = {"agent-b": ["0", "1"], "agent-a": ["0", "1"]}
 
@@ -93,7 +94,7 @@ def spec(agent_id: str, entrypoint: str) -> RunSpec:
         "placements": PLACEMENTS,
         "slot_ids": ["0", "1"],
     }
-    return RunSpec.from_api(raw, agent_id, Path("/tmp/ckpt"))
+    return RunSpec.from_api(spec_answer(**raw), agent_id, Path("/tmp/ckpt"))
 
 
 def test_launcher_gets_one_process_with_the_gang_in_its_environment() -> None:

@@ -17,6 +17,7 @@ from services.agent.docker_runtime import (
     run_image,
 )
 from services.agent.runtime import RunSpec, trial_environment
+from tests.agent_specs import spec_answer
 
 
 def _run(config: dict[str, Any], slots: list[str] | None = None, **spec: Any) -> RunSpec:
@@ -30,7 +31,7 @@ def _run(config: dict[str, Any], slots: list[str] | None = None, **spec: Any) ->
         "config": config,
         **spec,
     }
-    return RunSpec.from_api(raw, "a1", Path("/var/lib/cairn/checkpoints"))
+    return RunSpec.from_api(spec_answer(**raw), "a1", Path("/var/lib/cairn/checkpoints"))
 
 
 def test_image_absent_means_process_runtime() -> None:
@@ -64,7 +65,7 @@ def test_the_clusters_default_image_serves_a_config_without_one() -> None:
 
 def test_container_gets_the_trial_environment_without_host_paths() -> None:
     """Every CAIRN_* variable and the experiment's variables pass; the agent's PATH does not."""
-    run = _run({}, environment_variables=["EXTRA=1"])
+    run = _run({}, environment_variables={"EXTRA": "1"})
     env = trial_environment(
         run, agent_id="a1", api_url="http://api:8080", gpu_slots={}, base={"PATH": "/host/bin"}
     )[0]
@@ -74,7 +75,7 @@ def test_container_gets_the_trial_environment_without_host_paths() -> None:
     assert inside["CAIRN_TRIAL_ID"] == "12"
     assert inside["EXTRA"] == "1"
     assert "PATH" not in inside and "PYTHONPATH" not in inside
-    own_path = _run({}, environment_variables=["PATH=/opt/x/bin"])
+    own_path = _run({}, environment_variables={"PATH": "/opt/x/bin"})
     env = trial_environment(own_path, agent_id="a1", api_url="http://api", gpu_slots={}, base={})[0]
     assert container_environment(env, own_path)["PATH"] == "/opt/x/bin"
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from events.domain.config import ConfigError, ExperimentConfig, PBTSearcher, parse_config
-from services.searcher.methods import (
+from events.domain.search import (
     Create,
     PBTStrategy,
     SearchMethod,
@@ -17,7 +17,7 @@ from services.searcher.methods import (
     Stop,
     make_method,
 )
-from services.searcher.preview import preview_search, render_preview
+from events.domain.search.preview import preview_search, render_preview
 
 HPS: dict[str, Any] = {
     "lr": {"type": "log", "minval": -4, "maxval": -1, "base": 10},

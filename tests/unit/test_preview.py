@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from events.domain.config import parse_config
-from services.searcher.methods.sampling import grid_size
-from services.searcher.preview import preview_search, render_preview
+from events.domain.search.preview import preview_search, render_preview
+from events.domain.search.sampling import grid_size
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "asha" / "adaptive.yaml"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from events.domain.config import parse_config
+from events.domain.search import Create, SearcherError, Shutdown, make_method
 from events.domain.types import (
     ContinuedTrial,
     ExperimentContinued,
@@ -14,7 +15,6 @@ from events.domain.types import (
     TrialStateChanged,
 )
 from services.scheduler.state import ClusterState
-from services.searcher.methods import Create, SearcherError, Shutdown, make_method
 from tests.unit.test_planner import Log, agent, exit_run, experiment, types
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from events.domain.config import AdaptiveASHASearcher, ExperimentConfig, parse_config
 from events.domain.config.hyperparameters import iter_leaves
-from services.searcher.methods import (
+from events.domain.search import (
     Create,
     Operation,
     SearcherError,
@@ -26,14 +26,14 @@ from services.searcher.methods import (
     make_method,
     read_validation,
 )
-from services.searcher.methods.adaptive_asha import (
+from events.domain.search.adaptive_asha import (
     bracket_max_concurrent,
     bracket_max_trials,
     bracket_rungs_for,
     max_rungs_for,
 )
-from services.searcher.methods.asha import rung_units
-from services.searcher.methods.sampling import grid_axis, grid_points, grid_size, sample_hparams
+from events.domain.search.asha import rung_units
+from events.domain.search.sampling import grid_axis, grid_points, grid_size, sample_hparams
 
 HPS = {
     "lr": {"type": "log", "minval": -4, "maxval": -1},

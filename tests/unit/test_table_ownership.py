@@ -279,9 +279,9 @@ def source_of(module: str) -> Path | None:
 
 
 def test_the_cli_uses_services_only_as_libraries() -> None:
-    """What ``cairn`` imports of ``services`` (the searcher's preview, for ``preview-search``)
-    and everything that imports in turn is pure code: no module of it reaches the database, so
-    the CLI reads no service's tables."""
+    """What ``cairn`` imports of ``services`` (the searcher's local runner of a custom searcher,
+    for ``preview-search``) and everything that imports in turn reaches no database, so the CLI
+    reads no service's tables."""
     pending = [
         name
         for path in sources()
@@ -302,7 +302,7 @@ def test_the_cli_uses_services_only_as_libraries() -> None:
         pending.extend(m for m in imports if m.split(".")[0] in {"events", "services"})
         parts = module.split(".")
         pending.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # packages run first
-    assert "services.searcher.preview" in seen
+    assert "services.searcher.local_preview" in seen
 
 
 def test_every_exclusion_is_still_needed() -> None:

@@ -11,8 +11,8 @@ from optuna.trial import TrialState
 
 from events.domain.config import ConfigError, ExperimentConfig, parse_config
 from events.domain.config.limits import MAX_TPE_TRIALS
-from services.searcher.methods import Create, SearcherError, SearchMethod, Shutdown, make_method
-from services.searcher.methods.tpe import TPEStrategy
+from events.domain.search import Create, SearcherError, SearchMethod, Shutdown, make_method
+from events.domain.search.tpe import TPEStrategy
 
 HPS: dict[str, Any] = {
     "lr": {"type": "log", "minval": -5, "maxval": -1, "base": 10},

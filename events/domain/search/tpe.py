@@ -27,14 +27,14 @@ from optuna.trial import Trial, TrialState
 
 from events.domain.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP
 from events.domain.config.hyperparameters import iter_leaves
-from services.searcher.methods.base import (
+from events.domain.search.base import (
     TRIAL_SEED_BOUND,
     Create,
     Operation,
     SearchContext,
     SearcherError,
 )
-from services.searcher.methods.random_search import RandomStrategy
+from events.domain.search.random_search import RandomStrategy
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

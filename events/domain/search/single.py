@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.searcher.methods.base import Operation, SearchContext
-from services.searcher.methods.random_search import RandomStrategy
-from services.searcher.methods.sampling import sample_space_size
+from events.domain.search.base import Operation, SearchContext
+from events.domain.search.random_search import RandomStrategy
+from events.domain.search.sampling import sample_space_size
 
 
 class SingleStrategy(RandomStrategy):

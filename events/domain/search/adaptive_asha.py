@@ -14,8 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from services.searcher.methods.asha import ASHAStrategy
-from services.searcher.methods.base import (
+from events.domain.search.asha import ASHAStrategy
+from events.domain.search.base import (
     Create,
     Operation,
     SearchContext,

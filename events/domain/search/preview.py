@@ -10,13 +10,13 @@ stop decisions look like a real search's and the preview is reproducible.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from events.domain.config import (
     CustomSearcher,
@@ -26,10 +26,10 @@ from events.domain.config import (
     ReproducibilityConfig,
     TPESearcher,
 )
-from services.searcher.methods import make_method
-from services.searcher.methods.adaptive_asha import AdaptiveASHAStrategy
-from services.searcher.methods.asha import ASHAStrategy
-from services.searcher.methods.base import (
+from events.domain.search import make_method
+from events.domain.search.adaptive_asha import AdaptiveASHAStrategy
+from events.domain.search.asha import ASHAStrategy
+from events.domain.search.base import (
     Create,
     Operation,
     SearcherError,
@@ -37,9 +37,8 @@ from services.searcher.methods.base import (
     Shutdown,
     Stop,
 )
-from services.searcher.methods.custom import CustomStrategy, hook_of
-from services.searcher.methods.pbt import PBTStrategy
-from services.searcher.sandbox import Sandbox, SandboxError, SandboxSettings, as_json
+from events.domain.search.custom import CustomStrategy
+from events.domain.search.pbt import PBTStrategy
 
 MAX_EVENTS = 1_000_000
 """Most simulated validations of one preview; a bigger search is refused before it runs."""
@@ -128,59 +127,39 @@ def _bracket_of(method: SearchMethod, request_id: str) -> int:
     return strategy.bracket_of(request_id) if isinstance(strategy, AdaptiveASHAStrategy) else 0
 
 
-class _LocalSearcher:
-    """Answers a custom search's due calls at once, from the user's class run on this machine
-    (the user's own code, for the user: no sandbox)."""
-
-    def __init__(self, strategy: CustomStrategy, code_dir: Path) -> None:
-        self.strategy = strategy
-        self.code_dir = code_dir
-        self.settings = SandboxSettings.from_env()
-        self.loop = asyncio.new_event_loop()
-        self.process: Sandbox | None = None
-
-    def _ask(self, message: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
-        if self.process is None:
-            self.process = self.loop.run_until_complete(
-                Sandbox.local(self.code_dir, settings=self.settings)
-            )
-            startup = max(self.settings.call_timeout, self.settings.startup_timeout)
-            init = self.process.ask(self.strategy.init_message(), hook="__init__", timeout=startup)
-            self.loop.run_until_complete(init)
-        ops = self.process.ask(message, hook=hook_of(message), timeout=timeout)
-        return as_json(self.loop.run_until_complete(ops))
+class CustomAnswers(Protocol):
+    """Runs a custom search's user class somewhere and answers its due calls (see
+    :class:`services.searcher.local_preview.LocalAnswers`, which runs it on this machine)."""
 
     def answer(self, method: SearchMethod) -> list[Operation]:
-        """Asks every due call in order and returns what the method decided from the answers."""
-        out: list[Operation] = []
-        strategy = self.strategy
-        while strategy.answers_due:
-            call = strategy.answered + 1
-            try:
-                ops = self._ask(strategy.calls[call - 1], self.settings.call_timeout)
-            except SandboxError as exc:
-                method.on_call_failed(call, f"custom searcher {strategy.searcher_class}: {exc}")
-                break
-            out.extend(method.on_answer(call, ops))
-        return out
+        """Asks every due call in order and returns what ``method`` decided from the answers."""
+        ...
 
     def close(self) -> None:
-        """Ends the process."""
-        if self.process is not None:
-            self.loop.run_until_complete(self.process.close())
-        self.loop.close()
+        """Ends whatever runs the user's class."""
+        ...
 
 
 class _Simulation:
-    def __init__(self, config: ExperimentConfig, seed: int, code_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        seed: int,
+        code_dir: Path | None = None,
+        answers: Callable[[CustomStrategy, Path], CustomAnswers] | None = None,
+    ) -> None:
         strategy = None
-        self.local: _LocalSearcher | None = None
+        self.local: CustomAnswers | None = None
         if isinstance(config.searcher, CustomSearcher):
             if code_dir is None:
                 raise SearcherError("a custom searcher is previewed with its code directory")
+            if answers is None:
+                raise SearcherError(
+                    "a custom searcher is previewed by running its class: pass ``answers``"
+                )
             raw = config.model_dump(mode="json", exclude_none=True)
             strategy = CustomStrategy(raw, seed, None, config.searcher.max_trials)
-            self.local = _LocalSearcher(strategy, code_dir.resolve())
+            self.local = answers(strategy, code_dir.resolve())
         self.custom = strategy
         self.method = make_method(config, strategy)
         self.brackets = _brackets(self.method)
@@ -237,7 +216,7 @@ class _Simulation:
                 self.done = True
         if self.local is not None and not self.done:
             more = self.local.answer(self.method)
-            if self.local.strategy.failure is not None:
+            if self.custom is not None and self.custom.failure is not None:
                 self.done = True
             elif more:
                 self._apply(more)
@@ -281,9 +260,15 @@ def _validations_bound(sim: _Simulation) -> int:
     return 0  # one validation per trial, and a search has at most MAX_TRIALS trials
 
 
-def preview_search(config: ExperimentConfig, code_dir: Path | None = None) -> PreviewResult:
+def preview_search(
+    config: ExperimentConfig,
+    code_dir: Path | None = None,
+    *,
+    answers: Callable[[CustomStrategy, Path], CustomAnswers] | None = None,
+) -> PreviewResult:
     """Simulates the whole search for ``config`` (see the module docstring for assumptions);
-    a custom searcher runs from ``code_dir``.
+    a custom searcher's class runs from ``code_dir`` in what ``answers(strategy, code_dir)``
+    starts (this module runs nothing itself).
 
     Raises:
         PreviewTooLargeError: The search needs more than :data:`MAX_EVENTS` simulated
@@ -294,7 +279,7 @@ def preview_search(config: ExperimentConfig, code_dir: Path | None = None) -> Pr
         seed = DEFAULT_PREVIEW_SEED
         repro = ReproducibilityConfig(experiment_seed=seed)
         config = config.model_copy(update={"reproducibility": repro})
-    sim = _Simulation(config, seed, code_dir)
+    sim = _Simulation(config, seed, code_dir, answers)
     bound = _validations_bound(sim)
     if bound > MAX_EVENTS:
         raise PreviewTooLargeError(

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from events.domain.config import HalvingSearcher, PBTSearcher, SearcherConfig
-from services.searcher.methods.sampling import sample_hparams
+from events.domain.search.sampling import sample_hparams
 
 ExitReason = Literal["errored", "user_canceled", "invalid_hp"]
 EXIT_REASONS: tuple[str, ...] = get_args(ExitReason)

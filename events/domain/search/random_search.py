@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.searcher.methods.base import Create, Operation, SearchContext, SearchStrategy
+from events.domain.search.base import Create, Operation, SearchContext, SearchStrategy
 
 
 class RandomStrategy(SearchStrategy):

@@ -33,8 +33,8 @@ from typing import Any
 
 from events.domain.config import CategoricalHP, ConstHP, DoubleHP, IntHP, LeafHP
 from events.domain.config.hyperparameters import iter_leaves
-from services.searcher.methods.asha import WORST
-from services.searcher.methods.base import (
+from events.domain.search.asha import WORST
+from events.domain.search.base import (
     Create,
     Operation,
     SearchContext,
@@ -42,7 +42,7 @@ from services.searcher.methods.base import (
     SearchStrategy,
     Stop,
 )
-from services.searcher.methods.sampling import sample_one
+from events.domain.search.sampling import sample_one
 
 
 def _dotted(path: tuple[str, ...]) -> str:

@@ -15,15 +15,15 @@ from events.domain.config import (
     SingleSearcher,
     TPESearcher,
 )
-from services.searcher.methods.adaptive_asha import (
+from events.domain.search.adaptive_asha import (
     AdaptiveASHAStrategy,
     bracket_max_concurrent,
     bracket_max_trials,
     bracket_rungs_for,
     max_rungs_for,
 )
-from services.searcher.methods.asha import ASHAStrategy
-from services.searcher.methods.base import (
+from events.domain.search.asha import ASHAStrategy
+from events.domain.search.base import (
     EXIT_REASONS,
     Create,
     ExitReason,
@@ -36,11 +36,11 @@ from services.searcher.methods.base import (
     Stop,
     read_validation,
 )
-from services.searcher.methods.grid import GridStrategy
-from services.searcher.methods.pbt import PBTStrategy
-from services.searcher.methods.random_search import RandomStrategy
-from services.searcher.methods.single import SingleStrategy
-from services.searcher.methods.tpe import TPEStrategy
+from events.domain.search.grid import GridStrategy
+from events.domain.search.pbt import PBTStrategy
+from events.domain.search.random_search import RandomStrategy
+from events.domain.search.single import SingleStrategy
+from events.domain.search.tpe import TPEStrategy
 
 __all__ = [
     "EXIT_REASONS",

@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.searcher.methods.base import (
+from events.domain.search.base import (
     Operation,
     SearchContext,
     SearcherError,

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from services.searcher.methods.base import (
+from events.domain.search.base import (
     Operation,
     SearchContext,
     SearcherError,

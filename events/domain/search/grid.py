@@ -6,9 +6,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from services.searcher.methods.base import Create, SearchContext
-from services.searcher.methods.random_search import RandomStrategy
-from services.searcher.methods.sampling import grid_points
+from events.domain.search.base import Create, SearchContext
+from events.domain.search.random_search import RandomStrategy
+from events.domain.search.sampling import grid_points
 
 
 class GridStrategy(RandomStrategy):
