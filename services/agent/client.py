@@ -22,9 +22,9 @@ from pydantic import BaseModel, ValidationError
 from services.contracts.agent import (
     ExitedBody,
     HeartbeatBody,
-    LeavingBody,
     HeartbeatResponse,
     JoinResponse,
+    LeavingBody,
     LogsBody,
     PreemptionResponse,
     RegisterBody,

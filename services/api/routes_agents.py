@@ -29,9 +29,9 @@ from services.api.views import agent_stream, load_agent
 from services.contracts.agent import (
     HeartbeatBody,
     HeartbeatResponse,
-    LeavingBody,
     JoinBody,
     JoinResponse,
+    LeavingBody,
     RegisterBody,
     RegisterResponse,
 )
