@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import fnmatch
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cairn.core._checkpoint_files import (
+    Selector,
+    checked_metadata,
+    copy_files,
+    file_digest,
+    file_sizes,
+    merge_metadata,
+)
 from cairn.core._distributed import DistributedContext
 from cairn.core._reporter import Reporter
 from events.domain.checkpoint_storage import MARKER_FILE, CheckpointStorage, marker_bytes
@@ -41,9 +48,6 @@ from events.log.errors import EventsError
 log = logging.getLogger("cairn.core")
 
 METADATA_FILE = "metadata.json"
-
-Selector = Callable[[str], bool]
-"""Given a file's path relative to the checkpoint directory (``/``-separated), whether to use it."""
 
 NewUuid = Callable[[], str]
 """Gives the uuid of a new checkpoint."""
@@ -67,75 +71,6 @@ class DownloadMode(enum.Enum):
 
     LocalWorkersShareDownload = "LOCAL_WORKERS_SHARE_DOWNLOAD"
     NoSharedDownload = "NO_SHARED_DOWNLOAD"
-
-
-def _resources(path: Path, selector: Selector | None = None) -> dict[str, int]:
-    """Every file under ``path`` that ``selector`` keeps, as {relative path: bytes} (cairn's
-    marker left out)."""
-    out: dict[str, int] = {}
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            full = Path(dirpath) / name
-            relative = full.relative_to(path).as_posix()
-            if relative == MARKER_FILE:
-                continue
-            if selector is None or selector(relative):
-                out[relative] = full.stat().st_size
-    return dict(sorted(out.items()))
-
-
-def _copy_files(source: Path, target: Path, names: Sequence[str]) -> None:
-    """Copies ``names`` (relative paths) from ``source`` to ``target``, keeping their layout."""
-    for name in names:
-        destination = target / name
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / name, destination)
-
-
-def _digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
-def merge_metadata(all_metadata: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The union of every rank's metadata.
-
-    Raises:
-        RuntimeError: two ranks gave one key different values (names the keys and ranks).
-    """
-    merged: dict[str, Any] = {}
-    owner: dict[str, int] = {}
-    conflicts: dict[str, list[int]] = {}
-    for rank, meta in enumerate(all_metadata):
-        for key, value in meta.items():
-            if key in merged and merged[key] != value:
-                conflicts.setdefault(key, [owner[key]]).append(rank)
-                continue
-            merged.setdefault(key, value)
-            owner.setdefault(key, rank)
-    if conflicts:
-        detail = "; ".join(f"{k!r} given differently by ranks {r}" for k, r in conflicts.items())
-        raise RuntimeError(
-            f"refusing to store a sharded checkpoint with metadata conflicts: {detail}"
-        )
-    return merged
-
-
-def _checked(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-    meta = dict(metadata or {})
-    if "steps_completed" not in meta:
-        raise ValueError("checkpoint metadata must contain 'steps_completed'")
-    steps = meta["steps_completed"]
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps_completed must be a non-negative int, got {steps!r}")
-    try:
-        json.dumps(meta)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"checkpoint metadata must be JSON-serialisable: {exc}") from exc
-    return meta
 
 
 class CheckpointContext:
@@ -236,7 +171,7 @@ class CheckpointContext:
         else:
             (path / MARKER_FILE).write_bytes(marker_bytes(storage_id))
             (path / METADATA_FILE).write_text(text)
-            resources = _resources(path)
+            resources = file_sizes(path)
         self._reporter.submit(
             {
                 "kind": "checkpoint",
@@ -250,7 +185,7 @@ class CheckpointContext:
 
     def _merged(self, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         """Every rank's metadata merged and checked (a collective: all ranks call)."""
-        return _checked(merge_metadata(self._distributed.allgather(dict(metadata or {}))))
+        return checked_metadata(merge_metadata(self._distributed.allgather(dict(metadata or {}))))
 
     @contextlib.contextmanager
     def store_path(
@@ -271,7 +206,7 @@ class CheckpointContext:
         dist = self._distributed
         if not shard and not dist.is_chief:
             raise RuntimeError("only the chief (rank 0) stores a checkpoint unless shard=True")
-        meta = self._merged(metadata) if shard else _checked(metadata)
+        meta = self._merged(metadata) if shard else checked_metadata(metadata)
         storage_id = self._issue_uuid(collective=shard)
         if self._remote is not None:
             yield from self._store_remote(storage_id, meta, shard)
@@ -299,7 +234,7 @@ class CheckpointContext:
         scratch = Path(tempfile.mkdtemp(prefix=f"cairn-store-{storage_id}-"))
         try:
             yield scratch, storage_id
-            mine = {k: v for k, v in _resources(scratch).items() if k != METADATA_FILE}
+            mine = {k: v for k, v in file_sizes(scratch).items() if k != METADATA_FILE}
             failed = ""
             try:
                 self._remote.upload(scratch, storage_id, list(mine))
@@ -356,7 +291,7 @@ class CheckpointContext:
             yield path
             return
         with tempfile.TemporaryDirectory(prefix=f"cairn-restore-{storage_id}-") as scratch:
-            _copy_files(path, Path(scratch), list(_resources(path, selector)))
+            copy_files(path, Path(scratch), list(file_sizes(path, selector)))
             yield Path(scratch)
 
     def upload(
@@ -399,13 +334,13 @@ class CheckpointContext:
                 )
             if source is None:
                 raise RuntimeError("upload(ckpt_dir=None, shard=False) would upload nothing")
-            meta = _checked(metadata)
-            names = [n for n in _resources(source, selector) if n != METADATA_FILE]
+            meta = checked_metadata(metadata)
+            names = [n for n in file_sizes(source, selector) if n != METADATA_FILE]
             storage_id = self._issue_uuid(collective=False)
             if self._remote is not None:
                 try:
                     self._remote.upload(source, storage_id, names)
-                    sizes = _resources(source, selector)
+                    sizes = file_sizes(source, selector)
                     uploaded = {n: sizes[n] for n in names}
                     self._complete(source, storage_id, meta, uploaded)
                 except BaseException:
@@ -416,7 +351,7 @@ class CheckpointContext:
             path = self._path(storage_id)
             path.mkdir(parents=True)
             try:
-                _copy_files(source, path, names)
+                copy_files(source, path, names)
                 self._complete(path, storage_id, meta)
             except BaseException:
                 shutil.rmtree(path, ignore_errors=True)
@@ -444,7 +379,7 @@ class CheckpointContext:
         mine: dict[str, int] = {}
         if uploads:
             assert source is not None
-            mine = {k: v for k, v in _resources(source, selector).items() if k != METADATA_FILE}
+            mine = {k: v for k, v in file_sizes(source, selector).items() if k != METADATA_FILE}
         everyone: list[dict[str, int]] = dist.allgather(mine)
         givers: dict[str, list[int]] = {}
         for rank, files in enumerate(everyone):
@@ -452,7 +387,7 @@ class CheckpointContext:
                 givers.setdefault(name, []).append(rank)
         shared = sorted(name for name, ranks in givers.items() if len(ranks) > 1)
         digests = (
-            {name: _digest(source / name) for name in shared if name in mine} if source else {}
+            {name: file_digest(source / name) for name in shared if name in mine} if source else {}
         )
         all_digests: list[dict[str, str]] = dist.allgather(digests)
         conflicts = {
@@ -478,7 +413,7 @@ class CheckpointContext:
                 if remote is not None:
                     remote.upload(source, storage_id, mine_to_copy)
                 else:
-                    _copy_files(source, path, mine_to_copy)
+                    copy_files(source, path, mine_to_copy)
             except (OSError, EventsError) as exc:
                 failed = f"rank {dist.rank}: {exc}"
         failures = [f for f in dist.allgather(failed) if f]
@@ -529,7 +464,7 @@ class CheckpointContext:
         if not path.is_dir():
             raise FileNotFoundError(f"checkpoint {storage_id} not found under {self.root}")
         target.mkdir(parents=True, exist_ok=True)
-        _copy_files(path, target, list(_resources(path, selector)))
+        copy_files(path, target, list(file_sizes(path, selector)))
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The ``metadata.json`` of checkpoint ``storage_id``."""
@@ -572,7 +507,7 @@ class CheckpointContext:
             return
         if not path.is_dir():
             return
-        for name in _resources(path):
+        for name in file_sizes(path):
             if name != METADATA_FILE and any(fnmatch.fnmatchcase(name, g) for g in globs):
                 (path / name).unlink(missing_ok=True)
 
