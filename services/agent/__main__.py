@@ -21,7 +21,8 @@ import structlog
 from events import settings
 from events.log import logging as cairn_logging
 from services import credentials
-from services.agent.agent import Agent, AgentConfig
+from services.agent.agent import Agent
+from services.agent.config import AgentConfig
 from services.agent.credential import CredentialError
 from services.agent.runtime import safe_name
 from services.runtime import add_cluster_config_flag, cluster_config_of

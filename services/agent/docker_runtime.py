@@ -33,7 +33,8 @@ import structlog
 
 from events.domain.config.cluster import TaskImages
 from events.domain.config.host_requests import HostPolicy, capability_name, host_request_errors
-from services.agent.runtime import LogShipper, RunSpec, safe_name
+from services.agent.log_shipping import LogShipper
+from services.agent.runtime import RunSpec, safe_name
 from services.confine import Identity
 
 log = structlog.get_logger("agent")
@@ -315,7 +316,7 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
 class TrialContainers:
     """The containers of one run on this agent, with their output shipped like a process's.
 
-    Offers what :class:`services.agent.runtime.TrialProcesses` offers the agent (``done``,
+    Offers what :class:`services.agent.processes.TrialProcesses` offers the agent (``done``,
     ``send_signal``, ``wait_for_exit``, ``wait``, ``exit_code``), so preemption and kill
     (:mod:`services.agent.signals`) reach the containers' main processes the same way.
 

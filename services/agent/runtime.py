@@ -1,32 +1,28 @@
-"""The process runtime: code download, work directories, trial processes and their logs.
+"""The process runtime: a run's spec, code download, work directory and environment.
 
 A run gets ``<work_dir>/allocations/<allocation_id>/`` with the experiment's code unpacked in
 it (tarballs are cached by ``code_ref`` under ``<work_dir>/code/``). Its entrypoint runs there
 with the ``CAIRN_*`` environment of ``docs/protocol.md``: one process, or one per slot
 (``RANK``/``LOCAL_RANK``/``WORLD_SIZE``; rank 0 is the chief) when the run has several slots on
-this agent. Each process leads its own process group. Output is captured line by line and
-shipped to ``POST /allocations/{id}/logs`` in batches (at most 500 lines or 1 s).
+this agent. Each process leads its own process group (:mod:`services.agent.processes`). Output
+is captured line by line and shipped to ``POST /allocations/{id}/logs`` in batches (at most 500
+lines or 1 s: :mod:`services.agent.log_shipping`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
-import signal
 import socket
 import sys
 import tarfile
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,20 +33,12 @@ from pydantic import ValidationError
 from cairn.compat import python_path_with_shim
 from events.domain.archive import extract_tar
 from events.domain.config.storage import checkpoint_root as checkpoint_root
-from services.agent.client import ApiClient, ApiError
-from services.agent.signals import exit_status, terminate
+from services.agent.client import ApiClient
 from services.confine import Identity
 from services.contracts.agent import SpecResponse
 
 log = structlog.get_logger("agent")
 
-LOG_BATCH_LINES = 500
-LOG_BATCH_SECONDS = 1.0
-LOG_BATCH_CHARS = 4 << 20
-"""A batch is cut once its lines reach this many characters (the gateway refuses a batch body
-over 32 MiB; one line is at most :data:`STREAM_LIMIT` bytes)."""
-LOG_BUFFER_LINES = 20_000
-STREAM_LIMIT = 1 << 20
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 _RANK_VARIABLES = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK"}
@@ -380,258 +368,6 @@ class CodeCache:
         except (tarfile.TarError, EOFError, OSError):
             tarball.unlink(missing_ok=True)  # a corrupt cache entry is fetched again next time
             raise
-
-
-class LogShipper:
-    """Buffers a run's output lines and posts them in batches.
-
-    A batch is cut when 500 lines wait or the oldest waiting line is 1 s old, and holds at most
-    :data:`LOG_BATCH_CHARS` characters of text (or one line); a failed post is
-    retried with the same idempotency key. The buffer is bounded: beyond it the oldest lines are
-    dropped and a marker line says how many.
-
-    Args:
-        client: the API client.
-        allocation_id: the run whose lines these are.
-        key_prefix: prefix of the batches' idempotency keys (unique per agent process).
-    """
-
-    def __init__(
-        self,
-        client: ApiClient,
-        allocation_id: str,
-        key_prefix: str,
-        *,
-        max_lines: int = LOG_BATCH_LINES,
-        max_wait: float = LOG_BATCH_SECONDS,
-        max_buffer: int = LOG_BUFFER_LINES,
-    ) -> None:
-        self._client = client
-        self._allocation_id = allocation_id
-        self._key_prefix = key_prefix
-        self._max_lines = max_lines
-        self._max_wait = max_wait
-        self._max_buffer = max_buffer
-        self._buffer: collections.deque[tuple[float, dict[str, Any]]] = collections.deque()
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._dropped = 0
-        self._seq = 0
-        self.shipped = 0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """Starts the shipping task."""
-        self._task = asyncio.create_task(self._run(), name=f"logs-{self._allocation_id}")
-
-    def add(self, rank: int | None, stream: str, line: str) -> None:
-        """Buffers one line (never blocks)."""
-        entry = {
-            "ts": datetime.now(UTC).isoformat(),
-            "rank": rank,
-            "stream": stream,
-            "line": line,
-        }
-        self._buffer.append((time.monotonic(), entry))
-        if len(self._buffer) > self._max_buffer:
-            self._buffer.popleft()
-            self._dropped += 1
-        if len(self._buffer) == 1 or len(self._buffer) >= self._max_lines:
-            self._wake.set()  # the first line starts the batch timer; a full batch goes at once
-
-    async def close(self, timeout: float = 10.0) -> None:
-        """Ships what is buffered (bounded by ``timeout``) and stops."""
-        self._closing = True
-        self._wake.set()
-        if self._task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except TimeoutError:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            log.warning(
-                "log lines not shipped", allocation_id=self._allocation_id, lines=len(self._buffer)
-            )
-
-    async def _run(self) -> None:
-        while True:
-            if not self._buffer:
-                if self._closing:
-                    return
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            age = time.monotonic() - self._buffer[0][0]
-            if len(self._buffer) < self._max_lines and not self._closing and age < self._max_wait:
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self._max_wait - age)
-                continue
-            batch: list[dict[str, Any]] = []
-            size = 0
-            while self._buffer and len(batch) < self._max_lines:
-                line_size = len(self._buffer[0][1]["line"])
-                if batch and size + line_size > LOG_BATCH_CHARS:
-                    break
-                batch.append(self._buffer.popleft()[1])
-                size += line_size
-            if self._dropped:
-                batch.insert(
-                    0,
-                    {
-                        "ts": batch[0]["ts"],
-                        "rank": None,
-                        "stream": "stderr",
-                        "line": f"[cairn-agent] {self._dropped} log line(s) dropped",
-                    },
-                )
-                self._dropped = 0
-            self._seq += 1
-            await self._ship(batch, f"{self._key_prefix}:{self._seq}")
-
-    async def _ship(self, batch: list[dict[str, Any]], key: str) -> None:
-        while True:
-            try:
-                await self._client.logs(self._allocation_id, batch, key, retry_for=10.0)
-                self.shipped += len(batch)
-                return
-            except ApiError as exc:
-                if 400 <= exc.status < 500 and exc.status not in (408, 425, 429):
-                    log.error(
-                        "log batch rejected", allocation_id=self._allocation_id, error=str(exc)
-                    )
-                    return
-                log.warning(
-                    "log shipping failing", allocation_id=self._allocation_id, error=str(exc)
-                )
-            await asyncio.sleep(1.0)
-
-
-class TrialProcesses:
-    """The processes of one run on this agent (one per local rank), with output capture.
-
-    Args:
-        allocation_id: the run.
-        shipper: where output lines go.
-        kill_grace: seconds between SIGTERM and SIGKILL when one rank fails and the others are
-            stopped.
-    """
-
-    def __init__(self, allocation_id: str, shipper: LogShipper, kill_grace: float) -> None:
-        self.allocation_id = allocation_id
-        self.shipper = shipper
-        self.kill_grace = kill_grace
-        self.procs: list[asyncio.subprocess.Process] = []
-        self._pumps: list[asyncio.Task[None]] = []
-        self._exited = asyncio.Event()
-        self._helpers: set[asyncio.Task[None]] = set()
-        self.exit_code: int | None = None
-
-    @property
-    def done(self) -> bool:
-        """True once every process has exited."""
-        return self._exited.is_set()
-
-    @property
-    def pids(self) -> list[int]:
-        """The process ids (each the leader of its own process group)."""
-        return [p.pid for p in self.procs]
-
-    async def launch(self, argv: list[str], cwd: Path, envs: list[dict[str, str]]) -> None:
-        """Starts one process per environment in ``envs``.
-
-        Raises:
-            OSError: a process could not be started (the ones already started are killed).
-        """
-        multi = len(envs) > 1
-        try:
-            for rank, env in enumerate(envs):
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    cwd=str(cwd),
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                    limit=STREAM_LIMIT,
-                )
-                self.procs.append(proc)
-                label = int(env.get("RANK", rank)) if multi else 0
-                assert proc.stdout is not None and proc.stderr is not None
-                self._pumps.append(asyncio.create_task(self._pump(proc.stdout, label, "stdout")))
-                self._pumps.append(asyncio.create_task(self._pump(proc.stderr, label, "stderr")))
-        except OSError:
-            self.send_signal(signal.SIGKILL)
-            for proc in self.procs:
-                await proc.wait()
-            for pump in self._pumps:
-                pump.cancel()
-            raise
-
-    async def _pump(self, stream: asyncio.StreamReader, rank: int, name: str) -> None:
-        while True:
-            try:
-                chunk = await stream.readuntil(b"\n")
-            except asyncio.IncompleteReadError as exc:
-                if exc.partial:
-                    self.shipper.add(rank, name, exc.partial.decode(errors="replace"))
-                return
-            except asyncio.LimitOverrunError as exc:
-                chunk = await stream.readexactly(exc.consumed)
-            self.shipper.add(rank, name, chunk.decode(errors="replace").rstrip("\r\n"))
-
-    def send_signal(self, sig: int) -> None:
-        """Sends ``sig`` to the process group of every process still running."""
-        for proc in self.procs:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, sig)
-
-    async def wait_for_exit(self, timeout: float | None) -> bool:
-        """Waits up to ``timeout`` seconds for every process to exit."""
-        try:
-            await asyncio.wait_for(self._exited.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-    async def wait(self) -> int:
-        """Waits for every process; stops the others when one rank fails.
-
-        Returns:
-            The run's exit status: the first non-zero status (``128 + N`` for signal N), else 0.
-        """
-        waits = {asyncio.create_task(p.wait()): p for p in self.procs}
-        first_failure: int | None = None
-        pending = set(waits)
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                status = exit_status(task.result())
-                if status != 0 and first_failure is None:
-                    first_failure = status
-                    if pending:
-                        log.warning(
-                            "a rank failed; stopping the others",
-                            allocation_id=self.allocation_id,
-                            status=status,
-                        )
-                        helper = asyncio.create_task(terminate(self, self.kill_grace))
-                        self._helpers.add(helper)
-                        helper.add_done_callback(self._helpers.discard)
-        # Stragglers in the process groups (orphaned children) would keep the pipes open.
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        self.exit_code = first_failure or 0
-        self._exited.set()
-        _, late = await asyncio.wait(self._pumps, timeout=5.0)
-        for pump in late:
-            pump.cancel()
-        return self.exit_code
 
 
 def prepare_work_dir(root: Path, allocation_id: str) -> Path:

@@ -26,7 +26,8 @@ from services.agent.docker_runtime import (
     plan_containers,
     remove_own_containers,
 )
-from services.agent.runtime import LogShipper, RunSpec, trial_environment
+from services.agent.log_shipping import LogShipper
+from services.agent.runtime import RunSpec, trial_environment
 from services.agent.signals import preempt, terminate
 from services.confine import SHARED_DIR_MODE, Identity
 from tests.agent_specs import spec_answer
