@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -95,6 +95,40 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             "no training command given (e.g. `... torch_distributed python3 train.py`)"
         )
     return overrides, command
+
+
+def script_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """:func:`split_command` for a launcher that runs a Core API script, not a Trial class.
+
+    Raises:
+        LaunchError: no command, or ``--trial``.
+    """
+    overrides, command = split_command(argv)
+    if command[0] == "--trial":
+        raise LaunchError("--trial (a Trial class) is not supported; give a Core API script")
+    return overrides, command
+
+
+def one_agent_gang(framework: str, runner: Callable[[], str | None], missing: str) -> Gang:
+    """This agent's part of the gang, for a launcher whose ``framework`` runs on one agent only.
+
+    Args:
+        framework: the framework's name, as the error says it.
+        runner: finds the framework's runner (``None`` when it is not installed).
+        missing: the error when it is not.
+
+    Raises:
+        LaunchError: the runner is missing, or the gang spans several agents.
+    """
+    gang = Gang.from_env()
+    if runner() is None:
+        raise LaunchError(missing)
+    if gang.nnodes > 1:
+        raise LaunchError(
+            f"{framework} runs on one agent here (slots_per_trial at most one agent's slots); "
+            "use cairn.launch.torch_distributed across agents"
+        )
+    return gang
 
 
 _PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")

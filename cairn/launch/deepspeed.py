@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cairn.launch._gang import Gang, LaunchError, run_child, split_command
+from cairn.launch._gang import Gang, LaunchError, one_agent_gang, run_child, script_command
 
 MISSING = (
     "deepspeed is not installed (an opt-in extra: `make deepspeed` installs it), "
@@ -68,17 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns ``deepspeed``'s exit status (2: usage error or no DeepSpeed)."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        overrides, command = split_command(words)
-        if command[0] == "--trial":
-            raise LaunchError("--trial (a Trial class) is not supported; give a Core API script")
-        gang = Gang.from_env()
-        if deepspeed_runner() is None:
-            raise LaunchError(MISSING)
-        if gang.nnodes > 1:
-            raise LaunchError(
-                "DeepSpeed runs on one agent here (slots_per_trial at most one agent's slots); "
-                "use cairn.launch.torch_distributed across agents"
-            )
+        overrides, command = script_command(words)
+        gang = one_agent_gang("DeepSpeed", deepspeed_runner, MISSING)
     except LaunchError as exc:
         print(f"cairn.launch.deepspeed: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cairn.launch._gang import Gang, LaunchError, run_child, split_command
+from cairn.launch._gang import Gang, LaunchError, one_agent_gang, run_child, split_command
 
 MISSING = (
     "horovod is not installed: `make horovod` builds Horovod 0.28.1 for this torch "
@@ -52,14 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         overrides, command = split_command(words)
-        gang = Gang.from_env()
-        if horovodrun() is None:
-            raise LaunchError(MISSING)
-        if gang.nnodes > 1:
-            raise LaunchError(
-                "Horovod runs on one agent here (slots_per_trial at most one agent's slots); "
-                "use cairn.launch.torch_distributed across agents"
-            )
+        gang = one_agent_gang("Horovod", horovodrun, MISSING)
     except LaunchError as exc:
         print(f"cairn.launch.horovod: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from cairn.launch._gang import Gang, LaunchError, run_child, split_command
+from cairn.launch._gang import Gang, LaunchError, run_child, script_command
 
 
 def torchrun_argv(
@@ -57,9 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns ``torchrun``'s exit status (2 for a usage error)."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        overrides, command = split_command(words)
-        if command[0] == "--trial":
-            raise LaunchError("--trial (a Trial class) is not supported; give a Core API script")
+        overrides, command = script_command(words)
         gang = Gang.from_env()
     except LaunchError as exc:
         print(f"cairn.launch.torch_distributed: {exc}", file=sys.stderr)
