@@ -31,7 +31,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,6 +195,25 @@ def _environment(tmp: Path) -> dict[str, str]:
     return env
 
 
+async def _spawn_host(argv: Sequence[str], tmp: Path) -> asyncio.subprocess.Process:
+    """Starts the searcher's host process ``argv`` in ``tmp``, leading its own session: calls
+    go to its stdin and answers come from its stdout; its stderr is dropped.
+
+    Raises:
+        OSError: the process cannot start.
+    """
+    return await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        cwd=tmp,
+        env=_environment(tmp),
+        start_new_session=True,
+        limit=_READ_CHUNK,
+    )
+
+
 class Sandbox:
     """One running custom searcher process; see the module's invariants."""
 
@@ -228,16 +247,7 @@ class Sandbox:
         workdir = root / secrets.token_hex(16)
         try:
             code_dir, tmp = await asyncio.to_thread(_unpack, code, workdir, identity)
-            proc = await asyncio.create_subprocess_exec(
-                *sandbox_argv(code_dir, settings, identity),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                cwd=tmp,
-                env=_environment(tmp),
-                start_new_session=True,
-                limit=_READ_CHUNK,
-            )
+            proc = await _spawn_host(sandbox_argv(code_dir, settings, identity), tmp)
         except Exception as exc:  # a tar error, a full disk, a missing setpriv: all final
             await asyncio.to_thread(shutil.rmtree, workdir, True)
             raise SandboxError(f"its process could not start ({exc})") from exc
@@ -254,16 +264,7 @@ class Sandbox:
         tmp = Path(tempfile.mkdtemp(prefix="cairn-preview-"))
         host = [sys.executable, "-P", "-s", "-B", "-m", "services.searcher.custom_host"]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *host, str(code_dir),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                cwd=tmp,
-                env=_environment(tmp),
-                start_new_session=True,
-                limit=_READ_CHUNK,
-            )  # fmt: skip
+            proc = await _spawn_host([*host, str(code_dir)], tmp)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise SandboxError(f"its process could not start ({exc})") from exc
