@@ -29,7 +29,8 @@ import asyncio
 import contextlib
 import os
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import nats.errors
 import structlog
@@ -54,6 +55,8 @@ from services.agent.slots import Slot, discover_slots
 from services.agent.state import Allocation
 
 log = structlog.get_logger("agent")
+
+T = TypeVar("T")
 
 
 class Agent(CommandHandling, RunLaunching, ExitReporting):
@@ -152,41 +155,29 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
 
     async def _connect_bus(self, stop: asyncio.Event) -> Bus | None:
         credential = self.credential
-        attempt = 0
-        while not stop.is_set():
-            try:
-                return await Bus.connect(
-                    self.config.nats_url,
-                    name=f"cairn-agent-{self.id}",
-                    creds=credential.nats_creds if credential else None,
-                    inbox_prefix=credential.inbox_prefix if credential else None,
-                    # An agent's own NATS user may not manage streams; the relay makes them.
-                    manage_streams=credential is None or credential.nats_creds is None,
-                )
-            except BusUnavailableError as exc:
-                attempt += 1
-                if attempt in (1, 10) or attempt % 60 == 0:
-                    log.warning("NATS unavailable; retrying", error=str(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), min(0.2 * attempt, 2.0))
-        return None
+        return await _retry_while_unavailable(
+            lambda: Bus.connect(
+                self.config.nats_url,
+                name=f"cairn-agent-{self.id}",
+                creds=credential.nats_creds if credential else None,
+                inbox_prefix=credential.inbox_prefix if credential else None,
+                # An agent's own NATS user may not manage streams; the relay makes them.
+                manage_streams=credential is None or credential.nats_creds is None,
+            ),
+            stop,
+            unavailable="NATS unavailable; retrying",
+        )
 
     async def _subscribe(self, bus: Bus, stop: asyncio.Event) -> Any:
         """Binds the agent's durable consumer of its command subject, waiting (while the relay
         has not made the command stream yet) until it can."""
-        attempt = 0
-        while not stop.is_set():
-            try:
-                return await bus.pull(
-                    agent_durable(self.id), [agent_subject(self.id)], stream=COMMANDS_STREAM
-                )
-            except BusUnavailableError as exc:
-                attempt += 1
-                if attempt in (1, 10) or attempt % 60 == 0:
-                    log.warning("command stream unavailable; retrying", error=str(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), min(0.2 * attempt, 2.0))
-        return None
+        return await _retry_while_unavailable(
+            lambda: bus.pull(
+                agent_durable(self.id), [agent_subject(self.id)], stream=COMMANDS_STREAM
+            ),
+            stop,
+            unavailable="command stream unavailable; retrying",
+        )
 
     def _ready(self) -> None:
         path = settings.READY_FILE.get()
@@ -331,3 +322,27 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
             log.warning("could not record that the agent is leaving", error=str(exc))
         else:
             log.info("leaving recorded", agent_id=self.id, incarnation=self.incarnation)
+
+
+async def _retry_while_unavailable(
+    attempt: Callable[[], Awaitable[T]], stop: asyncio.Event, *, unavailable: str
+) -> T | None:
+    """``attempt()`` again while it raises :class:`BusUnavailableError`, until ``stop`` is set.
+
+    Waits 0.2 s more after each failure (at most 2 s), and logs ``unavailable`` at the 1st,
+    10th and every 60th failure.
+
+    Returns:
+        What ``attempt()`` returned, or ``None`` once ``stop`` is set.
+    """
+    failures = 0
+    while not stop.is_set():
+        try:
+            return await attempt()
+        except BusUnavailableError as exc:
+            failures += 1
+            if failures in (1, 10) or failures % 60 == 0:
+                log.warning(unavailable, error=str(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(0.2 * failures, 2.0))
+    return None
