@@ -34,6 +34,7 @@ import structlog
 from events.domain.config.cluster import TaskImages
 from events.domain.config.host_requests import HostPolicy, capability_name, host_request_errors
 from services.agent.log_shipping import LogShipper
+from services.agent.processes import RunRanks
 from services.agent.runtime import RunSpec, safe_name
 from services.confine import Identity
 
@@ -313,7 +314,7 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
         yield pending.decode(errors="replace")
 
 
-class TrialContainers:
+class TrialContainers(RunRanks):
     """The containers of one run on this agent, with their output shipped like a process's.
 
     Offers what :class:`services.agent.processes.TrialProcesses` offers the agent (``done``,
@@ -328,21 +329,11 @@ class TrialContainers:
     """
 
     def __init__(self, client: Any, allocation_id: str, shipper: LogShipper, kill_grace: float):
+        super().__init__(allocation_id, shipper, kill_grace)
         self.client = client
-        self.allocation_id = allocation_id
-        self.shipper = shipper
-        self.kill_grace = kill_grace
         self.containers: list[Any] = []
         self._readers: list[threading.Thread] = []
-        self._exited = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._helpers: set[asyncio.Task[None]] = set()
-        self.exit_code: int | None = None
-
-    @property
-    def done(self) -> bool:
-        """True once every container has exited."""
-        return self._exited.is_set()
 
     @property
     def pids(self) -> list[int]:
@@ -419,14 +410,6 @@ class TrialContainers:
             with contextlib.suppress(Exception):  # already gone or exited: nothing to signal
                 container.kill(signal=signal.Signals(sig).name)
 
-    async def wait_for_exit(self, timeout: float | None) -> bool:
-        """Waits up to ``timeout`` seconds for every container to exit."""
-        try:
-            await asyncio.wait_for(self._exited.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
     def _wait_one(self, container: Any) -> int:
         try:
             return int(container.wait()["StatusCode"])
@@ -440,8 +423,6 @@ class TrialContainers:
         Returns:
             The run's exit status: the first non-zero status (137 for SIGKILL), else 0.
         """
-        from services.agent.signals import terminate
-
         waits = {asyncio.create_task(asyncio.to_thread(self._wait_one, c)) for c in self.containers}
         first_failure: int | None = None
         pending = waits
@@ -452,9 +433,7 @@ class TrialContainers:
                 if status != 0 and first_failure is None:
                     first_failure = status
                     if pending:
-                        helper = asyncio.create_task(terminate(self, self.kill_grace))
-                        self._helpers.add(helper)
-                        helper.add_done_callback(self._helpers.discard)
+                        self._stop_the_others()
         self.exit_code = first_failure or 0
         self._exited.set()
         for reader in self._readers:

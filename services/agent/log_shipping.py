@@ -13,7 +13,6 @@ from typing import Any
 
 import structlog
 
-from events.domain.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient, ApiError
 
 log = structlog.get_logger("agent")

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import structlog
 
-from events.domain.config.storage import checkpoint_root as checkpoint_root
 from services.agent.log_shipping import LogShipper
 from services.agent.signals import exit_status, terminate
 
@@ -21,8 +20,10 @@ log = structlog.get_logger("agent")
 STREAM_LIMIT = 1 << 20
 
 
-class TrialProcesses:
-    """The processes of one run on this agent (one per local rank), with output capture.
+class RunRanks:
+    """The ranks of one run on this agent, however they run (processes here, containers in
+    :mod:`services.agent.docker_runtime`): whether they have all exited, a wait for that, and
+    the stopping of the others when one rank fails.
 
     Args:
         allocation_id: the run.
@@ -35,16 +36,42 @@ class TrialProcesses:
         self.allocation_id = allocation_id
         self.shipper = shipper
         self.kill_grace = kill_grace
-        self.procs: list[asyncio.subprocess.Process] = []
-        self._pumps: list[asyncio.Task[None]] = []
         self._exited = asyncio.Event()
         self._helpers: set[asyncio.Task[None]] = set()
         self.exit_code: int | None = None
 
     @property
     def done(self) -> bool:
-        """True once every process has exited."""
+        """True once every rank has exited."""
         return self._exited.is_set()
+
+    async def wait_for_exit(self, timeout: float | None) -> bool:
+        """Waits up to ``timeout`` seconds for every rank to exit."""
+        try:
+            await asyncio.wait_for(self._exited.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def send_signal(self, sig: int) -> None:
+        """Sends ``sig`` to every rank still running."""
+        raise NotImplementedError
+
+    def _stop_the_others(self) -> None:
+        """Stops the ranks still running (SIGTERM, SIGKILL after the grace), in the background."""
+        helper = asyncio.create_task(terminate(self, self.kill_grace))
+        self._helpers.add(helper)
+        helper.add_done_callback(self._helpers.discard)
+
+
+class TrialProcesses(RunRanks):
+    """The processes of one run on this agent (one per local rank), with output capture (the
+    arguments are :class:`RunRanks`')."""
+
+    def __init__(self, allocation_id: str, shipper: LogShipper, kill_grace: float) -> None:
+        super().__init__(allocation_id, shipper, kill_grace)
+        self.procs: list[asyncio.subprocess.Process] = []
+        self._pumps: list[asyncio.Task[None]] = []
 
     @property
     def pids(self) -> list[int]:
@@ -102,14 +129,6 @@ class TrialProcesses:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, sig)
 
-    async def wait_for_exit(self, timeout: float | None) -> bool:
-        """Waits up to ``timeout`` seconds for every process to exit."""
-        try:
-            await asyncio.wait_for(self._exited.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
     async def wait(self) -> int:
         """Waits for every process; stops the others when one rank fails.
 
@@ -131,9 +150,7 @@ class TrialProcesses:
                             allocation_id=self.allocation_id,
                             status=status,
                         )
-                        helper = asyncio.create_task(terminate(self, self.kill_grace))
-                        self._helpers.add(helper)
-                        helper.add_done_callback(self._helpers.discard)
+                        self._stop_the_others()
         # Stragglers in the process groups (orphaned children) would keep the pipes open.
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
