@@ -24,11 +24,11 @@ from events.log.envelope import (
     NewEvent,
     RecordedEvent,
     stored_event,
-    stored_metadata,
 )
 from events.log.errors import ConcurrencyError, EventTooLargeError, FencedError
 from events.log.limits import MAX_EVENT_BYTES, encoded, largest_part
-from events.log.registry import encode, to_current
+from events.log.reads import COLUMNS, LogReads, row_to_event
+from events.log.registry import encode
 
 NOTIFY_CHANNEL = "cairn_events"
 # Taken by a function (migration 0007_append_owner) that runs as the log's writer role: a
@@ -37,10 +37,9 @@ _LOCK_APPENDS = "SELECT cairn_lock_appends()"
 # One statement appends (migration 0006_append_function): it takes the append lock, checks the
 # fence and the expected version, inserts and queues the wake-up.
 _APPEND = "SELECT * FROM cairn_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-_COLUMNS = (
-    "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
-    "recorded_at"
-)
+_COLUMNS = COLUMNS
+
+__all__ = ["EventStore", "Fence", "Transaction", "lease_stream", "read_checkpoint", "row_to_event"]
 
 
 @dataclass(frozen=True)
@@ -56,36 +55,14 @@ def lease_stream(lease: str) -> str:
     return f"lease-{lease}"
 
 
-def row_to_event(row: Any) -> RecordedEvent:
-    """A ``RecordedEvent`` from a row of the ``events`` table (columns as in ``SELECT *``).
-
-    Its payload is upcast to the type's current schema version here, the read boundary, so
-    every fold sees one shape of each type whatever version the log holds.
-    """
-    # Rows come from our own table, written through ``append``: constructing without
-    # re-validation is safe and is most of the cost of a replay saved.
-    version, payload = to_current(row["type"], row["schema_version"], row["payload"])
-    return stored_event(
-        {
-            "position": row["position"],
-            "stream_id": row["stream_id"],
-            "stream_version": row["stream_version"],
-            "event_id": row["event_id"],
-            "type": row["type"],
-            "schema_version": version,
-            "payload": payload,
-            "metadata": stored_metadata(row["metadata"]),
-            "recorded_at": row["recorded_at"],
-        }
-    )
-
-
 def _as_new(item: Event | NewEvent) -> NewEvent:
     return item if isinstance(item, NewEvent) else NewEvent(event=item)
 
 
-class Transaction:
+class Transaction(LogReads):
     """A database transaction in which appends, reads, checkpoints and effects commit together.
+
+    The reads of :class:`events.log.reads.LogReads` run in it.
 
     Attributes:
         conn: the connection the transaction runs on.
@@ -108,6 +85,9 @@ class Transaction:
         self._fenced: Fence | None = None
         # False only for EventStore.append's single statement, which commits on its own.
         self._in_transaction = in_transaction
+
+    def _reading(self) -> contextlib.AbstractAsyncContextManager[Connection]:
+        return contextlib.nullcontext(self.conn)
 
     def write_as(self, fence: Fence | None) -> None:
         """Makes every later append of this transaction a write of the leader holding ``fence``:
@@ -351,8 +331,10 @@ async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> 
     return [row_to_event(r) for r in rows]
 
 
-class EventStore:
+class EventStore(LogReads):
     """The log: an asyncpg pool plus the append/read operations on it.
+
+    The reads of :class:`events.log.reads.LogReads` each run on a pooled connection.
 
     Attributes:
         pool: the connection pool.
@@ -395,6 +377,23 @@ class EventStore:
         with translate_errors():
             async with self.pool.acquire() as conn, conn.transaction():
                 yield Transaction(conn, max_event_bytes=self.max_event_bytes)
+
+    @contextlib.asynccontextmanager
+    async def read_transaction(self) -> AsyncIterator[Transaction]:
+        """Yields a read-only :class:`Transaction` in which every read sees one snapshot of the
+        database (``REPEATABLE READ``): a row committed after its first read is never seen."""
+        with translate_errors():
+            async with (
+                self.pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                yield Transaction(conn, max_event_bytes=self.max_event_bytes)
+
+    @contextlib.asynccontextmanager
+    async def _reading(self) -> AsyncIterator[Connection]:
+        with translate_errors():
+            async with self.pool.acquire() as conn:
+                yield conn
 
     async def append(
         self,
@@ -456,12 +455,6 @@ class EventStore:
         """Reads one stream's events after ``after_version`` in version order."""
         async with self.pool.acquire() as conn:
             return await _read_stream(conn, stream_id, after_version)
-
-    async def head(self) -> int:
-        """Returns the highest committed position (0 for an empty log)."""
-        with translate_errors():
-            value = await self.pool.fetchval("SELECT coalesce(max(position), 0) FROM events")
-        return int(value)
 
     async def stream_version(self, stream_id: str) -> int:
         """Returns the stream's current version (0 for a stream with no events)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -416,28 +415,20 @@ async def authenticate(request: web.Request, token: str) -> Principal | None:
     return Principal("user", str(row["username"]), admin=bool(row["admin"]))
 
 
-_RUNS_SQL = """
-    SELECT type, payload FROM events
-    WHERE stream_id = $1 AND type IN ('SlotsAllocated', 'TrialExited')
-    ORDER BY position DESC LIMIT 2"""
-
-
 async def _check_run_current(store: EventStore, label: str, run_id: int) -> None:
     """Raises a 403 unless ``run_id`` is trial ``label``'s current run: the run of its latest
     ``SlotsAllocated``, whose ``TrialExited`` is not recorded."""
     from services.api.runs import RUN_NOT_CURRENT  # runs reads views, which reads this module
 
-    with translate_errors():
-        rows = await store.pool.fetch(_RUNS_SQL, trial_stream(parse_trial_id(label)))
+    latest = await store.latest_lifecycle(
+        trial_stream(parse_trial_id(label)), ("SlotsAllocated", "TrialExited"), limit=2
+    )
     current: int | None = None
-    for row in rows:  # newest first: an exit after the latest allocation ends it
-        payload = row["payload"]
-        if isinstance(payload, str):
-            payload = json.loads(payload)
-        if row["type"] == "SlotsAllocated":
-            current = int(payload["run_id"])
+    for event in latest:  # newest first: an exit after the latest allocation ends it
+        if event.type == "SlotsAllocated":
+            current = int(event.payload["run_id"])
             break
-        if row["type"] == "TrialExited":
+        if event.type == "TrialExited":
             break
     if current != run_id:
         raise ApiError(
