@@ -8,7 +8,8 @@ the core migrations is keyed on that expression, but what comes back is the upca
 :class:`LogReads` is mixed into :class:`events.log.store.EventStore` (each read on a pooled
 connection of its own) and :class:`events.log.store.Transaction` (each read in the
 transaction), so a caller reads the same way in or out of a transaction. Driver errors are
-translated by the connections of :mod:`events.log.db`.
+translated by :mod:`events.log.db` (its connections, and :func:`events.log.db.translated` for
+a cursor).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import AsyncGenerator, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from events.log.db import Connection, translate_errors
+from events.log.db import Connection, translated
 from events.log.envelope import RecordedEvent, stored_event, stored_metadata
 from events.log.registry import to_current
 
@@ -315,9 +316,8 @@ class LogReads:
                 list(named_categories),
                 prefetch=prefetch,
             )
-            with translate_errors():
-                async for row in rows:
-                    yield row_to_event(row)
+            async for row in translated(rows):
+                yield row_to_event(row)
 
 
 def _like_prefix(prefix: str) -> str:

@@ -42,7 +42,6 @@ from events.domain.types import (
 )
 from events.log.bus import EVENTS_PREFIX
 from events.log.consumer import Consumer
-from events.log.db import translate_errors
 from events.log.envelope import Event, RecordedEvent, new
 from events.log.errors import EventsError, StatementError
 from events.log.store import Transaction
@@ -352,14 +351,13 @@ class GCConsumer(Consumer):
             return
         experiment_id = int(event.payload["experiment_id"])
         try:
-            with translate_errors():
-                facts = await read_experiment(tx, experiment_id, event.stream_version)
-                if facts.state != state:
-                    return  # a transition the fold refused: nothing happened
-                if state == DELETING:
-                    await self._delete_all(tx, facts)
-                else:
-                    await self._collect(tx, facts)
+            facts = await read_experiment(tx, experiment_id, event.stream_version)
+            if facts.state != state:
+                return  # a transition the fold refused: nothing happened
+            if state == DELETING:
+                await self._delete_all(tx, facts)
+            else:
+                await self._collect(tx, facts)
         except StatementError as exc:
             raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
 
@@ -368,16 +366,15 @@ class GCConsumer(Consumer):
         experiment_id = int(event.payload["experiment_id"])
         wanted = {str(u) for u in event.payload.get("uuids") or []}
         try:
-            with translate_errors():
-                facts = await read_experiment(tx, experiment_id)
-                doomed = wanted.intersection(c.uuid for c in facts.live)
-                if not doomed:
-                    return
-                removal = await self._remove(facts, doomed)
-                for uuid, error in removal.failed.items():
-                    log.error("checkpoint not deleted", uuid=uuid, error=error)
-                if removal.deleted:
-                    await self._append(tx, facts, self._deleted(facts, removal, "user"))
+            facts = await read_experiment(tx, experiment_id)
+            doomed = wanted.intersection(c.uuid for c in facts.live)
+            if not doomed:
+                return
+            removal = await self._remove(facts, doomed)
+            for uuid, error in removal.failed.items():
+                log.error("checkpoint not deleted", uuid=uuid, error=error)
+            if removal.deleted:
+                await self._append(tx, facts, self._deleted(facts, removal, "user"))
         except StatementError as exc:
             raise EventsError(
                 f"deleting checkpoints of experiment {experiment_id} failed: {exc}"
