@@ -58,7 +58,7 @@ async def _one_run(
     rows: list[Any] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the agents ship their last lines around the exit
-        async with store.pool.acquire() as conn:
+        async with store.connection() as conn:
             rows = await conn.fetch(
                 "SELECT ts, line FROM task_logs WHERE trial_id = $1 ORDER BY id", trial_id
             )

@@ -30,7 +30,6 @@ from events.domain.types import (
     WorkloadCompleted,
 )
 from events.log.envelope import Event, RecordedEvent
-from events.log.folds import fold
 from events.log.registry import encode
 from events.log.store import EventStore
 
@@ -461,7 +460,8 @@ async def _cairn_fold(store: EventStore) -> tuple[int, ReplayStats]:
     n, position, tick = 0, 0, _Ticker()
     while True:
         page = await store.read_all(position, limit=PAGE)
-        state = fold(reducer, page, state)
+        for event in page:
+            state = reducer.apply(state, event)
         n += len(page)
         tick(n)
         if len(page) < PAGE:

@@ -233,7 +233,7 @@ async def _round(
     head = await store.head()
     await _wait(lambda: _at_least(store, head), 120, "the leader caught up with the log", cluster)
     elections = len(await store.read_stream(lease_stream("searcher")))
-    killed_at: datetime = await store.pool.fetchval("SELECT clock_timestamp()")
+    killed_at: datetime = await store.fetchval("SELECT clock_timestamp()")
     os.kill(cluster.procs[leader].pid, signal.SIGSTOP if pause else signal.SIGKILL)
     await store.append(
         experiment_stream(exp), [ExperimentSubmitted(experiment_id=exp, config=_config(1))]

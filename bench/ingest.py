@@ -210,7 +210,7 @@ async def _projected(store: EventStore, trial_id: int, n: int) -> bool:
     answers (a count every poll would read the growing table over and over, taking the
     machine from the processes being measured); then the count confirms it.
     """
-    last = await store.pool.fetchval(
+    last = await store.fetchval(
         """SELECT true FROM tr_metrics
            WHERE trial_id = $1 AND run_id = 1 AND "group" = 'training' AND steps_completed = $2""",
         trial_id,
@@ -218,9 +218,7 @@ async def _projected(store: EventStore, trial_id: int, n: int) -> bool:
     )
     if not last:
         return False
-    count = await store.pool.fetchval(
-        "SELECT count(*) FROM tr_metrics WHERE trial_id = $1", trial_id
-    )
+    count = await store.fetchval("SELECT count(*) FROM tr_metrics WHERE trial_id = $1", trial_id)
     return bool(count >= n)
 
 
@@ -305,7 +303,7 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
         seconds = await asyncio.to_thread(
             _report_points, url, await trial_token(store, TRIAL_ID, 1), TRIAL_ID, n
         )
-        events = await store.pool.fetchval(
+        events = await store.fetchval(
             "SELECT count(*) FROM events WHERE stream_id = $1 AND type = 'WorkloadCompleted'",
             trial_stream(TRIAL_ID),
         )
@@ -328,7 +326,7 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
             t0 = time.perf_counter()
             await catch_up(store, checkpoint_root=work / "checkpoints")
             projection_s = time.perf_counter() - t0
-            projected = await store.pool.fetchval(
+            projected = await store.fetchval(
                 "SELECT count(*) FROM tr_metrics WHERE trial_id = $1", TRIAL_ID
             )
             if projected != n:

@@ -360,7 +360,7 @@ async def _cairn_digits(
     deadline = time.monotonic() + 30
     rows: list[Any] = []
     while time.monotonic() < deadline:  # the agent ships its last log lines around the exit
-        async with store.pool.acquire() as conn:
+        async with store.connection() as conn:
             rows = await conn.fetch(
                 "SELECT ts, line FROM task_logs WHERE trial_id = $1 ORDER BY id", trial_id
             )

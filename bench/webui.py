@@ -136,7 +136,7 @@ async def _load(dsn: str, trials: int, points: int, live: int) -> None:
                 trial_stream(trial_id), [TrialStateChanged(trial_id=trial_id, state="COMPLETED")]
             )
         await catch_up(store)
-        await store.pool.execute("ANALYZE tr_metrics; ANALYZE tr_trials; ANALYZE tr_series_rollups")
+        await store.execute("ANALYZE tr_metrics; ANALYZE tr_trials; ANALYZE tr_series_rollups")
     finally:
         await store.close()
 

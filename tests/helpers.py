@@ -159,7 +159,7 @@ class EffectsConsumer(Consumer):
 
 async def effect_counts(store: EventStore, consumer: str = "effects") -> dict[int, int]:
     """Position -> number of times ``consumer`` applied it."""
-    rows = await store.pool.fetch(
+    rows = await store.fetch(
         "SELECT position, count(*) AS n FROM effects WHERE consumer = $1 GROUP BY position",
         consumer,
     )

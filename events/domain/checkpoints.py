@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from events.domain.names import coerce_trial_id
-from events.log.db import Connection, translate_errors
+from events.log.db import Connection
 
 
 async def checkpoint_owners(conn: Connection, uuids: Iterable[str]) -> dict[str, int]:
@@ -29,14 +29,13 @@ async def checkpoint_owners(conn: Connection, uuids: Iterable[str]) -> dict[str,
     wanted = sorted(set(uuids))
     if not wanted:
         return {}
-    with translate_errors():
-        rows = await conn.fetch(
-            """SELECT DISTINCT ON (payload->>'uuid') payload->>'uuid' AS uuid,
-                      payload->>'trial_id' AS trial_id
-               FROM events
-               WHERE type = 'CheckpointSaved' AND payload->>'uuid' = ANY($1::text[])
-               ORDER BY payload->>'uuid', position""",
-            wanted,
-        )
+    rows = await conn.fetch(
+        """SELECT DISTINCT ON (payload->>'uuid') payload->>'uuid' AS uuid,
+                  payload->>'trial_id' AS trial_id
+           FROM events
+           WHERE type = 'CheckpointSaved' AND payload->>'uuid' = ANY($1::text[])
+           ORDER BY payload->>'uuid', position""",
+        wanted,
+    )
     # Raw payloads: a legacy "E.N" id reads as the integer its upcaster gives it.
     return {str(r["uuid"]): coerce_trial_id(r["trial_id"]) for r in rows}

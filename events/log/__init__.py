@@ -10,7 +10,6 @@
 | ``consumer``, ``inbox`` | checkpointed idempotent consumers; idempotent intake of requests |
 | ``lease`` | leader leases (advisory lock + epoch in the log) and fencing |
 | ``bus``, ``bus_auth``, ``relay`` | NATS JetStream transport, who may speak on it, the relay |
-| ``folds`` | loading a fold with snapshots as a cache |
 | ``catalogue`` | the event catalogue (docs/events.md) rendered from the registry |
 | ``errors``, ``faults``, ``origin``, ``redact``, ``logging`` | errors, fault points, who appended, URL redaction, structlog set-up |
 """

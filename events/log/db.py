@@ -3,7 +3,8 @@
 Every connection this module hands out (from :func:`create_pool` or :func:`connect`) is a
 :class:`TranslatingConnection`: each query method turns asyncpg and socket errors into
 :mod:`events.log.errors` errors, and so does opening a connection, whether directly or when a pool
-grows. Callers therefore never see a driver error, whatever query they run.
+grows, taking one from a pool (:func:`acquire`) and iterating a cursor (:func:`translated`).
+Callers therefore never see a driver error, whatever query they run; no other module translates.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from typing import Any, TypeAlias, cast
 
 import asyncpg
@@ -152,6 +153,23 @@ async def connect(dsn: str, *, settings: dict[str, str] | None = None) -> Connec
     )
     await _init_connection(conn)
     return cast(Connection, conn)
+
+
+@contextlib.asynccontextmanager
+async def acquire(pool: Pool) -> AsyncIterator[Connection]:
+    """A connection from ``pool`` for the block; taking it, and anything the block raises from
+    the driver, comes out as an :mod:`events.log.errors` error."""
+    with translate_errors():
+        async with pool.acquire() as conn:
+            yield cast(Connection, conn)
+
+
+async def translated(rows: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    """Iterates ``rows`` (a cursor: its fetches bypass the connection's query methods) with
+    driver errors translated."""
+    with translate_errors():
+        async for row in rows:
+            yield row
 
 
 async def _connect_translated(*args: Any, **kwargs: Any) -> Any:

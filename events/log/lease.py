@@ -246,9 +246,8 @@ class _Keeper(threading.Thread):
         """Takes the lock; ``False`` if told to stop first."""
         assert self._halt is not None
         key = lock_key(self._lease)
-        with db.translate_errors():
-            if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
-                return True
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+            return True
         if self._on_standby is not None:
             self._on_standby()
         waiting = asyncio.ensure_future(conn.fetchval("SELECT pg_advisory_lock($1)", key))
@@ -256,8 +255,7 @@ class _Keeper(threading.Thread):
         await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         if waiting.done():
-            with db.translate_errors():
-                waiting.result()
+            waiting.result()
             return True
         waiting.cancel()
         with contextlib.suppress(BaseException):

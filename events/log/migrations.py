@@ -16,7 +16,6 @@ _LOCK_KEY = 0x6361_6972  # "cair": serializes concurrent migrators
 OWNED_TABLES: tuple[str, ...] = (
     "events",
     "checkpoints",
-    "snapshots",
     "inbox",
     "schema_migrations",
     "experiment_ids",
@@ -210,6 +209,14 @@ CORE: Sequence[tuple[str, str]] = (
         ALTER TABLE checkpoints ENABLE ROW LEVEL SECURITY;
         CREATE POLICY checkpoints_read ON checkpoints FOR SELECT USING (true);
         """,
+    ),
+    (
+        "0009_drop_snapshots",
+        # Fold snapshots were never taken in production: every service refolds the log from
+        # its own position (the scheduler, the one decider that refolds after a lost race, folds
+        # the whole cluster, which a per-stream snapshot cannot hold). The table goes with the
+        # module that wrote it; no role was granted on it.
+        "DROP TABLE IF EXISTS snapshots;",
     ),
 )
 

@@ -18,17 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from events.log import faults, migrations, origin
-from events.log.db import Connection, Pool, create_pool, translate_errors
+from events.log.db import Connection, Pool, acquire, create_pool, translate_errors
 from events.log.envelope import (
     Event,
     NewEvent,
     RecordedEvent,
     stored_event,
-    stored_metadata,
 )
 from events.log.errors import ConcurrencyError, EventTooLargeError, FencedError
 from events.log.limits import MAX_EVENT_BYTES, encoded, largest_part
-from events.log.registry import encode, to_current
+from events.log.reads import COLUMNS, LogReads, row_to_event
+from events.log.registry import encode
 
 NOTIFY_CHANNEL = "cairn_events"
 # Taken by a function (migration 0007_append_owner) that runs as the log's writer role: a
@@ -37,10 +37,9 @@ _LOCK_APPENDS = "SELECT cairn_lock_appends()"
 # One statement appends (migration 0006_append_function): it takes the append lock, checks the
 # fence and the expected version, inserts and queues the wake-up.
 _APPEND = "SELECT * FROM cairn_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-_COLUMNS = (
-    "position, stream_id, stream_version, event_id, type, schema_version, payload, metadata, "
-    "recorded_at"
-)
+_COLUMNS = COLUMNS
+
+__all__ = ["EventStore", "Fence", "Transaction", "lease_stream", "read_checkpoint", "row_to_event"]
 
 
 @dataclass(frozen=True)
@@ -56,36 +55,14 @@ def lease_stream(lease: str) -> str:
     return f"lease-{lease}"
 
 
-def row_to_event(row: Any) -> RecordedEvent:
-    """A ``RecordedEvent`` from a row of the ``events`` table (columns as in ``SELECT *``).
-
-    Its payload is upcast to the type's current schema version here, the read boundary, so
-    every fold sees one shape of each type whatever version the log holds.
-    """
-    # Rows come from our own table, written through ``append``: constructing without
-    # re-validation is safe and is most of the cost of a replay saved.
-    version, payload = to_current(row["type"], row["schema_version"], row["payload"])
-    return stored_event(
-        {
-            "position": row["position"],
-            "stream_id": row["stream_id"],
-            "stream_version": row["stream_version"],
-            "event_id": row["event_id"],
-            "type": row["type"],
-            "schema_version": version,
-            "payload": payload,
-            "metadata": stored_metadata(row["metadata"]),
-            "recorded_at": row["recorded_at"],
-        }
-    )
-
-
 def _as_new(item: Event | NewEvent) -> NewEvent:
     return item if isinstance(item, NewEvent) else NewEvent(event=item)
 
 
-class Transaction:
+class Transaction(LogReads):
     """A database transaction in which appends, reads, checkpoints and effects commit together.
+
+    The reads of :class:`events.log.reads.LogReads` run in it.
 
     Attributes:
         conn: the connection the transaction runs on.
@@ -108,6 +85,9 @@ class Transaction:
         self._fenced: Fence | None = None
         # False only for EventStore.append's single statement, which commits on its own.
         self._in_transaction = in_transaction
+
+    def _reading(self) -> contextlib.AbstractAsyncContextManager[Connection]:
+        return contextlib.nullcontext(self.conn)
 
     def write_as(self, fence: Fence | None) -> None:
         """Makes every later append of this transaction a write of the leader holding ``fence``:
@@ -275,8 +255,7 @@ class Transaction:
     async def next_trial_id(self) -> int:
         """Takes a new cluster-wide trial id from sequence ``trial_ids`` (never reused; a
         rolled-back transaction leaves a gap)."""
-        with translate_errors():
-            value = await self.conn.fetchval("SELECT nextval('trial_ids')")
+        value = await self.conn.fetchval("SELECT nextval('trial_ids')")
         return int(value)
 
     async def lock_checkpoint(self, name: str) -> int:
@@ -310,59 +289,63 @@ async def _read_all(
 ) -> list[RecordedEvent]:
     type_list = sorted(set(types)) if types is not None else None
     categories = sorted(set(envelopes))
-    with translate_errors():
-        if type_list is None or not categories:
-            rows = await conn.fetch(
-                f"""SELECT {_COLUMNS} FROM events
-                    WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
-                      AND ($3::text[] IS NULL OR type = ANY($3))
-                    ORDER BY position LIMIT $4""",
-                after,
-                upto,
-                type_list,
-                limit,
-            )
-        else:
-            rows = await conn.fetch(
-                """SELECT position, stream_id, stream_version, event_id, type, schema_version,
-                          CASE WHEN type = ANY($3) THEN payload ELSE '{}'::jsonb END AS payload,
-                          metadata, recorded_at
-                   FROM events
-                   WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
-                     AND (type = ANY($3) OR split_part(stream_id, '-', 1) = ANY($5))
-                   ORDER BY position LIMIT $4""",
-                after,
-                upto,
-                type_list,
-                limit,
-                categories,
-            )
-    return [row_to_event(r) for r in rows]
-
-
-async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> list[RecordedEvent]:
-    with translate_errors():
+    if type_list is None or not categories:
         rows = await conn.fetch(
-            f"""SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2
-                ORDER BY stream_version""",
-            stream_id,
-            after_version,
+            f"""SELECT {_COLUMNS} FROM events
+                WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                  AND ($3::text[] IS NULL OR type = ANY($3))
+                ORDER BY position LIMIT $4""",
+            after,
+            upto,
+            type_list,
+            limit,
+        )
+    else:
+        rows = await conn.fetch(
+            """SELECT position, stream_id, stream_version, event_id, type, schema_version,
+                      CASE WHEN type = ANY($3) THEN payload ELSE '{}'::jsonb END AS payload,
+                      metadata, recorded_at
+               FROM events
+               WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                 AND (type = ANY($3) OR split_part(stream_id, '-', 1) = ANY($5))
+               ORDER BY position LIMIT $4""",
+            after,
+            upto,
+            type_list,
+            limit,
+            categories,
         )
     return [row_to_event(r) for r in rows]
 
 
-class EventStore:
+async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> list[RecordedEvent]:
+    rows = await conn.fetch(
+        f"""SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2
+            ORDER BY stream_version""",
+        stream_id,
+        after_version,
+    )
+    return [row_to_event(r) for r in rows]
+
+
+class EventStore(LogReads):
     """The log: an asyncpg pool plus the append/read operations on it.
 
+    The reads of :class:`events.log.reads.LogReads` each run on a pooled connection.
+
+    Its asyncpg pool is its own: a service reads the log through the reads, writes through
+    :meth:`append` and :meth:`transaction`, and reaches its own tables through
+    :meth:`connection`, :meth:`transaction` and the one-statement helpers (:meth:`fetch` and
+    the like), all of which raise :mod:`events.log.errors` errors only.
+
     Attributes:
-        pool: the connection pool.
         dsn: where it connects.
         max_event_bytes: the largest event an append accepts (payload plus metadata, encoded);
             :data:`events.log.limits.MAX_EVENT_BYTES` unless told otherwise.
     """
 
     def __init__(self, pool: Pool, dsn: str, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
-        self.pool = pool
+        self._pool = pool
         self.dsn = dsn
         self.max_event_bytes = max_event_bytes
 
@@ -379,22 +362,69 @@ class EventStore:
         """Opens a pool on ``dsn`` (sessions with server ``settings``, if given) and applies the
         core migrations."""
         pool = await create_pool(dsn, min_size=min_size, max_size=max_size, settings=settings)
-        async with pool.acquire() as conn:
-            with translate_errors():
-                await migrations.apply(conn, "core", migrations.CORE)
+        async with acquire(pool) as conn:
+            await migrations.apply(conn, "core", migrations.CORE)
         return cls(pool, dsn, max_event_bytes=max_event_bytes)
 
     async def close(self) -> None:
         """Closes the pool."""
         with contextlib.suppress(Exception):
-            await self.pool.close()
+            await self._pool.close()
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Transaction]:
         """Yields a :class:`Transaction` that commits when the block exits without error."""
-        with translate_errors():
-            async with self.pool.acquire() as conn, conn.transaction():
-                yield Transaction(conn, max_event_bytes=self.max_event_bytes)
+        async with acquire(self._pool) as conn, conn.transaction():
+            yield Transaction(conn, max_event_bytes=self.max_event_bytes)
+
+    @contextlib.asynccontextmanager
+    async def read_transaction(self) -> AsyncIterator[Transaction]:
+        """Yields a read-only :class:`Transaction` in which every read sees one snapshot of the
+        database (``REPEATABLE READ``): a row committed after its first read is never seen."""
+        async with (
+            acquire(self._pool) as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield Transaction(conn, max_event_bytes=self.max_event_bytes)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """Yields a pooled connection for a service's own tables (outside a transaction; see
+        :meth:`transaction` for one); its queries, and taking it, raise :mod:`events.log.errors`
+        errors only."""
+        async with acquire(self._pool) as conn:
+            yield conn
+
+    def _reading(self) -> contextlib.AbstractAsyncContextManager[Connection]:
+        return self.connection()
+
+    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+        """Runs a query on a pooled connection and returns its rows.
+
+        Raises:
+            StoreUnavailableError: the database is unreachable or busy; a retry may succeed.
+            StatementError: the database refused the statement.
+        """
+        async with self.connection() as conn:
+            return list(await conn.fetch(sql, *args))
+
+    async def fetchrow(self, sql: str, *args: Any) -> Any:
+        """Runs a query on a pooled connection and returns its first row (or ``None``); errors
+        as :meth:`fetch`."""
+        async with self.connection() as conn:
+            return await conn.fetchrow(sql, *args)
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        """Runs a query on a pooled connection and returns the first column of its first row
+        (or ``None``); errors as :meth:`fetch`."""
+        async with self.connection() as conn:
+            return await conn.fetchval(sql, *args)
+
+    async def execute(self, sql: str, *args: Any) -> str:
+        """Runs a statement on a pooled connection and returns its status; errors as
+        :meth:`fetch`."""
+        async with self.connection() as conn:
+            return str(await conn.execute(sql, *args))
 
     async def append(
         self,
@@ -411,12 +441,11 @@ class EventStore:
         """
         if not events:
             return []
-        with translate_errors():
-            async with self.pool.acquire() as conn:
-                tx = Transaction(conn, max_event_bytes=self.max_event_bytes, in_transaction=False)
-                return await tx.append(
-                    stream_id, events, expected_version=expected_version, fence=fence
-                )
+        async with acquire(self._pool) as conn:
+            tx = Transaction(conn, max_event_bytes=self.max_event_bytes, in_transaction=False)
+            return await tx.append(
+                stream_id, events, expected_version=expected_version, fence=fence
+            )
 
     async def read_all(
         self,
@@ -428,7 +457,7 @@ class EventStore:
         envelopes: Iterable[str] = (),
     ) -> list[RecordedEvent]:
         """Reads committed events in position order; see :meth:`Transaction.read_all`."""
-        async with self.pool.acquire() as conn:
+        async with self.connection() as conn:
             return await _read_all(conn, after, upto, limit, types, envelopes)
 
     async def iter_all(
@@ -454,14 +483,8 @@ class EventStore:
 
     async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
         """Reads one stream's events after ``after_version`` in version order."""
-        async with self.pool.acquire() as conn:
+        async with self.connection() as conn:
             return await _read_stream(conn, stream_id, after_version)
-
-    async def head(self) -> int:
-        """Returns the highest committed position (0 for an empty log)."""
-        with translate_errors():
-            value = await self.pool.fetchval("SELECT coalesce(max(position), 0) FROM events")
-        return int(value)
 
     async def stream_version(self, stream_id: str) -> int:
         """Returns the stream's current version (0 for a stream with no events)."""
@@ -470,13 +493,12 @@ class EventStore:
 
     async def checkpoint(self, name: str) -> int:
         """Returns consumer ``name``'s checkpoint (0 if it has none)."""
-        with translate_errors():
-            return await read_checkpoint(self.pool, name)
+        async with self.connection() as conn:
+            return await read_checkpoint(conn, name)
 
     async def next_experiment_id(self) -> int:
         """Allocates a new experiment id (ids are never reused; gaps are possible)."""
-        with translate_errors():
-            value = await self.pool.fetchval("SELECT nextval('experiment_ids')")
+        value = await self.fetchval("SELECT nextval('experiment_ids')")
         return int(value)
 
 

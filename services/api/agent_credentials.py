@@ -26,7 +26,6 @@ from typing import Any
 
 from events.domain.commands import agent_subject
 from events.log.bus_auth import Authority, agent_inbox, public_key, safe_token
-from events.log.db import translate_errors
 from events.log.store import EventStore
 from services.api.errors import forbidden
 
@@ -102,36 +101,35 @@ async def issue(store: EventStore, agent_id: str, authority: Authority | None) -
     )
     nats_user = _creds_user(creds) if creds is not None else ""
     subject = agent_subject(agent_id)
-    with translate_errors():
-        async with store.pool.acquire() as conn, conn.transaction():
-            taken = await conn.fetchrow(
-                "SELECT agent_id, revoked_at FROM agent_credentials "
-                "WHERE agent_id = $1 OR subject = $2 FOR UPDATE",
-                agent_id,
-                subject,
-            )
-            if taken is not None:
-                if str(taken["agent_id"]) != agent_id:
-                    raise forbidden(
-                        f"agent id {agent_id!r} shares its command subject {subject} with agent "
-                        f"{taken['agent_id']!r}; choose an id of letters, digits, - and _"
-                    )
-                if taken["revoked_at"] is not None:
-                    raise forbidden(
-                        f"agent {agent_id}'s credential was revoked; join under another agent id"
-                    )
+    async with store.connection() as conn, conn.transaction():
+        taken = await conn.fetchrow(
+            "SELECT agent_id, revoked_at FROM agent_credentials "
+            "WHERE agent_id = $1 OR subject = $2 FOR UPDATE",
+            agent_id,
+            subject,
+        )
+        if taken is not None:
+            if str(taken["agent_id"]) != agent_id:
                 raise forbidden(
-                    f"agent {agent_id} has already joined; it uses the credential it was given "
-                    "(an admin can revoke it: cairn agent revoke)"
+                    f"agent id {agent_id!r} shares its command subject {subject} with agent "
+                    f"{taken['agent_id']!r}; choose an id of letters, digits, - and _"
                 )
-            await conn.execute(
-                "INSERT INTO agent_credentials (agent_id, token_hash, subject, nats_user) "
-                "VALUES ($1, $2, $3, $4)",
-                agent_id,
-                _hash(token),
-                subject,
-                nats_user,
+            if taken["revoked_at"] is not None:
+                raise forbidden(
+                    f"agent {agent_id}'s credential was revoked; join under another agent id"
+                )
+            raise forbidden(
+                f"agent {agent_id} has already joined; it uses the credential it was given "
+                "(an admin can revoke it: cairn agent revoke)"
             )
+        await conn.execute(
+            "INSERT INTO agent_credentials (agent_id, token_hash, subject, nats_user) "
+            "VALUES ($1, $2, $3, $4)",
+            agent_id,
+            _hash(token),
+            subject,
+            nats_user,
+        )
     return Issued(agent_id, token, creds, agent_inbox(agent_id))
 
 
@@ -142,42 +140,37 @@ def _creds_user(creds: str) -> str:
 
 async def lookup(store: EventStore, token: str) -> AgentCredential | None:
     """The live credential whose token is ``token``, or ``None`` (unknown or revoked)."""
-    with translate_errors():
-        row = await store.pool.fetchrow(
-            f"SELECT {_COLUMNS} FROM agent_credentials "
-            "WHERE token_hash = $1 AND revoked_at IS NULL",
-            _hash(token),
-        )
+    row = await store.fetchrow(
+        f"SELECT {_COLUMNS} FROM agent_credentials WHERE token_hash = $1 AND revoked_at IS NULL",
+        _hash(token),
+    )
     return _row(row) if row is not None else None
 
 
 async def bind_incarnation(store: EventStore, agent_id: str, incarnation: str) -> None:
     """Records the agent process (incarnation) that registered last with the credential."""
-    with translate_errors():
-        await store.pool.execute(
-            "UPDATE agent_credentials SET incarnation = $2 WHERE agent_id = $1",
-            agent_id,
-            incarnation,
-        )
+    await store.execute(
+        "UPDATE agent_credentials SET incarnation = $2 WHERE agent_id = $1",
+        agent_id,
+        incarnation,
+    )
 
 
 async def list_all(store: EventStore) -> list[AgentCredential]:
     """Every credential ever issued, by agent id."""
-    with translate_errors():
-        rows = await store.pool.fetch(f"SELECT {_COLUMNS} FROM agent_credentials ORDER BY agent_id")
+    rows = await store.fetch(f"SELECT {_COLUMNS} FROM agent_credentials ORDER BY agent_id")
     return [_row(r) for r in rows]
 
 
 async def revoke(store: EventStore, agent_id: str, *, by: str) -> AgentCredential | None:
     """Revokes ``agent_id``'s credential (a no-op if it already was); ``None`` if it has none."""
-    with translate_errors():
-        row = await store.pool.fetchrow(
-            f"""UPDATE agent_credentials
-                SET revoked_at = coalesce(revoked_at, now()),
-                    revoked_by = coalesce(revoked_by, $2)
-                WHERE agent_id = $1
-                RETURNING {_COLUMNS}""",
-            agent_id,
-            by,
-        )
+    row = await store.fetchrow(
+        f"""UPDATE agent_credentials
+            SET revoked_at = coalesce(revoked_at, now()),
+                revoked_by = coalesce(revoked_by, $2)
+            WHERE agent_id = $1
+            RETURNING {_COLUMNS}""",
+        agent_id,
+        by,
+    )
     return _row(row) if row is not None else None

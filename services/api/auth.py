@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -32,7 +31,6 @@ from aiohttp import web
 
 from events import settings
 from events.domain.names import parse_trial_id, trial_label, trial_stream
-from events.log.db import translate_errors
 from events.log.store import EventStore
 from services.api import agent_credentials, tables
 from services.api.audit_trail import actor_of, set_actor
@@ -155,8 +153,7 @@ def verify_trial_token(secret: bytes, token: str) -> tuple[str, int] | None:
 async def cluster_secret(store: EventStore) -> bytes:
     """The cluster secret that signs trial tokens (applies the gateway's migrations first)."""
     await tables.migrate(store)
-    with translate_errors():
-        value = await store.pool.fetchval("SELECT value FROM api_secrets WHERE name = 'cluster'")
+    value = await store.fetchval("SELECT value FROM api_secrets WHERE name = 'cluster'")
     return bytes.fromhex(str(value))
 
 
@@ -188,15 +185,12 @@ async def join_token(store: EventStore, path: str | None = None) -> str:
     if from_env:
         return from_env
     await tables.migrate(store)
-    with translate_errors():
-        await store.pool.execute(
-            "INSERT INTO api_secrets (name, value) VALUES ('agent_token', $1) "
-            "ON CONFLICT (name) DO NOTHING",
-            "join:" + secrets.token_urlsafe(32),
-        )
-        value = await store.pool.fetchval(
-            "SELECT value FROM api_secrets WHERE name = 'agent_token'"
-        )
+    await store.execute(
+        "INSERT INTO api_secrets (name, value) VALUES ('agent_token', $1) "
+        "ON CONFLICT (name) DO NOTHING",
+        "join:" + secrets.token_urlsafe(32),
+    )
+    value = await store.fetchval("SELECT value FROM api_secrets WHERE name = 'agent_token'")
     return str(value)
 
 
@@ -219,10 +213,7 @@ async def ensure_admin(store: EventStore, password: str | None) -> None:
             and hands it over in ``CAIRN_ADMIN_PASSWORD_FILE``).
     """
     loop = asyncio.get_running_loop()
-    with translate_errors():
-        stored = await store.pool.fetchval(
-            "SELECT password_hash FROM api_users WHERE username = 'admin'"
-        )
+    stored = await store.fetchval("SELECT password_hash FROM api_users WHERE username = 'admin'")
     if stored is not None:
         if password is None or password == LEGACY_ADMIN_PASSWORD:
             return
@@ -240,43 +231,39 @@ async def ensure_admin(store: EventStore, password: str | None) -> None:
         )
         return
     hashed = await loop.run_in_executor(None, hash_password, password)
-    with translate_errors():
-        await store.pool.execute(
-            "INSERT INTO api_users (username, password_hash, admin) VALUES ('admin', $1, true) "
-            "ON CONFLICT (username) DO NOTHING",
-            hashed,
-        )
+    await store.execute(
+        "INSERT INTO api_users (username, password_hash, admin) VALUES ('admin', $1, true) "
+        "ON CONFLICT (username) DO NOTHING",
+        hashed,
+    )
     log.info("created initial admin user")
 
 
 async def create_user(store: EventStore, username: str, password: str, *, admin: bool) -> bool:
     """Adds a user; returns ``False`` if the name is taken."""
     hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
-    with translate_errors():
-        row = await store.pool.fetchval(
-            "INSERT INTO api_users (username, password_hash, admin) VALUES ($1, $2, $3) "
-            "ON CONFLICT (username) DO NOTHING RETURNING 1",
-            username,
-            hashed,
-            admin,
-        )
+    row = await store.fetchval(
+        "INSERT INTO api_users (username, password_hash, admin) VALUES ($1, $2, $3) "
+        "ON CONFLICT (username) DO NOTHING RETURNING 1",
+        username,
+        hashed,
+        admin,
+    )
     return row is not None
 
 
 async def user_exists(store: EventStore, username: str) -> bool:
     """Whether an account named ``username`` exists (active or not)."""
-    with translate_errors():
-        found = await store.pool.fetchval("SELECT 1 FROM api_users WHERE username = $1", username)
+    found = await store.fetchval("SELECT 1 FROM api_users WHERE username = $1", username)
     return found is not None
 
 
 async def list_users(store: EventStore) -> list[dict[str, Any]]:
     """Every user account by name: ``username``, ``admin``, ``active``, ``created_at`` (ISO
     8601)."""
-    with translate_errors():
-        rows = await store.pool.fetch(
-            "SELECT username, admin, active, created_at FROM api_users ORDER BY username"
-        )
+    rows = await store.fetch(
+        "SELECT username, admin, active, created_at FROM api_users ORDER BY username"
+    )
     return [
         {
             "username": str(r["username"]),
@@ -294,27 +281,23 @@ async def set_active(store: EventStore, username: str, active: bool) -> bool | N
     Returns:
         Whether the user was active before, or ``None`` when there is no such user.
     """
-    with translate_errors():
-        async with store.pool.acquire() as conn, conn.transaction():
-            before = await conn.fetchval(
-                "SELECT active FROM api_users WHERE username = $1 FOR UPDATE", username
-            )
-            if before is None:
-                return None
-            await conn.execute(
-                "UPDATE api_users SET active = $2 WHERE username = $1", username, active
-            )
-            if not active:
-                await conn.execute("DELETE FROM api_tokens WHERE username = $1", username)
+    async with store.connection() as conn, conn.transaction():
+        before = await conn.fetchval(
+            "SELECT active FROM api_users WHERE username = $1 FOR UPDATE", username
+        )
+        if before is None:
+            return None
+        await conn.execute("UPDATE api_users SET active = $2 WHERE username = $1", username, active)
+        if not active:
+            await conn.execute("DELETE FROM api_tokens WHERE username = $1", username)
     return bool(before)
 
 
 async def check_password(store: EventStore, username: str, password: str) -> bool:
     """Whether ``password`` is ``username``'s (as slow for an unknown user as for a known one)."""
-    with translate_errors():
-        stored = await store.pool.fetchval(
-            "SELECT password_hash FROM api_users WHERE username = $1", username
-        )
+    stored = await store.fetchval(
+        "SELECT password_hash FROM api_users WHERE username = $1", username
+    )
     hashed = str(stored) if stored is not None else _DUMMY_HASH
     ok = await asyncio.get_running_loop().run_in_executor(None, verify_password, password, hashed)
     return stored is not None and ok
@@ -327,18 +310,17 @@ async def change_password(
     the change was made with); returns ``False`` when there is no such user."""
     hashed = await asyncio.get_running_loop().run_in_executor(None, hash_password, password)
     keep = hash_token(keep_token) if keep_token is not None else ""
-    with translate_errors():
-        async with store.pool.acquire() as conn, conn.transaction():
-            found = await conn.fetchval(
-                "UPDATE api_users SET password_hash = $2 WHERE username = $1 RETURNING 1",
-                username,
-                hashed,
-            )
-            if found is None:
-                return False
-            await conn.execute(
-                "DELETE FROM api_tokens WHERE username = $1 AND token_hash <> $2", username, keep
-            )
+    async with store.connection() as conn, conn.transaction():
+        found = await conn.fetchval(
+            "UPDATE api_users SET password_hash = $2 WHERE username = $1 RETURNING 1",
+            username,
+            hashed,
+        )
+        if found is None:
+            return False
+        await conn.execute(
+            "DELETE FROM api_tokens WHERE username = $1 AND token_hash <> $2", username, keep
+        )
     return True
 
 
@@ -354,10 +336,9 @@ async def login(
     Raises:
         ApiError: 401 saying so when the password is right but the user is deactivated.
     """
-    with translate_errors():
-        row = await store.pool.fetchrow(
-            "SELECT password_hash, admin, active FROM api_users WHERE username = $1", username
-        )
+    row = await store.fetchrow(
+        "SELECT password_hash, admin, active FROM api_users WHERE username = $1", username
+    )
     stored = str(row["password_hash"]) if row is not None else _DUMMY_HASH
     ok = await asyncio.get_running_loop().run_in_executor(None, verify_password, password, stored)
     if row is None or not ok:
@@ -365,21 +346,19 @@ async def login(
     if not row["active"]:
         raise unauthorized(f"user {username!r} is deactivated; an admin can activate it")
     token = secrets.token_urlsafe(32)
-    with translate_errors():
-        expires_at = await store.pool.fetchval(
-            "INSERT INTO api_tokens (token_hash, username, expires_at) "
-            "VALUES ($1, $2, now() + $3::interval) RETURNING expires_at",
-            hash_token(token),
-            username,
-            lifetime,
-        )
+    expires_at = await store.fetchval(
+        "INSERT INTO api_tokens (token_hash, username, expires_at) "
+        "VALUES ($1, $2, now() + $3::interval) RETURNING expires_at",
+        hash_token(token),
+        username,
+        lifetime,
+    )
     return token, bool(row["admin"]), expires_at
 
 
 async def logout(store: EventStore, token: str) -> None:
     """Revokes a user token."""
-    with translate_errors():
-        await store.pool.execute("DELETE FROM api_tokens WHERE token_hash = $1", hash_token(token))
+    await store.execute("DELETE FROM api_tokens WHERE token_hash = $1", hash_token(token))
 
 
 async def authenticate(request: web.Request, token: str) -> Principal | None:
@@ -404,22 +383,15 @@ async def authenticate(request: web.Request, token: str) -> Principal | None:
         return Principal("agent", credential.agent_id, incarnation=credential.incarnation)
     if state.join_token and hmac.compare_digest(token.encode(), state.join_token.encode()):
         return Principal("join", "join")
-    with translate_errors():
-        row = await state.store.pool.fetchrow(
-            """SELECT u.username, u.admin FROM api_tokens t JOIN api_users u USING (username)
-               WHERE t.token_hash = $1 AND (t.expires_at IS NULL OR t.expires_at > now())
-                 AND u.active""",
-            hash_token(token),
-        )
+    row = await state.store.fetchrow(
+        """SELECT u.username, u.admin FROM api_tokens t JOIN api_users u USING (username)
+           WHERE t.token_hash = $1 AND (t.expires_at IS NULL OR t.expires_at > now())
+             AND u.active""",
+        hash_token(token),
+    )
     if row is None:
         return None
     return Principal("user", str(row["username"]), admin=bool(row["admin"]))
-
-
-_RUNS_SQL = """
-    SELECT type, payload FROM events
-    WHERE stream_id = $1 AND type IN ('SlotsAllocated', 'TrialExited')
-    ORDER BY position DESC LIMIT 2"""
 
 
 async def _check_run_current(store: EventStore, label: str, run_id: int) -> None:
@@ -427,17 +399,15 @@ async def _check_run_current(store: EventStore, label: str, run_id: int) -> None
     ``SlotsAllocated``, whose ``TrialExited`` is not recorded."""
     from services.api.runs import RUN_NOT_CURRENT  # runs reads views, which reads this module
 
-    with translate_errors():
-        rows = await store.pool.fetch(_RUNS_SQL, trial_stream(parse_trial_id(label)))
+    latest = await store.latest_lifecycle(
+        trial_stream(parse_trial_id(label)), ("SlotsAllocated", "TrialExited"), limit=2
+    )
     current: int | None = None
-    for row in rows:  # newest first: an exit after the latest allocation ends it
-        payload = row["payload"]
-        if isinstance(payload, str):
-            payload = json.loads(payload)
-        if row["type"] == "SlotsAllocated":
-            current = int(payload["run_id"])
+    for event in latest:  # newest first: an exit after the latest allocation ends it
+        if event.type == "SlotsAllocated":
+            current = int(event.payload["run_id"])
             break
-        if row["type"] == "TrialExited":
+        if event.type == "TrialExited":
             break
     if current != run_id:
         raise ApiError(

@@ -27,9 +27,8 @@ from events.domain.aggregates import (
 )
 from events.domain.names import experiment_stream, trial_stream
 from events.domain.types import CheckpointSaved, CheckpointsDeleted, ValidationReported
-from events.log.db import translate_errors
 from events.log.envelope import RecordedEvent
-from events.log.store import EventStore, row_to_event
+from events.log.store import EventStore
 from services.api.errors import bad_request, not_found
 from services.api.views import MAX_ID, read_facts
 
@@ -66,14 +65,7 @@ async def position_at(store: EventStore, request: web.Request) -> int | None:
             f" such as 2026-01-01T12:00:00Z; got {shown!r}",
             AT,
         )
-    with translate_errors():
-        # Walks the log backwards from its head: a recent moment is found at once.
-        value = await store.pool.fetchval(
-            """SELECT position FROM events WHERE recorded_at <= $1
-               ORDER BY position DESC LIMIT 1""",
-            moment,
-        )
-    return 0 if value is None else int(value)
+    return await store.position_at(moment)
 
 
 def _timestamp(text: str) -> datetime | None:
@@ -263,16 +255,6 @@ async def agents_at(
     store: EventStore, at: int, agent_id: str | None = None
 ) -> list[dict[str, Any]]:
     """Every agent (or one) as ``GET /api/v1/agents`` lists them, as they were at ``at``."""
-    with translate_errors():
-        async with store.pool.acquire() as conn:
-            rows = await conn.fetch(
-                """SELECT position, stream_id, stream_version, event_id, type, schema_version,
-                          payload, metadata, recorded_at
-                   FROM events WHERE type = ANY($1::text[]) AND position <= $2
-                   ORDER BY position""",
-                list(CLUSTER_FACTS),
-                at,
-            )
-    cluster = fold_cluster(row_to_event(r) for r in rows)
+    cluster = fold_cluster(await store.read_types(CLUSTER_FACTS, upto=at))
     agents = cluster.agent_list()
     return [a for a in agents if agent_id is None or a["agent_id"] == agent_id]

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from events.domain import lifecycle
-from events.log.db import Connection, translate_errors
+from events.log.db import Connection
 from events.log.errors import StatementError
 from events.log.store import EventStore
 from services.api import read as api_read
@@ -163,13 +163,12 @@ def as_dict(row: Any) -> dict[str, Any]:
 
 async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:
     """Runs a query on the projections; no rows when the tracker has not created its tables."""
-    with translate_errors():
-        try:
-            return list(await store.pool.fetch(sql, *args))
-        except StatementError as exc:
-            if exc.undefined_table:
-                return []
-            raise
+    try:
+        return list(await store.fetch(sql, *args))
+    except StatementError as exc:
+        if exc.undefined_table:
+            return []
+        raise
 
 
 async def fetchrow(store: EventStore, sql: str, *args: Any) -> Any:
@@ -210,7 +209,7 @@ async def list_experiments(
         limit: page size.
         offset: rows skipped.
     """
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         rows, total = await tracker_read.list_experiments(
             conn,
             states=states,
@@ -228,7 +227,7 @@ async def list_experiments(
 
 async def experiment_row(store: EventStore, experiment_id: int) -> dict[str, Any] | None:
     """One experiment's summary from the projection, or ``None``."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         row = await tracker_read.experiment(conn, experiment_id)
         if row is None:
             return None
@@ -265,7 +264,7 @@ async def list_trials(
     offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of an experiment's trials (by sequence, or best metric first) and their count."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         rows, total = await tracker_read.list_trials(
             conn,
             experiment_id,
@@ -280,21 +279,21 @@ async def list_trials(
 
 async def trial_row(store: EventStore, trial_id: int) -> dict[str, Any] | None:
     """One trial's summary from the projection, or ``None``."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         row = await tracker_read.trial(conn, trial_id)
     return as_dict(row) if row is not None else None
 
 
 async def allocations_of(store: EventStore, trial_id: int) -> list[dict[str, Any]]:
     """A trial's allocations by run."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         rows = await tracker_read.allocations_of(conn, trial_id)
     return [as_dict(r) for r in rows]
 
 
 async def trial_progress(store: EventStore, trial_id: int) -> float | None:
     """The trial's last reported progress (gateway table ``trial_progress``), or ``None``."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         return (await api_read.progress_of(conn, [trial_id])).get(trial_id)
 
 
@@ -316,7 +315,7 @@ async def list_checkpoints(
 
     Ordered best searcher metric first (``by_metric``; unvalidated ones last) or most steps first.
     """
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         rows, total = await tracker_read.list_checkpoints(
             conn,
             experiment_id=experiment_id,
@@ -332,21 +331,21 @@ async def list_checkpoints(
 
 async def checkpoint_row(store: EventStore, uuid: str) -> dict[str, Any] | None:
     """One checkpoint from the projection, or ``None``."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         row = await tracker_read.checkpoint(conn, uuid)
     return as_dict(row) if row is not None else None
 
 
 async def list_slots(store: EventStore, agent_id: str | None = None) -> list[dict[str, Any]]:
     """Every slot (of one agent, or of all), by agent and slot id."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         rows = await tracker_read.list_slots(conn, agent_id)
     return [as_dict(r) for r in rows]
 
 
 async def list_agents(store: EventStore, agent_id: str | None = None) -> list[dict[str, Any]]:
     """Every agent (or one) with its slots and last heartbeat, by agent id."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         rows = await tracker_read.list_agents(conn, agent_id)
         slot_rows = await tracker_read.list_slots(conn, agent_id)
         beats = await api_read.beat_times(conn, [r["agent_id"] for r in rows]) if rows else {}

@@ -99,7 +99,7 @@ class AuditResponse(BaseModel):
 async def get_audit(request: web.Request) -> web.Response:
     """The audit trail, newest first (admin; filters: actor, experiment, type, time range)."""
     query = parse(AuditQuery, dict(request.query))
-    async with store_of(request).pool.acquire() as conn:
+    async with store_of(request).connection() as conn:
         rows = await tracker_read.audit_page(
             conn,
             actor=query.actor,

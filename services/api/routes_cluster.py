@@ -90,7 +90,7 @@ async def queue(request: web.Request) -> web.Response:
     """Trials of active experiments that hold no slots, in the order of their priority (lower
     first) and request time."""
     principal = principal_of(request)
-    async with store_of(request).pool.acquire() as conn:
+    async with store_of(request).connection() as conn:
         rows = await tracker_read.waiting_trials(conn)
     entries = []
     for row in rows:
@@ -117,7 +117,7 @@ async def queue(request: web.Request) -> web.Response:
 async def holders(request: web.Request) -> web.Response:
     """The allocations not yet terminated: which trial holds the slots of each."""
     principal = principal_of(request)
-    async with store_of(request).pool.acquire() as conn:
+    async with store_of(request).connection() as conn:
         rows = await tracker_read.live_allocations(conn)
     out = []
     for row in rows:
@@ -159,7 +159,7 @@ async def utilisation(request: web.Request) -> web.Response:
     store = store_of(request)
     now = datetime.now(UTC)
     start = (now - timedelta(minutes=query.minutes)).replace(second=0, microsecond=0)
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         rows = await tracker_read.allocation_spans(conn, start)
         total = await tracker_read.enabled_slots(conn)
     spans = []

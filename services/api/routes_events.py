@@ -15,6 +15,7 @@ any dropped connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 
@@ -24,10 +25,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from events.domain.config.secrets import CONFIG_EVENTS, mask_payload
 from events.domain.names import coerce_trial_id, experiment_stream, trial_stream
-from events.log.db import translate_errors
 from events.log.errors import StoreUnavailableError
 from events.log.registry import known_types
-from events.log.store import EventStore, row_to_event
+from events.log.store import EventStore
 from services.api.access import readable_experiment
 from services.api.auth import principal_of
 from services.api.errors import bad_request, forbidden, parse
@@ -127,35 +127,28 @@ async def _page(
     without the callers' addresses (``metadata.remote``)."""
     # One snapshot: a trial requested after the list of trials was read cannot have events in
     # the page, which would otherwise be skipped for good.
-    with translate_errors():
-        async with (
-            store.pool.acquire() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):
-            streams: list[str] | None = None
-            if experiment_id is not None:
-                stream = experiment_stream(experiment_id)
-                requested = await conn.fetch(
-                    """SELECT payload->>'trial_id' AS t FROM events
-                           WHERE stream_id = $1 AND type = 'TrialRequested'""",
-                    stream,
-                )
-                streams = [stream, *(trial_stream(coerce_trial_id(r["t"])) for r in requested)]
-            query = """SELECT position, stream_id, stream_version, event_id, type,
-                              schema_version, payload, metadata, recorded_at
-                       FROM events
-                       WHERE position > $1 AND ($2::text[] IS NULL OR type = ANY($2))
-                         AND ($3::text[] IS NULL OR stream_id = ANY($3))
-                         AND ($5::text[] IS NULL OR stream_id = ANY($5)
-                              OR split_part(stream_id, '-', 1) = ANY($6))
-                       ORDER BY position LIMIT $4"""
-            out: list[tuple[int, str, str]] = []
-            size = 0
-            rows = conn.cursor(
-                query, after, types, streams, BATCH, named[0], named[1], prefetch=PREFETCH
-            )
-            async for row in rows:
-                event = row_to_event(row)
+    async with store.read_transaction() as tx:
+        streams: list[str] | None = None
+        if experiment_id is not None:
+            stream = experiment_stream(experiment_id)
+            requested = await tx.read_streams([stream], ["TrialRequested"])
+            streams = [
+                stream,
+                *(trial_stream(coerce_trial_id(e.payload["trial_id"])) for e in requested),
+            ]
+        out: list[tuple[int, str, str]] = []
+        size = 0
+        page = tx.cursor(
+            after,
+            types=types,
+            streams=streams,
+            named_streams=named[0],
+            named_categories=named[1] or (),
+            limit=BATCH,
+            prefetch=PREFETCH,
+        )
+        async with contextlib.aclosing(page):
+            async for event in page:
                 if event.type in CONFIG_EVENTS:
                     masked = mask_payload(event.type, event.payload)
                     event = event.model_copy(update={"payload": masked})

@@ -641,16 +641,12 @@ async def get_code(request: web.Request) -> web.Response:
     if not CODE_REF.match(code_ref):
         raise not_found(f"no code {code_ref!r} (code refs look like sha256:<64 hex digits>)")
     store = store_of(request)
-    if principal.kind == "user" and not principal.is_admin:
-        owns = await tables.fetchval(
-            store,
-            """SELECT 1 FROM events WHERE type = 'ExperimentSubmitted'
-               AND payload->>'code_ref' = $1 AND payload->>'owner' = $2 LIMIT 1""",
-            code_ref,
-            principal.name,
-        )
-        if not owns:
-            raise forbidden("only agents, admins and the experiment's owner may read its code")
+    if (
+        principal.kind == "user"
+        and not principal.is_admin
+        and await store.submission_with_code(code_ref, owner=principal.name) is None
+    ):
+        raise forbidden("only agents, admins and the experiment's owner may read its code")
     data = await tables.fetchval(store, "SELECT data FROM code_blobs WHERE code_ref = $1", code_ref)
     if data is None:
         raise not_found(f"no code {code_ref}")

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from aiohttp import web
 from pydantic import BaseModel
 
-from events.log.db import translate_errors
 from events.log.store import EventStore
 from services.api.routing import PUBLIC, RouteTable, store_of
 
@@ -45,13 +44,12 @@ def mark_started(app: web.Application) -> None:
 async def cluster_id(store: EventStore) -> str:
     """The cluster's id: a random UUID chosen on first use and kept in ``api_secrets`` (it is no
     secret, but lives with the cluster's other identity values)."""
-    with translate_errors():
-        await store.pool.execute(
-            "INSERT INTO api_secrets (name, value) VALUES ('cluster_id', $1) "
-            "ON CONFLICT (name) DO NOTHING",
-            str(uuid.uuid4()),
-        )
-        value = await store.pool.fetchval("SELECT value FROM api_secrets WHERE name = 'cluster_id'")
+    await store.execute(
+        "INSERT INTO api_secrets (name, value) VALUES ('cluster_id', $1) "
+        "ON CONFLICT (name) DO NOTHING",
+        str(uuid.uuid4()),
+    )
+    value = await store.fetchval("SELECT value FROM api_secrets WHERE name = 'cluster_id'")
     return str(value)
 
 

@@ -17,8 +17,6 @@ from pydantic import BaseModel
 from events.domain import lifecycle
 from events.domain.names import experiment_stream, trial_stream
 from events.domain.types import TrialStopRequested, ValidationReported
-from events.log.db import translate_errors
-from events.log.store import row_to_event
 from services.api.access import readable_trial, searcher_readable_experiment
 from services.api.errors import not_found
 from services.api.routing import ANYONE, RouteTable, store_of
@@ -88,18 +86,11 @@ async def best_validation(request: web.Request) -> web.Response:
     view = await searcher_readable_experiment(request, _experiment_id(request), with_trials=True)
     metric = str(view.searcher.get("metric") or "")
     streams = [trial_stream(trial_id) for trial_id in view.trials]
-    with translate_errors():
-        rows = await store_of(request).pool.fetch(
-            """SELECT position, stream_id, stream_version, event_id, type, schema_version,
-                      payload, metadata, recorded_at
-               FROM events WHERE stream_id = ANY($1::text[]) AND type = 'ValidationReported'
-               ORDER BY position""",
-            streams,
-        )
+    validations = await store_of(request).read_streams(streams, ["ValidationReported"])
     sign = 1.0 if view.smaller_is_better else -1.0
     best: tuple[float, int] | None = None
-    for row in rows:
-        event = row_to_event(row).decode()
+    for recorded in validations:
+        event = recorded.decode()
         assert isinstance(event, ValidationReported)
         value = event.metrics.get(metric)
         if value is None or not math.isfinite(value):

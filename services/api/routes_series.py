@@ -20,7 +20,6 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.log.db import translate_errors
 from events.log.errors import StatementError
 from events.log.store import EventStore
 from services.api import tables
@@ -150,14 +149,13 @@ async def tracker_position(store: EventStore) -> int:
 async def _read(store: EventStore, read: Callable[..., Awaitable[T]], *args: Any) -> T | None:
     """Runs a tracker read on a pooled connection; ``None`` when the tracker has not created its
     tables yet."""
-    with translate_errors():
-        try:
-            async with store.pool.acquire() as conn:
-                return await read(conn, *args)
-        except StatementError as exc:
-            if exc.undefined_table:
-                return None
-            raise
+    try:
+        async with store.connection() as conn:
+            return await read(conn, *args)
+    except StatementError as exc:
+        if exc.undefined_table:
+            return None
+        raise
 
 
 def _points(found: tracker_read.SeriesBuckets) -> dict[str, list[Any]]:

@@ -445,7 +445,7 @@ async def metrics(request: web.Request) -> web.Response:
     trial_id = trial_id_of(request.match_info["trial_id"])
     await readable_trial(request, trial_id)
     query = parse(MetricsQuery, dict(request.query))
-    async with store_of(request).pool.acquire() as conn:
+    async with store_of(request).connection() as conn:
         rows = await tracker_read.trial_metrics(
             conn,
             trial_id,

@@ -34,7 +34,6 @@ from events.domain.names import experiment_stream, parse_trial_id, trial_stream
 from events.domain.types import ExperimentSubmitted
 from events.domain.types.experiment import MAX_EXTERNAL_ID
 from events.domain.unmanaged import close_run, expire_run, open_run, request_trial
-from events.log.db import translate_errors
 from events.log.envelope import new
 from events.log.errors import EventsError
 from events.log.store import EventStore, Transaction
@@ -265,12 +264,11 @@ async def heartbeat(request: web.Request) -> web.Response:
     """Records that the run's script is alive; 409 once the run has ended."""
     parse(HeartbeatBody, await read_json(request))
     trial_id, run_id = _run_of(request)
-    with translate_errors():
-        result = await store_of(request).pool.execute(
-            "UPDATE unmanaged_heartbeats SET seen_at = now() WHERE trial_id = $1 AND run_id = $2",
-            trial_id,
-            run_id,
-        )
+    result = await store_of(request).execute(
+        "UPDATE unmanaged_heartbeats SET seen_at = now() WHERE trial_id = $1 AND run_id = $2",
+        trial_id,
+        run_id,
+    )
     if str(result).endswith(" 0"):
         raise not_current(f"run {run_id} of trial {trial_id} is not an open unmanaged run")
     return web.json_response({"trial_id": trial_id, "run_id": run_id, "changed": True})
@@ -317,12 +315,11 @@ async def close(request: web.Request) -> web.Response:
 async def expire_silent_runs(store: EventStore, timeout: timedelta) -> list[tuple[int, int]]:
     """Ends every open unmanaged run not heard from within ``timeout`` (its trial ERROR);
     returns the (trial, run) pairs it ended."""
-    with translate_errors():
-        rows = await store.pool.fetch(
-            """SELECT trial_id, run_id, extract(epoch FROM now() - seen_at) AS silent
-               FROM unmanaged_heartbeats WHERE seen_at < now() - $1::interval""",
-            timeout,
-        )
+    rows = await store.fetch(
+        """SELECT trial_id, run_id, extract(epoch FROM now() - seen_at) AS silent
+           FROM unmanaged_heartbeats WHERE seen_at < now() - $1::interval""",
+        timeout,
+    )
     ended: list[tuple[int, int]] = []
     for row in rows:
         trial_id, run_id, silent = int(row["trial_id"]), int(row["run_id"]), float(row["silent"])

@@ -109,7 +109,7 @@ async def get_usage(request: web.Request) -> web.Response:
     start, end = window(query, now)
     start_ms, end_ms = tracker_read.epoch_ms(start), tracker_read.epoch_ms(end)
     try:
-        async with store_of(request).pool.acquire() as conn:
+        async with store_of(request).connection() as conn:
             rows = await tracker_read.usage_report(
                 conn, start_ms, end_ms, query.by, owner=owner, now_ms=tracker_read.epoch_ms(now)
             )

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 from events.domain import lifecycle
 from events.domain.names import experiment_stream, trial_stream
-from events.log.db import translate_errors
-from events.log.store import Transaction, row_to_event
 from services.api.errors import ApiError, conflict, not_found
 from services.api.views import (
     AllocationView,
@@ -31,17 +29,6 @@ from services.api.views import (
     experiment_of,
     fold_trial,
 )
-
-# The literal type list matches the partial index ``events_lifecycle`` (core migration 0003).
-_LIFECYCLE_SQL = """
-    SELECT position, stream_id, stream_version, event_id, type, schema_version, payload,
-           metadata, recorded_at
-    FROM events
-    WHERE stream_id = ANY($1::text[])
-      AND type IN ('ExperimentSubmitted', 'ExperimentStateChanged', 'ExperimentContinued',
-                   'SlotsAllocated', 'TrialExited', 'TrialStateChanged')
-    ORDER BY position"""
-
 
 RUN_NOT_CURRENT = "run_not_current"
 """The ``reason`` of a 409 refusing a report because its run may no longer report."""
@@ -116,15 +103,10 @@ async def load_run_state(reader: Reader, trial_id: int) -> RunState:
     """Folds the lifecycle facts of ``trial_id`` and its experiment; 404 for a trial that has
     no stream."""
     streams = [trial_stream(trial_id), experiment_stream(await experiment_of(reader, trial_id))]
-    conn = reader.conn if isinstance(reader, Transaction) else reader.pool
-    with translate_errors():
-        rows = await conn.fetch(_LIFECYCLE_SQL, streams)
-        events = [row_to_event(r) for r in rows]
-        trial_events = [e for e in events if e.stream_id == streams[0]]
-        if not trial_events and not await conn.fetchval(
-            "SELECT true FROM events WHERE stream_id = $1 LIMIT 1", streams[0]
-        ):
-            raise not_found(f"no trial {trial_id}")
+    events = await reader.read_lifecycle(streams)
+    trial_events = [e for e in events if e.stream_id == streams[0]]
+    if not trial_events and not await reader.stream_version(streams[0]):
+        raise not_found(f"no trial {trial_id}")
     return RunState(
         trial=fold_trial(trial_id, trial_events),
         trial_state=lifecycle.fold_trial(trial_events).state,

@@ -12,7 +12,6 @@ from typing import Any
 
 from events.domain.names import sql_trial_id
 from events.log import migrations
-from events.log.db import translate_errors
 from events.log.store import EventStore
 
 NAMESPACE = "api"
@@ -203,30 +202,25 @@ async def migrate(store: EventStore) -> int:
     the tracker's tables through :mod:`services.tracker.read`, which answers as if they were
     empty until they exist.
     """
-    async with store.pool.acquire() as conn:
-        with translate_errors():
-            return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+    async with store.connection() as conn:
+        return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
 
 
 async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:
     """Runs a query on the pool with driver errors translated."""
-    with translate_errors():
-        return list(await store.pool.fetch(sql, *args))
+    return list(await store.fetch(sql, *args))
 
 
 async def fetchrow(store: EventStore, sql: str, *args: Any) -> Any:
     """Runs a query on the pool and returns its first row (or ``None``)."""
-    with translate_errors():
-        return await store.pool.fetchrow(sql, *args)
+    return await store.fetchrow(sql, *args)
 
 
 async def fetchval(store: EventStore, sql: str, *args: Any) -> Any:
     """Runs a query on the pool and returns the first column of its first row."""
-    with translate_errors():
-        return await store.pool.fetchval(sql, *args)
+    return await store.fetchval(sql, *args)
 
 
 async def execute(store: EventStore, sql: str, *args: Any) -> None:
     """Runs a statement on the pool."""
-    with translate_errors():
-        await store.pool.execute(sql, *args)
+    await store.execute(sql, *args)

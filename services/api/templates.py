@@ -16,8 +16,7 @@ from events.domain.config import ConfigError, ExperimentConfig
 from events.domain.config.merge import merge_under
 from events.domain.config.secrets import mask_secrets
 from events.domain.types import TemplateRemoved, TemplateSet
-from events.log.db import translate_errors
-from events.log.store import EventStore, row_to_event
+from events.log.store import EventStore
 from services.api.errors import bad_request, not_found
 from services.api.parsing import yaml_off_loop
 from services.api.views import Reader, read_facts
@@ -95,18 +94,8 @@ async def existing_template(reader: Reader, name: str) -> TemplateView:
 
 async def list_templates(store: EventStore) -> list[dict[str, Any]]:
     """Every template that exists, by name (the latest fact of each template stream)."""
-    with translate_errors():
-        rows = await store.pool.fetch(
-            """SELECT DISTINCT ON (stream_id) position, stream_id, stream_version, event_id, type,
-                      schema_version, payload, metadata, recorded_at
-               FROM events
-               WHERE stream_id LIKE 'template-%' AND type = ANY($1::text[])
-               ORDER BY stream_id, stream_version DESC""",
-            list(FACTS),
-        )
     out = []
-    for row in rows:
-        recorded = row_to_event(row)
+    for recorded in await store.latest_per_stream("template-", FACTS):
         if recorded.type != "TemplateSet":
             continue
         name = recorded.stream_id.removeprefix("template-")

@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from events.log.db import translate_errors
 from events.log.store import EventStore
 from services.api.auth import hash_token
 
@@ -19,12 +18,11 @@ from services.api.auth import hash_token
 async def bound_lifetimes(store: EventStore, lifetime: timedelta) -> int:
     """Gives every token without an expiry one (``created_at + lifetime``) and removes the
     expired ones; returns how many were given one."""
-    with translate_errors():
-        result = await store.pool.execute(
-            "UPDATE api_tokens SET expires_at = created_at + $1::interval WHERE expires_at IS NULL",
-            lifetime,
-        )
-        await store.pool.execute("DELETE FROM api_tokens WHERE expires_at <= now()")
+    result = await store.execute(
+        "UPDATE api_tokens SET expires_at = created_at + $1::interval WHERE expires_at IS NULL",
+        lifetime,
+    )
+    await store.execute("DELETE FROM api_tokens WHERE expires_at <= now()")
     return int(str(result).rsplit(" ", 1)[-1] or 0)
 
 
@@ -51,14 +49,13 @@ async def list_tokens(
     Returns:
         ``{"id", "username", "created_at", "expires_at", "current"}`` per token.
     """
-    with translate_errors():
-        rows = await store.pool.fetch(
-            """SELECT id, username, token_hash, created_at, expires_at FROM api_tokens
-               WHERE ($1::text IS NULL OR username = $1)
-                 AND (expires_at IS NULL OR expires_at > now())
-               ORDER BY created_at DESC, id DESC""",
-            username,
-        )
+    rows = await store.fetch(
+        """SELECT id, username, token_hash, created_at, expires_at FROM api_tokens
+           WHERE ($1::text IS NULL OR username = $1)
+             AND (expires_at IS NULL OR expires_at > now())
+           ORDER BY created_at DESC, id DESC""",
+        username,
+    )
     current_hash = hash_token(current) if current else None
     return [_row(r, current_hash) for r in rows]
 
@@ -66,19 +63,15 @@ async def list_tokens(
 async def owner_of(store: EventStore, token_id: int) -> str | None:
     """The username token ``token_id`` belongs to, or ``None`` when there is none (expired
     ones included)."""
-    with translate_errors():
-        owner = await store.pool.fetchval(
-            "SELECT username FROM api_tokens WHERE id = $1 AND (expires_at IS NULL "
-            "OR expires_at > now())",
-            token_id,
-        )
+    owner = await store.fetchval(
+        "SELECT username FROM api_tokens WHERE id = $1 AND (expires_at IS NULL "
+        "OR expires_at > now())",
+        token_id,
+    )
     return None if owner is None else str(owner)
 
 
 async def revoke(store: EventStore, token_id: int) -> bool:
     """Revokes token ``token_id``; returns whether there was one."""
-    with translate_errors():
-        gone = await store.pool.fetchval(
-            "DELETE FROM api_tokens WHERE id = $1 RETURNING 1", token_id
-        )
+    gone = await store.fetchval("DELETE FROM api_tokens WHERE id = $1 RETURNING 1", token_id)
     return gone is not None

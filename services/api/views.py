@@ -9,8 +9,7 @@ the view's version fails if anything at all was appended since.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,9 +40,8 @@ from events.domain.names import (
     trial_stream,
 )
 from events.domain.types import TrialKillRequested, TrialStateChanged
-from events.log.db import Connection, translate_errors
 from events.log.envelope import RecordedEvent
-from events.log.store import EventStore, Transaction, row_to_event
+from events.log.store import EventStore, Transaction
 from services.api.auth import Principal
 from services.api.errors import forbidden, not_found
 from services.contracts.agent import SpecResponse
@@ -75,16 +73,6 @@ __all__ = [
 TRIAL_CONTROL_FACTS = ("TrialStateChanged", "TrialKillRequested")
 
 
-@contextlib.asynccontextmanager
-async def _connection(reader: Reader) -> AsyncIterator[Connection]:
-    if isinstance(reader, Transaction):
-        yield reader.conn
-        return
-    with translate_errors():
-        async with reader.pool.acquire() as conn:
-            yield conn
-
-
 async def read_facts(
     reader: Reader,
     stream_id: str,
@@ -107,29 +95,13 @@ async def read_facts(
     Returns:
         The events in version order and the stream's current version (0: no such stream).
     """
-    async with _connection(reader) as conn:
-        with translate_errors():
-            rows = await conn.fetch(
-                """SELECT h.head, e.position, e.stream_id, e.stream_version, e.event_id, e.type,
-                          e.schema_version, e.payload, e.metadata, e.recorded_at
-                   FROM (SELECT coalesce(max(stream_version), 0) AS head
-                         FROM events WHERE stream_id = $1
-                          AND ($5::bigint IS NULL OR position <= $5)) AS h
-                   LEFT JOIN events e
-                     ON e.stream_id = $1 AND e.stream_version > $2 AND e.type = ANY($3::text[])
-                    AND ($4::text IS NULL OR e.type <> 'TrialRequested'
-                         OR e.payload->>'trial_id' = $4)
-                    AND ($5::bigint IS NULL OR e.position <= $5)
-                   ORDER BY e.stream_version""",
-                stream_id,
-                after_version,
-                list(types),
-                None if trial_id is None else trial_label(trial_id),
-                at,
-            )
-    head = int(rows[0]["head"]) if rows else 0
-    events = [row_to_event(r) for r in rows if r["position"] is not None]
-    return events, head
+    return await reader.read_stream_facts(
+        stream_id,
+        types,
+        after_version=after_version,
+        requested_trial=None if trial_id is None else trial_label(trial_id),
+        at=at,
+    )
 
 
 def check_owner(principal: Principal, owner: str) -> None:
@@ -160,18 +132,11 @@ def trial_of(allocation: str) -> int:
 
 async def experiment_of(reader: Reader, trial_id: int) -> int:
     """The experiment that requested ``trial_id``; a trial never requested is a 404."""
-    async with _connection(reader) as conn:
-        with translate_errors():
-            value = await conn.fetchval(
-                # Raw payloads: the text of the stored id is the trial's label (events.domain.names).
-                """SELECT (payload->>'experiment_id')::bigint FROM events
-                   WHERE type = 'TrialRequested' AND payload->>'trial_id' = $1
-                   ORDER BY position LIMIT 1""",
-                trial_label(trial_id),
-            )
-    if value is None:
+    # The stored id's text is the trial's label (events.domain.names), which the index holds.
+    request = await reader.trial_request(trial_label(trial_id))
+    if request is None:
         raise not_found(f"no trial {trial_id}")
-    return int(value)
+    return int(request.payload["experiment_id"])
 
 
 # --- experiment -----------------------------------------------------------------------------

@@ -104,11 +104,7 @@ async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
     beats = await api_read.heartbeats(tx.conn)
     if beats is None:
         return None
-    exits = await tx.conn.fetch(
-        "SELECT payload->>'allocation_id' AS a FROM events WHERE position > $1"
-        " AND type = 'TrialExited'",
-        folded,
-    )
+    exits = await tx.read_types(["TrialExited"], after=folded)
     agents = {
         agent_id: Report(incarnation=beat.incarnation, seq=beat.seq, running=beat.running)
         for agent_id, beat in beats.agents.items()
@@ -116,5 +112,7 @@ async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
     return Heartbeats(
         now=beats.now,
         last_beat={agent_id: beat.at for agent_id, beat in beats.agents.items()},
-        reports=Reports(agents=agents, exits_unfolded=frozenset(str(e["a"]) for e in exits)),
+        reports=Reports(
+            agents=agents, exits_unfolded=frozenset(str(e.payload["allocation_id"]) for e in exits)
+        ),
     )

@@ -40,7 +40,6 @@ import structlog
 from events.domain.names import experiment_stream
 from events.domain.search.custom import CustomStrategy, answer_digest, hook_of
 from events.domain.types import CustomSearcherAnswered, CustomSearcherFailed
-from events.log.db import translate_errors
 from events.log.envelope import NewEvent
 from events.log.errors import DuplicateEventError, EventsError, FencedError
 from events.log.store import EventStore, Fence, Transaction
@@ -220,9 +219,8 @@ class CustomWorker:
             raise SandboxError("the experiment has no code")
 
         async def read() -> bytes | None:
-            with translate_errors():
-                async with self.store.pool.acquire() as conn:
-                    return await api_read.code_blob(conn, code_ref)
+            async with self.store.connection() as conn:
+                return await api_read.code_blob(conn, code_ref)
 
         data = await self._retrying("custom searcher's code unreadable", read)
         if data is None:

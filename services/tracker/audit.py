@@ -19,7 +19,7 @@ import structlog
 from events.domain.names import TrialIdError, coerce_trial_id, experiment_of_stream, trial_of_stream
 from events.log import migrations
 from events.log.consumer import Consumer
-from events.log.db import Connection, translate_errors
+from events.log.db import Connection
 from events.log.envelope import RecordedEvent
 from events.log.errors import EventsError, StatementError
 from events.log.store import EventStore, Transaction
@@ -65,9 +65,8 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
 
 async def migrate(store: EventStore) -> int:
     """Applies the audit trail's pending migrations; returns how many ran."""
-    async with store.pool.acquire() as conn:
-        with translate_errors():
-            return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+    async with store.connection() as conn:
+        return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
 
 
 def _int(value: Any) -> int | None:
@@ -187,8 +186,7 @@ class AuditConsumer(Consumer):
             EventsError: the database refused the rows (the page is retried).
         """
         try:
-            with translate_errors():
-                await apply_page(tx.conn, events)
+            await apply_page(tx.conn, events)
         except StatementError as exc:
             last = events[-1].position if events else 0
             raise EventsError(f"auditing the page up to position {last} failed: {exc}") from exc

@@ -42,10 +42,9 @@ from events.domain.types import (
 )
 from events.log.bus import EVENTS_PREFIX
 from events.log.consumer import Consumer
-from events.log.db import translate_errors
 from events.log.envelope import Event, RecordedEvent, new
 from events.log.errors import EventsError, StatementError
-from events.log.store import Transaction, row_to_event
+from events.log.store import Transaction
 from services.tracker.projections import metric_value
 
 log = structlog.get_logger("tracker")
@@ -221,21 +220,15 @@ async def read_experiment(
             trial_streams.append(trial_stream(int(e.payload["trial_id"])))
         elif e.type == "CheckpointsDeleted":
             facts.deleted.update(str(u) for u in e.payload.get("uuids", []))
-    rows = await tx.conn.fetch(
-        """SELECT position, stream_id, stream_version, event_id, type, schema_version, payload,
-                  metadata, recorded_at
-           FROM events
-           WHERE stream_id = ANY($1::text[]) AND type = ANY($2::text[])
-           ORDER BY position""",
-        trial_streams,
-        ["CheckpointSaved", "ValidationReported"],
+    events_of_trials = await tx.read_streams(
+        trial_streams, ["CheckpointSaved", "ValidationReported"]
     )
     metric = str(facts.searcher.get("metric") or "")
     saved: list[tuple[str, int, int]] = []
     validations: dict[tuple[int, int], float | None] = {}
-    for row in rows:
-        # Upcast and decoded at the read boundary: a legacy "E.N" trial id arrives mapped.
-        event = row_to_event(row).decode()
+    for recorded in events_of_trials:
+        # Upcast at the read boundary: a legacy "E.N" trial id arrives mapped.
+        event = recorded.decode()
         if isinstance(event, CheckpointSaved):
             saved.append((event.uuid, event.trial_id, event.steps_completed))
         elif isinstance(event, ValidationReported):  # the latest at these steps wins
@@ -261,22 +254,16 @@ async def warm_starts(tx: Transaction, facts: ExperimentCheckpoints) -> frozense
     uuids = list(facts.checkpoints)
     if not uuids:
         return frozenset()
-    rows = await tx.conn.fetch(
-        """SELECT payload->>'restored_checkpoint' AS uuid, payload->>'trial_id' AS trial_id
-           FROM events
-           WHERE type = 'TrialStarted' AND payload->>'restored_checkpoint' = ANY($1::text[])
-           UNION
-           SELECT payload->'config'->'searcher'->>'source_checkpoint_uuid', NULL
-           FROM events
-           WHERE type = 'ExperimentSubmitted'
-             AND payload->'config'->'searcher'->>'source_checkpoint_uuid' = ANY($1::text[])""",
-        uuids,
-    )
     used = set()
-    for row in rows:
-        owner = facts.checkpoints[row["uuid"]].trial_id
-        if row["trial_id"] is None or coerce_trial_id(row["trial_id"]) != owner:
-            used.add(str(row["uuid"]))
+    for event in await tx.checkpoint_uses(uuids):
+        if event.type == "TrialStarted":
+            uuid = str(event.payload["restored_checkpoint"])
+            starter: int | None = coerce_trial_id(event.payload["trial_id"])
+        else:
+            searcher = event.payload["config"]["searcher"]
+            uuid, starter = str(searcher["source_checkpoint_uuid"]), None
+        if uuid in facts.checkpoints and starter != facts.checkpoints[uuid].trial_id:
+            used.add(uuid)
     return frozenset(used)
 
 
@@ -364,14 +351,13 @@ class GCConsumer(Consumer):
             return
         experiment_id = int(event.payload["experiment_id"])
         try:
-            with translate_errors():
-                facts = await read_experiment(tx, experiment_id, event.stream_version)
-                if facts.state != state:
-                    return  # a transition the fold refused: nothing happened
-                if state == DELETING:
-                    await self._delete_all(tx, facts)
-                else:
-                    await self._collect(tx, facts)
+            facts = await read_experiment(tx, experiment_id, event.stream_version)
+            if facts.state != state:
+                return  # a transition the fold refused: nothing happened
+            if state == DELETING:
+                await self._delete_all(tx, facts)
+            else:
+                await self._collect(tx, facts)
         except StatementError as exc:
             raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
 
@@ -380,16 +366,15 @@ class GCConsumer(Consumer):
         experiment_id = int(event.payload["experiment_id"])
         wanted = {str(u) for u in event.payload.get("uuids") or []}
         try:
-            with translate_errors():
-                facts = await read_experiment(tx, experiment_id)
-                doomed = wanted.intersection(c.uuid for c in facts.live)
-                if not doomed:
-                    return
-                removal = await self._remove(facts, doomed)
-                for uuid, error in removal.failed.items():
-                    log.error("checkpoint not deleted", uuid=uuid, error=error)
-                if removal.deleted:
-                    await self._append(tx, facts, self._deleted(facts, removal, "user"))
+            facts = await read_experiment(tx, experiment_id)
+            doomed = wanted.intersection(c.uuid for c in facts.live)
+            if not doomed:
+                return
+            removal = await self._remove(facts, doomed)
+            for uuid, error in removal.failed.items():
+                log.error("checkpoint not deleted", uuid=uuid, error=error)
+            if removal.deleted:
+                await self._append(tx, facts, self._deleted(facts, removal, "user"))
         except StatementError as exc:
             raise EventsError(
                 f"deleting checkpoints of experiment {experiment_id} failed: {exc}"

@@ -53,7 +53,7 @@ from events.domain.types import (
 )
 from events.log import faults
 from events.log.consumer import Consumer
-from events.log.db import Connection, translate_errors
+from events.log.db import Connection
 from events.log.envelope import Event, RecordedEvent
 from events.log.errors import EventsError, StatementError
 from events.log.store import EventStore, Transaction
@@ -109,24 +109,21 @@ class ProjectionsConsumer(Consumer):
         run = MetricRun()
         position = events[0].position if events else 0
         try:
-            with translate_errors():
-                for event in events:
-                    position = event.position
-                    try:
-                        payload = event.decode()
-                    except Exception as exc:  # a payload the models reject: skip, never wedge
-                        log.warning("event not projected", position=position, error=str(exc))
-                        continue
-                    if isinstance(
-                        payload, WorkloadCompleted | ValidationReported | MetricsReported
-                    ):
-                        if not run.fits(payload):
-                            await _flush(tx.conn, run)
-                        run.add(payload, event.recorded_at)
-                        continue
-                    await _flush(tx.conn, run)
-                    await apply(tx.conn, payload, event.recorded_at, event.position)
+            for event in events:
+                position = event.position
+                try:
+                    payload = event.decode()
+                except Exception as exc:  # a payload the models reject: skip, never wedge
+                    log.warning("event not projected", position=position, error=str(exc))
+                    continue
+                if isinstance(payload, WorkloadCompleted | ValidationReported | MetricsReported):
+                    if not run.fits(payload):
+                        await _flush(tx.conn, run)
+                    run.add(payload, event.recorded_at)
+                    continue
                 await _flush(tx.conn, run)
+                await apply(tx.conn, payload, event.recorded_at, event.position)
+            await _flush(tx.conn, run)
         except StatementError as exc:
             raise EventsError(
                 f"projecting the page up to position {position} failed: {exc}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from events.log.consumer import Consumer
-from events.log.db import translate_errors
 from events.log.store import EventStore
 
 
@@ -30,9 +29,8 @@ async def rebuild_consumer(
     applied = 0
     async with store.transaction() as tx:
         await tx.lock_checkpoint(consumer.name)
-        with translate_errors():
-            await tx.conn.execute(f"TRUNCATE {', '.join(tables)}")
-            head = int(await tx.conn.fetchval("SELECT coalesce(max(position), 0) FROM events"))
+        await tx.conn.execute(f"TRUNCATE {', '.join(tables)}")
+        head = await tx.head()
         position = 0
         while position < head:
             events = await tx.read_all(position, upto=head, limit=batch, types=consumer.types)

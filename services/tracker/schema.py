@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from events.domain.names import sql_trial_id
 from events.log import migrations
-from events.log.db import Connection, translate_errors
+from events.log.db import Connection
 from events.log.store import EventStore
 from services.tracker.audit import TABLES as AUDIT_TABLES
 from services.tracker.usage import MIGRATION as USAGE_MIGRATION
@@ -213,11 +213,10 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
 
 async def migrate_conn(conn: Connection) -> int:
     """Applies the tracker's pending migrations on ``conn``; returns how many ran."""
-    with translate_errors():
-        return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
+    return await migrations.apply(conn, NAMESPACE, MIGRATIONS)
 
 
 async def migrate(store: EventStore) -> int:
     """Applies the tracker's pending migrations; returns how many ran."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         return await migrate_conn(conn)

@@ -38,7 +38,7 @@ from events.domain.types import (
     TrialRequested,
 )
 from events.log.consumer import Consumer
-from events.log.db import Connection, translate_errors
+from events.log.db import Connection
 from events.log.envelope import Event, RecordedEvent
 from events.log.errors import EventsError, StatementError
 from events.log.store import EventStore, Transaction
@@ -132,8 +132,7 @@ class UsageConsumer(Consumer):
             log.warning("event not billed", position=event.position, error=str(exc))
             return
         try:
-            with translate_errors():
-                await apply(tx.conn, payload, epoch_ms(event.recorded_at))
+            await apply(tx.conn, payload, epoch_ms(event.recorded_at))
         except StatementError as exc:
             raise EventsError(
                 f"billing {event.type} at position {event.position} failed: {exc}"
@@ -305,17 +304,16 @@ async def spans(
     conn: Connection, start_ms: int, end_ms: int, *, owner: str | None = None
 ) -> list[Span]:
     """The ``tr_usage`` rows that may overlap ``[start_ms, end_ms)`` (``owner``: only theirs)."""
-    with translate_errors():
-        rows = await conn.fetch(
-            """SELECT owner, experiment_id, resource_pool, slot_type, slots, started_ms, ended_ms
-               FROM tr_usage
-               WHERE started_ms < $2 AND (ended_ms IS NULL OR ended_ms > $1)
-                 AND ($3::text IS NULL OR owner = $3)
-               ORDER BY allocation_id, resource_pool, slot_type""",
-            start_ms,
-            end_ms,
-            owner,
-        )
+    rows = await conn.fetch(
+        """SELECT owner, experiment_id, resource_pool, slot_type, slots, started_ms, ended_ms
+           FROM tr_usage
+           WHERE started_ms < $2 AND (ended_ms IS NULL OR ended_ms > $1)
+             AND ($3::text IS NULL OR owner = $3)
+           ORDER BY allocation_id, resource_pool, slot_type""",
+        start_ms,
+        end_ms,
+        owner,
+    )
     return [
         Span(
             owner=str(r["owner"]),

@@ -116,7 +116,7 @@ async def test_rank_sigkilled_gang_restarts_from_checkpoint_and_completes(
     validations = [e.payload for e in events if e.type == "ValidationReported"]
     assert validations[-1]["steps_completed"] == 160
     assert validations[-1]["metrics"]["validation_accuracy"] > 0.85
-    rows = await store.pool.fetch("SELECT line FROM task_logs WHERE allocation_id = $1", second)
+    rows = await store.fetch("SELECT line FROM task_logs WHERE allocation_id = $1", second)
     lines = [r["line"] for r in rows]
     assert any(line.startswith("[rank=3] ") for line in lines), "ranks are prefixed in the logs"
     assert any("resumed from" in line for line in lines)

@@ -132,9 +132,9 @@ async def test_rank_sigkill_restarts_gang_from_checkpoint_to_fault_free_accuracy
         if e.type == "TrialStarted" and e.payload["run_id"] == 2
     }
     assert started == restarted["latest_checkpoint"]
-    killed = await store.pool.fetch("SELECT line FROM task_logs WHERE allocation_id = $1", first)
+    killed = await store.fetch("SELECT line FROM task_logs WHERE allocation_id = $1", first)
     assert any(f"Signal 9 (SIGKILL) received by PID {victim}" in r["line"] for r in killed)
-    rows = await store.pool.fetch(
+    rows = await store.fetch(
         "SELECT line FROM task_logs WHERE allocation_id = $1", names.allocation_id(trial, 2)
     )
     lines = {r["line"] for r in rows}

@@ -67,7 +67,7 @@ async def test_relay_killed_between_publish_and_checkpoint_republishes(
     service_env: Callable[..., dict[str, str]],
 ) -> None:
     """A relay killed after publishing but before checkpointing republishes; consumers apply once."""
-    await store.pool.execute(EFFECTS_DDL)
+    await store.execute(EFFECTS_DDL)
     await append_some(store, 1, 20)
     env = service_env("relay.after_publish=120")
     relay = spawn("services.relay", "--db", db_url, "--nats", nats_server.url, env=env)
@@ -109,7 +109,7 @@ async def test_consumer_killed_after_commit_before_ack_skips_redelivery(
 ) -> None:
     """Messages whose effects committed before a SIGKILL, unacked, are redelivered to the
     restarted consumer, which acks them without applying anything twice."""
-    await store.pool.execute(EFFECTS_DDL)
+    await store.execute(EFFECTS_DDL)
     # Only bus wake-ups apply events in the killed process (its timer catch-up runs once, on the
     # empty log); a short ack wait makes JetStream redeliver its unacked messages within the test.
     consumer = spawn(
@@ -127,7 +127,7 @@ async def test_consumer_killed_after_commit_before_ack_skips_redelivery(
     try:
         await asyncio.to_thread(wait_for_line, consumer, "CONSUMER-READY")
         await wait_until(lambda: durable_exists(nats_server.url, "effects"))
-        await wait_until(lambda: store.pool.fetchval(CHECKPOINT_ROW, "effects"))
+        await wait_until(lambda: store.fetchval(CHECKPOINT_ROW, "effects"))
         await append_some(store, 1, 10)
         relay = spawn(
             "services.relay", "--db", db_url, "--nats", nats_server.url, env=service_env()

@@ -37,7 +37,7 @@ class Pipeline:
 @pytest.fixture
 async def pipeline(store: EventStore, nats_server: ServerProcess) -> AsyncIterator[Pipeline]:
     """An in-process relay and effects consumer on the test's database and nats-server."""
-    await store.pool.execute(EFFECTS_DDL)
+    await store.execute(EFFECTS_DDL)
     relay_bus = await Bus.connect(nats_server.url)
     consumer_bus = await Bus.connect(nats_server.url)
     relay = Relay(store, relay_bus)

@@ -74,7 +74,7 @@ async def test_projection_pages_commit_asynchronously_and_others_do_not(db_url: 
         await ConsumerRunner(store, None, durable).catch_up()
         assert fast.seen == {"off"}
         assert durable.seen == {"on"}
-        assert await store.pool.fetchval("SHOW synchronous_commit") == "on"
+        assert await store.fetchval("SHOW synchronous_commit") == "on"
     finally:
         await store.close()
 
@@ -110,12 +110,12 @@ async def test_postgres_killed_after_projection_commits_restarts_equal_to_a_rebu
                 await ConsumerRunner(store, None, consumer).catch_up()
             assert await store.checkpoint(projections.NAME) == head
             live = await snapshot(store)
-            trail = await store.pool.fetch("SELECT * FROM audit_trail ORDER BY position")
+            trail = await store.fetch("SELECT * FROM audit_trail ORDER BY position")
             assert sum(1 for r in live["tr_metrics"] if r["group"] == "training") == POINTS
             await projections.rebuild(store)
             await audit.rebuild(store)
             assert await snapshot(store) == live
-            assert await store.pool.fetch("SELECT * FROM audit_trail ORDER BY position") == trail
+            assert await store.fetch("SELECT * FROM audit_trail ORDER BY position") == trail
             assert len(trail) == head
         finally:
             await store.close()

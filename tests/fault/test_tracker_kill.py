@@ -71,7 +71,7 @@ async def test_tracker_killed_mid_page_loses_nothing_and_applies_nothing_twice(
     try:
         await asyncio.to_thread(wait_for_line, tracker, "FAULT-POINT tracker.page_applied")
         # The page's rows are written in the open transaction: the fault happened mid-page.
-        assert await store.pool.fetchval(
+        assert await store.fetchval(
             """SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
                WHERE c.relname = 'tr_metrics' AND l.mode = 'RowExclusiveLock' AND l.granted"""
         )
@@ -81,7 +81,7 @@ async def test_tracker_killed_mid_page_loses_nothing_and_applies_nothing_twice(
         if tracker.poll() is None:
             tracker.kill()
             tracker.wait(10)
-    assert await store.pool.fetchval("SELECT count(*) FROM tr_metrics") == 0
+    assert await store.fetchval("SELECT count(*) FROM tr_metrics") == 0
     assert await store.checkpoint(projections.NAME) == 0
 
     restarted = spawn("services.tracker", *args, env=service_env())

@@ -86,7 +86,7 @@ async def test_tokens_last_30_days_by_default_and_older_ones_get_a_lifetime(
         expires = datetime.fromisoformat(body["expires_at"])
         assert abs(expires - datetime.now(UTC) - timedelta(days=30)) < timedelta(minutes=5)
         for name, age in (("old-token", "2 hours"), ("recent-token", "1 minute")):
-            await store.pool.execute(
+            await store.execute(
                 "INSERT INTO api_tokens (token_hash, username, created_at) "
                 f"VALUES ($1, 'admin', now() - interval '{age}')",
                 hash_token(name),
@@ -97,7 +97,7 @@ async def test_tokens_last_30_days_by_default_and_older_ones_get_a_lifetime(
     await restarted.setup()  # the gateway's start-up, lifetime "1h"
     await restarted.cleanup()
     rows = dict(
-        await store.pool.fetch(
+        await store.fetch(
             "SELECT token_hash, expires_at - created_at FROM api_tokens WHERE token_hash = ANY($1)",
             [hash_token("old-token"), hash_token("recent-token")],
         )

@@ -218,7 +218,7 @@ class Cluster:
 
     async def logs(self, allocation_id: str) -> list[dict[str, Any]]:
         """Stored log lines of the run."""
-        rows = await self.store.pool.fetch(
+        rows = await self.store.fetch(
             "SELECT rank, stream, line FROM task_logs WHERE allocation_id = $1 ORDER BY ts, seq",
             allocation_id,
         )
@@ -338,7 +338,7 @@ async def test_registers_offering_stable_cpu_slots_and_heartbeats(cluster: Clust
     assert {s["device"] for s in registered[0]["slots"]} == {"cpu"}
 
     async def beat() -> bool:
-        row = await cluster.store.pool.fetchrow(
+        row = await cluster.store.fetchrow(
             "SELECT running FROM agent_heartbeats WHERE agent_id = 'reg'"
         )
         return row is not None
@@ -645,7 +645,7 @@ async def test_heartbeats_and_started_report_name_the_process_and_number_the_bea
     assert payload["listed_from"] >= 1
 
     async def listed() -> bool:
-        row = await cluster.store.pool.fetchrow(
+        row = await cluster.store.fetchrow(
             "SELECT incarnation, seq, running FROM agent_heartbeats WHERE agent_id = 'h1'"
         )
         return (

@@ -67,7 +67,7 @@ async def test_heartbeat_upserts_a_row(api: Api, store: EventStore) -> None:
             "POST", "/api/v1/agents/gpu01/heartbeat", token=api.agent, json={"running": running}
         )
         assert body == {"registered": True}
-    row = await store.pool.fetchrow("SELECT * FROM agent_heartbeats WHERE agent_id = 'gpu01'")
+    row = await store.fetchrow("SELECT * FROM agent_heartbeats WHERE agent_id = 'gpu01'")
     assert row["running"] == ["11.1", "21.1"]
     assert await store.head() == head
 
@@ -312,5 +312,5 @@ async def test_logs_are_stored_once_per_key(api: Api, store: EventStore) -> None
     path = f"/api/v1/allocations/{alloc}/logs"
     assert await api.ok("POST", path, token=api.trial_token(11), json=batch) == {"inserted": 2}
     assert await api.ok("POST", path, token=api.agent, json=batch) == {"inserted": 0}
-    lines = await store.pool.fetch("SELECT line FROM task_logs ORDER BY seq")
+    lines = await store.fetch("SELECT line FROM task_logs ORDER BY seq")
     assert [r["line"] for r in lines] == ["hello", "world"]

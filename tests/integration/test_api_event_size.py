@@ -105,7 +105,7 @@ async def test_big_description_is_413_and_the_next_experiment_runs(
         assert "ExperimentSubmitted" in error["message"]
         assert error["size"] > error["limit"] == MAX_EVENT_BYTES
     assert await submitted(store) == []
-    assert await store.pool.fetchval("SELECT count(*) FROM code_blobs") == 0
+    assert await store.fetchval("SELECT count(*) FROM code_blobs") == 0
 
     status, body = await create(api, config_with(description="fine"))
     assert status == 200, body

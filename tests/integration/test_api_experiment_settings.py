@@ -74,7 +74,7 @@ async def test_patch_changes_settings_as_facts_shown_by_describe_and_projection(
     assert (shown["priority"], shown["weight"], shown["max_slots"]) == (10, 2.5, None)
     assert shown["config"]["resources"]["priority"] == 10
     await catch_up(store)
-    row = await store.pool.fetchrow(
+    row = await store.fetchrow(
         "SELECT name, description, labels, config FROM tr_experiments WHERE experiment_id = 1"
     )
     assert (row["name"], row["description"], row["labels"]) == ("renamed", "second try", ["b"])

@@ -207,7 +207,7 @@ async def test_concurrent_reports_of_one_new_uuid_record_it_once(
             ]
 
             async def owner_waiting() -> bool:
-                waiting = await store.pool.fetchval(
+                waiting = await store.fetchval(
                     """SELECT count(*) FROM pg_locks
                        WHERE relation = 'events'::regclass AND NOT granted"""
                 )
@@ -216,7 +216,7 @@ async def test_concurrent_reports_of_one_new_uuid_record_it_once(
             await wait_until(owner_waiting, timeout=30)
         statuses = [status for status, _ in await asyncio.gather(*calls)]
         assert statuses == [200, 400], (uuid, statuses)
-        owners = await store.pool.fetch(
+        owners = await store.fetch(
             """SELECT stream_id FROM events
                WHERE type = 'CheckpointSaved' AND payload->>'uuid' = $1""",
             uuid,
@@ -272,7 +272,7 @@ async def test_a_completed_trials_token_cannot_report(api: Api, store: EventStor
     assert await types_of(store, "trial-11") == before
     after = await api.ok("GET", "/api/v1/experiments/1", token=api.admin)
     assert after["best_metric"] == 0.5
-    assert await store.pool.fetchval("SELECT count(*) FROM trial_progress") == 0
+    assert await store.fetchval("SELECT count(*) FROM trial_progress") == 0
 
 
 async def test_reports_must_name_the_current_run(api: Api, store: EventStore) -> None:

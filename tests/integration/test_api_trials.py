@@ -73,7 +73,7 @@ async def test_metrics_batch_is_idempotent(api: Api, store: EventStore) -> None:
     assert len(series["metrics"]) == 4
     validation = await api.ok("GET", "/api/v1/trials/11/metrics?group=validation", token=api.admin)
     assert validation["metrics"][0]["metrics"] == {"accuracy": 0.9}
-    progress = await store.pool.fetchval("SELECT progress FROM trial_progress WHERE trial_id = 11")
+    progress = await store.fetchval("SELECT progress FROM trial_progress WHERE trial_id = 11")
     assert progress == 0.2
 
 
@@ -143,7 +143,7 @@ async def test_new_run_archives_later_steps_of_earlier_runs(api: Api, store: Eve
     await allocate(store, 11, run_id=2, request=False)
     await report(api, 11, metrics("b20", "training", 20, run_id=2), run_id=2)
     await catch_up(store)
-    rows = await store.pool.fetch(
+    rows = await store.fetch(
         'SELECT run_id, "group", steps_completed, archived FROM tr_metrics ORDER BY 2, 3, 1'
     )
     archived = {(r["run_id"], r["group"], r["steps_completed"]) for r in rows if r["archived"]}

@@ -53,9 +53,7 @@ async def send(
 async def trail(store: EventStore, where: str = "true", *args: Any) -> list[dict[str, Any]]:
     """Brings the audit projection to the head of the log and reads rows matching ``where``."""
     await catch_up(store)
-    rows = await store.pool.fetch(
-        f"SELECT * FROM audit_trail WHERE {where} ORDER BY position", *args
-    )
+    rows = await store.fetch(f"SELECT * FROM audit_trail WHERE {where} ORDER BY position", *args)
     return [dict(r) for r in rows]
 
 
@@ -517,7 +515,7 @@ async def test_refusals_are_recorded_without_secrets(api: Api, store: EventStore
         "invalid input at searcher.max_length.batches"
     )
     assert by_request[login_id]["actor"] == "anonymous"
-    dump = await store.pool.fetchval(
+    dump = await store.fetchval(
         "SELECT string_agg(payload::text || metadata::text, ' ') FROM events"
     )
     for secret in ("hunter2", bob):
@@ -621,7 +619,7 @@ async def test_rebuild_gives_the_live_rows(api: Api, store: EventStore) -> None:
         applied = await audit.rebuild(store, batch=page)
         assert applied == len(live)
         rebuilt = [
-            dict(r) for r in await store.pool.fetch("SELECT * FROM audit_trail ORDER BY position")
+            dict(r) for r in await store.fetch("SELECT * FROM audit_trail ORDER BY position")
         ]
         assert rebuilt == live, page
 

@@ -83,7 +83,7 @@ async def submit(store: EventStore, exp_id: int, searcher: dict[str, Any], code:
     """Stores the code as the gateway does and appends the experiment."""
     await tables.migrate(store)
     code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}"
-    await store.pool.execute(
+    await store.execute(
         "INSERT INTO code_blobs (code_ref, data, size) VALUES ($1, $2, $3) "
         "ON CONFLICT (code_ref) DO NOTHING",
         code_ref,

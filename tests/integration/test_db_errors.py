@@ -16,13 +16,13 @@ from tests.helpers import wait_until
 async def test_refused_statements_are_statement_errors(store: EventStore) -> None:
     """A missing table and a unique key other than the log's are StatementError, never a 503."""
     with pytest.raises(StatementError) as missing:
-        await store.pool.fetch("SELECT * FROM no_such_table")
+        await store.fetch("SELECT * FROM no_such_table")
     assert missing.value.undefined_table
 
-    await store.pool.execute("CREATE TABLE t (k int PRIMARY KEY)")
-    await store.pool.execute("INSERT INTO t VALUES (1)")
+    await store.execute("CREATE TABLE t (k int PRIMARY KEY)")
+    await store.execute("INSERT INTO t VALUES (1)")
     with pytest.raises(StatementError) as dup:
-        await store.pool.execute("INSERT INTO t VALUES (1)")
+        await store.execute("INSERT INTO t VALUES (1)")
     assert not isinstance(dup.value, StoreUnavailableError)
     assert dup.value.constraint == "t_pkey"
 
@@ -33,9 +33,9 @@ async def test_raw_insert_racing_a_stream_version_is_a_concurrency_error(store: 
         "INSERT INTO events (stream_id, stream_version, event_id, type, schema_version, payload,"
         " metadata) VALUES ($1, 1, $2, 'X', 1, '{}'::jsonb, '{}'::jsonb)"
     )
-    await store.pool.execute(row, "trial-7", uuid.uuid4())
+    await store.execute(row, "trial-7", uuid.uuid4())
     with pytest.raises(ConcurrencyError) as err:
-        await store.pool.execute(row, "trial-7", uuid.uuid4())
+        await store.execute(row, "trial-7", uuid.uuid4())
     assert err.value.stream_id == "trial-7"
 
 
@@ -44,7 +44,7 @@ async def test_dropped_connection_is_store_unavailable(store: EventStore) -> Non
     conn = await db.connect(store.dsn)
     try:
         pid = await conn.fetchval("SELECT pg_backend_pid()")
-        assert await store.pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+        assert await store.fetchval("SELECT pg_terminate_backend($1)", pid)
         await wait_until(  # the backend ends a moment after pg_terminate_backend returns
             lambda: _gone(store, pid), timeout=30, detail=lambda: "the backend still runs"
         )
@@ -55,9 +55,7 @@ async def test_dropped_connection_is_store_unavailable(store: EventStore) -> Non
 
 
 async def _gone(store: EventStore, pid: int) -> bool:
-    return not await store.pool.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid
-    )
+    return not await store.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
 
 
 async def test_pool_growth_against_a_dead_server_is_store_unavailable() -> None:

@@ -41,7 +41,7 @@ def fixture(event_type: str, version: int, **changes: Any) -> tuple[str, int, di
 
 async def insert(store: EventStore, stream_id: str, *rows: tuple[str, int, dict[str, Any]]) -> None:
     """Stores rows as an old cairn wrote them: type, old schema version and old payload."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         version = await conn.fetchval(
             "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = $1", stream_id
         )
@@ -135,7 +135,7 @@ async def test_legacy_log_folds_into_the_same_trials(store: EventStore) -> None:
     assert experiment[-1].payload["state"] == "STOPPING_COMPLETED"
 
     await catch_up(store)
-    trial = await store.pool.fetchrow(
+    trial = await store.fetchrow(
         "SELECT trial_id, seq, state, steps_completed, latest_checkpoint FROM tr_trials"
     )
     assert dict(trial) == {
@@ -145,9 +145,9 @@ async def test_legacy_log_folds_into_the_same_trials(store: EventStore) -> None:
         "steps_completed": 100,
         "latest_checkpoint": "0b7e-1",
     }
-    allocations = await store.pool.fetch("SELECT allocation_id, trial_id FROM tr_allocations")
+    allocations = await store.fetch("SELECT allocation_id, trial_id FROM tr_allocations")
     assert [tuple(r) for r in allocations] == [("7.1.1", LEGACY)]
-    metrics = await store.pool.fetch('SELECT DISTINCT trial_id, "group" FROM tr_metrics ORDER BY 2')
+    metrics = await store.fetch('SELECT DISTINCT trial_id, "group" FROM tr_metrics ORDER BY 2')
     assert [tuple(r) for r in metrics] == [(LEGACY, "training"), (LEGACY, "validation")]
     assert await check_log(store) == []
 
@@ -198,7 +198,7 @@ async def test_tables_of_text_trial_ids_are_migrated_to_the_same_integers(
     store: EventStore,
 ) -> None:
     """Rows written under text ids ("7.1", and "17") hold the integers the upcasters give."""
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         await migrations.apply(conn, tracker_schema.NAMESPACE, tracker_schema.MIGRATIONS[:1])
         await migrations.apply(conn, tables.NAMESPACE, tables.MIGRATIONS[:7])
         await conn.execute(
@@ -208,6 +208,6 @@ async def test_tables_of_text_trial_ids_are_migrated_to_the_same_integers(
         )
     await tables.migrate(store)
     await tracker_schema.migrate(store)
-    trials = await store.pool.fetch("SELECT trial_id FROM tr_trials ORDER BY trial_id")
+    trials = await store.fetch("SELECT trial_id FROM tr_trials ORDER BY trial_id")
     assert [r["trial_id"] for r in trials] == [LEGACY, 17]
-    assert await store.pool.fetchval("SELECT trial_id FROM trial_progress") == LEGACY
+    assert await store.fetchval("SELECT trial_id FROM trial_progress") == LEGACY

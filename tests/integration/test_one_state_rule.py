@@ -127,7 +127,7 @@ async def test_every_consumer_folds_the_same_states(store: EventStore) -> None:
     folds["searcher"] = searcher_states(events)
 
     await projections.rebuild(store)
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         folds["tracker"] = (
             await conn.fetchval(
                 "SELECT state FROM tr_experiments WHERE experiment_id = $1", EXPERIMENT

@@ -24,7 +24,7 @@ async def api(store: EventStore, tmp_path: Path) -> AsyncIterator[Api]:
 
 
 async def _exists(store: EventStore, table: str) -> bool:
-    return bool(await store.pool.fetchval("SELECT to_regclass($1) IS NOT NULL", table))
+    return bool(await store.fetchval("SELECT to_regclass($1) IS NOT NULL", table))
 
 
 async def progress(api: Api, trial_id: int, value: float) -> None:
@@ -113,7 +113,7 @@ async def test_agent_list_shows_the_gateway_heartbeat_beside_the_tracker_agent(
             token=await api.agent_token(agent_id),
             json={"slots": slots, "incarnation": f"inc-{agent_id}"},
         )
-    await store.pool.execute("DELETE FROM agent_heartbeats WHERE agent_id = 'silent'")
+    await store.execute("DELETE FROM agent_heartbeats WHERE agent_id = 'silent'")
     await catch_up(store)
     agents = {
         a["agent_id"]: a for a in (await api.ok("GET", "/api/v1/agents", api.admin))["agents"]
@@ -127,16 +127,16 @@ async def test_heartbeats_read_in_a_transaction_without_their_table(store: Event
     """Before the gateway made its table the read answers None and leaves the caller's
     transaction usable; afterwards it gives each agent's beat and running list."""
     assert not await _exists(store, "agent_heartbeats")
-    async with store.pool.acquire() as conn, conn.transaction():
+    async with store.connection() as conn, conn.transaction():
         assert await api_read.heartbeats(conn) is None
         assert await conn.fetchval("SELECT 1") == 1
 
     await tables.migrate(store)
-    await store.pool.execute(
+    await store.execute(
         """INSERT INTO agent_heartbeats (agent_id, running, incarnation, seq)
            VALUES ('a1', '["alloc-1"]', 'i1', 3)"""
     )
-    async with store.pool.acquire() as conn, conn.transaction():
+    async with store.connection() as conn, conn.transaction():
         beats = await api_read.heartbeats(conn)
     assert beats is not None and set(beats.agents) == {"a1"}
     beat = beats.agents["a1"]

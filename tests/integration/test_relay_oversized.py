@@ -42,7 +42,7 @@ async def test_event_over_max_payload_is_stubbed_and_later_events_flow(
 ) -> None:
     """A 2 MB event in the log (written under a raised store limit) is relayed as a stub and the
     events after it reach the bus and a bus-woken consumer, each applied exactly once."""
-    await store.pool.execute(EFFECTS_DDL)
+    await store.execute(EFFECTS_DDL)
     relay_bus = await Bus.connect(nats_server.url)
     consumer_bus = await Bus.connect(nats_server.url)
     # Only bus messages wake this consumer: its catch-up timer runs once, at start.
@@ -51,7 +51,7 @@ async def test_event_over_max_payload_is_stubbed_and_later_events_flow(
     stop = asyncio.Event()
     [first] = await store.append("experiment-1", [ExperimentSubmitted(experiment_id=1, config={})])
     tasks = [asyncio.create_task(runner.run(stop))]
-    legacy = EventStore(store.pool, store.dsn, max_event_bytes=4 * BIG)
+    legacy = await EventStore.connect(store.dsn, max_event_bytes=4 * BIG)
     try:
         await wait_until(lambda: _at_least(store, "effects", first.position))  # timer ran once
         [big] = await legacy.append(
@@ -94,5 +94,6 @@ async def test_event_over_max_payload_is_stubbed_and_later_events_flow(
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await legacy.close()
         await relay_bus.close()
         await consumer_bus.close()

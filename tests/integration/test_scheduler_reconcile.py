@@ -58,7 +58,7 @@ async def one_started_run(store: EventStore) -> ConsumerRunner:
 
 
 async def beat(store: EventStore, running: Sequence[str], seq: int) -> None:
-    await store.pool.execute(BEAT, json.dumps(list(running)), seq)
+    await store.execute(BEAT, json.dumps(list(running)), seq)
 
 
 async def types(store: EventStore) -> list[str]:

@@ -98,7 +98,7 @@ async def experiment(store: EventStore, tmp_path: Path) -> None:
 
 async def direct(store: EventStore, group: str, metric: str, width: int) -> list[SeriesBuckets]:
     """Experiment 1's series bucketed in Python from its unarchived points (the reference)."""
-    rows = await store.pool.fetch(
+    rows = await store.fetch(
         """SELECT trial_id, steps_completed, metrics FROM tr_metrics
            WHERE experiment_id = 1 AND "group" = $1 AND NOT archived
            ORDER BY trial_id, steps_completed""",
@@ -123,12 +123,12 @@ async def direct(store: EventStore, group: str, metric: str, width: int) -> list
 
 
 async def served(store: EventStore, group: str, metric: str, width: int) -> list[SeriesBuckets]:
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         return await series.experiment_series(conn, 1, group, metric, width)
 
 
 async def width_for(store: EventStore, group: str, metric: str, buckets: int) -> int:
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         return await series.experiment_width(conn, 1, group, metric, buckets)
 
 
@@ -143,7 +143,7 @@ async def assert_served_equals_direct(store: EventStore) -> None:
 
 
 async def rollup_trials(store: EventStore) -> set[int]:
-    rows = await store.pool.fetch("SELECT DISTINCT trial_id FROM tr_series_rollups")
+    rows = await store.fetch("SELECT DISTINCT trial_id FROM tr_series_rollups")
     return {int(r["trial_id"]) for r in rows}
 
 
@@ -164,7 +164,7 @@ async def test_rollups_serve_what_a_direct_downsample_of_the_points_gives(
     assert await width_for(store, "validation", "loss", 2000) == 8  # trial 12's finest
     assert await width_for(store, "validation", "loss", 16) == 512
     # Every metric gets a rollup at widths that are powers of two.
-    rows = await store.pool.fetch("SELECT DISTINCT metric, width FROM tr_series_rollups")
+    rows = await store.fetch("SELECT DISTINCT metric, width FROM tr_series_rollups")
     assert {r["metric"] for r in rows} == {"loss", "acc"}
     assert all(r["width"] & (r["width"] - 1) == 0 for r in rows)
     await assert_served_equals_direct(store)
@@ -174,7 +174,7 @@ async def test_rollups_serve_what_a_direct_downsample_of_the_points_gives(
     eleven = next(s for s in mixed if s.trial_id == 11)
     assert eleven.lows[eleven.firsts.index(60)] == curve(11, 2, 60)
     # A trial that ended before rollups existed (none stored) is read from its points.
-    await store.pool.execute("DELETE FROM tr_series_rollups WHERE trial_id = 11")
+    await store.execute("DELETE FROM tr_series_rollups WHERE trial_id = 11")
     await assert_served_equals_direct(store)
 
 

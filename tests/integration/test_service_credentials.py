@@ -119,14 +119,14 @@ async def test_no_admin_without_a_password(store: EventStore) -> None:
     """Given no initial password, no admin is created: there is no default to log in with."""
     await migrate_api(store)
     await ensure_admin(store, None)
-    assert await store.pool.fetchval("SELECT count(*) FROM api_users") == 0
+    assert await store.fetchval("SELECT count(*) FROM api_users") == 0
 
 
 async def test_the_legacy_default_admin_password_is_replaced(store: EventStore) -> None:
     """An admin left with an earlier version's default password gets the one given; an admin
     whose password was changed keeps it."""
     await migrate_api(store)
-    await store.pool.execute(
+    await store.execute(
         "INSERT INTO api_users (username, password_hash, admin) VALUES ('admin', $1, true)",
         hash_password(LEGACY_ADMIN_PASSWORD),
     )

@@ -54,7 +54,7 @@ async def logins(db_url: str, tmp_path: Path) -> AsyncIterator[Path]:
 async def waiting_on_events(store: EventStore) -> bool:
     """Whether some session waits for a lock on ``events`` (an append behind the append lock)."""
     return bool(
-        await store.pool.fetchval(
+        await store.fetchval(
             "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'events'::regclass"
         )
     )
@@ -287,14 +287,14 @@ async def test_a_role_stops_on_a_database_missing_migrations(logins: Path, db_ur
     as_api = await EventStore.connect(role_dsn(logins, "api"))
     try:
         newer = [*api_tables.MIGRATIONS, ("9999_future", "CREATE TABLE api_future (a int)")]
-        async with as_api.pool.acquire() as conn:
+        async with as_api.connection() as conn:
             with pytest.raises(MigrationsPendingError) as caught:
                 await migrations.apply(conn, api_tables.NAMESPACE, newer)
         assert "api/9999_future" in str(caught.value)
         assert "services.migrate" in str(caught.value)
         # what it would have run is indeed beyond the role
         with pytest.raises(StatementError) as denied:
-            await as_api.pool.execute("CREATE TABLE api_future (a int)")
+            await as_api.execute("CREATE TABLE api_future (a int)")
         assert denied.value.sqlstate == PERMISSION_DENIED
     finally:
         await as_api.close()

@@ -1,4 +1,4 @@
-"""The event store against a real PostgreSQL: concurrency, ordering, reads, folds."""
+"""The event store against a real PostgreSQL: concurrency, ordering, reads."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import pytest
 from events.domain.types import ExperimentSubmitted, TrialRequested
 from events.log.envelope import NewEvent, RecordedEvent
 from events.log.errors import ConcurrencyError, DuplicateEventError, EventTooLargeError, FencedError
-from events.log.folds import fold, load, save_snapshot
 from events.log.lease import LeaderLease
 from events.log.limits import MAX_EVENT_BYTES, encoded
 from events.log.store import EventStore, Fence, lease_stream
-from tests.fixtures.folds import CountingFold
 from tests.helpers import wait_until
 
 
@@ -110,23 +108,6 @@ async def test_read_all_filters_by_type_and_bounds(store: EventStore) -> None:
     assert await store.head() == all_events[-1].position
 
 
-async def test_fold_from_snapshot_equals_full_fold(store: EventStore) -> None:
-    """Folding from a snapshot at any version gives the same state as folding from scratch."""
-    stream = "experiment-4"
-    await store.append(stream, [submitted(4), *(requested(4, n) for n in range(1, 8))])
-    events = await store.read_stream(stream)
-    full = fold(CountingFold(), events)
-    for k in range(len(events) + 1):
-        head = fold(CountingFold(), events[:k])
-        assert fold(CountingFold(), events[k:], head) == full
-    loaded = await load(store, CountingFold(), stream)
-    await save_snapshot(store, CountingFold(), stream, loaded)
-    await store.append(stream, [requested(4, 9)])
-    again = await load(store, CountingFold(), stream)
-    assert again.state == fold(CountingFold(), await store.read_stream(stream))
-    assert again.version == 9
-
-
 async def test_stale_fence_is_rejected(store: EventStore) -> None:
     """After a newer leader is elected, a write carrying the older epoch raises FencedError."""
     first = await LeaderLease.acquire(store, "demo")
@@ -154,7 +135,7 @@ async def test_second_lease_holder_waits_until_first_releases(store: EventStore)
     first = await LeaderLease.acquire(store, "relay-x")
     assert first is not None
     waiter = asyncio.create_task(LeaderLease.acquire(store, "relay-x"))
-    await wait_until(lambda: store.pool.fetchval(WAITING_FOR_LOCK))
+    await wait_until(lambda: store.fetchval(WAITING_FOR_LOCK))
     assert not waiter.done()
     assert len(await store.read_stream(lease_stream("relay-x"))) == 1, "only the holder was elected"
     await first.release()

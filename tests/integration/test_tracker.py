@@ -256,15 +256,13 @@ async def finish_experiment_1(log: Log) -> None:
 async def snapshot(store: EventStore) -> dict[str, list[dict[str, Any]]]:
     out = {}
     for table in TABLES:
-        rows = await store.pool.fetch(
-            f"SELECT * FROM {table} ORDER BY {', '.join(PRIMARY_KEYS[table])}"
-        )
+        rows = await store.fetch(f"SELECT * FROM {table} ORDER BY {', '.join(PRIMARY_KEYS[table])}")
         out[table] = [dict(r) for r in rows]
     return out
 
 
 async def row(store: EventStore, sql: str, *args: Any) -> dict[str, Any]:
-    found = await store.pool.fetchrow(sql, *args)
+    found = await store.fetchrow(sql, *args)
     assert found is not None, sql
     return dict(found)
 
@@ -289,7 +287,7 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
     log = await drive(store, root)
     await catch_up(store, checkpoint_root=tmp_path / "default", storage_policy=TEST_STORAGE)
 
-    slots = await store.pool.fetch(
+    slots = await store.fetch(
         "SELECT agent_id, slot_id, device, name, enabled, draining, allocation_id FROM tr_slots ORDER BY 1, 2"
     )
     assert [tuple(r) for r in slots] == [
@@ -350,17 +348,17 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         "started_at": log.at["started 11.1"],
         "ended_at": log.at["ended 11"],
     }
-    archived = await store.pool.fetch(
+    archived = await store.fetch(
         'SELECT run_id, "group", steps_completed FROM tr_metrics WHERE archived ORDER BY 2, 3'
     )
     assert [tuple(r) for r in archived] == [(1, "training", 30), (1, "validation", 30)]
-    groups = await store.pool.fetch(
+    groups = await store.fetch(
         'SELECT DISTINCT "group" FROM tr_metrics WHERE trial_id = 12 ORDER BY 1'
     )
     assert [r[0] for r in groups] == ["inference", "training", "validation"]
     checkpoints = {
         r["uuid"]: r
-        for r in await store.pool.fetch(
+        for r in await store.fetch(
             "SELECT uuid, state, validation, searcher_metric FROM tr_checkpoints"
         )
     }
@@ -378,7 +376,7 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         1,
         log.at["exited 11.1"],
     )
-    released = await store.pool.fetch(
+    released = await store.fetch(
         "SELECT slot_id FROM tr_slots WHERE allocation_id IS NULL ORDER BY agent_id, slot_id"
     )
     assert len(released) == 2  # only 2.1.1 still holds a slot
@@ -410,7 +408,7 @@ async def test_gc_keeps_the_policy_set_and_deletion_removes_everything(
         {"experiment_id": 1, "uuids": ["c2", "c6"], "missing": ["c6"], "reason": "gc"}
     ]
     states = dict(
-        await store.pool.fetch("SELECT uuid, state FROM tr_checkpoints WHERE experiment_id = 1")
+        await store.fetch("SELECT uuid, state FROM tr_checkpoints WHERE experiment_id = 1")
     )
     assert states == {
         "c1": "COMPLETED",
@@ -451,17 +449,14 @@ async def test_gc_keeps_the_policy_set_and_deletion_removes_everything(
         ),
     ]
     for table in ("tr_experiments", "tr_trials", "tr_allocations", "tr_checkpoints", "tr_metrics"):
-        assert (
-            await store.pool.fetchval(f"SELECT count(*) FROM {table} WHERE experiment_id = 1") == 0
-        ), table
+        assert await store.fetchval(f"SELECT count(*) FROM {table} WHERE experiment_id = 1") == 0, (
+            table
+        )
     for table in ("tr_experiments", "tr_trials", "tr_allocations"):
-        assert (
-            await store.pool.fetchval(f"SELECT count(*) FROM {table} WHERE experiment_id = 2") == 1
-        ), table
-    assert (
-        await store.pool.fetchval("SELECT count(*) FROM tr_slots WHERE allocation_id LIKE '1.%'")
-        == 0
-    )
+        assert await store.fetchval(f"SELECT count(*) FROM {table} WHERE experiment_id = 2") == 1, (
+            table
+        )
+    assert await store.fetchval("SELECT count(*) FROM tr_slots WHERE allocation_id LIKE '1.%'") == 0
 
 
 async def test_deletion_that_cannot_remove_a_checkpoint_is_delete_failed(
@@ -484,7 +479,7 @@ async def test_deletion_that_cannot_remove_a_checkpoint_is_delete_failed(
         "tracker",
     )
     assert "c1" in last.payload["reason"]
-    state = await store.pool.fetchval("SELECT state FROM tr_experiments WHERE experiment_id = 1")
+    state = await store.fetchval("SELECT state FROM tr_experiments WHERE experiment_id = 1")
     assert state == "DELETE_FAILED"
     assert root.is_file()
 
@@ -522,7 +517,7 @@ async def test_service_process_projects_collects_and_rebuilds(
 
         await wait_until(collected, timeout=30)
         assert sorted(p.name for p in root.iterdir()) == ["c1", "c3", "c4", "c5"]
-        state = await store.pool.fetchval("SELECT state FROM tr_checkpoints WHERE uuid = 'c2'")
+        state = await store.fetchval("SELECT state FROM tr_checkpoints WHERE uuid = 'c2'")
         assert state == "DELETED"
     finally:
         for proc in (tracker, relay):

@@ -45,7 +45,7 @@ async def test_replayed_searcher_reads_trial_ids_from_the_log(store: EventStore)
     await ConsumerRunner(store, None, SearcherConsumer(store)).catch_up()
     before = await requested(store, 1)
     assert len(before) == 2
-    await store.pool.execute("SELECT setval('trial_ids', 1000)")
+    await store.execute("SELECT setval('trial_ids', 1000)")
 
     searcher = SearcherConsumer(store)  # a fresh process: it knows only the log
     await searcher.rebuild()

@@ -34,7 +34,7 @@ async def open_trial(store: EventStore, trial_id: int, *, silent_for: timedelta)
     )
     events, run_id = open_run(TrialView(trial_id))
     await store.append(trial_stream(trial_id), [new(e) for e in events], expected_version=0)
-    await store.pool.execute(
+    await store.execute(
         "INSERT INTO unmanaged_heartbeats (trial_id, run_id, seen_at) "
         "VALUES ($1, $2, now() - $3::interval)",
         trial_id,

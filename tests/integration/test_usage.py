@@ -160,7 +160,7 @@ async def write_history(
 
 async def usage_rows(store: EventStore) -> list[dict[str, Any]]:
     """Every ``tr_usage`` row, in key order."""
-    rows = await store.pool.fetch(
+    rows = await store.fetch(
         "SELECT * FROM tr_usage ORDER BY allocation_id, resource_pool, slot_type"
     )
     return [dict(r) for r in rows]
@@ -194,7 +194,7 @@ async def test_billed_slot_ms_equal_the_allocation_intervals_and_rebuild_equal(
     start, end = ms(-86_400_000_000), ms(10 * 86_400_000_000)
     now = ms(6 * 86_400_000_000)
     got: dict[tuple[str, str, str], int] = defaultdict(int)
-    async with store.pool.acquire() as conn:
+    async with store.connection() as conn:
         spans = [s for s in await usage.spans(conn, start, end) if s.owner in owners]
         day_total = sum(r["slot_ms"] for r in usage.aggregate(spans, start, end, "day", now))
     for span in spans:

@@ -17,7 +17,7 @@ from tests.helpers import EFFECTS_DDL, EffectsConsumer
 
 async def main(dsn: str, nats_url: str, ack_wait: float, catch_up_every: float) -> None:
     store = await EventStore.connect(dsn)
-    await store.pool.execute(EFFECTS_DDL)
+    await store.execute(EFFECTS_DDL)
     bus = await Bus.connect(nats_url)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
