@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from events.domain.config.secrets import MASK
+from events.domain.types import ExperimentSubmitted
 from events.log.store import EventStore
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_support import Api, running_api
@@ -44,7 +45,7 @@ async def test_create_returns_warnings_and_the_experiment_keeps_them(
     assert [w["path"] for w in body["warnings"]] == WARNED
     assert all(w["message"].startswith("ignored: ") for w in body["warnings"])
     [submitted] = await store.read_stream(f"experiment-{body['id']}")
-    assert submitted.schema_version == 2
+    assert submitted.schema_version == ExperimentSubmitted.schema_version  # the current one
     assert [w["path"] for w in submitted.payload["warnings"]] == WARNED
     detail = await api.ok("GET", f"/api/v1/experiments/{body['id']}", token=api.admin)
     assert detail["warnings"] == body["warnings"]
