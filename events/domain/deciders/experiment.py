@@ -70,14 +70,17 @@ TRANSITIONS: dict[Action, tuple[str, frozenset[str]]] = {
 @dataclass(frozen=True)
 class SubmitExperiment:
     """Submit a validated config (and code, by content address) as experiment ``experiment_id``
-    (the id is allocated by the caller, so the decision is the same on replay)."""
+    (the id is allocated by the caller, so the decision is the same on replay); an
+    ``unmanaged`` one is reported to by a script outside the cluster, named ``external_id``."""
 
     experiment_id: int
     config: dict[str, Any]
     code_ref: str | None
     owner: str
-    activate: bool
+    activate: bool = True
     warnings: tuple[ConfigWarning, ...] = ()
+    unmanaged: bool = False
+    external_id: str | None = None
 
 
 def decide_submit(command: SubmitExperiment) -> list[Event]:
@@ -90,6 +93,8 @@ def decide_submit(command: SubmitExperiment) -> list[Event]:
             owner=command.owner,
             activate=command.activate,
             warnings=list(command.warnings),
+            unmanaged=command.unmanaged,
+            external_id=command.external_id,
         )
     ]
 
