@@ -200,7 +200,7 @@ async def patch_experiment(request: web.Request) -> web.Response:
         ),
     )
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, with_trials=False)
         check_owner(principal, view.owner)
         events = accepted(decide_settings(view, command))
@@ -226,7 +226,7 @@ async def patch_experiment(request: web.Request) -> web.Response:
             "changed": [type(e).event_type for e in events],
         }
 
-    result = await in_transaction(store_of(request), decide)
+    result = await in_transaction(store_of(request), work)
     if result["changed"]:
         log.info("experiment changed", experiment_id=experiment_id, facts=result["changed"])
     return web.json_response(result)
@@ -271,7 +271,7 @@ async def continue_experiment(request: web.Request) -> web.Response:
 
     command = ContinueExperiment(actor=principal.name, config=body.config)
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, with_trials=True)
         check_owner(principal, view.owner)
         state = await _continue_state(tx, view)
@@ -303,7 +303,7 @@ async def continue_experiment(request: web.Request) -> web.Response:
             },
         }
 
-    result = await in_transaction(store_of(request), decide)
+    result = await in_transaction(store_of(request), work)
     log.info("experiment continued", experiment_id=experiment_id, trials=result["trial_ids"])
     return web.json_response(result)
 

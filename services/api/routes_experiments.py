@@ -452,7 +452,7 @@ def _archive_handler(archived: bool) -> Any:
         experiment_id = _id(request)
         parse(EmptyBody, await read_json_body(request))
 
-        async def decide(tx: Transaction) -> dict[str, Any]:
+        async def work(tx: Transaction) -> dict[str, Any]:
             view = await load_experiment(tx, experiment_id, with_trials=False)
             check_owner(principal, view.owner)
             events = accepted(
@@ -467,7 +467,7 @@ def _archive_handler(archived: bool) -> Any:
             )
             return {"id": experiment_id, "archived": archived, "changed": bool(events)}
 
-        result = await in_transaction(store_of(request), decide)
+        result = await in_transaction(store_of(request), work)
         if result["changed"]:
             log.info(f"experiment {verb}d", experiment_id=experiment_id)
         return web.json_response(result)
@@ -493,7 +493,7 @@ async def delete_experiment(request: web.Request) -> web.Response:
     principal = principal_of(request)
     experiment_id = _id(request)
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, with_trials=False)
         check_owner(principal, view.owner)
         events = accepted(decide_delete(view, DeleteExperiment(actor=principal.name)))
@@ -507,7 +507,7 @@ async def delete_experiment(request: web.Request) -> web.Response:
         state = lifecycle.DELETING if events else view.state
         return {"id": experiment_id, "state": state, "changed": bool(events)}
 
-    result = await in_transaction(store_of(request), decide)
+    result = await in_transaction(store_of(request), work)
     if result["changed"]:
         log.info("experiment deleting", experiment_id=experiment_id, actor=principal.name)
     return web.json_response(result)
@@ -580,7 +580,7 @@ def _action_handler(action: Action) -> Any:
         body = parse(ActionBody, await read_json_body(request))
         command = ChangeState(action=action, actor=principal.name, reason=body.reason)
 
-        async def decide(tx: Transaction) -> dict[str, Any]:
+        async def work(tx: Transaction) -> dict[str, Any]:
             view = await load_experiment(tx, experiment_id, with_trials=False)
             check_owner(principal, view.owner)
             events = accepted(decide_state(view, command))
@@ -593,7 +593,7 @@ def _action_handler(action: Action) -> Any:
             )
             return {"id": experiment_id, "state": target, "changed": bool(events)}
 
-        result = await in_transaction(store_of(request), decide)
+        result = await in_transaction(store_of(request), work)
         if result["changed"]:
             log.info("experiment state changed", experiment_id=experiment_id, state=target)
         return web.json_response(result)
