@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from events.domain.deciders import Refusal
+from events.domain.deciders import Caused, Refusal
 from events.log.envelope import Event, RecordedEvent, new
 from events.log.store import Transaction
 from services.api.errors import ApiError
@@ -25,8 +25,10 @@ _STATUS = {"not_found": 404, "conflict": 409, "invalid": 400}
 
 
 def refusal_error(refusal: Refusal) -> ApiError:
-    """The HTTP error of a refusal: 404 not found, 409 conflict, 400 invalid (with its path)."""
-    return ApiError(_STATUS[refusal.reason], refusal.message, path=refusal.field)
+    """The HTTP error of a refusal: 404 not found, 409 conflict, 400 invalid, with its path
+    and its ``code`` as the error's ``reason``."""
+    details = {"reason": refusal.code} if refusal.code is not None else None
+    return ApiError(_STATUS[refusal.reason], refusal.message, path=refusal.field, details=details)
 
 
 def accepted(decision: T | Refusal) -> T:
@@ -43,7 +45,7 @@ def accepted(decision: T | Refusal) -> T:
 async def append_decided(
     tx: Transaction,
     stream_id: str,
-    events: Sequence[Event],
+    events: Sequence[Event | Caused],
     *,
     expected_version: int | None,
     actor: str | None = None,
@@ -58,7 +60,8 @@ async def append_decided(
         expected_version: the folded stream's version (0: a new stream; ``None``: any, for a
             stream whose order the decision does not depend on).
         actor: who acted, recorded in each event's metadata.
-        causation_id: the request's idempotency key, when it has one.
+        causation_id: the request's idempotency key, when it has one (a :class:`Caused`
+            event carries its own: its batch item's key).
 
     Raises:
         ConcurrencyError: the stream moved on since it was folded (retryable: re-fold).
@@ -70,6 +73,10 @@ async def append_decided(
         for key, value in (("actor", actor), ("causation_id", causation_id))
         if value is not None
     }
-    return await tx.append(
-        stream_id, [new(event, **meta) for event in events], expected_version=expected_version
-    )
+    stamped = [
+        new(item.event, **(meta | {"causation_id": item.causation_id}))
+        if isinstance(item, Caused)
+        else new(item, **meta)
+        for item in events
+    ]
+    return await tx.append(stream_id, stamped, expected_version=expected_version)

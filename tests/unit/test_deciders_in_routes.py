@@ -15,15 +15,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ROUTES = sorted((ROOT / "services" / "api").glob("routes_*.py"))
 DECIDERS = sorted((ROOT / "events" / "domain" / "deciders").glob("*.py"))
 
-PENDING: dict[str, str] = {
-    "routes_trials": (
-        "a trial's report batch (metrics, checkpoints, early exit, alerts) is one append with a "
-        "causation id per item, after inbox claims, run and checkpoint-owner checks and table "
-        "writes; not yet split into a decider"
-    ),
-}
-"""Routes modules that still append directly, and why (remove a name once it is converted)."""
-
 DECIDER_SOURCES = ("events.domain.deciders", "events.domain.unmanaged")
 """Where the decisions a route appends come from."""
 
@@ -107,13 +98,8 @@ def decider_problems(source: str) -> list[str]:
 
 @pytest.mark.parametrize("path", ROUTES, ids=lambda p: p.stem)
 def test_routes_append_only_decided_events(path: Path) -> None:
-    """Every routes module appends only through append_decided what a decider returned (the
-    modules still pending are named, with why, in PENDING)."""
-    problems = route_problems(path.read_text())
-    if path.stem in PENDING:
-        assert problems, f"{path.stem} no longer appends directly: remove it from PENDING"
-    else:
-        assert problems == [], f"{path.name}: {problems}"
+    """Every routes module appends only through append_decided what a decider returned."""
+    assert route_problems(path.read_text()) == [], path.name
 
 
 @pytest.mark.parametrize("path", DECIDERS, ids=lambda p: p.stem)
