@@ -5,6 +5,8 @@
 | ``types`` | the event payload models (frozen, versioned), one module per stream category |
 | ``aggregates`` | the pure fold of each aggregate: experiment, trial with its allocations, agent, cluster |
 | ``lifecycle`` | experiment and trial states and their state machines |
+| ``deciders`` | each user or agent action as a pure ``(state, command) -> events or Refusal``, one module per aggregate |
+| ``unmanaged`` | the runs of a script outside the cluster: what opening, closing and expiring one appends |
 | ``check`` | invariants of a whole log (``python -m events.domain.check DSN``) |
 | ``names`` | ids and stream names of experiments, trials and allocations |
 | ``commands`` | agent commands derived from logged events |

@@ -11,7 +11,8 @@ functions here over the trial's folded stream (:class:`~events.domain.aggregates
   lost first, so a trial has at most one live run;
 - :func:`close_run` -- the script ends its run, completed or failed;
 - :func:`expire_run` -- a run whose script went silent past the heartbeat timeout is ended as
-  lost and the trial ERROR.
+  lost and the trial ERROR;
+- :func:`refuse_run` -- why no run may open: the experiment has ended or is stopping.
 
 Each returns the events to append (``[]`` when there is nothing to do), and the caller appends
 them with the trial stream's folded version as ``expected_version``, so a run is closed at most
@@ -23,7 +24,8 @@ from __future__ import annotations
 from typing import Literal
 
 from events.domain import lifecycle
-from events.domain.aggregates import TrialView
+from events.domain.aggregates import ExperimentView, TrialView
+from events.domain.deciders import Refusal, conflict
 from events.domain.names import allocation_id
 from events.domain.types import (
     SlotsAllocated,
@@ -57,6 +59,14 @@ def request_trial(
         trial_seed=0,
         external_id=external_id,
     )
+
+
+def refuse_run(experiment: ExperimentView) -> Refusal | None:
+    """Why no run of unmanaged ``experiment`` may open now (conflict: it has ended or is
+    stopping), or ``None``."""
+    if experiment.state in lifecycle.ENDED or experiment.state in lifecycle.STOPPING:
+        return conflict(f"experiment {experiment.experiment_id} has ended ({experiment.state})")
+    return None
 
 
 def live_run(trial: TrialView) -> int | None:

@@ -16,12 +16,19 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel
 
-from events.domain.types import AgentLeaving, AgentRegistered, SlotsDisabled, SlotsEnabled
-from events.log.envelope import Event, new
+from events.domain.deciders.agent import (
+    LeaveAgent,
+    RegisterAgent,
+    SetSlotsEnabled,
+    decide_leaving,
+    decide_register,
+    decide_slots_enabled,
+)
 from events.log.store import Transaction
 from services.api import agent_credentials, history, tables
 from services.api import projections_read as pr
 from services.api.auth import Principal, check_agent, principal_of
+from services.api.decided import accepted, append_decided
 from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import AGENTS, JOINERS, USERS, Access, RouteTable, state_of, store_of
@@ -208,27 +215,28 @@ async def register(request: web.Request) -> web.Response:
     slots (a restarted agent comes with a new incarnation, so it always registers anew)."""
     agent_id, principal = _own_agent_id(request)
     body = parse(RegisterBody, await read_json(request))
-    event = AgentRegistered(
+    command = RegisterAgent(
         agent_id=agent_id,
         resource_pool=body.resource_pool,
-        slots=body.slots,
+        slots=tuple(body.slots),
         hostname=body.hostname,
         incarnation=body.incarnation,
     )
 
-    async def decide(tx: Transaction) -> bool:
+    async def work(tx: Transaction) -> bool:
         view = await load_agent(tx, agent_id)
-        changed = not (view.registered and view.registration == event)
-        if changed:
-            await tx.append(
-                agent_stream(agent_id),
-                [new(event, actor=f"agent:{agent_id}")],
-                expected_version=view.version,
-            )
+        events = accepted(decide_register(view, command))
+        await append_decided(
+            tx,
+            agent_stream(agent_id),
+            events,
+            expected_version=view.version,
+            actor=f"agent:{agent_id}",
+        )
         await tx.conn.execute(_UPSERT_BEAT, agent_id, "[]", body.incarnation, 0)
-        return changed
+        return bool(events)
 
-    changed = await in_transaction(store_of(request), decide)
+    changed = await in_transaction(store_of(request), work)
     if principal.kind == "agent":
         await agent_credentials.bind_incarnation(store_of(request), agent_id, body.incarnation)
     if changed:
@@ -250,20 +258,22 @@ async def leaving(request: web.Request) -> web.Response:
     body = parse(LeavingBody, await read_json(request))
     check_incarnation(principal, body.incarnation)
 
-    async def decide(tx: Transaction) -> bool:
-        view = await load_agent(tx, agent_id)
-        registration = view.registration
-        if view.leaving or registration is None or registration.incarnation != body.incarnation:
-            return False
-        event = AgentLeaving(agent_id=agent_id, incarnation=body.incarnation)
-        await tx.append(
-            agent_stream(agent_id),
-            [new(event, actor=f"agent:{agent_id}", causation_id=body.idempotency_key)],
-            expected_version=view.version,
-        )
-        return True
+    command = LeaveAgent(agent_id=agent_id, incarnation=body.incarnation)
 
-    changed = await in_transaction(store_of(request), decide)
+    async def work(tx: Transaction) -> bool:
+        view = await load_agent(tx, agent_id)
+        events = accepted(decide_leaving(view, command))
+        await append_decided(
+            tx,
+            agent_stream(agent_id),
+            events,
+            expected_version=view.version,
+            actor=f"agent:{agent_id}",
+            causation_id=body.idempotency_key,
+        )
+        return bool(events)
+
+    changed = await in_transaction(store_of(request), work)
     if changed:
         log.info("agent leaving", agent_id=agent_id, incarnation=body.incarnation)
     return web.json_response({"agent_id": agent_id, "changed": changed})
@@ -336,23 +346,18 @@ async def _toggle(request: web.Request, slot_id: str | None, enable: bool) -> di
     else:
         drain = parse(DisableBody, raw).drain
     slot_ids = [slot_id] if slot_id is not None else []
+    command = SetSlotsEnabled(
+        agent_id=agent_id, enable=enable, actor=actor, slot_id=slot_id, drain=drain
+    )
 
-    async def decide(tx: Transaction) -> None:
+    async def work(tx: Transaction) -> None:
         view = await load_agent(tx, agent_id)
-        if view.registration is None:
-            raise not_found(f"no agent {agent_id}")
-        if slot_id is not None and slot_id not in view.slot_ids:
-            raise not_found(f"agent {agent_id} has no slot {slot_id!r}")
-        event: Event = (
-            SlotsEnabled(agent_id=agent_id, slot_ids=slot_ids, actor=actor)
-            if enable
-            else SlotsDisabled(agent_id=agent_id, slot_ids=slot_ids, drain=drain, actor=actor)
-        )
-        await tx.append(
-            agent_stream(agent_id), [new(event, actor=actor)], expected_version=view.version
+        events = accepted(decide_slots_enabled(view, command))
+        await append_decided(
+            tx, agent_stream(agent_id), events, expected_version=view.version, actor=actor
         )
 
-    await in_transaction(store_of(request), decide)
+    await in_transaction(store_of(request), work)
     log.info(
         "slots enabled" if enable else "slots disabled",
         agent_id=agent_id,

@@ -11,9 +11,16 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from events.domain.deciders import Decision
+from events.domain.deciders.trial import (
+    ReportExited,
+    ReportStarted,
+    decide_exited,
+    decide_started,
+    outcome_of,
+)
 from events.domain.names import trial_stream
-from events.domain.types import SlotsReleased, TrialExited, TrialStarted
-from events.log.envelope import Event, new
+from events.log.envelope import Event
 from events.log.store import Transaction
 from services.api import tables
 from services.api.auth import (
@@ -23,7 +30,8 @@ from services.api.auth import (
     principal_of,
     sign_trial_token,
 )
-from services.api.errors import bad_request, parse, read_json
+from services.api.decided import accepted, append_decided
+from services.api.errors import parse, read_json
 from services.api.identities import identity_for_run
 from services.api.inbox import claim, in_transaction, record
 from services.api.limits import BATCH_MAX_BODY
@@ -33,11 +41,9 @@ from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, s
 from services.api.runs import load_run_state
 from services.api.views import (
     AllocationView,
-    Outcome,
     TrialView,
     allocation_of,
     build_spec,
-    exit_outcome,
     experiment_of,
     load_agent,
     load_experiment,
@@ -137,23 +143,20 @@ async def started(request: web.Request) -> web.Response:
     requested = experiment.trials.get(trial_id)
     warm_start = requested.warm_start_checkpoint if requested is not None else None
 
-    def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
-        if alloc.started or alloc.exited:
-            return [], {}
-        checkpoint = trial.latest_checkpoint
-        event = TrialStarted(
-            trial_id=trial_id,
-            allocation_id=allocation_id,
-            run_id=alloc.run_id,
-            agent_id=body.agent_id,
-            restored_checkpoint=checkpoint.uuid if checkpoint else warm_start,
-            agent_incarnation=body.incarnation,
-            listed_from=body.listed_from,
-        )
-        return [event], {}
+    command = ReportStarted(
+        agent_id=body.agent_id,
+        incarnation=body.incarnation,
+        listed_from=body.listed_from,
+        warm_start_checkpoint=warm_start,
+    )
 
     result = await _report_once(
-        request, "api.allocation.started", allocation_id, trial_id, body, build
+        request,
+        "api.allocation.started",
+        allocation_id,
+        trial_id,
+        body,
+        lambda trial, alloc: decide_started(trial, alloc, command),
     )
     if result["appended"] and not result["duplicate"]:
         log.info("trial started", allocation_id=allocation_id, agent_id=body.agent_id)
@@ -172,27 +175,21 @@ async def exited(request: web.Request) -> web.Response:
     allocation_id, trial_id = _allocation(request)
     body = parse(ExitedBody, await read_json(request))
 
-    def build(trial: TrialView, alloc: AllocationView) -> tuple[list[Event], dict[str, Any]]:
-        if alloc.exited:  # one end per run: a verdict recorded first stands (protocol.md)
-            return [], {"outcome": None}
-        outcome: Outcome = exit_outcome(alloc, body.exit_code, agent_shutdown=body.agent_shutdown)
-        events: list[Event] = [
-            TrialExited(
-                trial_id=trial_id,
-                run_id=alloc.run_id,
-                allocation_id=allocation_id,
-                outcome=outcome,
-                exit_code=body.exit_code,
-                message=body.message,
-            ),
-            SlotsReleased(
-                trial_id=trial_id, allocation_id=allocation_id, placements=alloc.placements
-            ),
-        ]
-        return events, {"outcome": outcome}
+    command = ReportExited(
+        agent_id=body.agent_id,
+        exit_code=body.exit_code,
+        message=body.message,
+        agent_shutdown=body.agent_shutdown,
+    )
 
     result = await _report_once(
-        request, "api.allocation.exited", allocation_id, trial_id, body, build
+        request,
+        "api.allocation.exited",
+        allocation_id,
+        trial_id,
+        body,
+        lambda trial, alloc: decide_exited(trial, alloc, command),
+        describe=lambda events: {"outcome": outcome_of(events)},
     )
     if result["appended"] and not result["duplicate"]:
         log.info("trial exited", allocation_id=allocation_id, outcome=result["outcome"])
@@ -205,43 +202,45 @@ async def _report_once(
     allocation_id: str,
     trial_id: int,
     body: StartedBody | ExitedBody,
-    build: Callable[[TrialView, AllocationView], tuple[list[Event], dict[str, Any]]],
+    decide_report: Callable[[TrialView, AllocationView], Decision],
+    *,
+    describe: Callable[[list[Event]], dict[str, Any]] = lambda _: {},
 ) -> dict[str, Any]:
     """An agent's report on an allocation, applied once: the first call claims the allocation
-    in the inbox, checks the agent holds slots in it, appends what ``build`` decides against the
-    trial's version and records the answer; repeats get the recorded answer back."""
+    in the inbox, appends what ``decide_report`` decides over the trial's fold (a refusal, e.g.
+    from an agent holding no slots in it, rolls the claim back) against the trial's version and
+    records the answer (with what ``describe`` adds); repeats get the recorded answer back."""
 
     principal = principal_of(request)
     check_agent(principal, body.agent_id)
     if isinstance(body, StartedBody):
         check_incarnation(principal, body.incarnation)
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         fresh, previous = await claim(tx, source, allocation_id)
         if not fresh:
             return {**(previous or {}), "duplicate": True}
         trial = await load_trial(tx, trial_id)
         alloc = allocation_of(trial, allocation_id)
-        if body.agent_id not in alloc.placements:
-            raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
-        events, extra = build(trial, alloc)
-        if events:
-            meta = {"actor": f"agent:{body.agent_id}", "causation_id": body.idempotency_key}
-            await tx.append(
-                trial_stream(trial_id),
-                [new(event, **meta) for event in events],
-                expected_version=trial.version,
-            )
+        events = accepted(decide_report(trial, alloc))
+        await append_decided(
+            tx,
+            trial_stream(trial_id),
+            events,
+            expected_version=trial.version,
+            actor=f"agent:{body.agent_id}",
+            causation_id=body.idempotency_key,
+        )
         result = {
             "allocation_id": allocation_id,
             "appended": [event.event_type for event in events],
             "duplicate": False,
-            **extra,
+            **describe(events),
         }
         await record(tx, source, allocation_id, result)
         return result
 
-    return await in_transaction(store_of(request), decide)
+    return await in_transaction(store_of(request), work)
 
 
 @routes.post(

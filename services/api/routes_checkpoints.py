@@ -22,7 +22,6 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.domain import lifecycle
 from events.domain.checkpoint_storage import (
     CheckpointStorage,
     StorageError,
@@ -30,14 +29,14 @@ from events.domain.checkpoint_storage import (
     open_storage,
     safe_uuid,
 )
+from events.domain.deciders.checkpoint import DeleteCheckpoints, decide_delete_checkpoints
 from events.domain.names import experiment_stream
-from events.domain.types import CheckpointsDeleteRequested
-from events.log.envelope import new
 from events.log.store import Transaction
 from services.api import projections_read as pr
 from services.api.access import readable_checkpoint
 from services.api.auth import principal_of
-from services.api.errors import ApiError, conflict, forbidden, not_found, parse, read_json
+from services.api.decided import accepted, append_decided
+from services.api.errors import ApiError, forbidden, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, cluster_of, store_of
 from services.api.views import check_owner, load_experiment
@@ -242,27 +241,23 @@ async def delete_checkpoints(request: web.Request) -> web.Response:
         else:
             by_experiment.setdefault(view.experiment_id, []).append(uuid)
 
-    async def decide(tx: Transaction) -> list[str]:
+    async def work(tx: Transaction) -> list[str]:
         deleting: list[str] = []
         for experiment_id, uuids in sorted(by_experiment.items()):
             view = await load_experiment(tx, experiment_id, with_trials=False)
-            if view.state not in lifecycle.TERMINAL:
-                raise conflict(
-                    f"checkpoint {uuids[0]} belongs to experiment {experiment_id}, which is "
-                    f"{view.state}; only an ended experiment's checkpoints can be deleted"
-                )
-            event = CheckpointsDeleteRequested(
-                experiment_id=experiment_id, uuids=uuids, actor=principal.name
-            )
-            await tx.append(
+            command = DeleteCheckpoints(uuids=tuple(uuids), actor=principal.name)
+            events = accepted(decide_delete_checkpoints(view, command))
+            await append_decided(
+                tx,
                 experiment_stream(experiment_id),
-                [new(event, actor=principal.name)],
+                events,
                 expected_version=view.version,
+                actor=principal.name,
             )
             deleting.extend(uuids)
         return deleting
 
-    deleting = await in_transaction(store_of(request), decide) if by_experiment else []
+    deleting = await in_transaction(store_of(request), work) if by_experiment else []
     if deleting:
         log.info("checkpoints to delete", count=len(deleting), by=principal.name)
     return web.json_response({"deleting": deleting, "already_deleted": already})

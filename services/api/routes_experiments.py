@@ -19,15 +19,26 @@ from events.domain import lifecycle
 from events.domain.checkpoint_storage import StorageNotAllowedError, check_storage
 from events.domain.config import ConfigError, ConfigTooLargeError, ConfigWarning, parse_config
 from events.domain.config.cluster import CheckpointStoragePolicy
+from events.domain.deciders.experiment import (
+    TRANSITIONS,
+    Action,
+    ChangeState,
+    DeleteExperiment,
+    SetArchived,
+    SubmitExperiment,
+    decide_archived,
+    decide_delete,
+    decide_state,
+    decide_submit,
+)
 from events.domain.names import experiment_stream
-from events.domain.types import ExperimentArchived, ExperimentStateChanged, ExperimentSubmitted
-from events.log.envelope import new
 from events.log.store import Transaction
 from services.api import history, tables
 from services.api import projections_read as pr
 from services.api.access import readable_experiment
 from services.api.auth import principal_of
-from services.api.errors import ApiError, bad_request, conflict, forbidden, not_found, parse
+from services.api.decided import accepted, append_decided
+from services.api.errors import ApiError, bad_request, forbidden, not_found, parse
 from services.api.errors import read_json as read_json_body
 from services.api.host_access import check_host_requests
 from services.api.inbox import in_transaction
@@ -317,16 +328,22 @@ async def create_experiment(request: web.Request) -> web.Response:
                 code,
                 len(code),
             )
-        event = ExperimentSubmitted(
-            experiment_id=experiment_id,
-            config=config,
-            code_ref=code_ref,
-            owner=principal.name,
-            activate=body.activate,
-            warnings=warnings,
+        submitted = decide_submit(
+            SubmitExperiment(
+                experiment_id=experiment_id,
+                config=config,
+                code_ref=code_ref,
+                owner=principal.name,
+                activate=body.activate,
+                warnings=tuple(warnings),
+            )
         )
-        await tx.append(
-            experiment_stream(experiment_id), [new(event, actor=principal.name)], expected_version=0
+        await append_decided(
+            tx,
+            experiment_stream(experiment_id),
+            submitted,
+            expected_version=0,
+            actor=principal.name,
         )
     log.info(
         "experiment submitted",
@@ -435,24 +452,22 @@ def _archive_handler(archived: bool) -> Any:
         experiment_id = _id(request)
         parse(EmptyBody, await read_json_body(request))
 
-        async def decide(tx: Transaction) -> dict[str, Any]:
+        async def work(tx: Transaction) -> dict[str, Any]:
             view = await load_experiment(tx, experiment_id, with_trials=False)
             check_owner(principal, view.owner)
-            if view.state not in lifecycle.TERMINAL:
-                raise conflict(f"cannot {verb} an experiment in state {view.state}")
-            if view.archived == archived:
-                return {"id": experiment_id, "archived": archived, "changed": False}
-            event = ExperimentArchived(
-                experiment_id=experiment_id, archived=archived, actor=principal.name
+            events = accepted(
+                decide_archived(view, SetArchived(archived=archived, actor=principal.name))
             )
-            await tx.append(
+            await append_decided(
+                tx,
                 experiment_stream(experiment_id),
-                [new(event, actor=principal.name)],
+                events,
                 expected_version=view.version,
+                actor=principal.name,
             )
-            return {"id": experiment_id, "archived": archived, "changed": True}
+            return {"id": experiment_id, "archived": archived, "changed": bool(events)}
 
-        result = await in_transaction(store_of(request), decide)
+        result = await in_transaction(store_of(request), work)
         if result["changed"]:
             log.info(f"experiment {verb}d", experiment_id=experiment_id)
         return web.json_response(result)
@@ -478,29 +493,21 @@ async def delete_experiment(request: web.Request) -> web.Response:
     principal = principal_of(request)
     experiment_id = _id(request)
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, with_trials=False)
         check_owner(principal, view.owner)
-        if view.state == lifecycle.DELETING:
-            return {"id": experiment_id, "state": view.state, "changed": False}
-        try:
-            lifecycle.check_experiment(view.state, lifecycle.DELETING)
-        except lifecycle.IllegalTransitionError:
-            raise conflict(f"cannot delete an experiment in state {view.state}") from None
-        event = ExperimentStateChanged(
-            experiment_id=experiment_id,
-            state=lifecycle.DELETING,
-            reason="deleted by user",
+        events = accepted(decide_delete(view, DeleteExperiment(actor=principal.name)))
+        await append_decided(
+            tx,
+            experiment_stream(experiment_id),
+            events,
+            expected_version=view.version,
             actor=principal.name,
         )
-        await tx.append(
-            experiment_stream(experiment_id),
-            [new(event, actor=principal.name)],
-            expected_version=view.version,
-        )
-        return {"id": experiment_id, "state": lifecycle.DELETING, "changed": True}
+        state = lifecycle.DELETING if events else view.state
+        return {"id": experiment_id, "state": state, "changed": bool(events)}
 
-    result = await in_transaction(store_of(request), decide)
+    result = await in_transaction(store_of(request), work)
     if result["changed"]:
         log.info("experiment deleting", experiment_id=experiment_id, actor=principal.name)
     return web.json_response(result)
@@ -564,50 +571,29 @@ async def list_experiment_checkpoints(request: web.Request) -> web.Response:
     return web.json_response({"checkpoints": rows, "pagination": pr.pagination(query, total)})
 
 
-# action -> (target state, states it may be taken from); see reference/determined.md §5.1.
-TRANSITIONS: dict[str, tuple[str, frozenset[str]]] = {
-    "pause": ("PAUSED", frozenset({"ACTIVE"})),
-    "activate": ("ACTIVE", frozenset({"PAUSED", "STOPPING_ERROR"})),
-    "cancel": ("STOPPING_CANCELED", frozenset({"ACTIVE", "PAUSED"})),
-    "kill": ("STOPPING_KILLED", frozenset({"ACTIVE", "PAUSED", "STOPPING_CANCELED"})),
-}
-
-
-def _action_handler(action: str) -> Any:
-    target, sources = TRANSITIONS[action]
+def _action_handler(action: Action) -> Any:
+    target, _ = TRANSITIONS[action]
 
     async def handler(request: web.Request) -> web.Response:
         principal = principal_of(request)
         experiment_id = _id(request)
         body = parse(ActionBody, await read_json_body(request))
+        command = ChangeState(action=action, actor=principal.name, reason=body.reason)
 
-        async def decide(tx: Transaction) -> dict[str, Any]:
+        async def work(tx: Transaction) -> dict[str, Any]:
             view = await load_experiment(tx, experiment_id, with_trials=False)
             check_owner(principal, view.owner)
-            if view.unmanaged:
-                raise conflict(
-                    f"cannot {action} experiment {experiment_id}: it is unmanaged (its script "
-                    "starts and ends its runs; nothing on the cluster would act on this)"
-                )
-            if view.state == target:
-                return {"id": experiment_id, "state": view.state, "changed": False}
-            if view.state in lifecycle.ENDED or view.state not in sources:
-                raise conflict(f"cannot {action} an experiment in state {view.state}")
-            try:
-                lifecycle.check_experiment(view.state, target)
-            except lifecycle.IllegalTransitionError as exc:
-                raise conflict(f"cannot {action}: {exc}") from None
-            event = ExperimentStateChanged(
-                experiment_id=experiment_id, state=target, reason=body.reason, actor=principal.name
-            )
-            await tx.append(
+            events = accepted(decide_state(view, command))
+            await append_decided(
+                tx,
                 experiment_stream(experiment_id),
-                [new(event, actor=principal.name)],
+                events,
                 expected_version=view.version,
+                actor=principal.name,
             )
-            return {"id": experiment_id, "state": target, "changed": True}
+            return {"id": experiment_id, "state": target, "changed": bool(events)}
 
-        result = await in_transaction(store_of(request), decide)
+        result = await in_transaction(store_of(request), work)
         if result["changed"]:
             log.info("experiment state changed", experiment_id=experiment_id, state=target)
         return web.json_response(result)

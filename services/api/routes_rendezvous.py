@@ -15,12 +15,12 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from events.domain.deciders.trial import JoinRendezvous, RendezvousState, decide_join
 from events.domain.names import trial_stream
-from events.domain.types import RendezvousJoined
-from events.log.envelope import new
 from events.log.store import Transaction
 from services.api.auth import Principal, check_agent, check_holder, check_trial, principal_of
-from services.api.errors import bad_request, conflict, parse, read_json
+from services.api.decided import accepted, append_decided
+from services.api.errors import parse, read_json
 from services.api.inbox import claim, in_transaction, record
 from services.api.rendezvous import Rendezvous, fold_rendezvous
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, store_of
@@ -70,29 +70,38 @@ async def join(request: web.Request) -> web.Response:
     body = parse(RendezvousJoinBody, await read_json(request))
     check_agent(principal_of(request), body.agent_id)
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    command = JoinRendezvous(
+        trial_id=trial_id,
+        allocation_id=allocation_id,
+        agent_id=body.agent_id,
+        address=body.address,
+        port=body.port,
+    )
+    key = f"{allocation_id}:{body.agent_id}"
+
+    async def work(tx: Transaction) -> dict[str, Any]:
         view, current, version = await _load(tx, allocation_id, trial_id)
-        if body.agent_id not in view.placements:
-            raise bad_request(f"agent {body.agent_id} has no slots in {allocation_id}", "agent_id")
-        fresh, _ = await claim(tx, "api.allocation.rendezvous", f"{allocation_id}:{body.agent_id}")
-        if fresh and body.agent_id not in view.members:
-            if not current:
-                raise conflict(f"allocation {allocation_id} is no longer its trial's current run")
-            event = RendezvousJoined(
-                trial_id=trial_id,
-                allocation_id=allocation_id,
-                agent_id=body.agent_id,
-                address=body.address,
-                port=body.port,
+        # a refusal rolls the claim back with the rest of the transaction
+        fresh, _ = await claim(tx, "api.allocation.rendezvous", key)
+        state = RendezvousState(
+            placements=view.placements, members=view.members, current=current, repeat=not fresh
+        )
+        events = accepted(decide_join(state, command))
+        if events:
+            await append_decided(
+                tx,
+                trial_stream(trial_id),
+                events,
+                expected_version=version,
+                actor=f"agent:{body.agent_id}",
+                causation_id=body.idempotency_key,
             )
-            meta = {"actor": f"agent:{body.agent_id}", "causation_id": body.idempotency_key}
-            await tx.append(trial_stream(trial_id), [new(event, **meta)], expected_version=version)
-            await record(tx, "api.allocation.rendezvous", f"{allocation_id}:{body.agent_id}", {})
+            await record(tx, "api.allocation.rendezvous", key, {})
             view, current, _ = await _load(tx, allocation_id, trial_id)
             log.info("rendezvous joined", allocation_id=allocation_id, agent_id=body.agent_id)
         return {**view.answer(body.agent_id), "current": current}
 
-    return web.json_response(await in_transaction(store_of(request), decide))
+    return web.json_response(await in_transaction(store_of(request), work))
 
 
 @routes.get(

@@ -10,10 +10,15 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events.domain.config import ConfigError
-from events.domain.types import TemplateRemoved, TemplateSet
-from events.log.envelope import new
+from events.domain.deciders.template import (
+    RemoveTemplate,
+    SetTemplate,
+    decide_remove_template,
+    decide_set_template,
+)
 from events.log.store import Transaction
 from services.api.auth import Principal, principal_of
+from services.api.decided import accepted, append_decided
 from services.api.errors import bad_request, forbidden, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.parsing import yaml_off_loop
@@ -120,18 +125,19 @@ async def put_template(request: web.Request) -> web.Response:
     name = check_name(request.match_info["name"])
     config = await _config_of(parse(SetTemplateBody, await read_json(request)))
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_template(tx, name)
         if view.exists:
             _check_owner(principal, view)
-        owner = view.owner if view.exists else principal.name
-        event = TemplateSet(name=name, config=config, owner=owner, actor=principal.name)
-        await tx.append(
-            stream_of(name), [new(event, actor=principal.name)], expected_version=view.version
+        command = SetTemplate(name=name, config=config, actor=principal.name)
+        events = accepted(decide_set_template(view, command))
+        await append_decided(
+            tx, stream_of(name), events, expected_version=view.version, actor=principal.name
         )
+        owner = view.owner if view.exists else principal.name
         return {"name": name, "owner": owner, "created": not view.exists}
 
-    result = await in_transaction(store_of(request), decide)
+    result = await in_transaction(store_of(request), work)
     log.info("template set", name=name, created=result["created"], by=principal.name)
     return web.json_response(result)
 
@@ -142,15 +148,16 @@ async def delete_template(request: web.Request) -> web.Response:
     principal = principal_of(request)
     name = request.match_info["name"]
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         view = await existing_template(tx, name)
         _check_owner(principal, view)
-        event = TemplateRemoved(name=name, actor=principal.name)
-        await tx.append(
-            stream_of(name), [new(event, actor=principal.name)], expected_version=view.version
+        command = RemoveTemplate(name=name, actor=principal.name)
+        events = accepted(decide_remove_template(view, command))
+        await append_decided(
+            tx, stream_of(name), events, expected_version=view.version, actor=principal.name
         )
         return {"name": name}
 
-    result = await in_transaction(store_of(request), decide)
+    result = await in_transaction(store_of(request), work)
     log.info("template removed", name=name, by=principal.name)
     return web.json_response(result)

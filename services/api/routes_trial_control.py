@@ -11,16 +11,18 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events.domain import lifecycle
+from events.domain.deciders.trial import KillTrial, decide_kill
 from events.domain.names import trial_stream
-from events.domain.types import TrialAlerted, TrialKillRequested
-from events.log.envelope import RecordedEvent, new
+from events.domain.types import TrialAlerted
+from events.log.envelope import RecordedEvent
 from events.log.errors import StoreUnavailableError
 from events.log.store import EventStore, Transaction
 from services.api import history, tables
 from services.api import projections_read as pr
 from services.api.access import readable_trial
 from services.api.auth import principal_of
-from services.api.errors import conflict, not_found, parse, read_json
+from services.api.decided import accepted, append_decided
+from services.api.errors import parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import (
@@ -260,26 +262,23 @@ async def kill_trial(request: web.Request) -> web.Response:
     trial_id = trial_id_of(request.match_info["trial_id"])
     parse(KillBody, await read_json(request))
     experiment_id = await experiment_of(store_of(request), trial_id)
+    command = KillTrial(trial_id=trial_id, actor=principal.name)
 
-    async def decide(tx: Transaction) -> dict[str, Any]:
+    async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, trial_id=trial_id)
         check_owner(principal, view.owner)
-        if trial_id not in view.trials:
-            raise not_found(f"no trial {trial_id}")
         control = await load_trial_control(tx, trial_id)
-        if control.terminal or view.state in lifecycle.ENDED:
-            raise conflict(f"trial {trial_id} has ended ({control.state})")
-        if control.kill_pending:
-            return {"trial_id": trial_id, "state": control.state, "changed": False}
-        event = TrialKillRequested(trial_id=trial_id, actor=principal.name)
-        await tx.append(
+        events = accepted(decide_kill(view, control, command))
+        await append_decided(
+            tx,
             trial_stream(trial_id),
-            [new(event, actor=principal.name)],
+            events,
             expected_version=control.version,
+            actor=principal.name,
         )
-        return {"trial_id": trial_id, "state": control.state, "changed": True}
+        return {"trial_id": trial_id, "state": control.state, "changed": bool(events)}
 
-    result = await in_transaction(store_of(request), decide)
+    result = await in_transaction(store_of(request), work)
     if result["changed"]:
         log.info("trial kill requested", trial_id=trial_id, actor=principal.name)
     return web.json_response(result)

@@ -3,7 +3,6 @@ the metric series."""
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 import structlog
@@ -11,21 +10,23 @@ from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
 from events.domain.checkpoints import checkpoint_owners
-from events.domain.names import trial_label, trial_stream
-from events.domain.types import (
-    CheckpointSaved,
-    MetricsReported,
-    TrialAlerted,
-    TrialEarlyExited,
-    ValidationReported,
-    WorkloadCompleted,
+from events.domain.deciders.trial_reports import (
+    ReportAlert,
+    ReportCheckpoint,
+    ReportEarlyExit,
+    ReportMetrics,
+    ReportProgress,
+    ReportsState,
+    TrialReport,
+    decide_reports,
 )
-from events.log.envelope import Event, NewEvent, new
+from events.domain.names import trial_label, trial_stream
 from events.log.store import Transaction
 from services.api import checkpoint_ids
 from services.api.access import readable_trial
 from services.api.auth import check_holder, check_trial, principal_of
-from services.api.errors import ApiError, bad_request, forbidden, parse, read_json, validate
+from services.api.decided import accepted, append_decided
+from services.api.errors import bad_request, forbidden, parse, read_json, validate
 from services.api.inbox import claim_many
 from services.api.limits import BATCH_MAX_BODY
 from services.api.routing import ANYONE, TRIAL_OR_AGENT, RouteTable, state_of, store_of
@@ -241,73 +242,39 @@ def _check_checkpoint(item: CheckpointItem, i: int) -> None:
         )
 
 
-def _finite(value: Any) -> Any:
-    """JSON-safe copy: NaN and infinities become ``null`` (PostgreSQL's jsonb rejects them)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
-    """The finite numeric metrics, which are what events carry."""
-    out: dict[str, float] = {}
-    for key, value in metrics.items():
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            number = float(value)
-            if math.isfinite(number):
-                out[key] = number
-    return out
-
-
-def _event_for(item: ItemBase, trial_id: int, run_id: int) -> Event | None:
-    """The event of one accepted item (``run_id``: the current run, which every item names or
-    defaults to); progress and status have none."""
+def _report_of(item: ItemBase, index: int) -> TrialReport:
+    """The decider's command for one parsed report item at ``items[index]``."""
+    key = item.idempotency_key
     if isinstance(item, MetricsItem):
-        if item.group == "training":
-            return WorkloadCompleted(
-                trial_id=trial_id,
-                run_id=run_id,
-                steps_completed=item.steps_completed,
-                metrics=_scalars(item.metrics),
-            )
-        if item.group == "validation":
-            return ValidationReported(
-                trial_id=trial_id,
-                run_id=run_id,
-                steps_completed=item.steps_completed,
-                metrics=_scalars(item.metrics),
-            )
-        return MetricsReported(
-            trial_id=trial_id,
-            run_id=run_id,
+        return ReportMetrics(
+            index=index,
+            key=key,
             group=item.group,
             steps_completed=item.steps_completed,
-            metrics=_scalars(item.metrics),
+            metrics=item.metrics,
+            run_id=item.run_id,
         )
     if isinstance(item, CheckpointItem):
-        return CheckpointSaved(
-            trial_id=trial_id,
-            run_id=run_id,
+        return ReportCheckpoint(
+            index=index,
+            key=key,
             uuid=item.uuid,
-            steps_completed=int(item.metadata["steps_completed"]),
+            metadata=item.metadata,
             resources=item.resources,
-            metadata=_finite(item.metadata),
+            run_id=item.run_id,
         )
     if isinstance(item, EarlyExitItem):
-        return TrialEarlyExited(trial_id=trial_id, reason=item.reason)
+        return ReportEarlyExit(index=index, key=key, reason=item.reason)
     if isinstance(item, AlertItem):
-        return TrialAlerted(
-            trial_id=trial_id,
-            run_id=run_id,
+        return ReportAlert(
+            index=index,
+            key=key,
             title=item.title,
             description=item.description,
             level=item.level,
+            run_id=item.run_id,
         )
-    return None
+    return ReportProgress(index=index, key=key)
 
 
 async def ingest(
@@ -317,9 +284,10 @@ async def ingest(
     which the tracker projects), progress into table ``trial_progress``, status into table
     ``trial_status``.
 
-    New items are accepted only for the trial's current run (:mod:`services.api.runs`), and a
-    checkpoint only under a uuid no other trial recorded first (:mod:`events.domain.checkpoints`);
-    otherwise the whole batch is refused with a 409 and nothing is appended or claimed. Both
+    New items are accepted only for the trial's current run, and a checkpoint only under a uuid
+    no other trial recorded first (:mod:`events.domain.checkpoints`), as
+    :func:`events.domain.deciders.trial_reports.decide_reports` decides; otherwise the whole
+    batch is refused with a 409 and nothing is appended or claimed. Both
     checks are made under the append lock, taken before anything else, so they still hold when
     the events are appended (and of two reports claiming one new uuid, exactly one wins).
 
@@ -336,13 +304,15 @@ async def ingest(
     if not fresh:
         return counts
     runs = await load_run_state(tx, trial_id)
-    current = runs.current().run_id
     position = {id(item): i for i, item in enumerate(items)}
-    for item in fresh:
-        run_id = getattr(item, "run_id", None)
-        if run_id is not None:
-            runs.check_run(int(run_id), f"items[{position[id(item)]}].run_id")
-    await _check_checkpoint_owners(tx, trial_id, fresh, position)
+    uuids = [item.uuid for item in fresh if isinstance(item, CheckpointItem)]
+    state = ReportsState(
+        trial=runs.trial,
+        trial_state=runs.trial_state,
+        experiment_state=runs.experiment_state,
+        checkpoint_owners=await checkpoint_owners(tx.conn, uuids) if uuids else {},
+    )
+    events = accepted(decide_reports(state, [_report_of(i, position[id(i)]) for i in fresh]))
 
     progress = [i for i in fresh if isinstance(i, ProgressItem)]
     if progress:
@@ -362,30 +332,9 @@ async def ingest(
             trial_id,
             statuses[-1].status,
         )
-    events: list[NewEvent] = []
-    for item in fresh:
-        event = _event_for(item, trial_id, current)
-        if event is not None:
-            events.append(new(event, actor=actor, causation_id=item.idempotency_key))
-    if events:
-        await tx.append(trial_stream(trial_id), events)
+    await append_decided(tx, trial_stream(trial_id), events, expected_version=None, actor=actor)
     counts["events"] = len(events)
     return counts
-
-
-async def _check_checkpoint_owners(
-    tx: Transaction, trial_id: int, fresh: list[ItemBase], position: dict[int, int]
-) -> None:
-    """Raises a 409 when a checkpoint item names a uuid another trial recorded first."""
-    checkpoints = [item for item in fresh if isinstance(item, CheckpointItem)]
-    owners = await checkpoint_owners(tx.conn, (item.uuid for item in checkpoints))
-    for item in checkpoints:
-        owner = owners.get(item.uuid, trial_id)
-        if owner != trial_id:
-            path = f"items[{position[id(item)]}].uuid"
-            raise ApiError(
-                409, f"{path}: checkpoint {item.uuid} belongs to another trial", path=path
-            )
 
 
 @routes.post(

@@ -28,17 +28,16 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.domain import lifecycle
 from events.domain.aggregates import TrialView
+from events.domain.deciders.experiment import SubmitExperiment, decide_submit
 from events.domain.names import experiment_stream, parse_trial_id, trial_stream
-from events.domain.types import ExperimentSubmitted
 from events.domain.types.experiment import MAX_EXTERNAL_ID
-from events.domain.unmanaged import close_run, expire_run, open_run, request_trial
-from events.log.envelope import new
+from events.domain.unmanaged import close_run, expire_run, open_run, refuse_run, request_trial
 from events.log.errors import EventsError
 from events.log.store import EventStore, Transaction
 from services.api.auth import principal_of, sign_trial_token
-from services.api.errors import ApiError, conflict, forbidden, parse, read_json
+from services.api.decided import append_decided, refusal_error
+from services.api.errors import ApiError, forbidden, parse, read_json
 from services.api.host_access import check_host_requests
 from services.api.inbox import in_transaction
 from services.api.routes_experiments import _validate_config
@@ -160,18 +159,19 @@ async def open_unmanaged_run(request: web.Request) -> web.Response:
         row = await _name(tx, owner, body.external_experiment_id, "")
         if row is None:
             experiment_id = await store.next_experiment_id()
-            submitted = ExperimentSubmitted(
-                experiment_id=experiment_id,
-                config=config,
-                owner=owner,
-                warnings=warnings,
-                unmanaged=True,
-                external_id=body.external_experiment_id,
+            submitted = decide_submit(
+                SubmitExperiment(
+                    experiment_id=experiment_id,
+                    config=config,
+                    code_ref=None,
+                    owner=owner,
+                    warnings=tuple(warnings),
+                    unmanaged=True,
+                    external_id=body.external_experiment_id,
+                )
             )
-            await tx.append(
-                experiment_stream(experiment_id),
-                [new(submitted, actor=owner)],
-                expected_version=0,
+            await append_decided(
+                tx, experiment_stream(experiment_id), submitted, expected_version=0, actor=owner
             )
             await _remember(tx, owner, body.external_experiment_id, "", (experiment_id, None))
         else:
@@ -179,8 +179,9 @@ async def open_unmanaged_run(request: web.Request) -> web.Response:
         experiment = await load_experiment(tx, experiment_id)
         if experiment.owner != owner or not experiment.unmanaged:
             raise forbidden(f"experiment {experiment_id} is not your unmanaged experiment")
-        if experiment.state in lifecycle.ENDED or experiment.state in lifecycle.STOPPING:
-            raise conflict(f"experiment {experiment_id} has ended ({experiment.state})")
+        refused = refuse_run(experiment)
+        if refused is not None:
+            raise refusal_error(refused)
         row = await _name(tx, owner, body.external_experiment_id, body.external_trial_id)
         if row is None:
             trial_id = await tx.next_trial_id()
@@ -191,10 +192,12 @@ async def open_unmanaged_run(request: web.Request) -> web.Response:
                 external_id=body.external_trial_id,
                 hparams=body.hparams,
             )
-            await tx.append(
+            await append_decided(
+                tx,
                 experiment_stream(experiment_id),
-                [new(requested, actor=owner)],
+                [requested],
                 expected_version=experiment.version,
+                actor=owner,
             )
             await _remember(
                 tx,
@@ -209,10 +212,8 @@ async def open_unmanaged_run(request: web.Request) -> web.Response:
             hparams = dict(experiment.trials[trial_id].hparams)
         trial = await load_trial(tx, trial_id) if row is not None else TrialView(trial_id)
         events, run_id = open_run(trial)
-        await tx.append(
-            trial_stream(trial_id),
-            [new(e, actor=owner) for e in events],
-            expected_version=trial.version,
+        await append_decided(
+            tx, trial_stream(trial_id), events, expected_version=trial.version, actor=owner
         )
         await tx.conn.execute(
             """INSERT INTO unmanaged_heartbeats (trial_id, run_id, seen_at)
@@ -294,12 +295,13 @@ async def close(request: web.Request) -> web.Response:
         events = close_run(
             trial, run_id, failed=body.failed, message=body.message, exit_code=body.exit_code
         )
-        if events:
-            await tx.append(
-                trial_stream(trial_id),
-                [new(e, actor=f"trial:{trial_id}") for e in events],
-                expected_version=trial.version,
-            )
+        await append_decided(
+            tx,
+            trial_stream(trial_id),
+            events,
+            expected_version=trial.version,
+            actor=f"trial:{trial_id}",
+        )
         await tx.conn.execute(
             "DELETE FROM unmanaged_heartbeats WHERE trial_id = $1 AND run_id = $2",
             trial_id,
@@ -339,12 +341,13 @@ async def expire_silent_runs(store: EventStore, timeout: timedelta) -> list[tupl
                 return False  # heard from meanwhile, closed, or expired by another gateway
             trial = await load_trial(tx, trial_id)
             events = expire_run(trial, run_id, silent_seconds=silent)
-            if events:
-                await tx.append(
-                    trial_stream(trial_id),
-                    [new(e, actor="unmanaged-heartbeat") for e in events],
-                    expected_version=trial.version,
-                )
+            await append_decided(
+                tx,
+                trial_stream(trial_id),
+                events,
+                expected_version=trial.version,
+                actor="unmanaged-heartbeat",
+            )
             return bool(events)
 
         if await in_transaction(store, work):

@@ -10,12 +10,12 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
+from events.domain.deciders.identity import LinkAgentUser, decide_link
 from events.domain.identities import ASSIGNED_UIDS, CLUSTER_UID, IDENTITIES_STREAM
-from events.domain.types import AgentUserLinked
-from events.log.envelope import new
 from events.log.store import Transaction
 from services.api import auth
 from services.api.auth import create_user, list_users, principal_of
+from services.api.decided import accepted, append_decided
 from services.api.errors import bad_request, conflict, forbidden, not_found, parse, read_json
 from services.api.identities import load_identities
 from services.api.inbox import in_transaction
@@ -252,7 +252,7 @@ async def put_agent_user_group(request: web.Request) -> web.Response:
     store = store_of(request)
     if not await auth.user_exists(store, username):
         raise not_found(f"no user {username!r}")
-    event = AgentUserLinked(
+    command = LinkAgentUser(
         username=username,
         agent_uid=body.agent_uid,
         agent_gid=body.agent_gid,
@@ -261,11 +261,12 @@ async def put_agent_user_group(request: web.Request) -> web.Response:
         actor=principal.name,
     )
 
-    async def decide(tx: Transaction) -> None:
+    async def work(tx: Transaction) -> None:
         state = await load_identities(tx)
-        await tx.append(IDENTITIES_STREAM, [new(event)], expected_version=state.version)
+        events = accepted(decide_link(state, command))
+        await append_decided(tx, IDENTITIES_STREAM, events, expected_version=state.version)
 
-    await in_transaction(store, decide)
+    await in_transaction(store, work)
     log.info(
         "user linked to a unix account",
         username=username,

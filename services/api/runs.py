@@ -11,7 +11,8 @@ run's last lines after it exited, so logs only need an allocation the scheduler 
 Every such 409 carries ``"reason": "run_not_current"`` in its error object: training code (the Core
 API) stops its process when it sees it, since nothing that process reports will be accepted again.
 
-Checked in the transaction that appends, after :meth:`~events.log.store.Transaction.lock_appends`,
+The rules are :mod:`events.domain.deciders.trial_reports`'s; this module folds what they decide
+over. Checked in the transaction that appends, after :meth:`~events.log.store.Transaction.lock_appends`,
 so no ``TrialExited`` can be committed between the check and the append.
 """
 
@@ -20,7 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from events.domain import lifecycle
+from events.domain.deciders.trial_reports import RUN_NOT_CURRENT as RUN_NOT_CURRENT
+from events.domain.deciders.trial_reports import current_run, refuse_run
 from events.domain.names import experiment_stream, trial_stream
+from services.api.decided import accepted, refusal_error
 from services.api.errors import ApiError, conflict, not_found
 from services.api.views import (
     AllocationView,
@@ -29,9 +33,6 @@ from services.api.views import (
     experiment_of,
     fold_trial,
 )
-
-RUN_NOT_CURRENT = "run_not_current"
-"""The ``reason`` of a 409 refusing a report because its run may no longer report."""
 
 
 def not_current(message: str, path: str | None = None) -> ApiError:
@@ -64,31 +65,13 @@ class RunState:
         Raises:
             ApiError: 409 when the trial or its experiment has ended, or no run is live.
         """
-        if self.trial_state in lifecycle.TERMINAL:
-            raise not_current(f"trial {self.trial_id} has ended ({self.trial_state})")
-        if self.experiment_state in lifecycle.ENDED:
-            raise not_current(
-                f"trial {self.trial_id}'s experiment has ended ({self.experiment_state})"
-            )
-        latest = self.trial.latest_allocation
-        if latest is None:
-            raise not_current(f"trial {self.trial_id} has no run: it was never allocated slots")
-        alloc = self.trial.allocations[latest]
-        if alloc.exited:
-            raise not_current(f"trial {self.trial_id} has no live run: run {alloc.run_id} exited")
-        return alloc
+        return accepted(current_run(self.trial, self.trial_state, self.experiment_state))
 
     def check_run(self, run_id: int, path: str) -> None:
         """Raises a 409 naming ``path`` unless ``run_id`` is the current run's."""
-        current = self.current()
-        if run_id != current.run_id:
-            known = any(a.run_id == run_id for a in self.trial.allocations.values())
-            what = "has exited" if known else "never existed"
-            raise not_current(
-                f"{path}: run {run_id} of trial {self.trial_id} {what}; "
-                f"its current run is {current.run_id}",
-                path,
-            )
+        refused = refuse_run(self.trial, self.current(), run_id, path)
+        if refused is not None:
+            raise refusal_error(refused)
 
     def check_allocation(self, allocation_id: str, *, live: bool) -> None:
         """Raises a 409 unless the scheduler made ``allocation_id`` (and, with ``live``, it is

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from events.domain import lifecycle
 from events.domain.aggregates import (
@@ -239,21 +239,6 @@ async def load_trial_control(reader: Reader, trial_id: int) -> TrialControlView:
     view = fold_trial_control(trial_id, events)
     view.version = head
     return view
-
-
-Outcome = Literal["completed", "failed", "killed", "preempted", "lost"]
-
-
-def exit_outcome(alloc: AllocationView, exit_code: int, *, agent_shutdown: bool = False) -> Outcome:
-    """How a run ended (protocol.md): killed > preempted > lost (its agent stopped it while
-    shutting down, whatever the exit code) > completed (exit 0) > failed."""
-    if alloc.kill:
-        return "killed"
-    if alloc.preempt:
-        return "preempted"
-    if agent_shutdown:
-        return "lost"
-    return "completed" if exit_code == 0 else "failed"
 
 
 # --- agent ----------------------------------------------------------------------------------
