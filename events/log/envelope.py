@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import uuid
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +21,9 @@ class Event(BaseModel):
 
     event_type: ClassVar[str]
     schema_version: ClassVar[int] = 1
+
+
+_E = TypeVar("_E", bound=Event)
 
 
 class Metadata(BaseModel):
@@ -51,7 +55,9 @@ class RecordedEvent(BaseModel):
 
     ``payload`` is the JSON as stored, upcast (by :func:`events.log.store.row_to_event`) to the
     current schema version when its type has upcasters from the stored one; :meth:`decode`
-    validates it into the current model.
+    validates it into the current model, and :meth:`decode_as` into a model the caller names.
+    Consumers read an event's fields from its model, never by indexing ``payload``: the raw
+    JSON is for passing an event on as it is (serializing it for a table or a stream).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -72,8 +78,28 @@ class RecordedEvent(BaseModel):
         return stream_type_of(self.stream_id)
 
     def decode(self) -> Event:
-        """Returns the payload as the current version of its event model."""
+        """Returns the payload as the current version of its event model.
+
+        Raises:
+            UnknownEventError: the type is not registered, or the payload (upcast) does not
+                validate against its model.
+        """
         return _decode(self.type, self.schema_version, self.payload)
+
+    def decode_as(self, model: builtins.type[_E]) -> _E:
+        """Returns the payload as ``model``, the current model of this event's type.
+
+        For a consumer that selected the events it reads by type: ``exit =
+        recorded.decode_as(TrialExited)`` then ``exit.allocation_id``.
+
+        Raises:
+            UnknownEventError: as :meth:`decode` does.
+            TypeError: this event is not of ``model``'s type (a programming error).
+        """
+        event = _decode(self.type, self.schema_version, self.payload)
+        if not isinstance(event, model):
+            raise TypeError(f"event {self.position} is a {self.type}, not a {model.event_type}")
+        return event
 
 
 def stream_type_of(stream_id: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from events.domain.types import TrialExited
 from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent
 from events.log.store import EventStore, Transaction
@@ -113,6 +114,7 @@ async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
         now=beats.now,
         last_beat={agent_id: beat.at for agent_id, beat in beats.agents.items()},
         reports=Reports(
-            agents=agents, exits_unfolded=frozenset(str(e.payload["allocation_id"]) for e in exits)
+            agents=agents,
+            exits_unfolded=frozenset(e.decode_as(TrialExited).allocation_id for e in exits),
         ),
     )

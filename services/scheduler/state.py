@@ -12,11 +12,35 @@ loses instead of landing twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from events.domain import lifecycle
-from events.log.envelope import RecordedEvent
+from events.domain.types import (
+    AgentLeaving,
+    AgentLost,
+    AgentRegistered,
+    CheckpointSaved,
+    ExperimentContinued,
+    ExperimentResourcesChanged,
+    ExperimentStateChanged,
+    ExperimentSubmitted,
+    KillRequested,
+    PreemptionRequested,
+    SlotsAllocated,
+    SlotsDisabled,
+    SlotsEnabled,
+    TrialEarlyExited,
+    TrialExited,
+    TrialKillRequested,
+    TrialRequested,
+    TrialRestarted,
+    TrialStarted,
+    TrialStateChanged,
+    TrialStopRequested,
+)
+from events.log.envelope import Event, RecordedEvent
 
 STREAMS = frozenset({"trial", "experiment", "agent"})
 """The stream types the scheduler appends its decisions to."""
@@ -171,7 +195,7 @@ class ClusterState:
         self.versions[event.stream_id] = event.stream_version
         handler = _HANDLERS.get(event.type)
         if handler is not None:
-            handler(self, event.payload, event.position)
+            handler(self, event.decode(), event.position)
 
     def version(self, stream_id: str) -> int:
         """The version of ``stream_id`` as of ``position`` (0: no event on it yet)."""
@@ -191,16 +215,38 @@ def _resources(config: dict[str, Any]) -> dict[str, Any]:
     return res if isinstance(res, dict) else {}
 
 
-def _submitted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    if p.get("unmanaged"):
-        s.unmanaged.add(p["experiment_id"])
+_Handler = Callable[[ClusterState, Any, int], None]
+_HANDLERS: dict[str, _Handler] = {}
+"""Event type -> its handler; every handler gets the event decoded into its model."""
+
+E = TypeVar("E", bound=Event)
+
+
+def _handles(model: type[E]) -> Callable[[Callable[[ClusterState, E, int], None]], _Handler]:
+    """Registers the decorated function as the handler of ``model``'s events.
+
+    Sound because :meth:`RecordedEvent.decode` of an event of type ``model.event_type`` returns
+    a ``model``.
+    """
+
+    def register(handler: Callable[[ClusterState, E, int], None]) -> _Handler:
+        _HANDLERS[model.event_type] = handler
+        return handler
+
+    return register
+
+
+@_handles(ExperimentSubmitted)
+def _submitted(s: ClusterState, e: ExperimentSubmitted, _pos: int) -> None:
+    if e.unmanaged:
+        s.unmanaged.add(e.experiment_id)
         return
-    config = p.get("config") or {}
+    config = e.config
     res = _resources(config)
     priority = res.get("priority")
-    s.experiments[p["experiment_id"]] = Experiment(
-        experiment_id=p["experiment_id"],
-        state=lifecycle.initial_experiment_state(bool(p.get("activate", True))),
+    s.experiments[e.experiment_id] = Experiment(
+        experiment_id=e.experiment_id,
+        state=lifecycle.initial_experiment_state(e.activate),
         slots_per_trial=int(res.get("slots_per_trial") or 1),
         priority=int(priority) if priority is not None else 42,
         weight=float(res.get("weight") or 1.0),
@@ -212,20 +258,22 @@ def _submitted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
     )
 
 
-def _experiment_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    exp = s.experiments.get(p["experiment_id"])
+@_handles(ExperimentStateChanged)
+def _experiment_state(s: ClusterState, e: ExperimentStateChanged, _pos: int) -> None:
+    exp = s.experiments.get(e.experiment_id)
     if exp is None:
         return
-    after = lifecycle.next_experiment_state(exp.state, p["state"])
+    after = lifecycle.next_experiment_state(exp.state, e.state)
     if after is not None:  # a change the state machine refuses is never applied
         exp.state = after
 
 
-def _resources_changed(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    exp = s.experiments.get(p["experiment_id"])
+@_handles(ExperimentResourcesChanged)
+def _resources_changed(s: ClusterState, e: ExperimentResourcesChanged, _pos: int) -> None:
+    exp = s.experiments.get(e.experiment_id)
     if exp is None:
         return
-    changes = p.get("resources") or {}
+    changes = e.resources  # only the fields that changed
     if "priority" in changes:
         priority = changes["priority"]
         exp.priority = int(priority) if priority is not None else 42
@@ -236,18 +284,19 @@ def _resources_changed(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
         exp.max_slots = int(max_slots) if max_slots is not None else None
 
 
-def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+@_handles(ExperimentContinued)
+def _continued(s: ClusterState, e: ExperimentContinued, _pos: int) -> None:
     """An ended experiment is ACTIVE again and each continued trial starts over as a fresh
     request would (no stop, kill or early exit pending, its restart budget whole)."""
-    exp = s.experiments.get(p["experiment_id"])
+    exp = s.experiments.get(e.experiment_id)
     if exp is None or not lifecycle.can_continue(exp.state):
         return
     exp.state = lifecycle.ACTIVE
-    max_restarts = (p.get("config") or {}).get("max_restarts")
+    max_restarts = e.config.get("max_restarts")
     if max_restarts is not None:
         exp.max_restarts = int(max_restarts)
-    for continued in p["trials"]:
-        trial = s.trials.get(continued["trial_id"])
+    for continued in e.trials:
+        trial = s.trials.get(continued.trial_id)
         if trial is not None:
             trial.stop_requested = False
             trial.kill_requested = False
@@ -255,112 +304,129 @@ def _continued(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
             trial.restarts = 0
 
 
-def _requested(s: ClusterState, p: dict[str, Any], pos: int) -> None:
-    if p["experiment_id"] in s.unmanaged:
+@_handles(TrialRequested)
+def _requested(s: ClusterState, e: TrialRequested, pos: int) -> None:
+    if e.experiment_id in s.unmanaged:
         return
-    trial = Trial(trial_id=p["trial_id"], experiment_id=p["experiment_id"], order=pos)
-    trial.latest_checkpoint = p.get("warm_start_checkpoint")  # a clone starts from its parent's
+    trial = Trial(trial_id=e.trial_id, experiment_id=e.experiment_id, order=pos)
+    trial.latest_checkpoint = e.warm_start_checkpoint  # a clone starts from its parent's
     s.trials[trial.trial_id] = trial
-    exp = s.experiments.get(p["experiment_id"])
+    exp = s.experiments.get(e.experiment_id)
     if exp is not None:
         exp.trials.append(trial.trial_id)
 
 
-def _stop_requested(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    trial = s.trials.get(p["trial_id"])
+@_handles(TrialStopRequested)
+def _stop_requested(s: ClusterState, e: TrialStopRequested, _pos: int) -> None:
+    trial = s.trials.get(e.trial_id)
     if trial is not None:
         trial.stop_requested = True
 
 
-def _allocated(s: ClusterState, p: dict[str, Any], pos: int) -> None:
-    trial = s.trials.get(p["trial_id"])
+@_handles(SlotsAllocated)
+def _allocated(s: ClusterState, e: SlotsAllocated, pos: int) -> None:
+    trial = s.trials.get(e.trial_id)
     if trial is None:
         return
-    trial.run_id = int(p.get("run_id", trial.run_id + 1))
-    trial.run = Run(p["allocation_id"], trial.run_id, dict(p["placements"]), order=pos)
+    # A payload stored without run_id (before runs were numbered) is the trial's next run,
+    # not the model's default of 1.
+    trial.run_id = e.run_id if "run_id" in e.model_fields_set else trial.run_id + 1
+    trial.run = Run(e.allocation_id, trial.run_id, dict(e.placements), order=pos)
     s.allocations[trial.run.allocation_id] = trial.trial_id
     trial.requeue = False
 
 
-def _started(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    found = s.run_of(p["allocation_id"])
+@_handles(TrialStarted)
+def _started(s: ClusterState, e: TrialStarted, _pos: int) -> None:
+    found = s.run_of(e.allocation_id)
     if found is None:
         return
     run = found[1]
     run.started = True
-    listed_from = p.get("listed_from")
-    if p.get("agent_incarnation") and listed_from is not None:
-        run.started_by = Starter(p["agent_id"], p["agent_incarnation"], int(listed_from))
+    if e.agent_incarnation and e.listed_from is not None:
+        run.started_by = Starter(e.agent_id, e.agent_incarnation, e.listed_from)
 
 
-def _checkpoint(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    trial = s.trials.get(p["trial_id"])
+@_handles(CheckpointSaved)
+def _checkpoint(s: ClusterState, e: CheckpointSaved, _pos: int) -> None:
+    trial = s.trials.get(e.trial_id)
     if trial is not None:
-        trial.latest_checkpoint = p["uuid"]
+        trial.latest_checkpoint = e.uuid
 
 
-def _early_exit(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    trial = s.trials.get(p["trial_id"])
+@_handles(TrialEarlyExited)
+def _early_exit(s: ClusterState, e: TrialEarlyExited, _pos: int) -> None:
+    trial = s.trials.get(e.trial_id)
     if trial is not None:
-        trial.early_exit = p["reason"]
+        trial.early_exit = e.reason
 
 
-def _exited(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    found = s.run_of(p["allocation_id"])
+@_handles(TrialExited)
+def _exited(s: ClusterState, e: TrialExited, _pos: int) -> None:
+    found = s.run_of(e.allocation_id)
     if found is not None and found[1].exited is None:
-        found[1].exited = p["outcome"]
+        found[1].exited = e.outcome
 
 
-def _preemption(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    found = s.run_of(p["allocation_id"])
+@_handles(PreemptionRequested)
+def _preemption(s: ClusterState, e: PreemptionRequested, _pos: int) -> None:
+    found = s.run_of(e.allocation_id)
     if found is not None:
-        found[1].preemption = p["reason"]
+        found[1].preemption = e.reason
 
 
-def _kill(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    found = s.run_of(p["allocation_id"])
+@_handles(KillRequested)
+def _kill(s: ClusterState, e: KillRequested, _pos: int) -> None:
+    found = s.run_of(e.allocation_id)
     if found is not None:
         found[1].killing = True
 
 
-def _restarted(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    trial = s.trials.get(p["trial_id"])
+@_handles(TrialRestarted)
+def _restarted(s: ClusterState, e: TrialRestarted, _pos: int) -> None:
+    trial = s.trials.get(e.trial_id)
     if trial is not None:
-        trial.restarts = int(p["restarts"])
+        trial.restarts = e.restarts
         trial.run = None
 
 
-def _trial_state(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    trial = s.trials.get(p["trial_id"])
+@_handles(TrialStateChanged)
+def _trial_state(s: ClusterState, e: TrialStateChanged, _pos: int) -> None:
+    trial = s.trials.get(e.trial_id)
     if trial is None:
         return
-    after = lifecycle.next_trial_state(trial.state, p["state"])
+    after = lifecycle.next_trial_state(trial.state, e.state)
     if after is None:  # refused by the state machine: nothing of it is applied
         return
     trial.state = after
-    if p.get("reason") == "requeue":
+    if e.reason == "requeue":
         trial.run = None
         trial.requeue = True
     elif trial.run is not None and trial.run.exited is not None:
         trial.run = None
 
 
-def _agent_registered(s: ClusterState, p: dict[str, Any], pos: int) -> None:
-    before = s.agents.get(p["agent_id"])
-    s.agents[p["agent_id"]] = AgentInfo(
-        agent_id=p["agent_id"],
-        pool=str(p.get("resource_pool") or ""),
-        slots=[slot["slot_id"] for slot in p.get("slots", [])],
+@_handles(AgentRegistered)
+def _agent_registered(s: ClusterState, e: AgentRegistered, pos: int) -> None:
+    before = s.agents.get(e.agent_id)
+    # A payload stored without a pool counts as the pool "" (as before decoding), not the
+    # model's default.
+    pool = e.resource_pool if "resource_pool" in e.model_fields_set else ""
+    s.agents[e.agent_id] = AgentInfo(
+        agent_id=e.agent_id,
+        pool=pool,
+        slots=[slot.slot_id for slot in e.slots],
         registered_position=pos,
-        incarnation=str(p.get("incarnation") or ""),
+        incarnation=e.incarnation,
         disabled=dict(before.disabled) if before is not None else {},
     )
 
 
-def _agent_leaving(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
+@_handles(AgentLeaving)
+def _agent_leaving(s: ClusterState, e: AgentLeaving, _pos: int) -> None:
     """Only the registered process's announcement counts (an older one's, late, does not)."""
-    agent = s.agents.get(p["agent_id"])
-    if agent is not None and agent.incarnation == str(p.get("incarnation") or ""):
+    agent = s.agents.get(e.agent_id)
+    if agent is not None and agent.incarnation == e.incarnation:
         agent.leaving = True
 
 
@@ -371,52 +437,31 @@ def _agent_of(s: ClusterState, agent_id: str) -> AgentInfo:
     return agent
 
 
-def _slots_disabled(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    agent = _agent_of(s, p["agent_id"])
-    for slot_id in p.get("slot_ids") or agent.slots:
-        agent.disabled[slot_id] = bool(p.get("drain", False))
+@_handles(SlotsDisabled)
+def _slots_disabled(s: ClusterState, e: SlotsDisabled, _pos: int) -> None:
+    agent = _agent_of(s, e.agent_id)
+    for slot_id in e.slot_ids or agent.slots:
+        agent.disabled[slot_id] = e.drain
 
 
-def _slots_enabled(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    agent = _agent_of(s, p["agent_id"])
-    if not p.get("slot_ids"):
+@_handles(SlotsEnabled)
+def _slots_enabled(s: ClusterState, e: SlotsEnabled, _pos: int) -> None:
+    agent = _agent_of(s, e.agent_id)
+    if not e.slot_ids:
         agent.disabled.clear()
-    for slot_id in p.get("slot_ids") or ():
+    for slot_id in e.slot_ids:
         agent.disabled.pop(slot_id, None)
 
 
-def _kill_requested(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    trial = s.trials.get(p["trial_id"])
+@_handles(TrialKillRequested)
+def _kill_requested(s: ClusterState, e: TrialKillRequested, _pos: int) -> None:
+    trial = s.trials.get(e.trial_id)
     if trial is not None:
         trial.kill_requested = True
 
 
-def _agent_lost(s: ClusterState, p: dict[str, Any], _pos: int) -> None:
-    agent = s.agents.get(p["agent_id"])
+@_handles(AgentLost)
+def _agent_lost(s: ClusterState, e: AgentLost, _pos: int) -> None:
+    agent = s.agents.get(e.agent_id)
     if agent is not None:
         agent.lost = True
-
-
-_HANDLERS = {
-    "ExperimentSubmitted": _submitted,
-    "ExperimentStateChanged": _experiment_state,
-    "ExperimentResourcesChanged": _resources_changed,
-    "ExperimentContinued": _continued,
-    "TrialRequested": _requested,
-    "TrialStopRequested": _stop_requested,
-    "SlotsAllocated": _allocated,
-    "TrialStarted": _started,
-    "CheckpointSaved": _checkpoint,
-    "TrialEarlyExited": _early_exit,
-    "TrialExited": _exited,
-    "PreemptionRequested": _preemption,
-    "KillRequested": _kill,
-    "TrialRestarted": _restarted,
-    "TrialStateChanged": _trial_state,
-    "AgentRegistered": _agent_registered,
-    "AgentLeaving": _agent_leaving,
-    "AgentLost": _agent_lost,
-    "SlotsDisabled": _slots_disabled,
-    "SlotsEnabled": _slots_enabled,
-    "TrialKillRequested": _kill_requested,
-}
