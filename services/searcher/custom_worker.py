@@ -255,7 +255,9 @@ class CustomWorker:
             events = await tx.read_stream(stream, after_version=self._seen_version)
         for event in events:
             if event.type in ANSWER_TYPES:
-                self.settled = max(self.settled, int(event.payload["call"]))
+                fact = event.decode()
+                if isinstance(fact, CustomSearcherAnswered | CustomSearcherFailed):
+                    self.settled = max(self.settled, fact.call)
         if events:
             self._seen_version = events[-1].stream_version
         return self._seen_version

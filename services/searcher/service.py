@@ -53,7 +53,19 @@ from events.domain.search import (
     read_validation,
 )
 from events.domain.search.custom import CustomStrategy
-from events.domain.types import ExperimentStateChanged, TrialRequested, TrialStopRequested
+from events.domain.types import (
+    CheckpointSaved,
+    CustomSearcherAnswered,
+    CustomSearcherFailed,
+    ExperimentContinued,
+    ExperimentStateChanged,
+    ExperimentSubmitted,
+    TrialEarlyExited,
+    TrialRequested,
+    TrialStateChanged,
+    TrialStopRequested,
+    ValidationReported,
+)
 from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent
 from events.log.store import EventStore, Transaction
@@ -74,6 +86,8 @@ TYPES = frozenset(
         *ANSWER_TYPES,
     }
 )
+_TrialFact = ValidationReported | CheckpointSaved | TrialEarlyExited | TrialStateChanged
+"""The facts of :data:`TYPES` on a trial's stream: they advance its search's method."""
 _OPEN = (lifecycle.ACTIVE, lifecycle.PAUSED)
 """The states in which a search still creates trials and may end the experiment."""
 _EARLY_REASON = {
@@ -253,53 +267,53 @@ class SearcherConsumer(Consumer):
 
     def apply(self, event: RecordedEvent) -> None:
         """Advances the methods by one log event; operations are queued for appending."""
-        p = event.payload
-        if event.type == "ExperimentSubmitted":
-            self._submitted(p)
+        e = event.decode()
+        if isinstance(e, ExperimentSubmitted):
+            self._submitted(e)
             return
-        if event.type == "ExperimentStateChanged":
-            search = self.searches.get(p["experiment_id"])
-            after = lifecycle.next_experiment_state(search.state, p["state"]) if search else None
+        if isinstance(e, ExperimentStateChanged):
+            search = self.searches.get(e.experiment_id)
+            after = lifecycle.next_experiment_state(search.state, e.state) if search else None
             if search is not None and after is not None:  # a refused change is never applied
                 search.state = after
                 if after not in _OPEN:
                     self._close(search)  # stopping or ended: its searcher is asked nothing more
             return
-        if event.type == "ExperimentContinued":
-            self._continued(p)
+        if isinstance(e, ExperimentContinued):
+            self._continued(e)
             return
-        if event.type in ANSWER_TYPES:
-            self._answered(event)
+        if isinstance(e, CustomSearcherAnswered | CustomSearcherFailed):
+            self._answered(e)
             return
-        if event.type == "TrialRequested":
-            self._requested(int(p["experiment_id"]), str(p["request_id"]), int(p["trial_id"]))
-            self._check_replayed(p)
+        if isinstance(e, TrialRequested):
+            self._requested(e.experiment_id, e.request_id, e.trial_id)
+            self._check_replayed(e)
             return
-        trial_id = int(p["trial_id"])
+        if not isinstance(e, _TrialFact):
+            return  # not one of :data:`TYPES`
+        trial_id = e.trial_id
         experiment_id = self.experiment_of.get(trial_id)
         search = self.searches.get(experiment_id) if experiment_id is not None else None
         if search is None or trial_id not in search.request_of or trial_id in search.closed:
             return
         request_id = search.request_of[trial_id]
-        if event.type == "ValidationReported":
+        if isinstance(e, ValidationReported):
             try:
                 metric, time_value = read_validation(
-                    search.config.searcher, p["metrics"], p.get("steps_completed")
+                    search.config.searcher, e.metrics, e.steps_completed
                 )
             except SearcherError as exc:
                 log.warning("validation ignored", trial=trial_id, error=str(exc))
                 return
             self._run(search, search.method.on_validation(request_id, metric, time_value))
-        elif event.type == "CheckpointSaved":
-            ops = search.method.on_checkpoint(
-                request_id, str(p["uuid"]), int(p.get("steps_completed") or 0)
-            )
+        elif isinstance(e, CheckpointSaved):
+            ops = search.method.on_checkpoint(request_id, e.uuid, e.steps_completed)
             self._run(search, ops)
-        elif event.type == "TrialEarlyExited":
-            search.early[trial_id] = _EARLY_REASON.get(p["reason"], "errored")
-        elif event.type == "TrialStateChanged":
+        elif isinstance(e, TrialEarlyExited):
+            search.early[trial_id] = _EARLY_REASON.get(e.reason, "errored")
+        else:
             before = search.trial_states.get(trial_id, lifecycle.ACTIVE)
-            after = lifecycle.next_trial_state(before, p["state"])
+            after = lifecycle.next_trial_state(before, e.state)
             if after is None:  # refused by the state machine: nothing of it is applied
                 return
             search.trial_states[trial_id] = after
@@ -315,19 +329,20 @@ class SearcherConsumer(Consumer):
                 self._run(search, search.method.on_trial_exited_early(request_id, reason))
             self._run(search, search.method.on_trial_closed(request_id))
 
-    def _answered(self, event: RecordedEvent) -> None:
+    def _answered(self, e: CustomSearcherAnswered | CustomSearcherFailed) -> None:
         """Applies a custom searcher's recorded answer (or failure) to its call."""
-        p = event.payload
-        search = self.searches.get(int(p["experiment_id"]))
-        if search is None or search.failed or int(p["experiment_id"]) not in self.custom:
+        search = self.searches.get(e.experiment_id)
+        if search is None or search.failed or e.experiment_id not in self.custom:
             return  # the search has ended: a late answer changes nothing
-        call = int(p["call"])
         try:
-            if event.type == "CustomSearcherFailed":
-                search.method.on_call_failed(call, str(p["reason"]))
+            if isinstance(e, CustomSearcherFailed):
+                search.method.on_call_failed(e.call, e.reason)
                 ops: list[Operation] = []
             else:
-                ops = search.method.on_answer(call, p["ops"])
+                # The strategy checks and digests the operations as the log stores them: the
+                # models dumped back to their stored JSON (serialization, not field access).
+                recorded = [op.model_dump(mode="json") for op in e.ops]
+                ops = search.method.on_answer(e.call, recorded)
         except SearcherError as exc:
             log.error(
                 "custom searcher answer not applied",
@@ -337,58 +352,58 @@ class SearcherConsumer(Consumer):
             return
         self._run(search, ops)
 
-    def _check_replayed(self, p: dict[str, Any]) -> None:
+    def _check_replayed(self, e: TrialRequested) -> None:
         """Logs an error when the method, replayed, chose other hyperparameters than recorded
         (its code or a library it samples with changed under a running search): the recorded
         trial stands, but later decisions no longer match a run that never restarted."""
-        search = self.searches.get(int(p["experiment_id"]))
+        search = self.searches.get(e.experiment_id)
         if search is None:
             return
-        chosen = search.replayed.pop(str(p["request_id"]), None)
-        if chosen is not None and chosen != p["hparams"]:
+        chosen = search.replayed.pop(e.request_id, None)
+        if chosen is not None and chosen != e.hparams:
             log.error(
                 "replayed search diverges from the log",
                 experiment=search.experiment_id,
-                request=p["request_id"],
-                recorded=p["hparams"],
+                request=e.request_id,
+                recorded=e.hparams,
                 replayed=chosen,
             )
 
-    def _submitted(self, p: dict[str, Any]) -> None:
-        exp_id = int(p["experiment_id"])
-        if p.get("unmanaged"):
+    def _submitted(self, e: ExperimentSubmitted) -> None:
+        exp_id = e.experiment_id
+        if e.unmanaged:
             return  # its script names its trials through the API: nothing to search
         try:
-            config = parse_config(p["config"])
+            config = parse_config(e.config)
             strategy = None
             if isinstance(config.searcher, CustomSearcher):
                 strategy = CustomStrategy(
-                    p["config"],
+                    e.config,
                     seed=config.reproducibility.experiment_seed or 0,
-                    code_ref=p.get("code_ref"),
+                    code_ref=e.code_ref,
                     max_trials=config.searcher.max_trials,
                 )
             method = make_method(config, strategy)
         except (ConfigError, SearcherError) as exc:
             log.error("experiment has no usable search", experiment=exp_id, error=str(exc))
             return
-        state = lifecycle.initial_experiment_state(bool(p.get("activate", True)))
+        state = lifecycle.initial_experiment_state(e.activate)
         search = Search(exp_id, config, method, state=state)
         self.searches[exp_id] = search
         if strategy is not None:
             self.custom[exp_id] = strategy
         self._run(search, method.initial_operations())
 
-    def _continued(self, p: dict[str, Any]) -> None:
+    def _continued(self, e: ExperimentContinued) -> None:
         """A user continued the ended experiment's unfinished trials: the search is open again
         until they close once more (the gateway only continues searches whose method can reopen
         a trial)."""
-        search = self.searches.get(int(p["experiment_id"]))
+        search = self.searches.get(e.experiment_id)
         if search is None or not lifecycle.can_continue(search.state):
             return  # refused by the experiment's state machine too
         reopened = False
-        for continued in p["trials"]:
-            trial_id = int(continued["trial_id"])
+        for continued in e.trials:
+            trial_id = continued.trial_id
             request_id = search.request_of.get(trial_id)
             if request_id is None:
                 continue
