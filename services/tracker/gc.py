@@ -33,11 +33,15 @@ from events.domain.checkpoints import checkpoint_owners
 from events.domain.config.cluster import CheckpointStoragePolicy
 from events.domain.config.storage import checkpoint_root
 from events.domain.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
-from events.domain.names import coerce_trial_id, experiment_stream, trial_stream
+from events.domain.names import experiment_stream, trial_stream
 from events.domain.types import (
     CheckpointSaved,
     CheckpointsDeleted,
+    CheckpointsDeleteRequested,
     ExperimentStateChanged,
+    ExperimentSubmitted,
+    TrialRequested,
+    TrialStarted,
     ValidationReported,
 )
 from events.log.bus import EVENTS_PREFIX
@@ -214,12 +218,15 @@ async def read_experiment(
     ).state
     trial_streams: list[str] = []
     for e in events:
-        if e.type == "ExperimentSubmitted" and isinstance(e.payload.get("config"), Mapping):
-            facts.config = dict(e.payload["config"])
-        elif e.type == "TrialRequested":
-            trial_streams.append(trial_stream(int(e.payload["trial_id"])))
-        elif e.type == "CheckpointsDeleted":
-            facts.deleted.update(str(u) for u in e.payload.get("uuids", []))
+        if e.type not in _EXPERIMENT_FACTS:
+            continue
+        fact = e.decode()
+        if isinstance(fact, ExperimentSubmitted):
+            facts.config = dict(fact.config)
+        elif isinstance(fact, TrialRequested):
+            trial_streams.append(trial_stream(fact.trial_id))
+        elif isinstance(fact, CheckpointsDeleted):
+            facts.deleted.update(fact.uuids)
     events_of_trials = await tx.read_streams(
         trial_streams, ["CheckpointSaved", "ValidationReported"]
     )
@@ -247,6 +254,12 @@ async def read_experiment(
     return facts
 
 
+_EXPERIMENT_FACTS = frozenset(
+    model.event_type for model in (ExperimentSubmitted, TrialRequested, CheckpointsDeleted)
+)
+"""The types of an experiment's stream that :func:`read_experiment` reads (it decodes no other)."""
+
+
 async def warm_starts(tx: Transaction, facts: ExperimentCheckpoints) -> frozenset[str]:
     """The experiment's checkpoints that some trial was started from (a trial resuming from its
     own checkpoint is not a warm start) or that a submitted experiment names as its
@@ -256,12 +269,15 @@ async def warm_starts(tx: Transaction, facts: ExperimentCheckpoints) -> frozense
         return frozenset()
     used = set()
     for event in await tx.checkpoint_uses(uuids):
-        if event.type == "TrialStarted":
-            uuid = str(event.payload["restored_checkpoint"])
-            starter: int | None = coerce_trial_id(event.payload["trial_id"])
-        else:
-            searcher = event.payload["config"]["searcher"]
+        use = event.decode()
+        if isinstance(use, TrialStarted):
+            uuid = str(use.restored_checkpoint)
+            starter: int | None = use.trial_id
+        elif isinstance(use, ExperimentSubmitted):
+            searcher = use.config["searcher"]
             uuid, starter = str(searcher["source_checkpoint_uuid"]), None
+        else:
+            continue  # checkpoint_uses reads only these two types
         if uuid in facts.checkpoints and starter != facts.checkpoints[uuid].trial_id:
             used.add(uuid)
     return frozenset(used)
@@ -346,10 +362,11 @@ class GCConsumer(Consumer):
         if event.type == "CheckpointsDeleteRequested":
             await self._delete_requested(tx, event)
             return
-        state = str(event.payload.get("state", ""))
+        changed = event.decode_as(ExperimentStateChanged)
+        state = changed.state
         if state not in TERMINAL and state != DELETING:
             return
-        experiment_id = int(event.payload["experiment_id"])
+        experiment_id = changed.experiment_id
         try:
             facts = await read_experiment(tx, experiment_id, event.stream_version)
             if facts.state != state:
@@ -363,8 +380,9 @@ class GCConsumer(Consumer):
 
     async def _delete_requested(self, tx: Transaction, event: RecordedEvent) -> None:
         """Deletes the checkpoints a user asked for that the experiment still has."""
-        experiment_id = int(event.payload["experiment_id"])
-        wanted = {str(u) for u in event.payload.get("uuids") or []}
+        requested = event.decode_as(CheckpointsDeleteRequested)
+        experiment_id = requested.experiment_id
+        wanted = set(requested.uuids)
         try:
             facts = await read_experiment(tx, experiment_id)
             doomed = wanted.intersection(c.uuid for c in facts.live)
