@@ -31,6 +31,7 @@ from aiohttp import web
 
 from events import settings
 from events.domain.names import parse_trial_id, trial_label, trial_stream
+from events.domain.types import SlotsAllocated
 from events.log.store import EventStore
 from services.api import agent_credentials, tables
 from services.api.audit_trail import actor_of, set_actor
@@ -405,7 +406,7 @@ async def _check_run_current(store: EventStore, label: str, run_id: int) -> None
     current: int | None = None
     for event in latest:  # newest first: an exit after the latest allocation ends it
         if event.type == "SlotsAllocated":
-            current = int(event.payload["run_id"])
+            current = event.decode_as(SlotsAllocated).run_id
             break
         if event.type == "TrialExited":
             break

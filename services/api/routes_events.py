@@ -24,7 +24,8 @@ from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
 from events.domain.config.secrets import CONFIG_EVENTS, mask_payload
-from events.domain.names import coerce_trial_id, experiment_stream, trial_stream
+from events.domain.names import experiment_stream, trial_stream
+from events.domain.types import TrialRequested
 from events.log.errors import StoreUnavailableError
 from events.log.registry import known_types
 from events.log.store import EventStore
@@ -134,7 +135,7 @@ async def _page(
             requested = await tx.read_streams([stream], ["TrialRequested"])
             streams = [
                 stream,
-                *(trial_stream(coerce_trial_id(e.payload["trial_id"])) for e in requested),
+                *(trial_stream(e.decode_as(TrialRequested).trial_id) for e in requested),
             ]
         out: list[tuple[int, str, str]] = []
         size = 0
@@ -150,6 +151,8 @@ async def _page(
         async with contextlib.aclosing(page):
             async for event in page:
                 if event.type in CONFIG_EVENTS:
+                    # The stream passes the stored JSON on, its secrets masked (serialization,
+                    # not field access).
                     masked = mask_payload(event.type, event.payload)
                     event = event.model_copy(update={"payload": masked})
                 if not admin and event.metadata.remote is not None:

@@ -39,7 +39,7 @@ from events.domain.names import (
     trial_label,
     trial_stream,
 )
-from events.domain.types import TrialKillRequested, TrialStateChanged
+from events.domain.types import TrialKillRequested, TrialRequested, TrialStateChanged
 from events.log.envelope import RecordedEvent
 from events.log.store import EventStore, Transaction
 from services.api.auth import Principal
@@ -136,7 +136,7 @@ async def experiment_of(reader: Reader, trial_id: int) -> int:
     request = await reader.trial_request(trial_label(trial_id))
     if request is None:
         raise not_found(f"no trial {trial_id}")
-    return int(request.payload["experiment_id"])
+    return request.decode_as(TrialRequested).experiment_id
 
 
 # --- experiment -----------------------------------------------------------------------------
