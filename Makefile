@@ -2,9 +2,9 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements-ml.txt 2>/dev/null | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | cksum | cut -d' ' -f1)
 
-.PHONY: install test test-fast test-dist horovod deepspeed test-deepspeed lint bench chaos failover property demo up down clean \
+.PHONY: install lock test test-fast test-dist horovod deepspeed test-deepspeed lint bench chaos failover property demo up down clean \
         browser web-assets screenshot test-search test-lab
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
@@ -28,12 +28,28 @@ $(WEB_STAMP): package.json package-lock.json
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
 
+# Every package of the development environment comes from requirements.lock (exact versions and
+# their hashes), then cairn itself without its dependencies, so two installs are the same. A
+# package the lock no longer names stays in .venv until `make clean`.
 $(STAMP):
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-ml.txt
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check --require-hashes -r requirements.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
+
+# Regenerates requirements.lock from pyproject.toml (every extra) and requirements-ml.txt with
+# pip-compile (pip-tools, pinned, in its own .venv-lock). Pins the bounds still allow are kept;
+# LOCK_FLAGS=--upgrade (or --upgrade-package NAME) moves them. A few minutes: it fetches every
+# file of each pinned release to hash it. Then `make install`.
+PIP_TOOLS  := pip-tools==7.6.2
+LOCK_FLAGS ?=
+lock:
+	@test -x .venv-lock/bin/pip-compile || ($(PYTHON) -m venv .venv-lock \
+	    && .venv-lock/bin/pip install -q --disable-pip-version-check $(PIP_TOOLS))
+	CUSTOM_COMPILE_COMMAND="make lock" .venv-lock/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras $(LOCK_FLAGS) \
+	    --extra server --extra s3 --extra dev --no-emit-index-url --no-emit-find-links \
+	    --output-file requirements.lock pyproject.toml requirements-ml.txt
 
 test: install browser
 	$(PY) -m pytest -q -p no:cacheprovider

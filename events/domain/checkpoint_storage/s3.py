@@ -47,13 +47,18 @@ class S3Storage(CheckpointStorage):
         access_key: str | None = None,
         secret_key: str | None = None,
     ) -> None:
-        import boto3
-        from botocore.config import Config
-
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url
-        from botocore.exceptions import BotoCoreError
+        try:  # boto3 is the s3 extra's: a trial image without it still imports the Core API
+            import boto3
+            from botocore.config import Config
+            from botocore.exceptions import BotoCoreError
+        except ImportError:
+            raise StorageError(
+                f"{self.location}: S3 checkpoint storage needs boto3: install cairn[s3] (the trial "
+                "image: CAIRN_TRIAL_EXTRAS=s3 deploy/images/build.sh trial)"
+            ) from None
 
         try:
             self._client: Any = boto3.session.Session().client(
