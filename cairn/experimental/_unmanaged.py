@@ -178,6 +178,23 @@ class Ledger:
         self.update(latest_checkpoint=uuid, steps_completed=steps_completed)
 
 
+def _prepare(
+    config: Config,
+    checkpoint_storage: str | Mapping[str, Any],
+    distributed: DistributedContext | None,
+) -> tuple[dict[str, Any], DistributedContext]:
+    """What every backend checks and resolves first: the external ids, the checkpoint storage
+    and the distributed context.
+
+    Raises:
+        ValueError: ``external_trial_id`` without ``external_experiment_id``, or a storage
+            shortcut that is not understood.
+    """
+    if config.external_trial_id and not config.external_experiment_id:
+        raise ValueError("external_trial_id needs an external_experiment_id to go with it")
+    return storage_config(checkpoint_storage), distributed or DistributedContext.from_env()
+
+
 class LocalBackend:
     """An unmanaged run with no master: it runs where it is started, as an off-cluster
     ``cairn.core.init()`` does, and a trial named by both external ids resumes from the latest
@@ -201,10 +218,7 @@ class LocalBackend:
             ValueError: ``external_trial_id`` without ``external_experiment_id``, or a storage
                 shortcut that is not understood.
         """
-        if config.external_trial_id and not config.external_experiment_id:
-            raise ValueError("external_trial_id needs an external_experiment_id to go with it")
-        storage = storage_config(checkpoint_storage)
-        dist = distributed or DistributedContext.from_env()
+        storage, dist = _prepare(config, checkpoint_storage, distributed)
         root = self._root = (
             Path(DEFAULT_LOCAL_STORAGE) if storage.get("type") == "s3" else _storage_path(storage)
         ).absolute()
@@ -297,10 +311,7 @@ class ClusterBackend:
                 shortcut that is not understood.
             cairn.client.ApiError: the master refused the run (the message says why).
         """
-        if config.external_trial_id and not config.external_experiment_id:
-            raise ValueError("external_trial_id needs an external_experiment_id to go with it")
-        storage = storage_config(checkpoint_storage)
-        dist = distributed or DistributedContext.from_env()
+        storage, dist = _prepare(config, checkpoint_storage, distributed)
         answer = self._open(config, storage) if dist.is_chief else None
         if dist.size > 1:
             answer = dist.broadcast(answer)
