@@ -3,7 +3,7 @@
 | module | what |
 |---|---|
 | ``types`` | the event payload models (frozen, versioned), one module per stream category |
-| ``aggregates`` | the pure fold of each aggregate: experiment, trial with its allocations, agent, cluster |
+| ``aggregates`` | the one pure fold of each aggregate (experiment, trial with its runs, agent; the cluster of them all), used by every consumer |
 | ``lifecycle`` | experiment and trial states and their state machines |
 | ``deciders`` | each user or agent action as a pure ``(state, command) -> events or Refusal``, one module per aggregate |
 | ``unmanaged`` | the runs of a script outside the cluster: what opening, closing and expiring one appends |

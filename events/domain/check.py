@@ -25,15 +25,14 @@ import argparse
 import asyncio
 import sys
 from collections import Counter
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from events.domain import lifecycle
+from events.domain.aggregates import ExperimentView, TrialView, apply_experiment, apply_trial
+from events.domain.types import ExperimentStateChanged, TrialStateChanged
 from events.log.envelope import RecordedEvent
 from events.log.errors import EventsError
 from events.log.store import EventStore
-
-STATE_CHANGES = {"ExperimentStateChanged": "experiment", "TrialStateChanged": "trial"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,9 @@ class LogChecker:
     _live: dict[str, _Allocation] = field(default_factory=dict)
     _holder: dict[tuple[str, str], str] = field(default_factory=dict)
     _trial_live: dict[str, str] = field(default_factory=dict)
-    _states: dict[str, str] = field(default_factory=dict)
+    _experiments: dict[str, ExperimentView] = field(default_factory=dict)
+    _trials: dict[str, TrialView] = field(default_factory=dict)
+    """Each stream's aggregate, by the same folds every consumer applies."""
     _checkpoints: dict[str, str] = field(default_factory=dict)
     """Checkpoint uuid -> the trial that recorded it first."""
     _custom_calls: dict[str, int] = field(default_factory=dict)
@@ -158,38 +159,60 @@ class LogChecker:
                 f"checkpoint {uuid} of trial {owner} recorded again by trial {trial_id}",
             )
 
-    def _submitted_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
-        self._states[event.stream_id] = lifecycle.initial_experiment_state(
-            bool(p.get("activate", True))
+    def _experiment(self, event: RecordedEvent) -> ExperimentView:
+        view = self._experiments.get(event.stream_id)
+        if view is None:
+            view = self._experiments[event.stream_id] = ExperimentView(0)
+        return view
+
+    def _submitted_event(self, event: RecordedEvent, _p: dict[str, object]) -> None:
+        apply_experiment(self._experiment(event), event)
+
+    def _experiment_state_event(self, event: RecordedEvent, _p: dict[str, object]) -> None:
+        change = event.decode_as(ExperimentStateChanged)
+        experiment = self._experiment(event)
+        self._state_change(
+            event,
+            "experiment",
+            experiment.state,
+            change,
+            lambda: apply_experiment(experiment, event, change),
         )
 
-    def _state_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
-        kind = STATE_CHANGES[event.type]
-        current = self._states.get(event.stream_id, lifecycle.ACTIVE)
-        target = str(p["state"])
-        if target == current:
-            if p.get("reason") != "requeue":
+    def _trial_state_event(self, event: RecordedEvent, _p: dict[str, object]) -> None:
+        change = event.decode_as(TrialStateChanged)
+        trial = self._trials.get(event.stream_id)
+        if trial is None:
+            trial = self._trials[event.stream_id] = TrialView(0)
+        self._state_change(
+            event, "trial", trial.state, change, lambda: apply_trial(trial, event, change)
+        )
+
+    def _state_change(
+        self,
+        event: RecordedEvent,
+        kind: str,
+        current: str,
+        change: ExperimentStateChanged | TrialStateChanged,
+        apply: Callable[[], bool],
+    ) -> None:
+        """Checks a state change against the aggregate's fold (which applies it, if legal)."""
+        if change.state == current:
+            if change.reason != "requeue":
                 self._find("duplicate-state", event, f"{event.stream_id} already {current}")
             return
-        rule = (
-            lifecycle.next_experiment_state if kind == "experiment" else lifecycle.next_trial_state
-        )
-        after = rule(current, target)
-        if after is None:
+        if not apply():
             self._find(
                 "illegal-transition",
                 event,
-                f"{event.stream_id}: {kind} cannot go from {current} to {target}",
+                f"{event.stream_id}: {kind} cannot go from {current} to {change.state}",
             )
-            return
-        self._states[event.stream_id] = after
 
     def _continued_event(self, event: RecordedEvent, _p: dict[str, object]) -> None:
-        current = self._states.get(event.stream_id, lifecycle.ACTIVE)
-        if not lifecycle.can_continue(current):
+        experiment = self._experiment(event)
+        current = experiment.state
+        if not apply_experiment(experiment, event):
             self._find("illegal-transition", event, f"{event.stream_id}: continued while {current}")
-            return
-        self._states[event.stream_id] = lifecycle.ACTIVE
 
     def _custom_call_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
         settled = self._custom_calls.get(event.stream_id, 0)
@@ -226,8 +249,8 @@ _HANDLERS = {
     "TrialExited": LogChecker._ended_event,
     "SlotsReleased": LogChecker._ended_event,
     "ExperimentSubmitted": LogChecker._submitted_event,
-    "ExperimentStateChanged": LogChecker._state_event,
-    "TrialStateChanged": LogChecker._state_event,
+    "ExperimentStateChanged": LogChecker._experiment_state_event,
+    "TrialStateChanged": LogChecker._trial_state_event,
     "ExperimentContinued": LogChecker._continued_event,
     "CustomSearcherAnswered": LogChecker._custom_call_event,
     "CustomSearcherFailed": LogChecker._custom_call_event,

@@ -2,19 +2,16 @@
 
 This module is the one vocabulary of lifecycle states (the names, the stopping, terminal and
 ended sets) and the one rule set for changing them. Writers call ``check_*``, which refuses an
-illegal transition with :class:`IllegalTransitionError`, before they append. Every fold of a
-recorded ``ExperimentStateChanged`` / ``TrialStateChanged`` (the aggregates, the scheduler's and
-the searcher's state, the tracker's projections, the log checker) asks ``next_*_state`` what the
-state becomes, and a change it refuses is skipped, never applied: the same stream folds to the
-same state in every consumer, and a bad write can never corrupt a folded state.
+illegal transition with :class:`IllegalTransitionError`, before they append. The folds of
+:mod:`events.domain.aggregates` (which the API, the scheduler, the searcher and the log checker
+all apply) and the tracker's projections ask ``next_*_state`` what a recorded
+``ExperimentStateChanged`` / ``TrialStateChanged`` makes the state, and a change it refuses is
+skipped, never applied: the same stream folds to the same state in every consumer, and a bad
+write can never corrupt a folded state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-
-from events.log.envelope import RecordedEvent
 from events.log.errors import EventsError
 
 ACTIVE, PAUSED = "ACTIVE", "PAUSED"
@@ -134,53 +131,3 @@ def can_continue(state: str) -> bool:
     """Whether ``ExperimentContinued`` applies to an experiment in ``state`` (only an ended one,
     COMPLETED, CANCELED or ERROR, is made ACTIVE again; in any other state the fact is refused)."""
     return state in TERMINAL
-
-
-@dataclass
-class Lifecycle:
-    """A folded state plus the transitions that were refused (kept for audit, never applied)."""
-
-    state: str
-    refused: list[tuple[int, str, str]] = field(default_factory=list)
-
-
-def fold_experiment(events: Iterable[RecordedEvent]) -> Lifecycle:
-    """The state of one experiment's stream."""
-    life = Lifecycle(state=ACTIVE)
-    for event in events:
-        if event.type == "ExperimentSubmitted":
-            life.state = initial_experiment_state(bool(event.payload.get("activate", True)))
-        elif event.type == "ExperimentStateChanged":
-            _step(life, event, next_experiment_state)
-        elif event.type == CONTINUED:
-            continue_experiment(life)
-    return life
-
-
-CONTINUED = "ExperimentContinued"
-"""The fact that makes an ended experiment ACTIVE again (no ``ExperimentStateChanged`` can)."""
-
-
-def continue_experiment(life: Lifecycle) -> None:
-    """Applies ``ExperimentContinued``: an ended (COMPLETED, CANCELED, ERROR) experiment is
-    ACTIVE again; in any other state the fact is refused like an illegal transition."""
-    if can_continue(life.state):
-        life.state = ACTIVE
-
-
-def fold_trial(events: Iterable[RecordedEvent]) -> Lifecycle:
-    """The state of one trial's stream (``TrialStateChanged`` with reason ``requeue`` keeps it ACTIVE)."""
-    life = Lifecycle(state=ACTIVE)
-    for event in events:
-        if event.type == "TrialStateChanged":
-            _step(life, event, next_trial_state)
-    return life
-
-
-def _step(life: Lifecycle, event: RecordedEvent, rule: Callable[[str, str], str | None]) -> None:
-    target = str(event.payload["state"])
-    after = rule(life.state, target)
-    if after is None:
-        life.refused.append((event.position, life.state, target))
-        return
-    life.state = after

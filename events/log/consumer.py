@@ -95,6 +95,16 @@ class Consumer:
     async def on_rollback(self) -> None:
         """Runs when a page's transaction failed; in-memory state must be rebuilt."""
 
+    async def on_lost_race(self) -> None:
+        """Runs when a page's plan lost a race (``ConcurrencyError``) and was rolled back.
+
+        The events the page folded are facts of the log all the same; only the decisions and
+        the checkpoint were rolled back, and the page is read again. The default rebuilds like
+        :meth:`on_rollback`; a consumer whose fold skips events it has folded already may keep
+        its state.
+        """
+        await self.on_rollback()
+
     async def after_commit(self) -> None:
         """Runs after each committed batch (e.g. to publish commands derived from new state)."""
 
@@ -140,7 +150,7 @@ class ConsumerRunner:
                 try:
                     done, position, applied = await self._apply_page(upto)
                 except ConcurrencyError as exc:
-                    await self.consumer.on_rollback()
+                    await self.consumer.on_lost_race()
                     lost += 1
                     self.replans += 1
                     if lost > self.max_replans:

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from events.domain.config.scheduling import DEFAULT_PRIORITY
 from services.api import projections_read as pr
 from services.api.auth import principal_of
 from services.api.errors import parse
@@ -21,7 +22,6 @@ from services.tracker import read as tracker_read
 
 routes = RouteTable("cluster")
 
-DEFAULT_PRIORITY = 42
 """The priority of an experiment whose config names none (lower runs first)."""
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events.domain import lifecycle
 from events.domain.deciders.trial_reports import RUN_NOT_CURRENT as RUN_NOT_CURRENT
 from events.domain.deciders.trial_reports import current_run, refuse_run
 from events.domain.names import experiment_stream, trial_stream
@@ -31,6 +30,7 @@ from services.api.views import (
     Reader,
     TrialView,
     experiment_of,
+    fold_experiment,
     fold_trial,
 )
 
@@ -46,8 +46,8 @@ class RunState:
 
     Attributes:
         trial: the trial's allocations (which exited) and its latest one.
-        trial_state: the trial's state (:func:`events.domain.lifecycle.fold_trial`).
-        experiment_state: its experiment's state (:func:`events.domain.lifecycle.fold_experiment`).
+        trial_state: the trial's state.
+        experiment_state: its experiment's state.
     """
 
     trial: TrialView
@@ -90,10 +90,6 @@ async def load_run_state(reader: Reader, trial_id: int) -> RunState:
     trial_events = [e for e in events if e.stream_id == streams[0]]
     if not trial_events and not await reader.stream_version(streams[0]):
         raise not_found(f"no trial {trial_id}")
-    return RunState(
-        trial=fold_trial(trial_id, trial_events),
-        trial_state=lifecycle.fold_trial(trial_events).state,
-        experiment_state=lifecycle.fold_experiment(
-            e for e in events if e.stream_id == streams[1]
-        ).state,
-    )
+    trial = fold_trial(trial_id, trial_events)
+    experiment = fold_experiment(0, (e for e in events if e.stream_id == streams[1]))
+    return RunState(trial=trial, trial_state=trial.state, experiment_state=experiment.state)

@@ -9,11 +9,9 @@ the view's version fails if anything at all was appended since.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from events.domain import lifecycle
 from events.domain.aggregates import (
     AGENT_FACTS,
     EXPERIMENT_FACTS,
@@ -39,7 +37,7 @@ from events.domain.names import (
     trial_label,
     trial_stream,
 )
-from events.domain.types import TrialKillRequested, TrialRequested, TrialStateChanged
+from events.domain.types import TrialRequested
 from events.log.envelope import RecordedEvent
 from events.log.store import EventStore, Transaction
 from services.api.auth import Principal
@@ -202,41 +200,10 @@ async def refresh_trial(reader: Reader, view: TrialView) -> None:
     view.version = max(view.version, head)
 
 
-@dataclass
-class TrialControlView:
-    """A trial's lifecycle state and whether a user's kill is pending, for ``kill`` and logs."""
-
-    trial_id: int
-    version: int = 0
-    state: str = lifecycle.ACTIVE
-    kill_pending: bool = False
-
-    @property
-    def terminal(self) -> bool:
-        """Whether the trial has ended (COMPLETED, CANCELED or ERROR)."""
-        return self.state in lifecycle.TERMINAL
-
-
-def fold_trial_control(trial_id: int, events: Iterable[RecordedEvent]) -> TrialControlView:
-    """Folds a trial's state changes (through the lifecycle's rules: a refused change is never
-    applied) and kill requests; a trial with no events is ACTIVE."""
-    view = TrialControlView(trial_id)
-    for recorded in events:
-        event = recorded.decode()
-        if isinstance(event, TrialKillRequested):
-            view.kill_pending = True
-        elif isinstance(event, TrialStateChanged):
-            after = lifecycle.next_trial_state(view.state, event.state)
-            if after is not None:
-                view.state = after
-                view.kill_pending = view.kill_pending and after not in lifecycle.TERMINAL
-    return view
-
-
-async def load_trial_control(reader: Reader, trial_id: int) -> TrialControlView:
-    """Loads a trial's lifecycle state and pending kill (:func:`fold_trial_control`)."""
+async def load_trial_control(reader: Reader, trial_id: int) -> TrialView:
+    """Loads a trial's lifecycle state and pending kill (the trial fold of those facts only)."""
     events, head = await read_facts(reader, trial_stream(trial_id), TRIAL_CONTROL_FACTS)
-    view = fold_trial_control(trial_id, events)
+    view = fold_trial(trial_id, events)
     view.version = head
     return view
 

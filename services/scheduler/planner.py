@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from events.domain import lifecycle
+from events.domain.aggregates import AllocationView as Run
+from events.domain.aggregates import ExperimentView as Experiment
+from events.domain.aggregates import TrialView as Trial
 from events.domain.names import agent_stream, allocation_id, experiment_stream, trial_stream
 from events.domain.types import (
     AgentLost,
@@ -39,7 +42,7 @@ from services.scheduler.policy.state import (
     SchedulerType,
     Slot,
 )
-from services.scheduler.state import ClusterState, Experiment, Run, Trial
+from services.scheduler.state import ClusterState
 
 Decision = tuple[str, Event]
 
@@ -80,7 +83,7 @@ def plan(state: ClusterState, settings: Settings, reports: Reports | None = None
     deterministic order."""
     decisions: list[Decision] = []
     pending: list[Trial] = []
-    for trial_id in sorted(state.trials, key=lambda t: state.trials[t].order):
+    for trial_id in sorted(state.trials, key=lambda t: state.trials[t].requested_position):
         trial = state.trials[trial_id]
         exp = state.experiments.get(trial.experiment_id)
         if exp is None or not trial.live:
@@ -89,7 +92,7 @@ def plan(state: ClusterState, settings: Settings, reports: Reports | None = None
         # One end per run (protocol.md): a run with an exit in the log, its agent's report or
         # an earlier verdict, is never judged lost again, so a report kept across a restart and
         # delivered before the new registration is the run's end and the registration is not.
-        if run is not None and run.exited is not None:
+        if run is not None and run.exited:
             decisions.extend(_after_exit(trial, run, exp))
         elif run is not None and _orphaned(state, run):
             decisions.extend(_lost(trial, run, "agent restarted"))
@@ -115,23 +118,23 @@ def _state(trial: Trial, state: str, reason: str) -> Decision:
 
 
 def _after_exit(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
-    outcome = run.exited
+    outcome = run.outcome
     if outcome == "completed" or trial.early_exit is not None:
         return [_state(trial, lifecycle.COMPLETED, "exited")]
     if trial.kill_requested:
         return [_state(trial, lifecycle.CANCELED, "killed by user")]
     if trial.stop_requested:
         return [_state(trial, lifecycle.COMPLETED, "stopped by searcher")]
-    if exp.state in lifecycle.STOPPING or run.killing:
+    if exp.state in lifecycle.STOPPING or run.kill:
         return [_state(trial, lifecycle.CANCELED, exp.state.lower())]
     if outcome in ("preempted", "killed"):
         return [_state(trial, lifecycle.ACTIVE, "requeue")]
-    if outcome == "lost" or trial.restarts < exp.max_restarts:
+    if outcome == "lost" or trial.restarts < exp.settings.max_restarts:
         restarts = trial.restarts + (0 if outcome == "lost" else 1)
         event = TrialRestarted(
             trial_id=trial.trial_id,
             restarts=restarts,
-            latest_checkpoint=trial.latest_checkpoint,
+            latest_checkpoint=trial.resume_from,
             reason=f"run {run.run_id} {outcome}",
         )
         return [(trial_stream(trial.trial_id), event)]
@@ -142,7 +145,7 @@ def _orphaned(state: ClusterState, run: Run) -> bool:
     """A run whose agent registered anew after the allocation (the agent restarted) is gone."""
     for agent_id in run.placements:
         agent = state.agents.get(agent_id)
-        if agent is not None and agent.registered_position > run.order:
+        if agent is not None and agent.registered_position > run.position:
             return True
     return False
 
@@ -196,7 +199,7 @@ def _lost(trial: Trial, run: Run, message: str) -> list[Decision]:
 
 def _signals(state: ClusterState, trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
     agents = sorted(run.placements)
-    if (exp.state == lifecycle.STOPPING_KILLED or trial.kill_requested) and not run.killing:
+    if (exp.state == lifecycle.STOPPING_KILLED or trial.kill_requested) and not run.kill:
         kill = KillRequested(
             trial_id=trial.trial_id,
             allocation_id=run.allocation_id,
@@ -204,7 +207,7 @@ def _signals(state: ClusterState, trial: Trial, run: Run, exp: Experiment) -> li
             agent_ids=agents,
         )
         return [(trial_stream(trial.trial_id), kill)]
-    if run.preemption is not None or run.killing:
+    if run.preemption is not None or run.kill:
         return []
     reason = None
     if trial.stop_requested:
@@ -236,7 +239,10 @@ def _unallocated(trial: Trial, exp: Experiment) -> Decision | None:
 def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> list[Decision]:
     if not pending:
         return []
-    pool_of = {e.experiment_id: e.pool or settings.default_pool for e in state.experiments.values()}
+    pool_of = {
+        e.experiment_id: e.settings.pool or settings.default_pool
+        for e in state.experiments.values()
+    }
     agents = tuple(
         Agent(
             id=a.agent_id,
@@ -249,7 +255,7 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
     allocations = []
     for trial in state.trials.values():
         run = trial.run
-        if run is None or run.exited is not None:
+        if run is None or run.exited:
             continue
         exp = state.experiments[trial.experiment_id]
         allocations.append(
@@ -258,10 +264,10 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
                 experiment_id=str(exp.experiment_id),
                 placements=tuple(Placement(a, tuple(s)) for a, s in sorted(run.placements.items())),
                 resource_pool=pool_of[exp.experiment_id],
-                priority=exp.priority,
-                order=run.order,
-                preemption_requested=run.preemption is not None or run.killing,
-                weight=exp.weight,
+                priority=exp.settings.priority,
+                order=run.position,
+                preemption_requested=run.preemption is not None or run.kill,
+                weight=exp.settings.weight,
             )
         )
     requests = []
@@ -274,13 +280,13 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
             PendingRequest(
                 request_id=request_id,
                 experiment_id=str(exp.experiment_id),
-                slots_needed=exp.slots_per_trial,
-                order=trial.order,
+                slots_needed=exp.settings.slots_per_trial,
+                order=trial.requested_position,
                 trial_id=trial.trial_id,
-                priority=exp.priority,
-                weight=exp.weight,
+                priority=exp.settings.priority,
+                weight=exp.settings.weight,
                 resource_pool=pool_of[exp.experiment_id],
-                max_slots=exp.max_slots,
+                max_slots=exp.settings.max_slots,
             )
         )
     pools = {a.resource_pool for a in agents} | set(pool_of.values())
@@ -352,9 +358,9 @@ def reap(
         if agent.lost or beat is None or now - beat <= timeout:
             continue
         decisions.append((agent_stream(agent_id), AgentLost(agent_id=agent_id)))
-        for trial in sorted(state.trials.values(), key=lambda t: t.order):
+        for trial in sorted(state.trials.values(), key=lambda t: t.requested_position):
             run = trial.run
-            if run is None or run.exited is not None or agent_id not in run.placements:
+            if run is None or run.exited or agent_id not in run.placements:
                 continue
             decisions.extend(_lost(trial, run, f"agent {agent_id} stopped heartbeating"))
     return decisions

@@ -40,6 +40,7 @@ class SchedulerConsumer(Consumer):
         self.state = ClusterState()
         self.folded = 0
         self.decided = 0
+        self.races = 0
 
     async def rebuild(self) -> None:
         """Refolds the state from the start of the log up to this consumer's checkpoint."""
@@ -63,6 +64,11 @@ class SchedulerConsumer(Consumer):
 
     async def on_rollback(self) -> None:
         await self.rebuild()
+
+    async def on_lost_race(self) -> None:
+        """Keeps the state: it holds only events of the log, and :meth:`ClusterState.apply`
+        skips those it has folded when the page is read again (no refold from position 0)."""
+        self.races += 1
 
     async def before_commit(self, tx: Transaction) -> None:
         beats = await _heartbeats(tx, self.state.position)

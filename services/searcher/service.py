@@ -40,6 +40,13 @@ from typing import Any
 import structlog
 
 from events.domain import lifecycle
+from events.domain.aggregates import (
+    ExperimentView,
+    TrialView,
+    apply_experiment,
+    apply_trial,
+    fold_experiment,
+)
 from events.domain.config import ConfigError, CustomSearcher, ExperimentConfig, parse_config
 from events.domain.names import experiment_stream
 from events.domain.search import (
@@ -110,16 +117,21 @@ class Search:
     experiment_id: int
     config: ExperimentConfig
     method: SearchMethod
-    state: str = lifecycle.ACTIVE
+    experiment: ExperimentView
     trials: int = 0
     trial_of: dict[str, int] = field(default_factory=dict)
     request_of: dict[int, str] = field(default_factory=dict)
-    early: dict[int, str] = field(default_factory=dict)
     closed: set[int] = field(default_factory=set)
-    trial_states: dict[int, str] = field(default_factory=dict)
+    trial_views: dict[int, TrialView] = field(default_factory=dict)
+    """The search's trials, folded by the trial fold (state, early exit)."""
     shut_down: bool = False
     failed: bool = False
     replayed: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        """The experiment's state, as the experiment fold has it."""
+        return self.experiment.state
 
 
 @dataclass(frozen=True)
@@ -269,18 +281,20 @@ class SearcherConsumer(Consumer):
         """Advances the methods by one log event; operations are queued for appending."""
         e = event.decode()
         if isinstance(e, ExperimentSubmitted):
-            self._submitted(e)
+            self._submitted(event, e)
             return
         if isinstance(e, ExperimentStateChanged):
             search = self.searches.get(e.experiment_id)
-            after = lifecycle.next_experiment_state(search.state, e.state) if search else None
-            if search is not None and after is not None:  # a refused change is never applied
-                search.state = after
-                if after not in _OPEN:
-                    self._close(search)  # stopping or ended: its searcher is asked nothing more
+            # A change the experiment fold refuses is never applied.
+            if (
+                search is not None
+                and apply_experiment(search.experiment, event, e)
+                and search.state not in _OPEN
+            ):
+                self._close(search)  # stopping or ended: its searcher is asked nothing more
             return
         if isinstance(e, ExperimentContinued):
-            self._continued(e)
+            self._continued(event, e)
             return
         if isinstance(e, CustomSearcherAnswered | CustomSearcherFailed):
             self._answered(e)
@@ -297,6 +311,7 @@ class SearcherConsumer(Consumer):
         if search is None or trial_id not in search.request_of or trial_id in search.closed:
             return
         request_id = search.request_of[trial_id]
+        trial = search.trial_views.setdefault(trial_id, TrialView(trial_id))
         if isinstance(e, ValidationReported):
             try:
                 metric, time_value = read_validation(
@@ -310,17 +325,16 @@ class SearcherConsumer(Consumer):
             ops = search.method.on_checkpoint(request_id, e.uuid, e.steps_completed)
             self._run(search, ops)
         elif isinstance(e, TrialEarlyExited):
-            search.early[trial_id] = _EARLY_REASON.get(e.reason, "errored")
+            apply_trial(trial, event, e)
         else:
-            before = search.trial_states.get(trial_id, lifecycle.ACTIVE)
-            after = lifecycle.next_trial_state(before, e.state)
-            if after is None:  # refused by the state machine: nothing of it is applied
+            if not apply_trial(trial, event, e):  # refused by the state machine: not applied
                 return
-            search.trial_states[trial_id] = after
+            after = trial.state
             if after not in lifecycle.TERMINAL:
                 return
             search.closed.add(trial_id)
-            reason = search.early.get(trial_id)
+            early = trial.early_exit
+            reason = None if early is None else _EARLY_REASON.get(early, "errored")
             if after == lifecycle.ERROR:
                 reason = "errored"
             elif after == lifecycle.CANCELED:
@@ -369,7 +383,7 @@ class SearcherConsumer(Consumer):
                 replayed=chosen,
             )
 
-    def _submitted(self, e: ExperimentSubmitted) -> None:
+    def _submitted(self, event: RecordedEvent, e: ExperimentSubmitted) -> None:
         exp_id = e.experiment_id
         if e.unmanaged:
             return  # its script names its trials through the API: nothing to search
@@ -387,20 +401,21 @@ class SearcherConsumer(Consumer):
         except (ConfigError, SearcherError) as exc:
             log.error("experiment has no usable search", experiment=exp_id, error=str(exc))
             return
-        state = lifecycle.initial_experiment_state(e.activate)
-        search = Search(exp_id, config, method, state=state)
+        experiment = ExperimentView(exp_id)
+        apply_experiment(experiment, event, e)
+        search = Search(exp_id, config, method, experiment)
         self.searches[exp_id] = search
         if strategy is not None:
             self.custom[exp_id] = strategy
         self._run(search, method.initial_operations())
 
-    def _continued(self, e: ExperimentContinued) -> None:
+    def _continued(self, event: RecordedEvent, e: ExperimentContinued) -> None:
         """A user continued the ended experiment's unfinished trials: the search is open again
         until they close once more (the gateway only continues searches whose method can reopen
         a trial)."""
         search = self.searches.get(e.experiment_id)
-        if search is None or not lifecycle.can_continue(search.state):
-            return  # refused by the experiment's state machine too
+        if search is None or not apply_experiment(search.experiment, event, e):
+            return  # refused by the experiment's state machine
         reopened = False
         for continued in e.trials:
             trial_id = continued.trial_id
@@ -414,9 +429,10 @@ class SearcherConsumer(Consumer):
                 continue
             reopened = True
             search.closed.discard(trial_id)
-            search.early.pop(trial_id, None)
+            trial = search.trial_views.get(trial_id)
+            if trial is not None:
+                trial.continued()
         if reopened:
-            search.state = lifecycle.ACTIVE
             search.shut_down = False
 
     def _run(self, search: Search, ops: list[Operation]) -> None:
@@ -490,7 +506,7 @@ class SearcherConsumer(Consumer):
 async def _still_legal(tx: Transaction, stream_id: str, fact: ExperimentStateChanged) -> bool:
     """Whether the experiment, as its stream stands now, may still make the change ``fact``."""
     await tx.lock_appends()
-    current = lifecycle.fold_experiment(await tx.read_stream(stream_id)).state
+    current = fold_experiment(0, await tx.read_stream(stream_id)).state
     try:
         lifecycle.check_experiment(current, fact.state)
     except lifecycle.IllegalTransitionError as exc:

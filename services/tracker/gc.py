@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import structlog
 
+from events.domain.aggregates import fold_experiment
 from events.domain.checkpoint_storage import (
     CheckpointStorage,
     DirectoryStorage,
@@ -32,7 +33,7 @@ from events.domain.checkpoint_storage import (
 from events.domain.checkpoints import checkpoint_owners
 from events.domain.config.cluster import CheckpointStoragePolicy
 from events.domain.config.storage import checkpoint_root
-from events.domain.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL, fold_experiment
+from events.domain.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL
 from events.domain.names import experiment_stream, trial_stream
 from events.domain.types import (
     CheckpointSaved,
@@ -214,7 +215,8 @@ async def read_experiment(
     events = await tx.read_stream(stream)
     facts = ExperimentCheckpoints(experiment_id=experiment_id, version=version)
     facts.state = fold_experiment(
-        e for e in events if upto_version is None or e.stream_version <= upto_version
+        experiment_id,
+        (e for e in events if upto_version is None or e.stream_version <= upto_version),
     ).state
     trial_streams: list[str] = []
     for e in events:

@@ -20,6 +20,7 @@ import pytest
 from cairn.compat import install_path
 from cairn.local.servers import ServerProcess
 from events.domain import lifecycle
+from events.domain.aggregates import fold_trial
 from events.domain.names import trial_stream
 from events.log.store import EventStore
 from tests.e2e.harness import Cluster
@@ -150,7 +151,7 @@ def run_ranks(cluster: Cluster, tmp_path: Path, trial: str) -> subprocess.Comple
 
 async def trial_state(store: EventStore, trial_id: int) -> str:
     """The trial's lifecycle state folded from its stream."""
-    return lifecycle.fold_trial(await store.read_stream(trial_stream(trial_id))).state
+    return fold_trial(trial_id, await store.read_stream(trial_stream(trial_id))).state
 
 
 async def test_a_script_reports_resumes_by_external_ids_and_ends_errored_on_failure(

@@ -17,8 +17,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from events.domain import lifecycle
+from events.domain import aggregates
 from events.domain.check import check_log
+from events.domain.types import ExperimentStateChanged, TrialStateChanged
 from events.log.envelope import Event, RecordedEvent
 from events.log.store import EventStore, row_to_event
 from services.scheduler.state import ClusterState
@@ -175,20 +176,35 @@ async def insert(store: EventStore, rows: list[dict[str, Any]]) -> None:
 
 
 def lifecycles(events: list[RecordedEvent]) -> dict[str, Any]:
-    """Each experiment's and trial's state as :mod:`events.domain.lifecycle` folds its stream."""
+    """Each experiment's and trial's state as its aggregate's fold has it, with the state changes
+    the fold refused (position, state, target)."""
     streams: dict[str, list[RecordedEvent]] = {}
     for e in events:
         streams.setdefault(e.stream_id, []).append(e)
     out: dict[str, Any] = {"experiments": {}, "trials": {}}
     for stream_id, stream in sorted(streams.items()):
         kind, _, ident = stream_id.partition("-")
-        if kind == "experiment":
-            life = lifecycle.fold_experiment(stream)
-            out["experiments"][ident] = {"state": life.state, "refused": life.refused}
-        elif kind == "trial":
-            life = lifecycle.fold_trial(stream)
-            out["trials"][ident] = {"state": life.state, "refused": life.refused}
+        if kind not in ("experiment", "trial"):
+            continue
+        view: aggregates.ExperimentView | aggregates.TrialView
+        view = aggregates.ExperimentView(0) if kind == "experiment" else aggregates.TrialView(0)
+        refused = []
+        for e in stream:
+            before = view.state
+            if isinstance(view, aggregates.ExperimentView):
+                applied = aggregates.apply_experiment(view, e)
+            else:
+                applied = aggregates.apply_trial(view, e)
+            if not applied and e.type in ("ExperimentStateChanged", "TrialStateChanged"):
+                refused.append((e.position, before, e.decode_as(_STATE_CHANGE[e.type]).state))
+        out[f"{kind}s"][ident] = {"state": view.state, "refused": refused}
     return json.loads(json.dumps(out))
+
+
+_STATE_CHANGE: dict[str, Any] = {
+    "ExperimentStateChanged": ExperimentStateChanged,
+    "TrialStateChanged": TrialStateChanged,
+}
 
 
 def cluster_summary(events: list[RecordedEvent]) -> dict[str, Any]:
@@ -201,9 +217,9 @@ def cluster_summary(events: list[RecordedEvent]) -> dict[str, Any]:
         "experiments": {
             str(x.experiment_id): {
                 "state": x.state,
-                "priority": x.priority,
-                "max_restarts": x.max_restarts,
-                "trials": x.trials,
+                "priority": x.settings.priority,
+                "max_restarts": x.settings.max_restarts,
+                "trials": list(x.trials),
             }
             for x in state.experiments.values()
         },
@@ -213,7 +229,7 @@ def cluster_summary(events: list[RecordedEvent]) -> dict[str, Any]:
                 "restarts": t.restarts,
                 "runs": t.run_id,
                 "running": t.running,
-                "latest_checkpoint": t.latest_checkpoint,
+                "latest_checkpoint": t.resume_from,
                 "stop_requested": t.stop_requested,
                 "kill_requested": t.kill_requested,
                 "early_exit": t.early_exit,
@@ -221,7 +237,7 @@ def cluster_summary(events: list[RecordedEvent]) -> dict[str, Any]:
             for t in state.trials.values()
         },
         "agents": {
-            a.agent_id: {"lost": a.lost, "slots": len(a.slots)} for a in state.agents.values()
+            a.agent_id: {"lost": a.lost, "slots": len(a.slot_ids)} for a in state.agents.values()
         },
         "allocations": len(state.allocations),
     }

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from events.domain import lifecycle
+from events.domain.aggregates import fold_trial
 from events.domain.check import check_log
 from events.domain.config import parse_config
 from events.domain.names import allocation_id, trial_stream
@@ -118,14 +118,14 @@ async def test_legacy_log_folds_into_the_same_trials(store: EventStore) -> None:
 
     running = await fold_cluster(store)
     assert list(running.trials) == [LEGACY]
-    assert running.experiments[7].trials == [LEGACY]
+    assert list(running.experiments[7].trials) == [LEGACY]
     found = running.run_of("7.1.1")
     assert found is not None and found[0].trial_id == LEGACY and found[1].started
 
     await finish_legacy_trial(store)
     done = await fold_cluster(store)
     assert done.trials[LEGACY].state == "COMPLETED" and not done.trials[LEGACY].running
-    assert lifecycle.fold_trial(await store.read_stream("trial-7.1")).state == "COMPLETED"
+    assert fold_trial(0, await store.read_stream("trial-7.1")).state == "COMPLETED"
 
     # The searcher maps the legacy trial to its request: its closing ends the single search.
     searcher = await restarted_searcher(store)

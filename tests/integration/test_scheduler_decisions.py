@@ -24,7 +24,7 @@ from events.log.errors import ConcurrencyError
 from events.log.store import EventStore, Transaction
 from services.scheduler.planner import Settings
 from services.scheduler.service import SchedulerConsumer
-from services.scheduler.state import ClusterState
+from services.scheduler.state import STREAMS, TYPES, ClusterState
 
 CONFIG: dict[str, Any] = {
     "name": "race",
@@ -143,6 +143,32 @@ async def test_stale_plan_of_a_second_scheduler_loses_and_replans_once(store: Ev
     assert_each_decided_once(allocated)
     assert len(allocated) == 2
     assert slow.decided == 0, "the re-plan found every trial already allocated"
+
+
+async def test_lost_race_keeps_the_folded_state_instead_of_refolding(store: EventStore) -> None:
+    """After a lost race the scheduler keeps its state (the page's events are facts all the
+    same; only its decisions were rolled back), skips them when the page is read again, and
+    ends in the state a fresh fold of the whole log reaches."""
+    await seed(store, trials=2, slots=2)
+    other = ConsumerRunner(store, None, SchedulerConsumer(store, Settings()), max_replans=0)
+    other.consumer.name = "scheduler-other"
+    slow = Overtaken(store, other.catch_up)
+    state = slow.state
+    runner = ConsumerRunner(store, None, slow)
+
+    await runner.catch_up()
+
+    assert runner.replans == 1 and slow.races == 1, "the plan lost a race"
+    assert slow.state is state, "the state was kept, not rebuilt from position 0"
+    fresh = ClusterState()
+    async for event in store.iter_all(0, types=TYPES, envelopes=STREAMS):
+        fresh.apply(event)
+    assert (slow.state.experiments, slow.state.trials, slow.state.agents) == (
+        fresh.experiments,
+        fresh.trials,
+        fresh.agents,
+    )
+    assert slow.state.versions == fresh.versions
 
 
 async def test_user_kill_before_the_append_wins_over_a_stale_allocation(store: EventStore) -> None:

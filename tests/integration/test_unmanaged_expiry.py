@@ -7,7 +7,7 @@ import asyncio
 from datetime import timedelta
 
 from events.domain import lifecycle
-from events.domain.aggregates import TrialView
+from events.domain.aggregates import TrialView, fold_trial
 from events.domain.names import experiment_stream, trial_stream
 from events.domain.types import ExperimentSubmitted
 from events.domain.unmanaged import open_run, request_trial
@@ -56,7 +56,7 @@ async def test_a_silent_run_is_expired_once_by_racing_gateways_and_a_live_one_is
     silent = await store.read_stream(trial_stream(101))
     exits = [e.payload for e in silent if e.type == "TrialExited"]
     assert len(exits) == 1 and exits[0]["outcome"] == "lost"
-    assert lifecycle.fold_trial(silent).state == lifecycle.ERROR
+    assert fold_trial(0, silent).state == lifecycle.ERROR
     alive = await store.read_stream(trial_stream(102))
     assert not [e for e in alive if e.type == "TrialExited"]
     assert await expire_silent_runs(store, TIMEOUT) == []

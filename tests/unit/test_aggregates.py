@@ -144,6 +144,5 @@ def test_state_changes_apply_like_the_projection() -> None:
     ]
     view = aggregates.fold_experiment(experiment_id, events)
     assert (view.state, view.ended_at) == ("COMPLETED", MOMENT)
-    assert view.state == lifecycle.fold_experiment(events).state
     trial = [stored("TrialStateChanged", 1, {"trial_id": 1, "state": "COMPLETED"}, 4)]
     assert aggregates.fold_trial(1, trial).state == "COMPLETED"

@@ -3,8 +3,6 @@ reports on a run (started, exited, rendezvous), over folded state; no HTTP, no d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from events.domain import lifecycle
@@ -36,12 +34,9 @@ TRIAL = 21
 ALLOC = f"{TRIAL}.2"
 
 
-@dataclass
-class Control:
+def control(state: str = lifecycle.ACTIVE, kill_pending: bool = False) -> TrialView:
     """A trial's lifecycle state and pending kill, as the gateway folds them."""
-
-    state: str = lifecycle.ACTIVE
-    kill_pending: bool = False
+    return TrialView(TRIAL, state=state, kill_pending=kill_pending)
 
 
 def experiment(state: str = lifecycle.ACTIVE) -> ExperimentView:
@@ -56,7 +51,10 @@ def run(**flags: bool) -> tuple[TrialView, AllocationView]:
     """The trial with its run 2 on agent ``a1`` (and ``flags`` set on the allocation)."""
     alloc = AllocationView(ALLOC, run_id=2, placements={"a1": ["0"]})
     for flag, value in flags.items():
-        setattr(alloc, flag, value)
+        if flag == "preempt":
+            alloc.preemption = "priority" if value else None
+        else:
+            setattr(alloc, flag, value)
     trial = TrialView(TRIAL, version=5, allocations={ALLOC: alloc}, latest_allocation=ALLOC)
     return trial, alloc
 
@@ -64,15 +62,15 @@ def run(**flags: bool) -> tuple[TrialView, AllocationView]:
 def test_kill_of_a_running_trial_is_requested_once() -> None:
     """A kill records TrialKillRequested; while it is pending a second kill decides nothing."""
     command = KillTrial(trial_id=TRIAL, actor="alice")
-    assert decide_kill(experiment(), Control(), command) == [
+    assert decide_kill(experiment(), control(), command) == [
         TrialKillRequested(trial_id=TRIAL, actor="alice")
     ]
-    assert decide_kill(experiment(), Control(kill_pending=True), command) == []
+    assert decide_kill(experiment(), control(kill_pending=True), command) == []
 
 
 def test_kill_of_a_trial_the_experiment_never_requested_is_not_found() -> None:
     """A trial id outside the experiment's requests is unknown."""
-    decision = decide_kill(experiment(), Control(), KillTrial(trial_id=99, actor="a"))
+    decision = decide_kill(experiment(), control(), KillTrial(trial_id=99, actor="a"))
     assert decision == Refusal("not_found", "no trial 99")
 
 
@@ -85,7 +83,7 @@ def test_kill_of_an_ended_trial_or_experiment_is_a_conflict(
 ) -> None:
     """A trial that ended, or whose experiment ended, cannot be killed."""
     decision = decide_kill(
-        experiment(experiment_state), Control(trial_state), KillTrial(TRIAL, "a")
+        experiment(experiment_state), control(trial_state), KillTrial(TRIAL, "a")
     )
     assert decision == Refusal("conflict", f"trial {TRIAL} has ended ({trial_state})")
 

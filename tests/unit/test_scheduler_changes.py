@@ -35,7 +35,7 @@ def test_raising_a_pending_experiments_priority_preempts_the_running_one() -> No
     experiment(log, 2, 1, priority=50)
     assert log.settle() == []
     change(log, 2, priority=10)
-    assert log.state.experiments[2].priority == 10
+    assert log.state.experiments[2].settings.priority == 10
     made = log.settle()
     assert types(made) == ["PreemptionRequested"] and made[0].trial_id == 11  # type: ignore[attr-defined]
     exit_run(log, 11, 1, "preempted")
@@ -52,7 +52,7 @@ def test_max_slots_change_caps_and_uncaps_an_experiment() -> None:
     assert types(log.settle()) == ["SlotsAllocated"]
     change(log, 1, max_slots=None, priority=None, weight=3.0)
     exp = log.state.experiments[1]
-    assert (exp.max_slots, exp.priority, exp.weight) == (None, 42, 3.0)
+    assert (exp.settings.max_slots, exp.settings.priority, exp.settings.weight) == (None, 42, 3.0)
     assert types(log.settle()) == ["SlotsAllocated"]
 
 
@@ -65,7 +65,10 @@ def test_replay_folds_resource_changes_to_the_same_state() -> None:
     for event in log.events:
         replayed.apply(event)
     assert replayed.experiments[1] == log.state.experiments[1]
-    assert (replayed.experiments[1].priority, replayed.experiments[1].max_slots) == (5, 4)
+    assert (
+        replayed.experiments[1].settings.priority,
+        replayed.experiments[1].settings.max_slots,
+    ) == (5, 4)
 
 
 def test_continued_trial_is_allocated_again_with_a_fresh_restart_budget() -> None:
@@ -90,7 +93,7 @@ def test_continued_trial_is_allocated_again_with_a_fresh_restart_budget() -> Non
         ),
     )
     log.add("trial-11", TrialStateChanged(trial_id=11, state="ACTIVE", reason="continued"))
-    assert log.state.experiments[1].max_restarts == 2
+    assert log.state.experiments[1].settings.max_restarts == 2
     made = log.settle()
     assert types(made) == ["SlotsAllocated"] and made[0].run_id == 2  # type: ignore[attr-defined]
     exit_run(log, 11, 2, "completed")

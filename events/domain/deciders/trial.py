@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 from events.domain import lifecycle
 from events.domain.aggregates import AllocationView, ExperimentView, TrialView
@@ -32,19 +32,6 @@ Outcome = Literal["completed", "failed", "killed", "preempted", "lost"]
 # --- kill ---------------------------------------------------------------------------------
 
 
-class TrialControl(Protocol):
-    """A trial's lifecycle state and whether a user's kill is pending (the gateway's
-    ``TrialControlView``)."""
-
-    @property
-    def state(self) -> str:
-        """The trial's lifecycle state."""
-
-    @property
-    def kill_pending(self) -> bool:
-        """Whether a user's kill was requested and not yet carried out."""
-
-
 @dataclass(frozen=True)
 class KillTrial:
     """A user's kill of trial ``trial_id``: the scheduler kills its run and ends it CANCELED."""
@@ -53,7 +40,7 @@ class KillTrial:
     actor: str
 
 
-def decide_kill(experiment: ExperimentView, control: TrialControl, command: KillTrial) -> Decision:
+def decide_kill(experiment: ExperimentView, control: TrialView, command: KillTrial) -> Decision:
     """``TrialKillRequested``; ``[]`` while a kill is pending already.
 
     Refused: not found when the experiment never requested the trial; conflict when the trial

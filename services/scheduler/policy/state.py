@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-DEFAULT_PRIORITY = 42
-"""Priority of a request that does not set one (Determined's ``default_priority``)."""
+from events.domain.config.scheduling import DEFAULT_PRIORITY
 
 MIN_PRIORITY = 1
 """Most important priority."""

@@ -1,0 +1,175 @@
+"""The whole cluster folded: every managed experiment, trial and agent, and the links between
+them, each aggregate by its own fold.
+
+The scheduler plans on a :class:`Cluster` (adding only its own bookkeeping); the API answers
+the agent list and "the cluster as it was at position p" from one. Cross-aggregate facts are
+applied here: a ``TrialRequested`` on an experiment's stream creates the trial, an
+``ExperimentContinued`` the experiment's fold accepts restarts each continued trial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from events.domain.aggregates.agent import AGENT_FACTS, AgentView, apply_agent
+from events.domain.aggregates.common import iso
+from events.domain.aggregates.experiment import (
+    EXPERIMENT_FACTS,
+    ExperimentFact,
+    ExperimentView,
+    apply_experiment,
+)
+from events.domain.aggregates.trial import TRIAL_FACTS, AllocationView, TrialView, apply_trial
+from events.domain.names import agent_of_stream
+from events.domain.types import (
+    ExperimentContinued,
+    ExperimentSubmitted,
+    SlotsAllocated,
+    SlotsReleased,
+    TrialRequested,
+)
+from events.log.envelope import Event, RecordedEvent
+
+CLUSTER_FACTS = (*AGENT_FACTS, "SlotsAllocated", "SlotsReleased")
+"""What :func:`fold_cluster` needs for the agent list (agent streams, and the slot use)."""
+
+CLUSTER_TYPES = frozenset((*EXPERIMENT_FACTS, *TRIAL_FACTS, *AGENT_FACTS))
+"""Every type :meth:`Cluster.apply` folds."""
+
+
+@dataclass
+class Cluster:
+    """Experiments, trials and agents as of ``position``.
+
+    Unmanaged experiments (their script opens and closes its runs through the API, holding no
+    slots) and their trials are not folded here.
+    """
+
+    experiments: dict[int, ExperimentView] = field(default_factory=dict)
+    trials: dict[int, TrialView] = field(default_factory=dict)
+    agents: dict[str, AgentView] = field(default_factory=dict)
+    position: int = 0
+    allocations: dict[str, int] = field(default_factory=dict)
+    """Allocation id -> its trial, for every allocation ever made (ids are read, not parsed)."""
+    slot_use: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(agent id, slot id) -> the allocation holding it, from allocation until release."""
+    unmanaged: set[int] = field(default_factory=set)
+
+    def apply(self, recorded: RecordedEvent, event: Event | None = None) -> None:
+        """Folds one event (``event``: ``recorded`` already decoded); other types only move
+        ``position``."""
+        self.position = recorded.position
+        if recorded.type not in CLUSTER_TYPES:
+            return
+        if event is None:
+            event = recorded.decode()
+        agent_id = agent_of_stream(recorded.stream_id)
+        if agent_id is not None:
+            agent = self.agents.get(agent_id)
+            if agent is None:
+                agent = self.agents[agent_id] = AgentView(agent_id)
+            apply_agent(agent, recorded, event)
+        elif recorded.type in EXPERIMENT_FACTS:
+            self._experiment_fact(recorded, event)
+        else:
+            self._trial_fact(recorded, event)
+
+    def _experiment_fact(self, recorded: RecordedEvent, event: Event) -> None:
+        assert isinstance(event, ExperimentFact)
+        experiment_id = event.experiment_id
+        if experiment_id in self.unmanaged:
+            return
+        if isinstance(event, ExperimentSubmitted) and event.unmanaged:
+            self.unmanaged.add(experiment_id)
+            return
+        exp = self.experiments.get(experiment_id)
+        if exp is None and isinstance(event, ExperimentSubmitted):
+            exp = self.experiments[experiment_id] = ExperimentView(experiment_id)
+        applied = exp is not None and apply_experiment(exp, recorded, event)
+        if isinstance(event, TrialRequested):
+            self.trials[event.trial_id] = TrialView(
+                event.trial_id,
+                experiment_id=experiment_id,
+                requested_position=recorded.position,
+                warm_start=event.warm_start_checkpoint,
+            )
+        elif isinstance(event, ExperimentContinued) and applied:
+            for continued in event.trials:
+                trial = self.trials.get(continued.trial_id)
+                if trial is not None:
+                    trial.continued()
+
+    def _trial_fact(self, recorded: RecordedEvent, event: Event) -> None:
+        if isinstance(event, SlotsAllocated | SlotsReleased):
+            self._slot_use(event)
+        trial = self.trials.get(getattr(event, "trial_id", -1))
+        if trial is None:
+            return
+        apply_trial(trial, recorded, event)
+        if isinstance(event, SlotsAllocated):
+            self.allocations[event.allocation_id] = trial.trial_id
+
+    def _slot_use(self, event: SlotsAllocated | SlotsReleased) -> None:
+        for agent_id, slot_ids in event.placements.items():
+            for slot_id in slot_ids:
+                key = (agent_id, slot_id)
+                if isinstance(event, SlotsAllocated):
+                    self.slot_use[key] = event.allocation_id
+                elif self.slot_use.get(key) == event.allocation_id:
+                    del self.slot_use[key]
+
+    def run_of(self, allocation_id: str) -> tuple[TrialView, AllocationView] | None:
+        """The trial and run of ``allocation_id`` if it is the trial's current run."""
+        trial_id = self.allocations.get(allocation_id)
+        trial = self.trials.get(trial_id) if trial_id is not None else None
+        if trial is None or trial.run is None or trial.run.allocation_id != allocation_id:
+            return None
+        return trial, trial.run
+
+    def agent_list(self) -> list[dict[str, Any]]:
+        """The agents as ``GET /api/v1/agents`` lists them, by agent id (no heartbeats: those
+        are not facts of the log)."""
+        return [
+            describe_agent(self.agents[agent_id], self.slot_use)
+            for agent_id in sorted(self.agents)
+            if self.agents[agent_id].registration is not None
+        ]
+
+
+def describe_agent(agent: AgentView, slot_use: dict[tuple[str, str], str]) -> dict[str, Any]:
+    """One registered agent as the agent list shows it."""
+    registration = agent.registration
+    assert registration is not None
+    slots = [
+        {
+            "agent_id": agent.agent_id,
+            "slot_id": slot.slot_id,
+            "device": slot.device,
+            "name": slot.name,
+            "enabled": slot.slot_id not in agent.disabled,
+            "draining": agent.disabled.get(slot.slot_id) is True,
+            "allocation_id": slot_use.get((agent.agent_id, slot.slot_id)),
+        }
+        for slot in sorted(registration.slots, key=lambda s: s.slot_id)
+    ]
+    return {
+        "agent_id": agent.agent_id,
+        "resource_pool": registration.resource_pool,
+        "hostname": registration.hostname,
+        "state": "lost" if agent.lost else "active",
+        "registered_at": iso(agent.registered_at),
+        "lost_at": iso(agent.lost_at),
+        "last_heartbeat": None,
+        "slots": slots,
+        "enabled": any(s["enabled"] for s in slots),
+    }
+
+
+def fold_cluster(events: Iterable[RecordedEvent]) -> Cluster:
+    """Folds a read of the log (e.g. of :data:`CLUSTER_FACTS` for the agent list)."""
+    view = Cluster()
+    for recorded in events:
+        view.apply(recorded)
+    return view
