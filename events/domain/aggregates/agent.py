@@ -20,7 +20,7 @@ AGENT_FACTS = ("AgentRegistered", "AgentLeaving", "AgentLost", "SlotsDisabled", 
 """What :func:`apply_agent` reads."""
 
 
-@dataclass
+@dataclass(slots=True)
 class AgentView:
     """An agent's stream folded: its latest registration, whether that process announced it is
     leaving or was lost since, and which of its slots users disabled (and of those, which

@@ -35,11 +35,20 @@ from events.log.envelope import Event, RecordedEvent
 CLUSTER_FACTS = (*AGENT_FACTS, "SlotsAllocated", "SlotsReleased")
 """What :func:`fold_cluster` needs for the agent list (agent streams, and the slot use)."""
 
-CLUSTER_TYPES = frozenset((*EXPERIMENT_FACTS, *TRIAL_FACTS, *AGENT_FACTS))
+_EXPERIMENT, _TRIAL, _AGENT = "experiment", "trial", "agent"
+_AGGREGATE = {
+    **dict.fromkeys(EXPERIMENT_FACTS, _EXPERIMENT),
+    **dict.fromkeys(TRIAL_FACTS, _TRIAL),
+    **dict.fromkeys(AGENT_FACTS, _AGENT),
+}
+"""Event type -> the aggregate whose fold applies it."""
+_SLOT_USE = frozenset(("SlotsAllocated", "SlotsReleased"))
+
+CLUSTER_TYPES = frozenset(_AGGREGATE)
 """Every type :meth:`Cluster.apply` folds."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Cluster:
     """Experiments, trials and agents as of ``position``.
 
@@ -51,6 +60,8 @@ class Cluster:
     trials: dict[int, TrialView] = field(default_factory=dict)
     agents: dict[str, AgentView] = field(default_factory=dict)
     position: int = 0
+    versions: dict[str, int] = field(default_factory=dict)
+    """Stream id -> its version as of ``position`` (a decider appends with the version it saw)."""
     allocations: dict[str, int] = field(default_factory=dict)
     """Allocation id -> its trial, for every allocation ever made (ids are read, not parsed)."""
     slot_use: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -59,22 +70,42 @@ class Cluster:
 
     def apply(self, recorded: RecordedEvent, event: Event | None = None) -> None:
         """Folds one event (``event``: ``recorded`` already decoded); other types only move
-        ``position``."""
+        ``position`` and their stream's version.
+
+        An event at or before ``position`` was folded already and is skipped: a consumer that
+        reads a page of the log again (after its transaction lost an append race, say) need not
+        fold anew; the events it folded are facts all the same.
+        """
+        if recorded.position <= self.position:
+            return
         self.position = recorded.position
-        if recorded.type not in CLUSTER_TYPES:
+        self.versions[recorded.stream_id] = recorded.stream_version
+        aggregate = _AGGREGATE.get(recorded.type)
+        if aggregate is None:
             return
         if event is None:
             event = recorded.decode()
-        agent_id = agent_of_stream(recorded.stream_id)
-        if agent_id is not None:
-            agent = self.agents.get(agent_id)
-            if agent is None:
-                agent = self.agents[agent_id] = AgentView(agent_id)
-            apply_agent(agent, recorded, event)
-        elif recorded.type in EXPERIMENT_FACTS:
+        if aggregate is _TRIAL:  # the hot path: most of a log is trial facts
+            if recorded.type in _SLOT_USE:
+                self._slot_use(event)  # type: ignore[arg-type]  # by _SLOT_USE
+            trial = self.trials.get(event.trial_id)  # type: ignore[attr-defined]  # trial facts name it
+            if trial is not None:
+                apply_trial(trial, recorded, event)
+                if isinstance(event, SlotsAllocated):
+                    self.allocations[event.allocation_id] = trial.trial_id
+        elif aggregate is _EXPERIMENT:
             self._experiment_fact(recorded, event)
         else:
-            self._trial_fact(recorded, event)
+            self._agent_fact(recorded, event)
+
+    def _agent_fact(self, recorded: RecordedEvent, event: Event) -> None:
+        agent_id = agent_of_stream(recorded.stream_id)
+        if agent_id is None:
+            return
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            agent = self.agents[agent_id] = AgentView(agent_id)
+        apply_agent(agent, recorded, event)
 
     def _experiment_fact(self, recorded: RecordedEvent, event: Event) -> None:
         assert isinstance(event, ExperimentFact)
@@ -101,16 +132,6 @@ class Cluster:
                 if trial is not None:
                     trial.continued()
 
-    def _trial_fact(self, recorded: RecordedEvent, event: Event) -> None:
-        if isinstance(event, SlotsAllocated | SlotsReleased):
-            self._slot_use(event)
-        trial = self.trials.get(getattr(event, "trial_id", -1))
-        if trial is None:
-            return
-        apply_trial(trial, recorded, event)
-        if isinstance(event, SlotsAllocated):
-            self.allocations[event.allocation_id] = trial.trial_id
-
     def _slot_use(self, event: SlotsAllocated | SlotsReleased) -> None:
         for agent_id, slot_ids in event.placements.items():
             for slot_id in slot_ids:
@@ -119,6 +140,10 @@ class Cluster:
                     self.slot_use[key] = event.allocation_id
                 elif self.slot_use.get(key) == event.allocation_id:
                     del self.slot_use[key]
+
+    def version(self, stream_id: str) -> int:
+        """The version of ``stream_id`` as of ``position`` (0: no event on it yet)."""
+        return self.versions.get(stream_id, 0)
 
     def run_of(self, allocation_id: str) -> tuple[TrialView, AllocationView] | None:
         """The trial and run of ``allocation_id`` if it is the trial's current run."""

@@ -56,7 +56,7 @@ SettingsChange = (
 """A user's change of an experiment's name, description, labels or resources."""
 
 
-@dataclass
+@dataclass(slots=True)
 class ExperimentView:
     """An experiment's stream folded: config and its typed settings, owner, state, trials."""
 
