@@ -49,7 +49,7 @@ from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent, new
 from events.log.errors import EventsError, StatementError
 from events.log.store import Transaction
-from services.tracker.projections import metric_value
+from services.tracker.project_metrics import metric_value
 
 log = structlog.get_logger("tracker")
 
