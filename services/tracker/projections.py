@@ -38,7 +38,7 @@ from events.domain.types import (
     WorkloadCompleted,
 )
 from events.log import faults
-from events.log.consumer import Consumer
+from events.log.consumer import PageConsumer
 from events.log.db import Connection
 from events.log.envelope import Event, RecordedEvent
 from events.log.errors import EventsError, StatementError
@@ -75,20 +75,12 @@ TYPES = frozenset(
 """The event types the projections read; others only move the checkpoint."""
 
 
-class ProjectionsConsumer(Consumer):
+class ProjectionsConsumer(PageConsumer):
     """Applies log events to the ``tr_*`` tables (consumer ``tracker-projections``)."""
 
     name = NAME
     projection = True
     types = TYPES
-
-    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
-        """Applies one event to the projections inside the consumer's transaction.
-
-        Raises:
-            EventsError: the database refused a statement (the page is retried).
-        """
-        await self.handle_page(tx, [event])
 
     async def handle_page(self, tx: Transaction, events: Sequence[RecordedEvent]) -> None:
         """Applies a page in log order; runs of metric reports go in batches

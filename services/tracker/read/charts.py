@@ -7,8 +7,6 @@ other services reach them only through the names below.
 
 from __future__ import annotations
 
-from typing import Any
-
 from events.log.db import Connection
 from services.tracker import projections, series, usage
 
@@ -19,6 +17,9 @@ UsageBy = usage.By
 USAGE_CSV_COLUMNS = usage.CSV_COLUMNS
 """The CSV header of each usage grouping."""
 epoch_ms = usage.epoch_ms
+usage_report = usage.usage_report
+"""Slot-milliseconds in ``[start_ms, end_ms)`` grouped by ``by`` and slot type (``owner``: only
+their experiments; an open allocation counts up to ``now_ms``)."""
 slot_seconds_text = usage.slot_seconds_text
 
 
@@ -59,17 +60,3 @@ async def experiment_series(
 async def trial_series(conn: Connection, trial_id: int, buckets: int) -> list[SeriesBuckets]:
     """Every (group, metric) series of one trial in about ``buckets`` buckets."""
     return await series.trial_series(conn, trial_id, buckets)
-
-
-async def usage_report(
-    conn: Connection,
-    start_ms: int,
-    end_ms: int,
-    by: str,
-    *,
-    owner: str | None = None,
-    now_ms: int | None = None,
-) -> list[dict[str, Any]]:
-    """Slot-milliseconds in ``[start_ms, end_ms)`` grouped by ``by`` and slot type (``owner``:
-    only their experiments; an open allocation counts up to ``now_ms``)."""
-    return await usage.usage_report(conn, start_ms, end_ms, by, owner=owner, now_ms=now_ms)
