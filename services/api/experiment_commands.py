@@ -3,7 +3,7 @@ load-check-decide-append step every owner-only change of an experiment's stream 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 from aiohttp import web
@@ -13,7 +13,7 @@ from events.domain.names import experiment_stream
 from events.log.envelope import Event
 from events.log.store import Transaction
 from services.api.auth import Principal
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import not_found
 from services.api.views import MAX_ID, ExperimentView, check_owner, load_experiment
 
@@ -32,8 +32,8 @@ async def decide_on_experiment(
     tx: Transaction,
     principal: Principal,
     experiment_id: int,
-    decide: Callable[[ExperimentView], Sequence[E] | Refusal],
-) -> tuple[ExperimentView, Sequence[E]]:
+    decide: Callable[[ExperimentView], list[E] | Refusal],
+) -> tuple[ExperimentView, list[E]]:
     """Folds the experiment in ``tx``, lets its owner (or an admin) act, and appends what
     ``decide`` decides against the folded version.
 
@@ -52,11 +52,10 @@ async def decide_on_experiment(
     """
     view = await load_experiment(tx, experiment_id, with_trials=False)
     check_owner(principal, view.owner)
-    events = accepted(decide(view))
-    await append_decided(
+    events = await append_accepted(
         tx,
         experiment_stream(experiment_id),
-        events,
+        decide(view),
         expected_version=view.version,
         actor=principal.name,
     )

@@ -32,7 +32,7 @@ from events.log.store import Transaction
 from services.api import agent_credentials, history, tables
 from services.api import projections_read as pr
 from services.api.auth import Principal, check_agent, principal_of
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import AGENTS, JOINERS, USERS, Access, RouteTable, state_of, store_of
@@ -159,16 +159,14 @@ async def _decide_on_agent(
         ConcurrencyError: the stream moved on since it was folded (retryable: re-fold).
     """
     view = await load_agent(tx, agent_id)
-    events = accepted(decide(view))
-    await append_decided(
+    return await append_accepted(
         tx,
         agent_stream(agent_id),
-        events,
+        decide(view),
         expected_version=view.version,
         actor=actor,
         causation_id=causation_id,
     )
-    return events
 
 
 @routes.post(

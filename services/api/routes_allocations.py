@@ -30,7 +30,7 @@ from services.api.auth import (
     principal_of,
     sign_trial_token,
 )
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import parse, read_json
 from services.api.identities import identity_for_run
 from services.api.inbox import claim, in_transaction, record
@@ -211,11 +211,10 @@ async def _report_once(
             return {**(previous or {}), "duplicate": True}
         trial = await load_trial(tx, trial_id)
         alloc = allocation_of(trial, allocation_id)
-        events = accepted(decide_report(trial, alloc))
-        await append_decided(
+        events = await append_accepted(
             tx,
             trial_stream(trial_id),
-            events,
+            decide_report(trial, alloc),
             expected_version=trial.version,
             actor=f"agent:{body.agent_id}",
             causation_id=body.idempotency_key,

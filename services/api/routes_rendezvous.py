@@ -20,7 +20,7 @@ from events.domain.names import trial_stream
 from events.log.store import Transaction
 from services.api.access import MAX_POLL_SECONDS, POLL_EVERY, allocation_of_path
 from services.api.auth import Principal, check_agent, check_holder, principal_of
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import parse, read_json
 from services.api.inbox import claim, in_transaction, record
 from services.api.rendezvous import Rendezvous, fold_rendezvous
@@ -77,16 +77,15 @@ async def join(request: web.Request) -> web.Response:
         state = RendezvousState(
             placements=view.placements, members=view.members, current=current, repeat=not fresh
         )
-        events = accepted(decide_join(state, command))
+        events = await append_accepted(
+            tx,
+            trial_stream(trial_id),
+            decide_join(state, command),
+            expected_version=version,
+            actor=f"agent:{body.agent_id}",
+            causation_id=body.idempotency_key,
+        )
         if events:
-            await append_decided(
-                tx,
-                trial_stream(trial_id),
-                events,
-                expected_version=version,
-                actor=f"agent:{body.agent_id}",
-                causation_id=body.idempotency_key,
-            )
             await record(tx, "api.allocation.rendezvous", key, {})
             view, current, _ = await _load(tx, allocation_id, trial_id)
             log.info("rendezvous joined", allocation_id=allocation_id, agent_id=body.agent_id)
