@@ -1,5 +1,6 @@
 """Deciding a user's command on an experiment: the experiment id of the path, and the
-load-check-decide-append step every owner-only change of an experiment's stream shares."""
+load-check-decide-append step every owner-only change of an experiment's stream shares (in the
+caller's transaction, or in one of its own)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from events.log.store import Transaction
 from services.api.auth import Principal
 from services.api.decided import append_accepted
 from services.api.errors import not_found
+from services.api.inbox import in_transaction
+from services.api.routing import store_of
 from services.api.views import MAX_ID, ExperimentView, check_owner, load_experiment
 
 E = TypeVar("E", bound=Event)
@@ -60,3 +63,25 @@ async def decide_on_experiment(
         actor=principal.name,
     )
     return view, events
+
+
+async def act_on_experiment(
+    request: web.Request,
+    principal: Principal,
+    experiment_id: int,
+    decide: Callable[[ExperimentView], list[E] | Refusal],
+) -> tuple[ExperimentView, list[E]]:
+    """:func:`decide_on_experiment` in a transaction of its own, decided again from a fresh fold
+    when a concurrent append moved the stream on (:func:`services.api.inbox.in_transaction`).
+
+    Returns:
+        The experiment as folded before the change, and the events appended (none: no change).
+
+    Raises:
+        ApiError: 404 unknown, 403 another user's, or the decider's refusal.
+    """
+
+    async def work(tx: Transaction) -> tuple[ExperimentView, list[E]]:
+        return await decide_on_experiment(tx, principal, experiment_id, decide)
+
+    return await in_transaction(store_of(request), work)

@@ -20,13 +20,11 @@ from events.domain.deciders.experiment import (
     decide_delete,
     decide_state,
 )
-from events.log.store import Transaction
 from services.api.auth import principal_of
 from services.api.errors import parse
 from services.api.errors import read_json as read_json_body
-from services.api.experiment_commands import decide_on_experiment, experiment_id_of
-from services.api.inbox import in_transaction
-from services.api.routing import USERS, RouteTable, store_of
+from services.api.experiment_commands import act_on_experiment, experiment_id_of
+from services.api.routing import USERS, RouteTable
 
 log = structlog.get_logger("api")
 routes = RouteTable("experiments")
@@ -76,17 +74,14 @@ def _archive_handler(archived: bool) -> Any:
         parse(EmptyBody, await read_json_body(request))
 
         command = SetArchived(archived=archived, actor=principal.name)
-
-        async def work(tx: Transaction) -> dict[str, Any]:
-            _, events = await decide_on_experiment(
-                tx, principal, experiment_id, lambda view: decide_archived(view, command)
-            )
-            return {"id": experiment_id, "archived": archived, "changed": bool(events)}
-
-        result = await in_transaction(store_of(request), work)
-        if result["changed"]:
+        _, events = await act_on_experiment(
+            request, principal, experiment_id, lambda view: decide_archived(view, command)
+        )
+        if events:
             log.info(f"experiment {verb}d", experiment_id=experiment_id)
-        return web.json_response(result)
+        return web.json_response(
+            {"id": experiment_id, "archived": archived, "changed": bool(events)}
+        )
 
     handler.__name__ = f"{verb}_experiment"
     handler.__doc__ = f"Appends ExperimentArchived (owner or admin; 409 unless terminal): {verb}."
@@ -110,18 +105,13 @@ async def delete_experiment(request: web.Request) -> web.Response:
     experiment_id = experiment_id_of(request)
 
     command = DeleteExperiment(actor=principal.name)
-
-    async def work(tx: Transaction) -> dict[str, Any]:
-        view, events = await decide_on_experiment(
-            tx, principal, experiment_id, lambda view: decide_delete(view, command)
-        )
-        state = lifecycle.DELETING if events else view.state
-        return {"id": experiment_id, "state": state, "changed": bool(events)}
-
-    result = await in_transaction(store_of(request), work)
-    if result["changed"]:
+    view, events = await act_on_experiment(
+        request, principal, experiment_id, lambda view: decide_delete(view, command)
+    )
+    if events:
         log.info("experiment deleting", experiment_id=experiment_id, actor=principal.name)
-    return web.json_response(result)
+    state = lifecycle.DELETING if events else view.state
+    return web.json_response({"id": experiment_id, "state": state, "changed": bool(events)})
 
 
 def _action_handler(action: Action) -> Any:
@@ -132,17 +122,12 @@ def _action_handler(action: Action) -> Any:
         experiment_id = experiment_id_of(request)
         body = parse(ActionBody, await read_json_body(request))
         command = ChangeState(action=action, actor=principal.name, reason=body.reason)
-
-        async def work(tx: Transaction) -> dict[str, Any]:
-            _, events = await decide_on_experiment(
-                tx, principal, experiment_id, lambda view: decide_state(view, command)
-            )
-            return {"id": experiment_id, "state": target, "changed": bool(events)}
-
-        result = await in_transaction(store_of(request), work)
-        if result["changed"]:
+        _, events = await act_on_experiment(
+            request, principal, experiment_id, lambda view: decide_state(view, command)
+        )
+        if events:
             log.info("experiment state changed", experiment_id=experiment_id, state=target)
-        return web.json_response(result)
+        return web.json_response({"id": experiment_id, "state": target, "changed": bool(events)})
 
     handler.__name__ = f"{action}_experiment"
     handler.__doc__ = (

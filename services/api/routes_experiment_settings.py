@@ -34,7 +34,7 @@ from events.log.store import Transaction
 from services.api.auth import principal_of
 from services.api.decided import accepted, append_decided
 from services.api.errors import bad_request, parse, read_json
-from services.api.experiment_commands import decide_on_experiment, experiment_id_of
+from services.api.experiment_commands import act_on_experiment, experiment_id_of
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import (
@@ -192,14 +192,17 @@ async def patch_experiment(request: web.Request) -> web.Response:
         ),
     )
 
-    async def work(tx: Transaction) -> dict[str, Any]:
-        after, events = await decide_on_experiment(
-            tx, principal, experiment_id, lambda view: decide_settings(view, command)
-        )
-        for event in events:
-            after.config = apply_settings(after.config, event)
-        labels = after.config.get("labels")
-        return {
+    after, events = await act_on_experiment(
+        request, principal, experiment_id, lambda view: decide_settings(view, command)
+    )
+    for event in events:
+        after.config = apply_settings(after.config, event)
+    labels = after.config.get("labels")
+    changed = [type(e).event_type for e in events]
+    if changed:
+        log.info("experiment changed", experiment_id=experiment_id, facts=changed)
+    return web.json_response(
+        {
             "id": experiment_id,
             "name": after.config.get("name"),
             "description": after.config.get("description"),
@@ -207,13 +210,9 @@ async def patch_experiment(request: web.Request) -> web.Response:
             "priority": after.resources.get("priority"),
             "weight": after.resources.get("weight"),
             "max_slots": after.resources.get("max_slots"),
-            "changed": [type(e).event_type for e in events],
+            "changed": changed,
         }
-
-    result = await in_transaction(store_of(request), work)
-    if result["changed"]:
-        log.info("experiment changed", experiment_id=experiment_id, facts=result["changed"])
-    return web.json_response(result)
+    )
 
 
 def _resource_fields(patch: ResourcesPatch) -> list[ResourceField]:
