@@ -5,6 +5,11 @@ Consumer ``tracker-projections`` applies each page of events (runs of metric rep
 is consistent with every other at each commit. Every timestamp is the
 event's ``recorded_at`` (never ``now()``) and every rule depends only on the events in log order,
 so :func:`rebuild` (truncate, replay from position 0) gives tables equal to the live ones.
+
+This module holds the consumer and the dispatch; each fact's rule is in the module of its
+aggregate: :mod:`~services.tracker.project_experiments`, :mod:`~services.tracker.project_trials`
+(trials and allocations), :mod:`~services.tracker.project_metrics` (reports and checkpoints)
+and :mod:`~services.tracker.project_agents`.
 """
 
 from __future__ import annotations
