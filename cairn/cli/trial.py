@@ -7,7 +7,7 @@ import argparse
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -280,61 +280,58 @@ def cmd_describe(args: argparse.Namespace) -> int:
             ("ended", when(trial.get("ended_at"))),
         ]
     )
-    allocations = trial.get("allocations") or []
-    if allocations:
-        print()
-        table(
-            ["ALLOCATION", "RUN", "AGENT", "STATE", "OUTCOME", "EXIT", "STARTED", "ENDED"],
-            [
-                [
-                    a.get("allocation_id"),
-                    a.get("run_id"),
-                    a.get("agent_id"),
-                    a.get("state"),
-                    a.get("outcome"),
-                    a.get("exit_code"),
-                    when(a.get("started_at")),
-                    when(a.get("ended_at")),
-                ]
-                for a in allocations
-            ],
-        )
+    _section(
+        trial.get("allocations") or [],
+        [
+            ("ALLOCATION", "allocation_id"),
+            ("RUN", "run_id"),
+            ("AGENT", "agent_id"),
+            ("STATE", "state"),
+            ("OUTCOME", "outcome"),
+            ("EXIT", "exit_code"),
+            ("STARTED", "started_at"),
+            ("ENDED", "ended_at"),
+        ],
+    )
     if args.metrics or args.metrics_summary:
         print()
         metric_rows(client, args.trial_id, summary=not args.metrics, args=args)
-    checkpoints = trial.get("checkpoints") or []
-    if checkpoints:
-        print()
-        table(
-            ["CHECKPOINT", "STEPS", "STATE", "METRIC", "REPORTED"],
-            [
-                [
-                    c.get("uuid"),
-                    c.get("steps_completed"),
-                    c.get("state"),
-                    c.get("searcher_metric"),
-                    when(c.get("reported_at")),
-                ]
-                for c in checkpoints
-            ],
-        )
-    alerts = trial.get("alerts") or []
-    if alerts:
-        print()
-        table(
-            ["ALERT", "LEVEL", "DESCRIPTION", "RUN", "RECORDED"],
-            [
-                [
-                    a.get("title"),
-                    a.get("level"),
-                    a.get("description"),
-                    a.get("run_id"),
-                    when(a.get("recorded_at")),
-                ]
-                for a in alerts
-            ],
-        )
+    _section(
+        trial.get("checkpoints") or [],
+        [
+            ("CHECKPOINT", "uuid"),
+            ("STEPS", "steps_completed"),
+            ("STATE", "state"),
+            ("METRIC", "searcher_metric"),
+            ("REPORTED", "reported_at"),
+        ],
+    )
+    _section(
+        trial.get("alerts") or [],
+        [
+            ("ALERT", "title"),
+            ("LEVEL", "level"),
+            ("DESCRIPTION", "description"),
+            ("RUN", "run_id"),
+            ("RECORDED", "recorded_at"),
+        ],
+    )
     return 0
+
+
+def _section(items: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]) -> None:
+    """After a blank line, ``items`` as a table of ``(header, key)`` columns (a key ending in
+    ``_at`` shown as a time); nothing when there are none."""
+    if not items:
+        return
+    print()
+    table(
+        [header for header, _ in columns],
+        [
+            [when(item.get(key)) if key.endswith("_at") else item.get(key) for _, key in columns]
+            for item in items
+        ],
+    )
 
 
 def metric_rows(client: Client, trial_id: int, *, summary: bool, args: argparse.Namespace) -> None:

@@ -131,6 +131,39 @@ def one_agent_gang(framework: str, runner: Callable[[], str | None], missing: st
     return gang
 
 
+def one_agent_main(
+    name: str,
+    framework: str,
+    runner: Callable[[], str | None],
+    missing: str,
+    split: Callable[[Sequence[str]], tuple[list[str], list[str]]],
+    runner_argv: Callable[[Gang, Sequence[str], Sequence[str]], list[str]],
+    argv: Sequence[str] | None,
+) -> int:
+    """The entry point of a launcher whose ``framework`` runs on one agent only.
+
+    Args:
+        name: the launcher's module, as its usage errors begin.
+        framework: the framework's name (see :func:`one_agent_gang`).
+        runner: finds the framework's runner (``None`` when it is not installed).
+        missing: the error when it is not.
+        split: splits the launcher's arguments into the runner's overrides and the command.
+        runner_argv: the runner's command line for this agent's part of the gang.
+        argv: the launcher's arguments (``None``: ``sys.argv[1:]``).
+
+    Returns:
+        The runner's exit status (2: a usage error, or the framework is not installed).
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        overrides, command = split(words)
+        gang = one_agent_gang(framework, runner, missing)
+    except LaunchError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    return run_child(runner_argv(gang, overrides, command), gang.rank_offset)
+
+
 _PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")
 _HOROVOD_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:")
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cairn.launch._gang import Gang, LaunchError, one_agent_gang, run_child, script_command
+from cairn.launch._gang import Gang, one_agent_main, script_command
 
 MISSING = (
     "deepspeed is not installed (an opt-in extra: `make deepspeed` installs it), "
@@ -66,14 +66,15 @@ def deepspeed_argv(gang: Gang, overrides: Sequence[str], command: Sequence[str])
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns ``deepspeed``'s exit status (2: usage error or no DeepSpeed)."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    try:
-        overrides, command = script_command(words)
-        gang = one_agent_gang("DeepSpeed", deepspeed_runner, MISSING)
-    except LaunchError as exc:
-        print(f"cairn.launch.deepspeed: {exc}", file=sys.stderr)
-        return 2
-    return run_child(deepspeed_argv(gang, overrides, command), gang.rank_offset)
+    return one_agent_main(
+        "cairn.launch.deepspeed",
+        "DeepSpeed",
+        deepspeed_runner,
+        MISSING,
+        script_command,
+        deepspeed_argv,
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cairn.launch._gang import Gang, LaunchError, one_agent_gang, run_child, split_command
+from cairn.launch._gang import Gang, one_agent_main, split_command
 
 MISSING = (
     "horovod is not installed: `make horovod` builds Horovod 0.28.1 for this torch "
@@ -49,14 +49,9 @@ def horovodrun_argv(gang: Gang, overrides: Sequence[str], command: Sequence[str]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns ``horovodrun``'s exit status (2: usage error or no Horovod)."""
-    words = list(sys.argv[1:] if argv is None else argv)
-    try:
-        overrides, command = split_command(words)
-        gang = one_agent_gang("Horovod", horovodrun, MISSING)
-    except LaunchError as exc:
-        print(f"cairn.launch.horovod: {exc}", file=sys.stderr)
-        return 2
-    return run_child(horovodrun_argv(gang, overrides, command), gang.rank_offset)
+    return one_agent_main(
+        "cairn.launch.horovod", "Horovod", horovodrun, MISSING, split_command, horovodrun_argv, argv
+    )
 
 
 if __name__ == "__main__":

@@ -109,6 +109,22 @@ class Consumer:
         """Runs after each committed batch (e.g. to publish commands derived from new state)."""
 
 
+class PageConsumer(Consumer):
+    """A consumer that implements :meth:`handle_page` only: one event is a page of one."""
+
+    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Applies one event as a page of one (see :meth:`handle_page`).
+
+        Raises:
+            EventsError: the database refused a statement (the page is retried).
+        """
+        await self.handle_page(tx, [event])
+
+    async def handle_page(self, tx: Transaction, events: Sequence[RecordedEvent]) -> None:
+        """Applies a page of events, in log order, inside the consumer's transaction."""
+        raise NotImplementedError
+
+
 class ConsumerRunner:
     """Drives a :class:`Consumer` from bus wake-ups and a catch-up timer."""
 

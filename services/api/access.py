@@ -20,10 +20,22 @@ from aiohttp import web
 
 from events.domain.names import parse_trial_id, trial_label
 from services.api import projections_read as pr
-from services.api.auth import Principal, principal_of
+from services.api.auth import Principal, check_trial, principal_of
 from services.api.errors import forbidden, not_found
 from services.api.routing import store_of
-from services.api.views import ExperimentView, check_owner, experiment_of, load_experiment
+from services.api.views import (
+    ExperimentView,
+    check_owner,
+    experiment_of,
+    load_experiment,
+    trial_of,
+)
+
+MAX_POLL_SECONDS = 60.0
+"""The longest a long poll of an allocation (its preemption signal, its rendezvous) waits, in
+seconds."""
+POLL_EVERY = 0.2
+"""How often such a poll looks again, in seconds."""
 
 
 def check_read(principal: Principal, owner: str, *, trial_id: int | None = None) -> None:
@@ -93,3 +105,12 @@ async def readable_checkpoint(
     view = await load_experiment(store, int(row["experiment_id"]), with_trials=False)
     check_read(principal_of(request), view.owner, trial_id=int(row["trial_id"]))
     return row, view
+
+
+def allocation_of_path(request: web.Request) -> tuple[str, int]:
+    """The allocation of the path and its trial's id (a trial token: its own trial's only, 403
+    otherwise)."""
+    allocation_id = request.match_info["allocation_id"]
+    trial_id = trial_of(allocation_id)
+    check_trial(principal_of(request), trial_id)
+    return allocation_id, trial_id

@@ -21,7 +21,9 @@ from services.api import (
     routes_checkpoints,
     routes_cluster,
     routes_events,
+    routes_experiment_actions,
     routes_experiment_settings,
+    routes_experiment_submit,
     routes_experiments,
     routes_master,
     routes_rendezvous,
@@ -48,6 +50,8 @@ from services.api.throttle import THROTTLER, LoginThrottler
 ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_auth.routes,
     routes_experiments.routes,
+    routes_experiment_submit.routes,
+    routes_experiment_actions.routes,
     routes_experiment_settings.routes,
     routes_templates.routes,
     routes_master.routes,

@@ -20,6 +20,7 @@ from events.log.store import Transaction
 from services.api.errors import ApiError
 
 T = TypeVar("T")
+E = TypeVar("E", bound=Event | Caused)
 
 _STATUS = {"not_found": 404, "conflict": 409, "invalid": 400}
 
@@ -80,3 +81,35 @@ async def append_decided(
         for item in events
     ]
     return await tx.append(stream_id, stamped, expected_version=expected_version)
+
+
+async def append_accepted(
+    tx: Transaction,
+    stream_id: str,
+    decision: list[E] | Refusal,
+    *,
+    expected_version: int | None,
+    actor: str | None = None,
+    causation_id: str | None = None,
+) -> list[E]:
+    """:func:`accepted`, then :func:`append_decided`: the decider's events appended to
+    ``stream_id`` at the folded ``expected_version`` (see :func:`append_decided` for the
+    arguments).
+
+    Returns:
+        The events decided (none: nothing was appended).
+
+    Raises:
+        ApiError: the decider refused; nothing was appended.
+        ConcurrencyError: the stream moved on since it was folded (retryable: re-fold).
+    """
+    events = accepted(decision)
+    await append_decided(
+        tx,
+        stream_id,
+        events,
+        expected_version=expected_version,
+        actor=actor,
+        causation_id=causation_id,
+    )
+    return events

@@ -16,7 +16,6 @@ from pydantic import BaseModel, Field
 
 from events.domain import lifecycle
 from events.log.db import Connection
-from events.log.errors import StatementError
 from events.log.store import EventStore
 from services.api import read as api_read
 from services.tracker import read as tracker_read
@@ -159,28 +158,6 @@ def _plain(value: Any) -> Any:
 def as_dict(row: Any) -> dict[str, Any]:
     """A row as JSON-able data (timestamps as ISO 8601 text)."""
     return {key: _plain(value) for key, value in dict(row).items()}
-
-
-async def fetch(store: EventStore, sql: str, *args: Any) -> list[Any]:
-    """Runs a query on the projections; no rows when the tracker has not created its tables."""
-    try:
-        return list(await store.fetch(sql, *args))
-    except StatementError as exc:
-        if exc.undefined_table:
-            return []
-        raise
-
-
-async def fetchrow(store: EventStore, sql: str, *args: Any) -> Any:
-    """The first row of a projection query, or ``None``."""
-    rows = await fetch(store, sql, *args)
-    return rows[0] if rows else None
-
-
-async def count(store: EventStore, sql: str, *args: Any) -> int:
-    """The ``count(*)`` of a projection query (0 without the tracker's tables)."""
-    row = await fetchrow(store, sql, *args)
-    return int(row[0]) if row is not None else 0
 
 
 # --- the tracker's rows, with the gateway's telemetry beside them ------------------------------

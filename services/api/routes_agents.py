@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from aiohttp import web
 from pydantic import BaseModel
 
+from events.domain.aggregates import AgentView
+from events.domain.deciders import Decision
 from events.domain.deciders.agent import (
     LeaveAgent,
     RegisterAgent,
@@ -24,11 +27,12 @@ from events.domain.deciders.agent import (
     decide_register,
     decide_slots_enabled,
 )
+from events.log.envelope import Event
 from events.log.store import Transaction
 from services.api import agent_credentials, history, tables
 from services.api import projections_read as pr
 from services.api.auth import Principal, check_agent, principal_of
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import conflict, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import AGENTS, JOINERS, USERS, Access, RouteTable, state_of, store_of
@@ -140,6 +144,31 @@ def check_incarnation(principal: Principal, incarnation: str) -> None:
         )
 
 
+async def _decide_on_agent(
+    tx: Transaction,
+    agent_id: str,
+    decide: Callable[[AgentView], Decision],
+    *,
+    actor: str,
+    causation_id: str | None = None,
+) -> list[Event]:
+    """Folds the agent in ``tx`` and appends what ``decide`` decides against the folded version.
+
+    Raises:
+        ApiError: the decider refused.
+        ConcurrencyError: the stream moved on since it was folded (retryable: re-fold).
+    """
+    view = await load_agent(tx, agent_id)
+    return await append_accepted(
+        tx,
+        agent_stream(agent_id),
+        decide(view),
+        expected_version=view.version,
+        actor=actor,
+        causation_id=causation_id,
+    )
+
+
 @routes.post(
     "/api/v1/agents/{agent_id}/join",
     allow=JOINERS,
@@ -224,14 +253,8 @@ async def register(request: web.Request) -> web.Response:
     )
 
     async def work(tx: Transaction) -> bool:
-        view = await load_agent(tx, agent_id)
-        events = accepted(decide_register(view, command))
-        await append_decided(
-            tx,
-            agent_stream(agent_id),
-            events,
-            expected_version=view.version,
-            actor=f"agent:{agent_id}",
+        events = await _decide_on_agent(
+            tx, agent_id, lambda view: decide_register(view, command), actor=f"agent:{agent_id}"
         )
         await tx.conn.execute(_UPSERT_BEAT, agent_id, "[]", body.incarnation, 0)
         return bool(events)
@@ -261,13 +284,10 @@ async def leaving(request: web.Request) -> web.Response:
     command = LeaveAgent(agent_id=agent_id, incarnation=body.incarnation)
 
     async def work(tx: Transaction) -> bool:
-        view = await load_agent(tx, agent_id)
-        events = accepted(decide_leaving(view, command))
-        await append_decided(
+        events = await _decide_on_agent(
             tx,
-            agent_stream(agent_id),
-            events,
-            expected_version=view.version,
+            agent_id,
+            lambda view: decide_leaving(view, command),
             actor=f"agent:{agent_id}",
             causation_id=body.idempotency_key,
         )
@@ -351,10 +371,8 @@ async def _toggle(request: web.Request, slot_id: str | None, enable: bool) -> di
     )
 
     async def work(tx: Transaction) -> None:
-        view = await load_agent(tx, agent_id)
-        events = accepted(decide_slots_enabled(view, command))
-        await append_decided(
-            tx, agent_stream(agent_id), events, expected_version=view.version, actor=actor
+        await _decide_on_agent(
+            tx, agent_id, lambda view: decide_slots_enabled(view, command), actor=actor
         )
 
     await in_transaction(store_of(request), work)

@@ -23,14 +23,14 @@ from events.domain.names import trial_stream
 from events.log.envelope import Event
 from events.log.store import Transaction
 from services.api import tables
+from services.api.access import MAX_POLL_SECONDS, POLL_EVERY, allocation_of_path
 from services.api.auth import (
     check_agent,
     check_holder,
-    check_trial,
     principal_of,
     sign_trial_token,
 )
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import parse, read_json
 from services.api.identities import identity_for_run
 from services.api.inbox import claim, in_transaction, record
@@ -49,7 +49,6 @@ from services.api.views import (
     load_experiment,
     load_trial,
     refresh_trial,
-    trial_of,
 )
 from services.contracts.agent import (
     ExitedBody,
@@ -66,16 +65,6 @@ from services.contracts.agent import (
 log = structlog.get_logger("api")
 routes = RouteTable("allocations")
 
-MAX_POLL_SECONDS = 60.0
-POLL_EVERY = 0.2
-
-
-def _allocation(request: web.Request) -> tuple[str, int]:
-    allocation_id = request.match_info["allocation_id"]
-    trial_id = trial_of(allocation_id)
-    check_trial(principal_of(request), trial_id)
-    return allocation_id, trial_id
-
 
 @routes.get(
     "/api/v1/allocations/{allocation_id}/spec",
@@ -85,7 +74,7 @@ def _allocation(request: web.Request) -> tuple[str, int]:
 )
 async def spec(request: web.Request) -> web.Response:
     """The run's launch spec, folded from the trial and experiment streams."""
-    allocation_id, trial_id = _allocation(request)
+    allocation_id, trial_id = allocation_of_path(request)
     query = parse(SpecQuery, dict(request.query))
     state = state_of(request)
     trial = await load_trial(state.store, trial_id)
@@ -134,7 +123,7 @@ async def spec(request: web.Request) -> web.Response:
 )
 async def started(request: web.Request) -> web.Response:
     """Appends TrialStarted once per allocation (repeats return the first answer)."""
-    allocation_id, trial_id = _allocation(request)
+    allocation_id, trial_id = allocation_of_path(request)
     body = parse(StartedBody, await read_json(request))
     store = state_of(request).store
     experiment = await load_experiment(
@@ -172,7 +161,7 @@ async def started(request: web.Request) -> web.Response:
 async def exited(request: web.Request) -> web.Response:
     """Appends TrialExited (outcome from pending preempt/kill and the exit code) and
     SlotsReleased, once per allocation."""
-    allocation_id, trial_id = _allocation(request)
+    allocation_id, trial_id = allocation_of_path(request)
     body = parse(ExitedBody, await read_json(request))
 
     command = ReportExited(
@@ -222,11 +211,10 @@ async def _report_once(
             return {**(previous or {}), "duplicate": True}
         trial = await load_trial(tx, trial_id)
         alloc = allocation_of(trial, allocation_id)
-        events = accepted(decide_report(trial, alloc))
-        await append_decided(
+        events = await append_accepted(
             tx,
             trial_stream(trial_id),
-            events,
+            decide_report(trial, alloc),
             expected_version=trial.version,
             actor=f"agent:{body.agent_id}",
             causation_id=body.idempotency_key,
@@ -255,7 +243,7 @@ async def logs(request: web.Request) -> web.Response:
     """Stores a batch of log lines in one statement (table ``task_logs``): for an allocation
     the scheduler made, and from a trial's own token only while it is the live run (409
     otherwise; the agent may still ship a run's last lines after it exited)."""
-    allocation_id, trial_id = _allocation(request)
+    allocation_id, trial_id = allocation_of_path(request)
     body = parse(LogsBody, await read_json(request))
     runs = await load_run_state(store_of(request), trial_id)
     runs.check_allocation(allocation_id, live=principal_of(request).kind == "trial")
@@ -294,7 +282,7 @@ async def logs(request: web.Request) -> web.Response:
 async def preemption(request: web.Request) -> web.Response:
     """Long poll: answers ``preempt: true`` as soon as the run is asked to stop (preempt or kill
     requested, or the allocation is no longer current), else ``false`` after the timeout."""
-    allocation_id, trial_id = _allocation(request)
+    allocation_id, trial_id = allocation_of_path(request)
     query = parse(PreemptionQuery, dict(request.query))
     deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
     store = store_of(request)

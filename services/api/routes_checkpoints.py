@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import queue
 import tarfile
@@ -30,16 +31,15 @@ from events.domain.checkpoint_storage import (
     safe_uuid,
 )
 from events.domain.deciders.checkpoint import DeleteCheckpoints, decide_delete_checkpoints
-from events.domain.names import experiment_stream
 from events.log.store import Transaction
 from services.api import projections_read as pr
 from services.api.access import readable_checkpoint
 from services.api.auth import principal_of
-from services.api.decided import accepted, append_decided
 from services.api.errors import ApiError, forbidden, not_found, parse, read_json
+from services.api.experiment_commands import decide_on_experiment
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, cluster_of, store_of
-from services.api.views import check_owner, load_experiment
+from services.api.views import check_owner
 
 log = structlog.get_logger("api")
 routes = RouteTable("checkpoints")
@@ -244,15 +244,12 @@ async def delete_checkpoints(request: web.Request) -> web.Response:
     async def work(tx: Transaction) -> list[str]:
         deleting: list[str] = []
         for experiment_id, uuids in sorted(by_experiment.items()):
-            view = await load_experiment(tx, experiment_id, with_trials=False)
             command = DeleteCheckpoints(uuids=tuple(uuids), actor=principal.name)
-            events = accepted(decide_delete_checkpoints(view, command))
-            await append_decided(
+            await decide_on_experiment(
                 tx,
-                experiment_stream(experiment_id),
-                events,
-                expected_version=view.version,
-                actor=principal.name,
+                principal,
+                experiment_id,
+                functools.partial(decide_delete_checkpoints, command=command),
             )
             deleting.extend(uuids)
         return deleting

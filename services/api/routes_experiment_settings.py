@@ -33,11 +33,11 @@ from events.domain.types.experiment_changes import ResourceField
 from events.log.store import Transaction
 from services.api.auth import principal_of
 from services.api.decided import accepted, append_decided
-from services.api.errors import bad_request, not_found, parse, read_json
+from services.api.errors import bad_request, parse, read_json
+from services.api.experiment_commands import act_on_experiment, experiment_id_of
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import (
-    MAX_ID,
     ExperimentView,
     apply_settings,
     check_owner,
@@ -156,14 +156,6 @@ class ContinueResponse(BaseModel):
     latest_checkpoints: dict[str, str | None]
 
 
-def experiment_id_of(request: web.Request) -> int:
-    """The experiment id of the path (an id that cannot exist is a 404)."""
-    raw = request.match_info["experiment_id"]
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > MAX_ID:
-        raise not_found(f"no experiment {raw!r}")
-    return int(raw)
-
-
 @routes.add(
     "PATCH",
     "/api/v1/experiments/{experiment_id}",
@@ -200,22 +192,17 @@ async def patch_experiment(request: web.Request) -> web.Response:
         ),
     )
 
-    async def work(tx: Transaction) -> dict[str, Any]:
-        view = await load_experiment(tx, experiment_id, with_trials=False)
-        check_owner(principal, view.owner)
-        events = accepted(decide_settings(view, command))
-        await append_decided(
-            tx,
-            experiment_stream(experiment_id),
-            events,
-            expected_version=view.version,
-            actor=principal.name,
-        )
-        after = view
-        for event in events:
-            after.config = apply_settings(after.config, event)
-        labels = after.config.get("labels")
-        return {
+    after, events = await act_on_experiment(
+        request, principal, experiment_id, lambda view: decide_settings(view, command)
+    )
+    for event in events:
+        after.config = apply_settings(after.config, event)
+    labels = after.config.get("labels")
+    changed = [type(e).event_type for e in events]
+    if changed:
+        log.info("experiment changed", experiment_id=experiment_id, facts=changed)
+    return web.json_response(
+        {
             "id": experiment_id,
             "name": after.config.get("name"),
             "description": after.config.get("description"),
@@ -223,13 +210,9 @@ async def patch_experiment(request: web.Request) -> web.Response:
             "priority": after.resources.get("priority"),
             "weight": after.resources.get("weight"),
             "max_slots": after.resources.get("max_slots"),
-            "changed": [type(e).event_type for e in events],
+            "changed": changed,
         }
-
-    result = await in_transaction(store_of(request), work)
-    if result["changed"]:
-        log.info("experiment changed", experiment_id=experiment_id, facts=result["changed"])
-    return web.json_response(result)
+    )
 
 
 def _resource_fields(patch: ResourcesPatch) -> list[ResourceField]:

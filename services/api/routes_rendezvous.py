@@ -18,27 +18,18 @@ from aiohttp import web
 from events.domain.deciders.trial import JoinRendezvous, RendezvousState, decide_join
 from events.domain.names import trial_stream
 from events.log.store import Transaction
-from services.api.auth import Principal, check_agent, check_holder, check_trial, principal_of
-from services.api.decided import accepted, append_decided
+from services.api.access import MAX_POLL_SECONDS, POLL_EVERY, allocation_of_path
+from services.api.auth import Principal, check_agent, check_holder, principal_of
+from services.api.decided import append_accepted
 from services.api.errors import parse, read_json
 from services.api.inbox import claim, in_transaction, record
 from services.api.rendezvous import Rendezvous, fold_rendezvous
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, store_of
-from services.api.views import Reader, allocation_of, load_trial, read_facts, trial_of
+from services.api.views import Reader, allocation_of, load_trial, read_facts
 from services.contracts.agent import RendezvousJoinBody, RendezvousQuery, RendezvousResponse
 
 log = structlog.get_logger("api")
 routes = RouteTable("rendezvous")
-
-MAX_POLL_SECONDS = 60.0
-POLL_EVERY = 0.2
-
-
-def _allocation(request: web.Request) -> tuple[str, int]:
-    allocation_id = request.match_info["allocation_id"]
-    trial_id = trial_of(allocation_id)
-    check_trial(principal_of(request), trial_id)
-    return allocation_id, trial_id
 
 
 async def _load(
@@ -66,7 +57,7 @@ async def join(request: web.Request) -> web.Response:
 
     400 if the agent holds no slots in the allocation, 409 if the run is no longer current.
     """
-    allocation_id, trial_id = _allocation(request)
+    allocation_id, trial_id = allocation_of_path(request)
     body = parse(RendezvousJoinBody, await read_json(request))
     check_agent(principal_of(request), body.agent_id)
 
@@ -86,16 +77,15 @@ async def join(request: web.Request) -> web.Response:
         state = RendezvousState(
             placements=view.placements, members=view.members, current=current, repeat=not fresh
         )
-        events = accepted(decide_join(state, command))
+        events = await append_accepted(
+            tx,
+            trial_stream(trial_id),
+            decide_join(state, command),
+            expected_version=version,
+            actor=f"agent:{body.agent_id}",
+            causation_id=body.idempotency_key,
+        )
         if events:
-            await append_decided(
-                tx,
-                trial_stream(trial_id),
-                events,
-                expected_version=version,
-                actor=f"agent:{body.agent_id}",
-                causation_id=body.idempotency_key,
-            )
             await record(tx, "api.allocation.rendezvous", key, {})
             view, current, _ = await _load(tx, allocation_id, trial_id)
             log.info("rendezvous joined", allocation_id=allocation_id, agent_id=body.agent_id)
@@ -113,7 +103,7 @@ async def join(request: web.Request) -> web.Response:
 async def wait(request: web.Request) -> web.Response:
     """Long poll: answers once the rendezvous is complete or the run is no longer current,
     else the state so far after ``timeout_seconds``."""
-    allocation_id, trial_id = _allocation(request)
+    allocation_id, trial_id = allocation_of_path(request)
     query = parse(RendezvousQuery, dict(request.query))
     deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
     store = store_of(request)

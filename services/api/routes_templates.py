@@ -18,7 +18,7 @@ from events.domain.deciders.template import (
 )
 from events.log.store import Transaction
 from services.api.auth import Principal, principal_of
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import bad_request, forbidden, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.parsing import yaml_off_loop
@@ -130,9 +130,12 @@ async def put_template(request: web.Request) -> web.Response:
         if view.exists:
             _check_owner(principal, view)
         command = SetTemplate(name=name, config=config, actor=principal.name)
-        events = accepted(decide_set_template(view, command))
-        await append_decided(
-            tx, stream_of(name), events, expected_version=view.version, actor=principal.name
+        await append_accepted(
+            tx,
+            stream_of(name),
+            decide_set_template(view, command),
+            expected_version=view.version,
+            actor=principal.name,
         )
         owner = view.owner if view.exists else principal.name
         return {"name": name, "owner": owner, "created": not view.exists}
@@ -152,9 +155,12 @@ async def delete_template(request: web.Request) -> web.Response:
         view = await existing_template(tx, name)
         _check_owner(principal, view)
         command = RemoveTemplate(name=name, actor=principal.name)
-        events = accepted(decide_remove_template(view, command))
-        await append_decided(
-            tx, stream_of(name), events, expected_version=view.version, actor=principal.name
+        await append_accepted(
+            tx,
+            stream_of(name),
+            decide_remove_template(view, command),
+            expected_version=view.version,
+            actor=principal.name,
         )
         return {"name": name}
 

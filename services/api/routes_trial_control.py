@@ -21,7 +21,7 @@ from services.api import history, tables
 from services.api import projections_read as pr
 from services.api.access import readable_trial
 from services.api.auth import principal_of
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
@@ -268,11 +268,10 @@ async def kill_trial(request: web.Request) -> web.Response:
         view = await load_experiment(tx, experiment_id, trial_id=trial_id)
         check_owner(principal, view.owner)
         control = await load_trial_control(tx, trial_id)
-        events = accepted(decide_kill(view, control, command))
-        await append_decided(
+        events = await append_accepted(
             tx,
             trial_stream(trial_id),
-            events,
+            decide_kill(view, control, command),
             expected_version=control.version,
             actor=principal.name,
         )

@@ -40,7 +40,7 @@ from services.api.decided import append_decided, refusal_error
 from services.api.errors import ApiError, forbidden, parse, read_json
 from services.api.host_access import check_host_requests
 from services.api.inbox import in_transaction
-from services.api.routes_experiments import _validate_config
+from services.api.routes_experiment_submit import validate_config
 from services.api.routing import STATE, USERS, Access, RouteTable, state_of, store_of
 from services.api.runs import not_current
 from services.api.views import experiment_of, load_experiment, load_trial
@@ -148,7 +148,7 @@ async def open_unmanaged_run(request: web.Request) -> web.Response:
     """Finds or creates the caller's unmanaged experiment and trial and opens its next run."""
     principal = principal_of(request)
     body = parse(OpenRunBody, await read_json(request))
-    config, warnings = await _validate_config(request, body.config)
+    config, warnings = await validate_config(request, body.config)
     check_host_requests(request, config)
     state = state_of(request)
     store = state.store

@@ -15,7 +15,7 @@ from events.domain.identities import ASSIGNED_UIDS, CLUSTER_UID, IDENTITIES_STRE
 from events.log.store import Transaction
 from services.api import auth
 from services.api.auth import create_user, list_users, principal_of
-from services.api.decided import accepted, append_decided
+from services.api.decided import append_accepted
 from services.api.errors import bad_request, conflict, forbidden, not_found, parse, read_json
 from services.api.identities import load_identities
 from services.api.inbox import in_transaction
@@ -263,8 +263,9 @@ async def put_agent_user_group(request: web.Request) -> web.Response:
 
     async def work(tx: Transaction) -> None:
         state = await load_identities(tx)
-        events = accepted(decide_link(state, command))
-        await append_decided(tx, IDENTITIES_STREAM, events, expected_version=state.version)
+        await append_accepted(
+            tx, IDENTITIES_STREAM, decide_link(state, command), expected_version=state.version
+        )
 
     await in_transaction(store, work)
     log.info(

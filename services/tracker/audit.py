@@ -18,7 +18,7 @@ import structlog
 
 from events.domain.names import TrialIdError, coerce_trial_id, experiment_of_stream, trial_of_stream
 from events.log import migrations
-from events.log.consumer import Consumer
+from events.log.consumer import PageConsumer
 from events.log.db import Connection
 from events.log.envelope import Event, RecordedEvent
 from events.log.errors import EventsError, StatementError, UnknownEventError
@@ -184,20 +184,12 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-class AuditConsumer(Consumer):
+class AuditConsumer(PageConsumer):
     """Projects every event of the log into the audit trail (consumer ``tracker-audit``)."""
 
     name = NAME
     projection = True
     types = None
-
-    async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
-        """Writes the event's audit row inside the consumer's transaction.
-
-        Raises:
-            EventsError: the database refused the row (the page is retried).
-        """
-        await self.handle_page(tx, [event])
 
     async def handle_page(self, tx: Transaction, events: Sequence[RecordedEvent]) -> None:
         """Writes a page's audit rows in a few statements inside the consumer's transaction.

@@ -6,7 +6,7 @@ experiments and states, one multi-row upsert of the points, one archive of rolle
 rebuild of the chart rollups of ended trials (rare: reports after a trial's end), one update of
 the trials' ``steps_completed``, then each validation's own effects in order.
 
-Invariant: the result equals applying the reports one by one (``projections._metrics``). That
+Invariant: the result equals applying the reports one by one (``project_metrics.metrics``). That
 holds because a run is cut before a report whose trial already appears in it with another
 ``run_id``, so within a run each trial reports from one run ``r`` only:
 

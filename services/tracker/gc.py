@@ -50,7 +50,7 @@ from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent, new
 from events.log.errors import EventsError, StatementError
 from events.log.store import Transaction
-from services.tracker.projections import metric_value
+from services.tracker.project_metrics import metric_value
 
 log = structlog.get_logger("tracker")
 
@@ -390,11 +390,7 @@ class GCConsumer(Consumer):
             doomed = wanted.intersection(c.uuid for c in facts.live)
             if not doomed:
                 return
-            removal = await self._remove(facts, doomed)
-            for uuid, error in removal.failed.items():
-                log.error("checkpoint not deleted", uuid=uuid, error=error)
-            if removal.deleted:
-                await self._append(tx, facts, self._deleted(facts, removal, "user"))
+            await self._delete(tx, facts, doomed, "user")
         except StatementError as exc:
             raise EventsError(
                 f"deleting checkpoints of experiment {experiment_id} failed: {exc}"
@@ -430,11 +426,21 @@ class GCConsumer(Consumer):
         )
         if not doomed:
             return
+        await self._delete(tx, facts, doomed, "gc")
+
+    async def _delete(
+        self,
+        tx: Transaction,
+        facts: ExperimentCheckpoints,
+        doomed: Iterable[str],
+        reason: Literal["gc", "user"],
+    ) -> None:
+        """Removes ``doomed`` from storage, logs each failure and records what was deleted."""
         removal = await self._remove(facts, doomed)
         for uuid, error in removal.failed.items():
             log.error("checkpoint not deleted", uuid=uuid, error=error)
         if removal.deleted:
-            await self._append(tx, facts, self._deleted(facts, removal, "gc"))
+            await self._append(tx, facts, self._deleted(facts, removal, reason))
 
     async def _delete_all(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
         live = [c.uuid for c in facts.live]

@@ -39,6 +39,20 @@ def _missing(exc: OSError, what: str) -> FileNotFoundError:
     return FileNotFoundError(errno.ENOENT, f"{what}: {exc.strerror or exc}")
 
 
+def _open_subdir(name: str, dir_fd: int, what: str) -> int:
+    """A descriptor of directory ``name`` in ``dir_fd``, opened without following a link.
+
+    Raises:
+        FileNotFoundError: it is missing, a link or not a directory (``what`` names it).
+    """
+    try:
+        return os.open(name, _SUBDIR, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _NOT_THERE:
+            raise _missing(exc, what) from None
+        raise
+
+
 class DirectoryStorage(CheckpointStorage):
     """Checkpoints under ``root`` (a shared_fs or directory storage, or the cluster default).
 
@@ -89,20 +103,10 @@ class DirectoryStorage(CheckpointStorage):
         if not safe_uuid(uuid):
             raise FileNotFoundError(errno.ENOENT, f"not a checkpoint id: {uuid!r}")
         with self._root_fd() as root:
-            try:
-                fd = os.open(uuid, _SUBDIR, dir_fd=root)
-            except OSError as exc:
-                if exc.errno in _NOT_THERE:
-                    raise _missing(exc, f"{self.root}/{uuid}") from None
-                raise
+            fd = _open_subdir(uuid, root, f"{self.root}/{uuid}")
         try:
             for part in parts:
-                try:
-                    inner = os.open(part, _SUBDIR, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in _NOT_THERE:
-                        raise _missing(exc, f"{self.root}/{uuid}: {part}") from None
-                    raise
+                inner = _open_subdir(part, fd, f"{self.root}/{uuid}: {part}")
                 os.close(fd)
                 fd = inner
             yield fd

@@ -200,15 +200,9 @@ def _event_for(report: TrialReport, trial_id: int, run_id: int) -> Event | None:
     or defaults to)."""
     if isinstance(report, ReportMetrics):
         metrics = _scalars(report.metrics)
-        if report.group == "training":
-            return WorkloadCompleted(
-                trial_id=trial_id,
-                run_id=run_id,
-                steps_completed=report.steps_completed,
-                metrics=metrics,
-            )
-        if report.group == "validation":
-            return ValidationReported(
+        if report.group in ("training", "validation"):
+            kind = WorkloadCompleted if report.group == "training" else ValidationReported
+            return kind(
                 trial_id=trial_id,
                 run_id=run_id,
                 steps_completed=report.steps_completed,
