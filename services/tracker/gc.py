@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import structlog
 
-from events.domain.aggregates import fold_experiment
+from events.domain.aggregates import fold_experiment, metric_value
 from events.domain.checkpoint_storage import (
     CheckpointStorage,
     DirectoryStorage,
@@ -50,7 +50,6 @@ from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent, new
 from events.log.errors import EventsError, StatementError
 from events.log.store import Transaction
-from services.tracker.project_metrics import metric_value
 
 log = structlog.get_logger("tracker")
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from events.domain.aggregates import SettingsChange, apply_settings
+from events.domain.config.scheduling import Scheduling
 from events.domain.lifecycle import (
     DELETED,
     TERMINAL,
@@ -18,20 +20,11 @@ from events.domain.lifecycle import (
 from events.domain.types import (
     ExperimentArchived,
     ExperimentContinued,
-    ExperimentDescribed,
-    ExperimentLabelsChanged,
-    ExperimentRenamed,
-    ExperimentResourcesChanged,
     ExperimentStateChanged,
     ExperimentSubmitted,
 )
 from events.log.db import Connection
 from services.tracker import schema
-
-ExperimentSetting = (
-    ExperimentRenamed | ExperimentDescribed | ExperimentLabelsChanged | ExperimentResourcesChanged
-)
-"""A user's change of an experiment's name, description, labels or resources."""
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -54,6 +47,7 @@ async def experiment_submitted(
     searcher = _mapping(config.get("searcher"))
     resources = _mapping(config.get("resources"))
     labels = config.get("labels")
+    settings = Scheduling.of(config)
     max_trials = searcher.get("max_trials")
     await conn.execute(
         """INSERT INTO tr_experiments (experiment_id, name, description, labels, owner, state,
@@ -69,8 +63,8 @@ async def experiment_submitted(
         e.owner,
         initial_experiment_state(e.activate),
         str(searcher.get("name") or ""),
-        str(searcher.get("metric") or ""),
-        bool(searcher.get("smaller_is_better", True)),
+        settings.metric or "",
+        settings.smaller_is_better,
         max_trials if isinstance(max_trials, int) and not isinstance(max_trials, bool) else None,
         config,
         e.code_ref,
@@ -109,38 +103,25 @@ async def experiment_archived(conn: Connection, e: ExperimentArchived) -> None:
     )
 
 
-async def experiment_setting(conn: Connection, e: ExperimentSetting) -> None:
-    """A user's change of name, description, labels or resources: the columns and the config."""
-    if isinstance(e, ExperimentRenamed):
-        column, path, value = "name", ["name"], e.name
-    elif isinstance(e, ExperimentDescribed):
-        column, path, value = "description", ["description"], e.description
-    elif isinstance(e, ExperimentLabelsChanged):
-        await conn.execute(
-            """UPDATE tr_experiments
-               SET labels = $2, config = jsonb_set(config, '{labels}', $2)
-               WHERE experiment_id = $1""",
-            e.experiment_id,
-            list(e.labels),
-        )
+async def experiment_setting(conn: Connection, e: SettingsChange) -> None:
+    """A user's change of name, description, labels or resources: the config changed by the
+    experiment fold's own rule (:func:`~events.domain.aggregates.apply_settings`), and the
+    columns that show it."""
+    config = await conn.fetchval(
+        "SELECT config FROM tr_experiments WHERE experiment_id = $1", e.experiment_id
+    )
+    if config is None:
         return
-    else:
-        await conn.execute(
-            """UPDATE tr_experiments
-               SET config = jsonb_set(config, '{resources}',
-                                      coalesce(config->'resources', '{}'::jsonb) || $2::jsonb)
-               WHERE experiment_id = $1""",
-            e.experiment_id,
-            dict(e.resources),
-        )
-        return
+    changed = apply_settings(_mapping(config), e)
+    labels = changed.get("labels")
     await conn.execute(
-        f"""UPDATE tr_experiments
-            SET {column} = $2, config = jsonb_set(config, $3::text[], to_jsonb($2::text))
-            WHERE experiment_id = $1""",
+        """UPDATE tr_experiments SET config = $2, name = $3, description = $4, labels = $5
+           WHERE experiment_id = $1""",
         e.experiment_id,
-        value,
-        path,
+        changed,
+        str(changed.get("name") or ""),
+        str(changed.get("description") or ""),
+        [str(label) for label in labels] if isinstance(labels, list) else [],
     )
 
 

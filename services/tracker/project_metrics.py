@@ -5,11 +5,11 @@ in batches, :mod:`services.tracker.batch`, equal to :func:`metrics` one at a tim
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from events.domain.aggregates import metric_value
 from events.domain.lifecycle import TERMINAL
 from events.domain.types import (
     CheckpointSaved,
@@ -22,17 +22,6 @@ from events.log.db import Connection
 from services.tracker import series
 from services.tracker.batch import group_of
 from services.tracker.project_trials import experiment_of_trial
-
-
-def metric_value(metrics: Mapping[str, Any], name: str | None) -> float | None:
-    """The finite numeric value of metric ``name`` in ``metrics`` (``None`` if absent)."""
-    if not name:
-        return None
-    value = metrics.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 def validation_doc(run_id: int, steps_completed: int, metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from datetime import datetime
 
 import structlog
 
-from events.domain.aggregates import AGENT_FACTS, EXPERIMENT_FACTS
+from events.domain.aggregates import AGENT_FACTS, EXPERIMENT_FACTS, SettingsChange
 from events.domain.types import (
     AgentLost,
     AgentRegistered,
@@ -54,7 +54,6 @@ from services.tracker import project_metrics as reports
 from services.tracker import project_trials as trials
 from services.tracker import schema
 from services.tracker.batch import MetricRun, apply_run
-from services.tracker.project_experiments import ExperimentSetting
 from services.tracker.rebuild import rebuild_consumer
 
 log = structlog.get_logger("tracker")
@@ -137,7 +136,7 @@ async def apply(conn: Connection, event: Event, at: datetime, position: int) -> 
         await experiments.experiment_state(conn, event, at)
     elif isinstance(event, ExperimentArchived):
         await experiments.experiment_archived(conn, event)
-    elif isinstance(event, ExperimentSetting):
+    elif isinstance(event, SettingsChange):
         await experiments.experiment_setting(conn, event)
     elif isinstance(event, ExperimentContinued):
         await experiments.experiment_continued(conn, event)
