@@ -277,19 +277,34 @@ class ApiClient:
                 raise error
             await asyncio.sleep(delay)
 
+    async def _post_allocation(
+        self,
+        allocation_id: str,
+        action: str,
+        model: type[BaseModel],
+        *,
+        retry_for: float | None = 60.0,
+        **fields: Any,
+    ) -> Any:
+        """``POST /allocations/{id}/{action}`` with ``fields`` checked against ``model``."""
+        body = _body(model, **fields)
+        return await self.request(
+            "POST", f"/allocations/{_seg(allocation_id)}/{action}", body=body, retry_for=retry_for
+        )
+
     async def started(
         self, allocation_id: str, agent_id: str, incarnation: str, listed_from: int, key: str
     ) -> Any:
         """``POST /allocations/{id}/started`` (retried until it lands)."""
-        body = _body(
+        return await self._post_allocation(
+            allocation_id,
+            "started",
             StartedBody,
+            retry_for=None,
             agent_id=agent_id,
             incarnation=incarnation,
             listed_from=listed_from,
             idempotency_key=key,
-        )
-        return await self.request(
-            "POST", f"/allocations/{_seg(allocation_id)}/started", body=body, retry_for=None
         )
 
     async def exited(
@@ -305,25 +320,24 @@ class ApiClient:
         """``POST /allocations/{id}/exited`` (retried until it lands); ``agent_shutdown``: the
         agent stopped the run because it is shutting down."""
         shutdown = {"agent_shutdown": True} if agent_shutdown else {}
-        body = _body(
+        return await self._post_allocation(
+            allocation_id,
+            "exited",
             ExitedBody,
+            retry_for=None,
             agent_id=agent_id,
             exit_code=exit_code,
             message=message,
             idempotency_key=key,
             **shutdown,
         )
-        return await self.request(
-            "POST", f"/allocations/{_seg(allocation_id)}/exited", body=body, retry_for=None
-        )
 
     async def logs(
         self, allocation_id: str, lines: list[dict[str, Any]], key: str, *, retry_for: float
     ) -> Any:
         """``POST /allocations/{id}/logs``."""
-        body = _body(LogsBody, lines=lines, idempotency_key=key)
-        return await self.request(
-            "POST", f"/allocations/{_seg(allocation_id)}/logs", body=body, retry_for=retry_for
+        return await self._post_allocation(
+            allocation_id, "logs", LogsBody, retry_for=retry_for, lines=lines, idempotency_key=key
         )
 
     async def rendezvous_join(
@@ -331,11 +345,14 @@ class ApiClient:
     ) -> RendezvousResponse:
         """``POST /allocations/{id}/rendezvous``: this agent's part of the gang is reachable at
         ``address:port`` (retried for a minute)."""
-        body = _body(
-            RendezvousJoinBody, agent_id=agent_id, address=address, port=port, idempotency_key=key
-        )
-        answer = await self.request(
-            "POST", f"/allocations/{_seg(allocation_id)}/rendezvous", body=body
+        answer = await self._post_allocation(
+            allocation_id,
+            "rendezvous",
+            RendezvousJoinBody,
+            agent_id=agent_id,
+            address=address,
+            port=port,
+            idempotency_key=key,
         )
         return _answer(RendezvousResponse, answer, "rendezvous")
 
