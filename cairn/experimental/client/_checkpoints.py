@@ -10,11 +10,16 @@ from typing import Any
 
 from cairn.client import Client
 from cairn.errors import CairnError, UsageError
-from cairn.experimental.client._records import CheckpointTrainingMetadata, _enum, _time
+from cairn.experimental.client._records import (
+    CheckpointTrainingMetadata,
+    _enum,
+    _MasterObject,
+    _time,
+)
 from cairn.experimental.client._states import CheckpointSortBy, CheckpointState
 
 
-class Checkpoint:
+class Checkpoint(_MasterObject):
     """A checkpoint a trial reported (get one with :meth:`Determined.get_checkpoint`,
     :meth:`Experiment.top_checkpoint`, :meth:`Trial.top_checkpoint`, ...).
 
@@ -32,13 +37,9 @@ class Checkpoint:
     """
 
     def __init__(self, session: Client, uuid: str, data: Mapping[str, Any] | None = None) -> None:
-        self._session = session
         self.uuid = uuid
         self._training: CheckpointTrainingMetadata | None = None
-        if data is None:
-            self.reload()
-        else:
-            self._hydrate(data)
+        super().__init__(session, data)
 
     def _hydrate(self, data: Mapping[str, Any]) -> None:
         self._data = dict(data)

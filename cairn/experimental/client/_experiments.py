@@ -15,7 +15,7 @@ from cairn.experimental.client._checkpoints import (
     _check_sort,
     _ranked,
 )
-from cairn.experimental.client._records import _enum
+from cairn.experimental.client._records import _enum, _MasterObject
 from cairn.experimental.client._states import (
     TERMINAL_STATES,
     CheckpointSortBy,
@@ -25,7 +25,7 @@ from cairn.experimental.client._states import (
 from cairn.experimental.client._trials import Trial
 
 
-class Experiment:
+class Experiment(_MasterObject):
     """One experiment (get one with :meth:`Determined.get_experiment` or
     :meth:`Determined.create_experiment`).
 
@@ -45,11 +45,7 @@ class Experiment:
         self, experiment_id: int, session: Client, data: Mapping[str, Any] | None = None
     ) -> None:
         self.id = int(experiment_id)
-        self._session = session
-        if data is None:
-            self.reload()
-        else:
-            self._hydrate(data)
+        super().__init__(session, data)
 
     def _hydrate(self, data: Mapping[str, Any]) -> None:
         self.config: dict[str, Any] = dict(data.get("config") or {})

@@ -4,11 +4,15 @@ become them."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn.errors import CairnError
+
+if TYPE_CHECKING:
+    from cairn.client import Client
 
 
 def _enum(kind: type[enum.Enum], value: Any) -> Any:
@@ -25,6 +29,25 @@ def _time(value: Any) -> datetime | None:
         return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+class _MasterObject:
+    """An object the master keeps: built from the master's answer when one is at hand, read
+    from the master (``reload``) when not."""
+
+    def __init__(self, session: Client, data: Mapping[str, Any] | None) -> None:
+        self._session = session
+        if data is None:
+            self.reload()
+        else:
+            self._hydrate(data)
+
+    def _hydrate(self, data: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def reload(self) -> None:
+        """Reads the object again from the master."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from cairn.client import Client
 from cairn.errors import CairnError, UsageError
 from cairn.experimental.client._checkpoints import Checkpoint, _check_sort, _ranked
-from cairn.experimental.client._records import TrialMetrics, _enum, _time
+from cairn.experimental.client._records import TrialMetrics, _enum, _MasterObject, _time
 from cairn.experimental.client._states import CheckpointSortBy, OrderBy, TrialState
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 _PAGE = 1000
 
 
-class Trial:
+class Trial(_MasterObject):
     """One trial (get one with :meth:`Determined.get_trial` or :meth:`Experiment.list_trials`).
 
     Attributes:
@@ -34,11 +34,7 @@ class Trial:
         self, trial_id: int, session: Client, data: Mapping[str, Any] | None = None
     ) -> None:
         self.id = int(trial_id)
-        self._session = session
-        if data is None:
-            self.reload()
-        else:
-            self._hydrate(data)
+        super().__init__(session, data)
 
     def _hydrate(self, data: Mapping[str, Any]) -> None:
         self.experiment_id = int(data.get("experiment_id") or 0)
