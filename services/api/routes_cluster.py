@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from events.domain.config.scheduling import DEFAULT_PRIORITY
 from services.api import projections_read as pr
-from services.api.auth import principal_of
+from services.api.auth import Principal, principal_of
 from services.api.errors import parse
 from services.api.routing import USERS, RouteTable, store_of
 from services.tracker import read as tracker_read
@@ -94,12 +94,9 @@ async def queue(request: web.Request) -> web.Response:
         rows = await tracker_read.waiting_trials(conn)
     entries = []
     for row in rows:
-        mine = principal.is_admin or row["owner"] == principal.name
         entries.append(
             {
-                "trial_id": row["trial_id"] if mine else None,
-                "experiment_id": row["experiment_id"] if mine else None,
-                "name": row["name"] if mine else None,
+                **_owner_only(principal, row, ("trial_id", "experiment_id", "name")),
                 "owner": row["owner"],
                 "priority": _int(row["priority"], DEFAULT_PRIORITY),
                 "slots": _int(row["slots"], 1),
@@ -121,18 +118,23 @@ async def holders(request: web.Request) -> web.Response:
         rows = await tracker_read.live_allocations(conn)
     out = []
     for row in rows:
-        mine = principal.is_admin or row["owner"] == principal.name
         out.append(
             {
                 "allocation_id": row["allocation_id"],
-                "trial_id": row["trial_id"] if mine else None,
-                "experiment_id": row["experiment_id"] if mine else None,
+                **_owner_only(principal, row, ("trial_id", "experiment_id")),
                 "owner": row["owner"],
                 "state": row["state"],
                 "agent_id": row["agent_id"],
             }
         )
     return web.json_response({"allocations": out})
+
+
+def _owner_only(principal: Principal, row: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The row's ``keys`` as the caller may see them: as they are for an admin or the row's
+    owner, ``None`` for anyone else."""
+    mine = principal.is_admin or row["owner"] == principal.name
+    return {key: row[key] if mine else None for key in keys}
 
 
 def busy_per_minute(
