@@ -10,6 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events.domain.config import ConfigError
+from events.domain.deciders import Decision
 from events.domain.deciders.template import (
     RemoveTemplate,
     SetTemplate,
@@ -92,6 +93,16 @@ async def _config_of(body: SetTemplateBody) -> dict[str, Any]:
     return config
 
 
+async def _append(
+    tx: Transaction, view: TemplateView, decision: Decision, principal: Principal
+) -> None:
+    """Appends the decider's events to the template's stream at the version ``view`` was read
+    at, by ``principal`` (refused: its error)."""
+    await append_accepted(
+        tx, stream_of(view.name), decision, expected_version=view.version, actor=principal.name
+    )
+
+
 def _check_owner(principal: Principal, view: TemplateView) -> None:
     if not (principal.is_admin or (principal.kind == "user" and principal.name == view.owner)):
         raise forbidden(
@@ -130,13 +141,7 @@ async def put_template(request: web.Request) -> web.Response:
         if view.exists:
             _check_owner(principal, view)
         command = SetTemplate(name=name, config=config, actor=principal.name)
-        await append_accepted(
-            tx,
-            stream_of(name),
-            decide_set_template(view, command),
-            expected_version=view.version,
-            actor=principal.name,
-        )
+        await _append(tx, view, decide_set_template(view, command), principal)
         owner = view.owner if view.exists else principal.name
         return {"name": name, "owner": owner, "created": not view.exists}
 
@@ -155,13 +160,7 @@ async def delete_template(request: web.Request) -> web.Response:
         view = await existing_template(tx, name)
         _check_owner(principal, view)
         command = RemoveTemplate(name=name, actor=principal.name)
-        await append_accepted(
-            tx,
-            stream_of(name),
-            decide_remove_template(view, command),
-            expected_version=view.version,
-            actor=principal.name,
-        )
+        await _append(tx, view, decide_remove_template(view, command), principal)
         return {"name": name}
 
     result = await in_transaction(store_of(request), work)
