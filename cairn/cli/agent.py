@@ -12,6 +12,7 @@ from cairn.cli.output import (
     add_csv_flag,
     add_json_flag,
     print_json,
+    print_result,
     table,
     wants_json,
     when,
@@ -154,14 +155,12 @@ def cmd_agent_credentials(args: argparse.Namespace) -> int:
 def cmd_agent_revoke(args: argparse.Namespace) -> int:
     """Revokes an agent's credential."""
     result = auth_store.connect(args).revoke_agent(args.agent_id)
-    if wants_json(args):
-        print_json(result)
-    else:
-        print(
-            f"agent {args.agent_id}'s credential revoked; it is declared lost once its "
-            "heartbeats stop counting"
-        )
-    return 0
+    return print_result(
+        args,
+        result,
+        f"agent {args.agent_id}'s credential revoked; it is declared lost once its "
+        "heartbeats stop counting",
+    )
 
 
 def cmd_slot_list(args: argparse.Namespace) -> int:
@@ -202,9 +201,5 @@ def cmd_slot_enable(args: argparse.Namespace) -> int:
     client = auth_store.connect(args)
     slot_id = _slot_id(client, args.agent_id, args.slot_id)
     result = client.set_slot_enabled(args.agent_id, slot_id, args.enabled)
-    if wants_json(args):
-        print_json(result)
-    else:
-        state = "enabled" if result.get("enabled", args.enabled) else "disabled"
-        print(f"slot {slot_id} of agent {args.agent_id} {state}")
-    return 0
+    state = "enabled" if result.get("enabled", args.enabled) else "disabled"
+    return print_result(args, result, f"slot {slot_id} of agent {args.agent_id} {state}")

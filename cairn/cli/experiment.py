@@ -18,6 +18,7 @@ from cairn.cli.output import (
     cell,
     fields,
     print_json,
+    print_result,
     table,
     wants_json,
     when,
@@ -239,11 +240,9 @@ def cmd_create(args: argparse.Namespace) -> int:
     for warning in warnings:
         print(f"warning: {warning.get('path')}: {warning.get('message')}", file=sys.stderr)
     if not args.follow:
-        if wants_json(args):
-            print_json({"id": exp_id, "warnings": warnings})
-        else:
-            print(f"created experiment {exp_id}")
-        return 0
+        return print_result(
+            args, {"id": exp_id, "warnings": warnings}, f"created experiment {exp_id}"
+        )
     if not wants_json(args):
         print(f"created experiment {exp_id}; following it", flush=True)
     final = follow(client, exp_id, FOLLOW_INTERVAL, progress=True)
@@ -560,11 +559,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
             print("not deleted")
             return 1
     result = auth_store.connect(args).delete_experiment(args.id)
-    if wants_json(args):
-        print_json(result)
-    else:
-        print(f"experiment {args.id}: {result.get('state')}")
-    return 0
+    return print_result(args, result, f"experiment {args.id}: {result.get('state')}")
 
 
 def cmd_wait(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from cairn.cli import auth_store
 from cairn.cli.checkpoint import extract
-from cairn.cli.output import add_json_flag, print_json, wants_json
+from cairn.cli.output import add_json_flag, print_json, print_result, wants_json
 from cairn.cli.trial import add_sort_args, rank_checkpoints, sort_choice
 from cairn.errors import CairnError, UsageError
 
@@ -187,13 +187,9 @@ def cmd_label(args: argparse.Namespace) -> int:
     """Adds or removes one label."""
     key = "add_labels" if args.label_action == "add" else "remove_labels"
     result = auth_store.connect(args).patch_experiment(args.id, {key: [args.label]})
-    if wants_json(args):
-        print_json(result)
-    else:
-        labels = ", ".join(result.get("labels") or []) or "-"
-        note = "" if result.get("changed") else " (unchanged)"
-        print(f"experiment {args.id} labels: {labels}{note}")
-    return 0
+    labels = ", ".join(result.get("labels") or []) or "-"
+    note = "" if result.get("changed") else " (unchanged)"
+    return print_result(args, result, f"experiment {args.id} labels: {labels}{note}")
 
 
 def _set_body(field: str, raw: str) -> dict[str, Any]:
@@ -215,10 +211,6 @@ def _set_body(field: str, raw: str) -> dict[str, Any]:
 def cmd_set(args: argparse.Namespace) -> int:
     """Sets one field of the experiment."""
     result = auth_store.connect(args).patch_experiment(args.id, _set_body(args.field, args.value))
-    if wants_json(args):
-        print_json(result)
-    else:
-        key = args.field.replace("-", "_")
-        note = "" if result.get("changed") else " (unchanged)"
-        print(f"experiment {args.id} {args.field}: {result.get(key)}{note}")
-    return 0
+    key = args.field.replace("-", "_")
+    note = "" if result.get("changed") else " (unchanged)"
+    return print_result(args, result, f"experiment {args.id} {args.field}: {result.get(key)}{note}")

@@ -57,6 +57,19 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=False, default=str))
 
 
+def print_result(args: argparse.Namespace, data: Any, line: str) -> int:
+    """Prints a verb's result: ``data`` as JSON when asked for (``--json``), else ``line``.
+
+    Returns:
+        The verb's exit status, 0.
+    """
+    if wants_json(args):
+        print_json(data)
+    else:
+        print(line)
+    return 0
+
+
 def cell(value: Any) -> str:
     """A value as shown in a table cell: ``-`` for nothing, short floats, compact JSON."""
     if value is None or value == "":

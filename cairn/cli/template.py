@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.cli import auth_store
-from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.cli.output import add_json_flag, print_json, print_result, table, wants_json, when
 from cairn.errors import UsageError
 
 
@@ -108,19 +108,11 @@ def cmd_set(args: argparse.Namespace) -> int:
         if must_be == "existing" and args.name not in names:
             raise UsageError(f"no template {args.name}: `template create` makes one")
     result = client.set_template(args.name, text)
-    if wants_json(args):
-        print_json(result)
-    else:
-        verb = "created" if result.get("created") else "replaced"
-        print(f"template {args.name} {verb}")
-    return 0
+    verb = "created" if result.get("created") else "replaced"
+    return print_result(args, result, f"template {args.name} {verb}")
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
     """Removes a template."""
     result = auth_store.connect(args).remove_template(args.name)
-    if wants_json(args):
-        print_json(result)
-    else:
-        print(f"template {args.name} removed")
-    return 0
+    return print_result(args, result, f"template {args.name} removed")

@@ -18,6 +18,7 @@ from cairn.cli.output import (
     add_json_flag,
     fields,
     print_json,
+    print_result,
     table,
     wants_json,
     when,
@@ -448,12 +449,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
 def cmd_kill(args: argparse.Namespace) -> int:
     """Kills a trial."""
     result = auth_store.connect(args).kill_trial(args.trial_id)
-    if wants_json(args):
-        print_json(result)
-    else:
-        already = "" if result.get("changed", True) else " (unchanged)"
-        print(f"trial {args.trial_id}: {result.get('state')}{already}")
-    return 0
+    already = "" if result.get("changed", True) else " (unchanged)"
+    return print_result(args, result, f"trial {args.trial_id}: {result.get('state')}{already}")
 
 
 def _chosen_checkpoint(client: Client, args: argparse.Namespace) -> dict[str, Any]:

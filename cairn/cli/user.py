@@ -10,7 +10,7 @@ from typing import Any
 
 from cairn.auth import env_password, login
 from cairn.cli import auth_store
-from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.cli.output import add_json_flag, print_json, print_result, table, wants_json, when
 from cairn.client import ApiError, Client
 from cairn.errors import UsageError
 from events import settings
@@ -129,11 +129,9 @@ def cmd_login(args: argparse.Namespace) -> int:
     )
     password = _password(args.password or env_password(username))
     login(master, username, password)
-    if wants_json(args):
-        print_json({"master": master, "username": username})
-    else:
-        print(f"logged in to {master} as {username}")
-    return 0
+    return print_result(
+        args, {"master": master, "username": username}, f"logged in to {master} as {username}"
+    )
 
 
 def cmd_logout(args: argparse.Namespace) -> int:
@@ -141,11 +139,9 @@ def cmd_logout(args: argparse.Namespace) -> int:
     master = auth_store.resolve_master(args.master)
     entry = auth_store.stored(master)
     if entry is None:
-        if wants_json(args):
-            print_json({"master": master, "logged_out": False})
-        else:
-            print(f"not logged in to {master}")
-        return 0
+        return print_result(
+            args, {"master": master, "logged_out": False}, f"not logged in to {master}"
+        )
     try:
         Client(master, token=str(entry["token"])).logout()
     except ApiError as exc:
@@ -153,11 +149,11 @@ def cmd_logout(args: argparse.Namespace) -> int:
             raise
     finally:
         auth_store.forget(master)
-    if wants_json(args):
-        print_json({"master": master, "logged_out": True, "username": entry.get("username")})
-    else:
-        print(f"logged out of {master} ({entry.get('username')})")
-    return 0
+    return print_result(
+        args,
+        {"master": master, "logged_out": True, "username": entry.get("username")},
+        f"logged out of {master} ({entry.get('username')})",
+    )
 
 
 def cmd_whoami(args: argparse.Namespace) -> int:
@@ -181,12 +177,10 @@ def cmd_create(args: argparse.Namespace) -> int:
         raise UsageError("--remote (an external identity provider) is not supported by cairn")
     password = _password(args.password, confirm=True)
     created = auth_store.connect(args).create_user(args.username, password, admin=args.admin)
-    if wants_json(args):
-        print_json(created)
-    else:
-        role = "admin " if created.get("admin") else ""
-        print(f"created {role}user {created.get('username', args.username)}")
-    return 0
+    role = "admin " if created.get("admin") else ""
+    return print_result(
+        args, created, f"created {role}user {created.get('username', args.username)}"
+    )
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -220,23 +214,17 @@ def cmd_change_password(args: argparse.Namespace) -> int:
         old = getpass.getpass("Current password: ")
     new = _password(args.password, confirm=True)
     result = client.change_password(username, new, old_password=old if own else None)
-    if wants_json(args):
-        print_json(result)
-    else:
-        print(f"password of {username} changed (their other sessions are logged out)")
-    return 0
+    return print_result(
+        args, result, f"password of {username} changed (their other sessions are logged out)"
+    )
 
 
 def cmd_set_active(args: argparse.Namespace) -> int:
     """Activates or deactivates a user."""
     result = auth_store.connect(args).set_user_active(args.username, args.active)
-    if wants_json(args):
-        print_json(result)
-    else:
-        state = "active" if result.get("active") else "deactivated"
-        note = "" if result.get("changed") else " (unchanged)"
-        print(f"user {args.username}: {state}{note}")
-    return 0
+    state = "active" if result.get("active") else "deactivated"
+    note = "" if result.get("changed") else " (unchanged)"
+    return print_result(args, result, f"user {args.username}: {state}{note}")
 
 
 def cmd_link_agent_user(args: argparse.Namespace) -> int:
@@ -248,14 +236,12 @@ def cmd_link_agent_user(args: argparse.Namespace) -> int:
         user=args.agent_user,
         group=args.agent_group,
     )
-    if wants_json(args):
-        print_json(result)
-    else:
-        print(
-            f"trials of {args.username} run as uid {result.get('agent_uid')} "
-            f"gid {result.get('agent_gid')} from their next start"
-        )
-    return 0
+    return print_result(
+        args,
+        result,
+        f"trials of {args.username} run as uid {result.get('agent_uid')} "
+        f"gid {result.get('agent_gid')} from their next start",
+    )
 
 
 def cmd_agent_user_group(args: argparse.Namespace) -> int:
