@@ -388,29 +388,19 @@ class Supervisor:
         rec.exit_code = code
         rec.last_exit_at = time.time()
         delay = child.crashed(now)
+        exit_facts = {"name": rec.name, "pid": rec.pid, "exit_code": code, "restarts": rec.restarts}
         if delay is None:
             rec.state = FAILED
             log.error(
                 "process failed: too many restarts, leaving it down",
-                name=rec.name,
-                pid=rec.pid,
-                exit_code=code,
-                restarts=rec.restarts,
+                **exit_facts,
                 window_s=RESTART_WINDOW,
                 log_path=rec.log,
             )
             self.notify(f"{rec.name} died (status {code}) too often; marked failed, see {rec.log}")
             return
         rec.state = RESTARTING
-        log.warning(
-            "process died; restarting",
-            name=rec.name,
-            pid=rec.pid,
-            exit_code=code,
-            restarts=rec.restarts,
-            backoff_s=delay,
-            log_path=rec.log,
-        )
+        log.warning("process died; restarting", **exit_facts, backoff_s=delay, log_path=rec.log)
         self.notify(f"{rec.name} (pid {rec.pid}) died with status {code}; restarting in {delay}s")
 
     def _restart(self, child: Child) -> None:
