@@ -84,6 +84,19 @@ def backoff(attempt: int, *, base: float = 0.2, cap: float = 5.0) -> float:
     return delay * (0.5 + random.random() / 2)
 
 
+def _retry_delay(attempt: int, deadline: float | None, error: ApiError) -> float:
+    """The :func:`backoff` delay before retry number ``attempt``.
+
+    Raises:
+        ApiError: ``error``, the last try's failure, when the retry would start after
+            ``deadline`` (``None``: no deadline).
+    """
+    delay = backoff(attempt)
+    if deadline is not None and time.monotonic() + delay > deadline:
+        raise error
+    return delay
+
+
 class ApiClient:
     """Calls the API gateway with the agent token.
 
@@ -154,10 +167,8 @@ class ApiClient:
                         raise error
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 error = ApiError(0, f"{type(exc).__name__}: {exc}")
-            delay = backoff(attempt)
+            delay = _retry_delay(attempt, deadline, error)
             attempt += 1
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise error
             if attempt in (1, 5) or attempt % 20 == 0:
                 log.warning(
                     "api call failed; retrying", path=path, error=str(error), attempt=attempt
@@ -189,11 +200,8 @@ class ApiClient:
                         raise error
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 error = ApiError(0, f"{type(exc).__name__}: {exc}")
-            delay = backoff(attempt)
+            await asyncio.sleep(_retry_delay(attempt, deadline, error))
             attempt += 1
-            if time.monotonic() + delay > deadline:
-                raise error
-            await asyncio.sleep(delay)
 
     async def register(
         self,
@@ -271,11 +279,8 @@ class ApiClient:
                         return
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = ApiError(0, f"{type(exc).__name__}: {exc}")
-            delay = backoff(attempt)
+            await asyncio.sleep(_retry_delay(attempt, deadline, error))
             attempt += 1
-            if time.monotonic() + delay > deadline:
-                raise error
-            await asyncio.sleep(delay)
 
     async def _post_allocation(
         self,
