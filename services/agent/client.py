@@ -84,6 +84,22 @@ def backoff(attempt: int, *, base: float = 0.2, cap: float = 5.0) -> float:
     return delay * (0.5 + random.random() / 2)
 
 
+def _retryable(error: ApiError) -> ApiError:
+    """``error``, a failed answer, when it is worth another try (a 5xx or a RETRYABLE_STATUS).
+
+    Raises:
+        ApiError: ``error`` itself, for any other status.
+    """
+    if error.status < 500 and error.status not in RETRYABLE_STATUS:
+        raise error
+    return error
+
+
+def _transport_error(exc: BaseException) -> ApiError:
+    """A request that got no answer (connection, timeout, unreadable body), as a status-0 error."""
+    return ApiError(0, f"{type(exc).__name__}: {exc}")
+
+
 def _retry_delay(attempt: int, deadline: float | None, error: ApiError) -> float:
     """The :func:`backoff` delay before retry number ``attempt``.
 
@@ -162,11 +178,9 @@ class ApiClient:
                     text = await resp.text()
                     if resp.status < 300:
                         return await resp.json(content_type=None) if text.strip() else None
-                    error = ApiError(resp.status, text)
-                    if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
-                        raise error
+                    error = _retryable(ApiError(resp.status, text))
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                error = ApiError(0, f"{type(exc).__name__}: {exc}")
+                error = _transport_error(exc)
             delay = _retry_delay(attempt, deadline, error)
             attempt += 1
             if attempt in (1, 5) or attempt % 20 == 0:
@@ -195,11 +209,9 @@ class ApiClient:
                     text = await resp.text()
                     if resp.status < 300:
                         return _answer(JoinResponse, await resp.json(content_type=None), "join")
-                    error = ApiError(resp.status, text)
-                    if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
-                        raise error
+                    error = _retryable(ApiError(resp.status, text))
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                error = ApiError(0, f"{type(exc).__name__}: {exc}")
+                error = _transport_error(exc)
             await asyncio.sleep(_retry_delay(attempt, deadline, error))
             attempt += 1
 
@@ -267,10 +279,7 @@ class ApiClient:
                     timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout),
                 ) as resp:
                     if resp.status >= 300:
-                        text = await resp.text()
-                        error = ApiError(resp.status, text)
-                        if resp.status < 500 and resp.status not in RETRYABLE_STATUS:
-                            raise error
+                        error = _retryable(ApiError(resp.status, await resp.text()))
                     else:
                         with part.open("wb") as fh:
                             async for chunk in resp.content.iter_chunked(1 << 16):
@@ -278,7 +287,7 @@ class ApiClient:
                         part.replace(dest)
                         return
             except (aiohttp.ClientError, TimeoutError) as exc:
-                error = ApiError(0, f"{type(exc).__name__}: {exc}")
+                error = _transport_error(exc)
             await asyncio.sleep(_retry_delay(attempt, deadline, error))
             attempt += 1
 
