@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from events.domain.aggregates import CLUSTER_TYPES, Cluster
 from events.log.envelope import Event, RecordedEvent
 
-STREAMS = frozenset({"trial", "experiment", "agent"})
+STREAMS = frozenset({"trial", "experiment", "agent", "task"})
 """The stream types the scheduler appends its decisions to."""
 
 TYPES = CLUSTER_TYPES

@@ -1,5 +1,5 @@
-"""The whole cluster folded: every managed experiment, trial and agent, and the links between
-them, each aggregate by its own fold.
+"""The whole cluster folded: every managed experiment, trial, task and agent, and the links
+between them, each aggregate by its own fold.
 
 The scheduler plans on a :class:`Cluster` (adding only its own bookkeeping); the API answers
 the agent list and "the cluster as it was at position p" from one. Cross-aggregate facts are
@@ -21,27 +21,37 @@ from events.domain.aggregates.experiment import (
     ExperimentView,
     apply_experiment,
 )
+from events.domain.aggregates.task import TASK_FACTS, TaskView, apply_task
 from events.domain.aggregates.trial import TRIAL_FACTS, AllocationView, TrialView, apply_trial
-from events.domain.names import agent_of_stream
+from events.domain.names import agent_of_stream, task_of_stream
 from events.domain.types import (
     ExperimentContinued,
     ExperimentSubmitted,
     SlotsAllocated,
     SlotsReleased,
+    TaskAllocated,
+    TaskExited,
     TrialRequested,
 )
 from events.log.envelope import Event, RecordedEvent
 
-CLUSTER_FACTS = (*AGENT_FACTS, "SlotsAllocated", "SlotsReleased")
+CLUSTER_FACTS = (
+    *AGENT_FACTS,
+    "SlotsAllocated",
+    "SlotsReleased",
+    "TaskRequested",
+    "TaskAllocated",
+    "TaskExited",
+)
 """What :func:`fold_cluster` needs for the agent list (agent streams, and the slot use)."""
 
-CLUSTER_TYPES = frozenset((*EXPERIMENT_FACTS, *TRIAL_FACTS, *AGENT_FACTS))
+CLUSTER_TYPES = frozenset((*EXPERIMENT_FACTS, *TRIAL_FACTS, *AGENT_FACTS, *TASK_FACTS))
 """Every type :meth:`Cluster.apply` folds."""
 
 
 @dataclass
 class Cluster:
-    """Experiments, trials and agents as of ``position``.
+    """Experiments, trials, tasks and agents as of ``position``.
 
     Unmanaged experiments (their script opens and closes its runs through the API, holding no
     slots) and their trials are not folded here.
@@ -50,6 +60,7 @@ class Cluster:
     experiments: dict[int, ExperimentView] = field(default_factory=dict)
     trials: dict[int, TrialView] = field(default_factory=dict)
     agents: dict[str, AgentView] = field(default_factory=dict)
+    tasks: dict[str, TaskView] = field(default_factory=dict)
     position: int = 0
     allocations: dict[str, int] = field(default_factory=dict)
     """Allocation id -> its trial, for every allocation ever made (ids are read, not parsed)."""
@@ -71,6 +82,8 @@ class Cluster:
             if agent is None:
                 agent = self.agents[agent_id] = AgentView(agent_id)
             apply_agent(agent, recorded, event)
+        elif (task_id := task_of_stream(recorded.stream_id)) is not None:
+            self._task_fact(task_id, recorded, event)
         elif recorded.type in EXPERIMENT_FACTS:
             self._experiment_fact(recorded, event)
         else:
@@ -111,13 +124,29 @@ class Cluster:
         if isinstance(event, SlotsAllocated):
             self.allocations[event.allocation_id] = trial.trial_id
 
+    def _task_fact(self, task_id: str, recorded: RecordedEvent, event: Event) -> None:
+        task = self.tasks.get(task_id)
+        if task is None:
+            task = self.tasks[task_id] = TaskView(task_id)
+        held = task.allocated
+        apply_task(task, recorded, event)
+        if task.allocation_id is None:
+            return
+        if isinstance(event, TaskAllocated) and task.allocation_id == event.allocation_id:
+            self._use(task.allocation_id, task.placements, hold=True)
+        elif isinstance(event, TaskExited) and held:
+            self._use(task.allocation_id, task.placements, hold=False)
+
     def _slot_use(self, event: SlotsAllocated | SlotsReleased) -> None:
-        for agent_id, slot_ids in event.placements.items():
+        self._use(event.allocation_id, event.placements, hold=isinstance(event, SlotsAllocated))
+
+    def _use(self, allocation_id: str, placements: dict[str, list[str]], *, hold: bool) -> None:
+        for agent_id, slot_ids in placements.items():
             for slot_id in slot_ids:
                 key = (agent_id, slot_id)
-                if isinstance(event, SlotsAllocated):
-                    self.slot_use[key] = event.allocation_id
-                elif self.slot_use.get(key) == event.allocation_id:
+                if hold:
+                    self.slot_use[key] = allocation_id
+                elif self.slot_use.get(key) == allocation_id:
                     del self.slot_use[key]
 
     def run_of(self, allocation_id: str) -> tuple[TrialView, AllocationView] | None:
