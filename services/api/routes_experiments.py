@@ -255,7 +255,9 @@ async def _validate_config(
         ) from None
 
 
-def _decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
+def decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
+    """The uploaded code (base64 text or raw bytes) checked to be a tar.gz within the size
+    limit; ``None`` when none was given. Raises a 400 or 413 naming ``code``."""
     if code is None or code == "":
         return None
     if isinstance(code, str):
@@ -307,10 +309,10 @@ async def create_experiment(request: web.Request) -> web.Response:
     principal = principal_of(request)
     if request.content_type.startswith("multipart/"):
         body, raw_code = await _read_multipart(request)
-        code = _decode_code(request, raw_code)
+        code = decode_code(request, raw_code)
     else:
         body = parse(CreateExperimentBody, await read_json_body(request))
-        code = _decode_code(request, body.code)
+        code = decode_code(request, body.code)
     raw_config = body.config
     if body.template is not None:
         raw_config = await with_template(store_of(request), body.template, raw_config)
