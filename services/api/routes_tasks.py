@@ -258,7 +258,7 @@ async def kill_task(request: web.Request) -> web.Response:
     "/api/v1/tasks/{task_id}/logs", allow=USERS, query=TaskLogsQuery, response=TaskLogsResponse
 )
 async def task_logs(request: web.Request) -> web.Response:
-    """The task's output lines (table ``task_logs``, keyed by the task's stream id) after
+    """The task's output lines (table ``task_logs``, rows of its ``task_id``) after
     ``after_id``; ``done`` once it ended and every line was read."""
     query = parse(TaskLogsQuery, dict(request.query))
     task = await _visible_task(request)
@@ -266,8 +266,8 @@ async def task_logs(request: web.Request) -> web.Response:
     rows = await tables.fetch(
         store,
         """SELECT id, stream, ts, line FROM task_logs
-           WHERE trial_id = $1 AND id > $2 ORDER BY id ASC LIMIT $3""",
-        task_stream(task.task_id),
+           WHERE task_id = $1 AND id > $2 ORDER BY id ASC LIMIT $3""",
+        task.task_id,
         query.after_id,
         query.limit,
     )

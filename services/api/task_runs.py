@@ -167,8 +167,8 @@ async def exited(request: web.Request, task_id: str) -> web.Response:
 
 
 async def logs(request: web.Request, task_id: str) -> web.Response:
-    """Stores a batch of the task's output lines, keyed by the task's stream id (the table's
-    ``trial_id`` column), once per ``idempotency_key``."""
+    """Stores a batch of the task's output lines (rows with ``task_id`` set and no
+    ``trial_id``), once per ``idempotency_key``."""
     allocation_id = request.match_info["allocation_id"]
     body = parse(LogsBody, await read_json(request))
     await _held(request, task_id, allocation_id)
@@ -178,14 +178,14 @@ async def logs(request: web.Request, task_id: str) -> web.Response:
     rows = await tables.fetch(
         store_of(request),
         """INSERT INTO task_logs
-               (allocation_id, trial_id, idempotency_key, seq, ts, rank, stream, line)
+               (allocation_id, task_id, idempotency_key, seq, ts, rank, stream, line)
            SELECT $1, $2, $3, u.seq, u.ts, u.rank, u.stream, u.line
            FROM unnest($4::int[], $5::timestamptz[], $6::int[], $7::text[], $8::text[])
                 AS u(seq, ts, rank, stream, line)
            ON CONFLICT (allocation_id, idempotency_key, seq) DO NOTHING
            RETURNING 1""",
         allocation_id,
-        task_stream(task_id),
+        task_id,
         body.idempotency_key,
         list(range(len(body.lines))),
         [line.ts or now for line in body.lines],
