@@ -108,6 +108,12 @@ class TaskLogsResponse(BaseModel):
     done: bool
 
 
+class KillTaskBody(BaseModel):
+    """No fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class KillTaskResponse(BaseModel):
     """The task's state when the kill was asked for, and whether an event was appended."""
 
@@ -232,12 +238,15 @@ async def get_task(request: web.Request) -> web.Response:
     return web.json_response(describe(await _visible_task(request)))
 
 
-@routes.post("/api/v1/tasks/{task_id}/kill", allow=USERS, response=KillTaskResponse)
+@routes.post(
+    "/api/v1/tasks/{task_id}/kill", allow=USERS, body=KillTaskBody, response=KillTaskResponse
+)
 async def kill_task(request: web.Request) -> web.Response:
     """Appends TaskKillRequested: a running task's agent kills it, a queued one is canceled
     (owner or admin; nothing for a task that ended)."""
     principal = principal_of(request)
     task_id = request.match_info["task_id"]
+    parse(KillTaskBody, await read_json(request))
 
     async def work(tx: Transaction) -> dict[str, Any]:
         task = await load_task(tx, task_id)
