@@ -156,7 +156,11 @@ async def exited(request: web.Request, task_id: str) -> web.Response:
     """Appends TaskExited (its outcome from the exit code and a pending kill) once."""
     body = parse(ExitedBody, await read_json(request))
     command = ReportTaskExited(
-        request.match_info["allocation_id"], body.agent_id, body.exit_code, body.message
+        request.match_info["allocation_id"],
+        body.agent_id,
+        body.exit_code,
+        body.message,
+        agent_shutdown=body.agent_shutdown,
     )
     result = await _report_once(
         request, "api.task.exited", task_id, body, lambda task: decide_task_exited(task, command)

@@ -9,10 +9,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.test_cli import Env, cli, ok, run_cli
+from tests.helpers import wait_until_sync
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +61,23 @@ def test_cmd_run_exits_with_the_commands_code_and_its_logs_show_its_output(
     )
     listed = json.loads(ok(cluster, "--json", "cmd", "list").stdout)
     assert task_id in [t["id"] for t in listed["tasks"]]
+
+
+def test_cmd_kill_stops_a_running_command(cluster: Env) -> None:
+    """A detached command that prints and sleeps is killed by `cmd kill`: it ends `killed`, its
+    slot is free again for the next command, and its output so far is kept."""
+    script = "import time; print('started', flush=True); time.sleep(600)"
+    task_id = ok(cluster, "cmd", "run", "-d", "python", "-c", script).stdout.strip()
+
+    def describe() -> dict[str, Any]:
+        return dict(json.loads(ok(cluster, "--json", "cmd", "describe", task_id).stdout))
+
+    wait_until_sync(lambda: "started" in ok(cluster, "cmd", "logs", task_id).stdout, timeout=30)
+    assert describe()["state"] == "RUNNING"
+    ok(cluster, "cmd", "kill", task_id)
+    ended = wait_until_sync(
+        lambda: (task := describe())["state"] == "TERMINATED" and task, timeout=30
+    )
+    assert ended["outcome"] == "killed"
+    done = cli(cluster, "cmd", "run", "python", "-c", "print('next')", timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "next")

@@ -122,7 +122,8 @@ def test_kill_of_a_running_task_names_its_agents_and_repeats_decide_nothing() ->
 
 
 def test_reports_from_an_agent_not_holding_the_task_are_refused() -> None:
-    """Only an agent placed in the allocation reports its start and exit; a repeat is a no-op."""
+    """Only an agent placed in the allocation reports its start and exit; a repeat is a no-op;
+    a command its agent stopped while shutting down is lost, not failed."""
     log = Log()
     request(log)
     log.add(
@@ -137,8 +138,11 @@ def test_reports_from_an_agent_not_holding_the_task_are_refused() -> None:
     assert (
         decide_task_started(fold_task(TASK, task_events(log)), ReportTaskStarted(ALLOC, "a")) == []
     )
-    done = decide_task_exited(fold_task(TASK, task_events(log)), ReportTaskExited(ALLOC, "a", 0))
+    view = fold_task(TASK, task_events(log))
+    done = decide_task_exited(view, ReportTaskExited(ALLOC, "a", 0))
     assert not isinstance(done, Refusal) and done[0].outcome == "completed"  # type: ignore[attr-defined]
+    shutdown = decide_task_exited(view, ReportTaskExited(ALLOC, "a", 143, agent_shutdown=True))
+    assert not isinstance(shutdown, Refusal) and shutdown[0].outcome == "lost"  # type: ignore[attr-defined]
 
 
 def test_planner_places_a_task_on_a_free_slot_and_frees_it_on_exit() -> None:

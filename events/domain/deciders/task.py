@@ -59,12 +59,14 @@ class ReportTaskStarted:
 
 @dataclass(frozen=True)
 class ReportTaskExited:
-    """The task's process on ``agent_id`` ended with ``exit_code``."""
+    """The task's process on ``agent_id`` ended with ``exit_code`` (``agent_shutdown``: the
+    agent stopped it because the agent itself was shutting down)."""
 
     allocation_id: str
     agent_id: str
     exit_code: int
     message: str = ""
+    agent_shutdown: bool = False
 
 
 def decide_run_command(state: TaskView, command: RunCommand) -> Decision:
@@ -144,11 +146,14 @@ def decide_task_started(state: TaskView, command: ReportTaskStarted) -> Decision
     ]
 
 
-def task_outcome(state: TaskView, exit_code: int) -> TaskOutcome:
+def task_outcome(state: TaskView, exit_code: int, *, agent_shutdown: bool = False) -> TaskOutcome:
     """How a run that exited with ``exit_code`` ended: ``killed`` when a kill was asked for,
-    else ``completed`` (0) or ``failed``."""
+    ``lost`` when its agent stopped it while shutting down (the platform ended it, not the
+    command), else ``completed`` (0) or ``failed``."""
     if state.kill_requested and exit_code != 0:
         return "killed"
+    if agent_shutdown:
+        return "lost"
     return "completed" if exit_code == 0 else "failed"
 
 
@@ -163,7 +168,7 @@ def decide_task_exited(state: TaskView, command: ReportTaskExited) -> Decision:
         TaskExited(
             task_id=state.task_id,
             allocation_id=command.allocation_id,
-            outcome=task_outcome(state, command.exit_code),
+            outcome=task_outcome(state, command.exit_code, agent_shutdown=command.agent_shutdown),
             exit_code=command.exit_code,
             message=command.message[:2000],
         )
