@@ -410,6 +410,32 @@ class Client:
 
     # ------------------------------------------------------------------ trials and checkpoints
 
+    def run_command(
+        self, argv: Sequence[str], config: dict[str, Any], context: Path | None = None
+    ) -> dict[str, Any]:
+        """Submits a command task (``argv`` run in the uploaded ``context`` directory, if any);
+        returns the task as :meth:`get_task` does."""
+        body: dict[str, Any] = {"argv": list(argv), "config": config}
+        if context is not None:
+            body["code"] = base64.b64encode(code_tarball(context)).decode()
+        return dict(self.call("POST", "/commands", body))
+
+    def list_tasks(self) -> dict[str, Any]:
+        """The caller's tasks (an admin's: everyone's): ``{"tasks": [...]}``."""
+        return dict(self.get("/tasks"))
+
+    def get_task(self, task_id: str) -> dict[str, Any]:
+        """One task: state, argv, config, allocation, outcome and exit code."""
+        return dict(self.get(f"/tasks/{urllib.parse.quote(task_id, safe='')}"))
+
+    def kill_task(self, task_id: str) -> dict[str, Any]:
+        """Asks to kill a task: ``{"id", "state", "changed"}``."""
+        return dict(self.post(f"/tasks/{urllib.parse.quote(task_id, safe='')}/kill"))
+
+    def task_logs(self, task_id: str, **query: Any) -> dict[str, Any]:
+        """One page of a task's output: ``{"logs", "next_after_id", "done"}``."""
+        return dict(self.get(f"/tasks/{urllib.parse.quote(task_id, safe='')}/logs", **query))
+
     def get_trial(self, trial_id: int) -> dict[str, Any]:
         """One trial with its allocations, checkpoints and progress."""
         return dict(self.get(f"/trials/{trial_id}"))

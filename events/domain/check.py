@@ -9,7 +9,9 @@ end-to-end) call :func:`check_log` after a run. The invariants:
 - ``allocated-twice``: two ``SlotsAllocated`` carry the same allocation id.
 - ``started-twice``: two ``TrialStarted`` carry the same allocation id.
 - ``slot-held-twice``: a slot is allocated while another live allocation holds it (an allocation
-  is live from ``SlotsAllocated`` until its ``TrialExited`` or ``SlotsReleased``).
+  is live from ``SlotsAllocated`` until its ``TrialExited`` or ``SlotsReleased``; a task's from
+  ``TaskAllocated`` until its ``TaskExited``). ``allocated-twice`` and ``started-twice`` cover
+  tasks' allocations too.
 - ``trial-overlap``: a trial is allocated while an earlier allocation of it is still live.
 - ``checkpoint-claimed-twice``: a checkpoint uuid recorded by a second ``CheckpointSaved``.
 - ``duplicate-state``: a state change to the state the aggregate is already in.
@@ -103,7 +105,8 @@ class LogChecker:
             handler(self, event, payload)
 
     def _allocated_event(self, event: RecordedEvent, p: dict[str, object]) -> None:
-        allocation_id, trial_id = str(p["allocation_id"]), str(p["trial_id"])
+        allocation_id = str(p["allocation_id"])
+        trial_id = str(p["trial_id"]) if "trial_id" in p else f"task {p['task_id']}"
         if allocation_id in self._allocated:
             self._find("allocated-twice", event, f"allocation {allocation_id} of trial {trial_id}")
         self._allocated.add(allocation_id)
@@ -138,6 +141,8 @@ class LogChecker:
         self._started.add(allocation_id)
 
     def _ended_event(self, _event: RecordedEvent, p: dict[str, object]) -> None:
+        if p.get("allocation_id") is None:
+            return  # a task canceled before it was placed
         allocation = self._live.pop(str(p["allocation_id"]), None)
         if allocation is None:
             return
@@ -248,6 +253,9 @@ _HANDLERS = {
     "CheckpointSaved": LogChecker._checkpoint_event,
     "TrialExited": LogChecker._ended_event,
     "SlotsReleased": LogChecker._ended_event,
+    "TaskAllocated": LogChecker._allocated_event,
+    "TaskStarted": LogChecker._started_event,
+    "TaskExited": LogChecker._ended_event,
     "ExperimentSubmitted": LogChecker._submitted_event,
     "ExperimentStateChanged": LogChecker._experiment_state_event,
     "TrialStateChanged": LogChecker._trial_state_event,

@@ -21,8 +21,9 @@ class Command:
     command_id: str
     kind: str
     allocation_id: str
-    trial_id: int
+    trial_id: int | None
     position: int
+    task_id: str | None = None
 
     @property
     def subject(self) -> str:
@@ -31,15 +32,16 @@ class Command:
 
     def payload(self) -> bytes:
         """The JSON body sent to the agent."""
-        return json.dumps(
-            {
-                "command_id": self.command_id,
-                "kind": self.kind,
-                "allocation_id": self.allocation_id,
-                "trial_id": self.trial_id,
-                "position": self.position,
-            }
-        ).encode()
+        body: dict[str, object] = {
+            "command_id": self.command_id,
+            "kind": self.kind,
+            "allocation_id": self.allocation_id,
+            "trial_id": self.trial_id,
+            "position": self.position,
+        }
+        if self.task_id is not None:
+            body["task_id"] = self.task_id
+        return json.dumps(body).encode()
 
 
 def agent_subject(agent_id: str) -> str:
@@ -49,12 +51,32 @@ def agent_subject(agent_id: str) -> str:
 
 
 _SIGNALS = {"PreemptionRequested": "preempt", "KillRequested": "kill"}
+_TASK_COMMANDS = {"TaskAllocated": "start", "TaskKillRequested": "kill"}
 
 
 def derive(event: RecordedEvent) -> list[Command]:
-    """Commands implied by ``event``: a ``start`` per agent of a ``SlotsAllocated``, and a
-    ``preempt``/``kill`` per agent named in a ``PreemptionRequested``/``KillRequested``."""
+    """Commands implied by ``event``: a ``start`` per agent of a ``SlotsAllocated`` or
+    ``TaskAllocated``, and a ``preempt``/``kill`` per agent named in a
+    ``PreemptionRequested``/``KillRequested``/``TaskKillRequested``."""
     payload = event.payload
+    task_kind = _TASK_COMMANDS.get(event.type)
+    if task_kind is not None:
+        alloc = payload.get("allocation_id")
+        agents = payload["placements"] if task_kind == "start" else payload.get("agent_ids", [])
+        if not alloc:
+            return []
+        return [
+            Command(
+                agent,
+                f"{task_kind}:{alloc}:{agent}",
+                task_kind,
+                str(alloc),
+                None,
+                event.position,
+                task_id=str(payload["task_id"]),
+            )
+            for agent in sorted(agents)
+        ]
     if event.type == "SlotsAllocated":
         alloc = str(payload["allocation_id"])
         return [

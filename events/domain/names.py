@@ -163,3 +163,37 @@ def sql_trial_id(column: str) -> str:
         f"(CASE WHEN {column} LIKE '%.%' THEN -(split_part({column}, '.', 1)::bigint"
         f" * {LEGACY_SCALE} + split_part({column}, '.', 2)::bigint) ELSE {column}::bigint END)"
     )
+
+
+TASK_PREFIX = "task-"
+_TASK_ID = re.compile(r"^[0-9a-f]{8,32}$", re.ASCII)
+_TASK_ALLOCATION = re.compile(r"^task-([0-9a-f]{8,32})\.([0-9]{1,9})$", re.ASCII)
+
+
+def is_task_id(text: str) -> bool:
+    """Whether ``text`` is a task id (8 to 32 lowercase hex digits, made by the API)."""
+    return _TASK_ID.match(text) is not None
+
+
+def task_stream(task_id: str) -> str:
+    """The stream of a task (``task-<id>``)."""
+    return f"{TASK_PREFIX}{task_id}"
+
+
+def task_of_stream(stream_id: str) -> str | None:
+    """The task id of a task stream, or ``None`` for any other stream."""
+    if not stream_id.startswith(TASK_PREFIX):
+        return None
+    text = stream_id[len(TASK_PREFIX) :]
+    return text if is_task_id(text) else None
+
+
+def task_allocation_id(task_id: str, run_id: int = 1) -> str:
+    """The allocation of a task's run: ``task-<id>.<run>`` (never parsed as a trial's)."""
+    return f"{TASK_PREFIX}{task_id}.{run_id}"
+
+
+def task_of_allocation(text: str) -> str | None:
+    """The task id of a task's allocation id, or ``None`` when ``text`` is not one."""
+    match = _TASK_ALLOCATION.match(text)
+    return match.group(1) if match is not None else None

@@ -75,7 +75,8 @@ class RunPlaces:
     home: Path
     tmp: Path
     checkpoint_dir: Path
-    tensorboard: Path
+    tensorboard: Path | None
+    """The trial's TensorBoard directory (``None`` for a task: it has none)."""
 
 
 def _mkdir(path: Path, mode: int) -> bool:
@@ -155,10 +156,11 @@ class Confinement:
         work: Path,
         identity: Identity | None,
         checkpoint_dir: Path,
-        experiment_id: int,
-        trial_id: int,
+        experiment_id: int | None,
+        trial_id: int | None,
     ) -> RunPlaces:
-        """Makes the run's directories its identity's (``work`` holds the unpacked code).
+        """Makes the run's directories its identity's (``work`` holds the unpacked code); a
+        task (no ``experiment_id``/``trial_id``) gets no TensorBoard directory.
 
         Raises:
             RunDirectoryError: the checkpoint directory exists and the identity may not write it.
@@ -174,6 +176,8 @@ class Confinement:
             shutil.rmtree(tmp, ignore_errors=True)
         _own(tmp, identity)
         self._shared(checkpoint_dir, identity, field="checkpoint_storage.host_path")
+        if experiment_id is None or trial_id is None:
+            return RunPlaces(work, home, tmp, checkpoint_dir, None)
         tensorboard = checkpoint_dir / tensorboard_dir(experiment_id, trial_id)
         try:
             self._tensorboard(checkpoint_dir, tensorboard, identity)

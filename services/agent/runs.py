@@ -97,8 +97,8 @@ class RunLaunching(AgentState):
                     work=work,
                     identity=identity,
                     checkpoint_dir=run.checkpoint_dir,
-                    experiment_id=run.experiment_id,
-                    trial_id=run.trial_id,
+                    experiment_id=run.experiment_id if run.task_id is None else None,
+                    trial_id=run.trial_id if run.task_id is None else None,
                 )
                 if run.num_nodes > 1:
                     failure = await self._rendezvous(alloc, run)

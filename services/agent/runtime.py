@@ -127,6 +127,8 @@ class RunSpec:
     master_port: int | None = None
     identity: Identity | None = None
     """The unix identity the owner's code runs as (the spec's ``agent_user_group``)."""
+    task_id: str | None = None
+    """Set for a task's run (a command), which is no trial's."""
 
     @classmethod
     def from_api(cls, raw: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -194,6 +196,7 @@ class RunSpec:
             node_rank=node_rank,
             num_nodes=num_nodes,
             identity=identity_of(spec.agent_user_group),
+            task_id=spec.task_id,
         )
 
 
@@ -289,6 +292,19 @@ def trial_environment(
     env["PYTHONPATH"] = os.pathsep.join(python_path_with_shim(python_path))
     if gpu_slots:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slots[s] for s in run.slot_ids if s in gpu_slots)
+    if run.task_id is not None:
+        env.update(
+            {
+                "CAIRN_MASTER": api_url.rstrip("/"),
+                "CAIRN_TASK_ID": run.task_id,
+                "CAIRN_ALLOCATION_ID": run.allocation_id,
+                "CAIRN_AGENT_ID": agent_id,
+                "CAIRN_SLOT_IDS": json.dumps(run.slot_ids),
+                "CAIRN_USER": run.user,
+                "CAIRN_CLUSTER_ID": run.cluster_id,
+            }
+        )
+        return [env]
     env.update(
         {
             "CAIRN_MASTER": api_url.rstrip("/"),

@@ -29,6 +29,7 @@ from services.api import (
     routes_rendezvous,
     routes_searcher,
     routes_series,
+    routes_tasks,
     routes_templates,
     routes_tokens,
     routes_trial_control,
@@ -71,6 +72,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_audit.routes,
     routes_usage.routes,
     routes_unmanaged.routes,
+    routes_tasks.routes,
 )
 
 

@@ -1,4 +1,7 @@
-"""Allocations (one run of a trial): spec, started/exited reports, logs, preemption long poll."""
+"""Allocations (one run of a trial): spec, started/exited reports, logs, preemption long poll.
+
+A task's allocation (``task-<id>.<run>``) is served by :mod:`services.api.task_runs` through the
+same endpoints, so an agent launches and reports a command as it does a trial's run."""
 
 from __future__ import annotations
 
@@ -19,10 +22,10 @@ from events.domain.deciders.trial import (
     decide_started,
     outcome_of,
 )
-from events.domain.names import trial_stream
+from events.domain.names import task_of_allocation, trial_stream
 from events.log.envelope import Event
 from events.log.store import Transaction
-from services.api import tables
+from services.api import tables, task_runs
 from services.api.access import MAX_POLL_SECONDS, POLL_EVERY, allocation_of_path
 from services.api.auth import (
     check_agent,
@@ -74,6 +77,9 @@ routes = RouteTable("allocations")
 )
 async def spec(request: web.Request) -> web.Response:
     """The run's launch spec, folded from the trial and experiment streams."""
+    task_id = task_of_allocation(request.match_info["allocation_id"])
+    if task_id is not None:
+        return await task_runs.spec(request, task_id)
     allocation_id, trial_id = allocation_of_path(request)
     query = parse(SpecQuery, dict(request.query))
     state = state_of(request)
@@ -123,6 +129,9 @@ async def spec(request: web.Request) -> web.Response:
 )
 async def started(request: web.Request) -> web.Response:
     """Appends TrialStarted once per allocation (repeats return the first answer)."""
+    task_id = task_of_allocation(request.match_info["allocation_id"])
+    if task_id is not None:
+        return await task_runs.started(request, task_id)
     allocation_id, trial_id = allocation_of_path(request)
     body = parse(StartedBody, await read_json(request))
     store = state_of(request).store
@@ -161,6 +170,9 @@ async def started(request: web.Request) -> web.Response:
 async def exited(request: web.Request) -> web.Response:
     """Appends TrialExited (outcome from pending preempt/kill and the exit code) and
     SlotsReleased, once per allocation."""
+    task_id = task_of_allocation(request.match_info["allocation_id"])
+    if task_id is not None:
+        return await task_runs.exited(request, task_id)
     allocation_id, trial_id = allocation_of_path(request)
     body = parse(ExitedBody, await read_json(request))
 
@@ -243,6 +255,9 @@ async def logs(request: web.Request) -> web.Response:
     """Stores a batch of log lines in one statement (table ``task_logs``): for an allocation
     the scheduler made, and from a trial's own token only while it is the live run (409
     otherwise; the agent may still ship a run's last lines after it exited)."""
+    task_id = task_of_allocation(request.match_info["allocation_id"])
+    if task_id is not None:
+        return await task_runs.logs(request, task_id)
     allocation_id, trial_id = allocation_of_path(request)
     body = parse(LogsBody, await read_json(request))
     runs = await load_run_state(store_of(request), trial_id)
@@ -282,6 +297,9 @@ async def logs(request: web.Request) -> web.Response:
 async def preemption(request: web.Request) -> web.Response:
     """Long poll: answers ``preempt: true`` as soon as the run is asked to stop (preempt or kill
     requested, or the allocation is no longer current), else ``false`` after the timeout."""
+    task_id = task_of_allocation(request.match_info["allocation_id"])
+    if task_id is not None:
+        return await task_runs.preemption(request, task_id)
     allocation_id, trial_id = allocation_of_path(request)
     query = parse(PreemptionQuery, dict(request.query))
     deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)

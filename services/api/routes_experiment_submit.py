@@ -101,7 +101,7 @@ async def validate_config(
         ) from None
 
 
-def _decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
+def decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
     if code is None or code == "":
         return None
     if isinstance(code, str):
@@ -153,10 +153,10 @@ async def create_experiment(request: web.Request) -> web.Response:
     principal = principal_of(request)
     if request.content_type.startswith("multipart/"):
         body, raw_code = await _read_multipart(request)
-        code = _decode_code(request, raw_code)
+        code = decode_code(request, raw_code)
     else:
         body = parse(CreateExperimentBody, await read_json_body(request))
-        code = _decode_code(request, body.code)
+        code = decode_code(request, body.code)
     raw_config = body.config
     if body.template is not None:
         raw_config = await with_template(store_of(request), body.template, raw_config)

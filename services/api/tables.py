@@ -189,6 +189,16 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         );
         """,
     ),
+    (
+        "0012_task_logs",
+        # A task's output (a command's) is kept beside the trials': its rows name the task
+        # (task_id) and no trial (trial_id NULL); every trial read filters on trial_id.
+        """
+        ALTER TABLE task_logs ALTER COLUMN trial_id DROP NOT NULL;
+        ALTER TABLE task_logs ADD COLUMN task_id text;
+        CREATE INDEX task_logs_task ON task_logs (task_id, id) WHERE task_id IS NOT NULL;
+        """,
+    ),
 )
 
 

@@ -109,7 +109,9 @@ class SpecResponse(BaseModel):
     active: bool
     allocation_id: str
     trial_id: int
+    """The trial this run belongs to (0 for a task's run: see ``task_id``)."""
     experiment_id: int
+    """The trial's experiment (0 for a task's run)."""
     run_id: int
     entrypoint: str | list[str] | None
     code_ref: str | None
@@ -129,6 +131,9 @@ class SpecResponse(BaseModel):
     """The unix identity the run's code runs as (``agent_uid``, ``agent_gid``, ``agent_user``,
     ``agent_group``, ``linked``): the owner's, assigned on first use unless an admin linked
     the owner to an account."""
+    task_id: str | None = None
+    """Set for a task's run (a command): the agent runs ``entrypoint`` as the owner, like a
+    trial's, but gives it no token, hyperparameters or TensorBoard directory."""
 
 
 class StartedBody(BaseModel):

@@ -3,7 +3,9 @@
 Each call looks at every live trial and answers the questions the log raises: what to do with a
 run that exited (complete, requeue, restart from the latest checkpoint, or give up), which runs
 must be signalled (pause, cancel, kill, searcher stop), which pending trials get slots now (the
-scheduling policy), and which stopping experiments are done. Decisions become events; the next
+scheduling policy), and which stopping experiments are done. Tasks (commands) share the policy
+with trials: a queued task gets its slots by the same priorities, is never preempted, and one
+killed before it was placed is canceled. Decisions become events; the next
 fold sees them, so calling the planner again on the updated state decides nothing twice.
 """
 
@@ -15,8 +17,16 @@ from dataclasses import dataclass, field
 from events.domain import lifecycle
 from events.domain.aggregates import AllocationView as Run
 from events.domain.aggregates import ExperimentView as Experiment
+from events.domain.aggregates import TaskView as Task
 from events.domain.aggregates import TrialView as Trial
-from events.domain.names import agent_stream, allocation_id, experiment_stream, trial_stream
+from events.domain.names import (
+    agent_stream,
+    allocation_id,
+    experiment_stream,
+    task_allocation_id,
+    task_stream,
+    trial_stream,
+)
 from events.domain.types import (
     AgentLost,
     ExperimentStateChanged,
@@ -24,10 +34,13 @@ from events.domain.types import (
     PreemptionRequested,
     SlotsAllocated,
     SlotsReleased,
+    TaskAllocated,
+    TaskExited,
     TrialExited,
     TrialRestarted,
     TrialStateChanged,
 )
+from events.domain.types.task import TaskOutcome
 from events.log.envelope import Event
 from services.scheduler.policy import decide
 from services.scheduler.policy.state import (
@@ -106,9 +119,27 @@ def plan(state: ClusterState, settings: Settings, reports: Reports | None = None
                 decisions.append(settled)
             elif exp.state == lifecycle.ACTIVE:
                 pending.append(trial)
-    decisions.extend(_allocate(state, pending, settings))
+    waiting: list[Task] = []
+    for task in sorted(state.tasks.values(), key=lambda t: t.requested_position):
+        if task.ended or not task.exists:
+            continue
+        if task.allocation_id is None:
+            if task.kill_requested:
+                decisions.append(_task_exit(task, "canceled", "killed before it ran"))
+            else:
+                waiting.append(task)
+        elif _placed_orphaned(state, task.placements, task.allocated_position):
+            decisions.append(_task_exit(task, "lost", "agent restarted"))
+    decisions.extend(_allocate(state, pending, settings, waiting))
     decisions.extend(_finish_experiments(state))
     return decisions
+
+
+def _task_exit(task: Task, outcome: TaskOutcome, message: str) -> Decision:
+    event = TaskExited(
+        task_id=task.task_id, allocation_id=task.allocation_id, outcome=outcome, message=message
+    )
+    return task_stream(task.task_id), event
 
 
 def _state(trial: Trial, state: str, reason: str) -> Decision:
@@ -143,9 +174,14 @@ def _after_exit(trial: Trial, run: Run, exp: Experiment) -> list[Decision]:
 
 def _orphaned(state: ClusterState, run: Run) -> bool:
     """A run whose agent registered anew after the allocation (the agent restarted) is gone."""
-    for agent_id in run.placements:
+    return _placed_orphaned(state, run.placements, run.position)
+
+
+def _placed_orphaned(state: ClusterState, placements: Mapping[str, object], position: int) -> bool:
+    """Whether an agent of ``placements`` registered anew after ``position`` (it restarted)."""
+    for agent_id in placements:
         agent = state.agents.get(agent_id)
-        if agent is not None and agent.registered_position > run.position:
+        if agent is not None and agent.registered_position > position:
             return True
     return False
 
@@ -236,8 +272,10 @@ def _unallocated(trial: Trial, exp: Experiment) -> Decision | None:
     return None
 
 
-def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> list[Decision]:
-    if not pending:
+def _allocate(
+    state: ClusterState, pending: list[Trial], settings: Settings, waiting: list[Task]
+) -> list[Decision]:
+    if not pending and not waiting:
         return []
     pool_of = {
         e.experiment_id: e.settings.pool or settings.default_pool
@@ -270,8 +308,39 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
                 weight=exp.settings.weight,
             )
         )
+    for task in state.tasks.values():
+        if task.allocated and task.allocation_id is not None:
+            allocations.append(
+                Allocation(
+                    request_id=task.allocation_id,
+                    experiment_id=task_stream(task.task_id),
+                    placements=tuple(
+                        Placement(a, tuple(s)) for a, s in sorted(task.placements.items())
+                    ),
+                    resource_pool=task.config.resources.resource_pool or settings.default_pool,
+                    priority=task.config.resources.priority,
+                    order=task.allocated_position,
+                    preemptible=False,
+                )
+            )
     requests = []
     by_request: dict[str, Trial] = {}
+    tasks: dict[str, Task] = {}
+    for task in waiting:
+        request_id = task_allocation_id(task.task_id)
+        tasks[request_id] = task
+        resources = task.config.resources
+        requests.append(
+            PendingRequest(
+                request_id=request_id,
+                experiment_id=task_stream(task.task_id),
+                slots_needed=resources.slots,
+                order=task.requested_position,
+                priority=resources.priority,
+                resource_pool=resources.resource_pool or settings.default_pool,
+                preemptible=False,
+            )
+        )
     for trial in pending:
         exp = state.experiments[trial.experiment_id]
         request_id = allocation_id(trial.trial_id, trial.run_id + 1)
@@ -289,7 +358,11 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
                 max_slots=exp.settings.max_slots,
             )
         )
-    pools = {a.resource_pool for a in agents} | set(pool_of.values())
+    pools = (
+        {a.resource_pool for a in agents}
+        | set(pool_of.values())
+        | {r.resource_pool for r in requests}
+    )
     view = ClusterView(
         agents=agents,
         pending=tuple(requests),
@@ -303,7 +376,17 @@ def _allocate(state: ClusterState, pending: list[Trial], settings: Settings) -> 
     decisions: list[Decision] = []
     running = {a.request_id: a for a in allocations}
     for decision in decide(view):
-        if isinstance(decision, Allocate):
+        if isinstance(decision, Allocate) and decision.request_id in tasks:
+            task = tasks[decision.request_id]
+            if len(decision.placements) != 1:
+                continue  # a task runs on one agent: it waits for one with enough free slots
+            placed = TaskAllocated(
+                task_id=task.task_id,
+                allocation_id=decision.request_id,
+                placements={p.agent_id: list(p.slot_ids) for p in decision.placements},
+            )
+            decisions.append((task_stream(task.task_id), placed))
+        elif isinstance(decision, Allocate):
             trial = by_request[decision.request_id]
             event = SlotsAllocated(
                 trial_id=trial.trial_id,
@@ -363,4 +446,8 @@ def reap(
             if run is None or run.exited or agent_id not in run.placements:
                 continue
             decisions.extend(_lost(trial, run, f"agent {agent_id} stopped heartbeating"))
+        for task in sorted(state.tasks.values(), key=lambda t: t.requested_position):
+            if task.allocated and agent_id in task.placements:
+                message = f"agent {agent_id} stopped heartbeating"
+                decisions.append(_task_exit(task, "lost", message))
     return decisions

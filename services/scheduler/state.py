@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from events.domain.aggregates import CLUSTER_TYPES, Cluster
 
-STREAMS = frozenset({"trial", "experiment", "agent"})
+STREAMS = frozenset({"trial", "experiment", "agent", "task"})
 """The stream types the scheduler appends its decisions to."""
 
 TYPES = CLUSTER_TYPES

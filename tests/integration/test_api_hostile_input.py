@@ -189,6 +189,7 @@ async def test_a_body_of_100000_nested_brackets_is_400_on_every_route(
             "agent_id": "gpu01",
             "allocation_id": "11.1",
             "trial_id": "11",
+            "task_id": "0123456789abcdef",
             "slot_id": "0",
             "username": "admin",
         }.items():

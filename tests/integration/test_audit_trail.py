@@ -402,6 +402,16 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
             403,
             "bob",
         ),
+        ("POST", "/api/v1/commands", "/api/v1/commands", bob, {"argv": ["true"]}, 200, "bob"),
+        (
+            "POST",
+            "/api/v1/tasks/{task_id}/kill",
+            "/api/v1/tasks/0123456789abcdef/kill",
+            bob,
+            {},
+            404,
+            "bob",
+        ),
         ("POST", "/api/v1/auth/logout", "/api/v1/auth/logout", bob, {}, 200, "bob"),
         (
             "POST",

@@ -14,6 +14,8 @@ from events.domain.types import (
     ExperimentSubmitted,
     SlotsAllocated,
     SlotsReleased,
+    TaskAllocated,
+    TaskExited,
     TrialExited,
     TrialStarted,
     TrialStateChanged,
@@ -151,3 +153,21 @@ def test_undecodable_event_is_found() -> None:
     broken = log.events[1].model_copy(update={"payload": {"trial_id": 11}})
     log.events[1] = broken
     assert "undecodable" in kinds(log)
+
+
+def test_a_task_and_a_trial_on_one_slot_is_found_and_a_freed_one_is_not() -> None:
+    """A trial given the slot a live task holds is slot-held-twice; after the task's exit (or a
+    task canceled before it was placed) the slot is free and nothing is found."""
+    task = "0123456789abcdef"
+    log = Log()
+    placed = TaskAllocated(task_id=task, allocation_id=f"task-{task}.1", placements={"a1": ["s0"]})
+    log.add(f"task-{task}", placed)
+    log.add("trial-11", allocated(11, "11.1"))
+    assert kinds(log) == ["slot-held-twice"]
+    log = Log()
+    log.add(f"task-{task}", placed)
+    ended = TaskExited(task_id=task, allocation_id=f"task-{task}.1", outcome="completed")
+    log.add(f"task-{task}", ended)
+    log.add("task-ffffffffffffffff", TaskExited(task_id="ffffffffffffffff", outcome="canceled"))
+    log.add("trial-11", allocated(11, "11.1"))
+    assert kinds(log) == []

@@ -17,6 +17,8 @@ Map:
   checkpoint, stop/kill requests, state (:class:`TrialView`).
 - :mod:`~events.domain.aggregates.summary`: a trial as the trial list shows it (the trial fold
   plus progress and metrics).
+- :mod:`~events.domain.aggregates.task`: a task (a command today): its request, its one
+  allocation, start, kill request and exit (:class:`TaskView`).
 - :mod:`~events.domain.aggregates.agent`: registration, leaving, lost, disabled slots
   (:class:`AgentView`).
 - :mod:`~events.domain.aggregates.cluster`: all of them at once, with the links between them
@@ -48,6 +50,7 @@ from events.domain.aggregates.summary import (
     fold_trial_summary,
     metric_value,
 )
+from events.domain.aggregates.task import TASK_FACTS, TaskView, apply_task, fold_task
 from events.domain.aggregates.trial import (
     TRIAL_FACTS,
     AllocationView,
@@ -63,6 +66,7 @@ __all__ = [
     "CLUSTER_FACTS",
     "CLUSTER_TYPES",
     "EXPERIMENT_FACTS",
+    "TASK_FACTS",
     "TRIAL_FACTS",
     "TRIAL_SUMMARY_FACTS",
     "AgentView",
@@ -71,10 +75,12 @@ __all__ = [
     "ExperimentView",
     "SettingsChange",
     "Starter",
+    "TaskView",
     "TrialView",
     "apply_agent",
     "apply_experiment",
     "apply_settings",
+    "apply_task",
     "apply_trial",
     "better",
     "describe_agent",
@@ -82,6 +88,7 @@ __all__ = [
     "fold_allocation",
     "fold_cluster",
     "fold_experiment",
+    "fold_task",
     "fold_trial",
     "fold_trial_summary",
     "iso",

@@ -1,5 +1,5 @@
-"""The whole cluster folded: every managed experiment, trial and agent, and the links between
-them, each aggregate by its own fold.
+"""The whole cluster folded: every managed experiment, trial, task and agent, and the links
+between them, each aggregate by its own fold.
 
 The scheduler plans on a :class:`Cluster` (adding only its own bookkeeping); the API answers
 the agent list and "the cluster as it was at position p" from one. Cross-aggregate facts are
@@ -21,25 +21,36 @@ from events.domain.aggregates.experiment import (
     ExperimentView,
     apply_experiment,
 )
+from events.domain.aggregates.task import TASK_FACTS, TaskView, apply_task
 from events.domain.aggregates.trial import TRIAL_FACTS, AllocationView, TrialView, apply_trial
-from events.domain.names import agent_of_stream
+from events.domain.names import agent_of_stream, task_of_stream
 from events.domain.types import (
     ExperimentContinued,
     ExperimentSubmitted,
     SlotsAllocated,
     SlotsReleased,
+    TaskAllocated,
+    TaskExited,
     TrialRequested,
 )
 from events.log.envelope import Event, RecordedEvent
 
-CLUSTER_FACTS = (*AGENT_FACTS, "SlotsAllocated", "SlotsReleased")
+CLUSTER_FACTS = (
+    *AGENT_FACTS,
+    "SlotsAllocated",
+    "SlotsReleased",
+    "TaskRequested",
+    "TaskAllocated",
+    "TaskExited",
+)
 """What :func:`fold_cluster` needs for the agent list (agent streams, and the slot use)."""
 
-_EXPERIMENT, _TRIAL, _AGENT = "experiment", "trial", "agent"
+_EXPERIMENT, _TRIAL, _AGENT, _TASK = "experiment", "trial", "agent", "task"
 _AGGREGATE = {
     **dict.fromkeys(EXPERIMENT_FACTS, _EXPERIMENT),
     **dict.fromkeys(TRIAL_FACTS, _TRIAL),
     **dict.fromkeys(AGENT_FACTS, _AGENT),
+    **dict.fromkeys(TASK_FACTS, _TASK),
 }
 """Event type -> the aggregate whose fold applies it."""
 _SLOT_USE = frozenset(("SlotsAllocated", "SlotsReleased"))
@@ -50,7 +61,7 @@ CLUSTER_TYPES = frozenset(_AGGREGATE)
 
 @dataclass(slots=True)
 class Cluster:
-    """Experiments, trials and agents as of ``position``.
+    """Experiments, trials, tasks and agents as of ``position``.
 
     Unmanaged experiments (their script opens and closes its runs through the API, holding no
     slots) and their trials are not folded here.
@@ -59,6 +70,7 @@ class Cluster:
     experiments: dict[int, ExperimentView] = field(default_factory=dict)
     trials: dict[int, TrialView] = field(default_factory=dict)
     agents: dict[str, AgentView] = field(default_factory=dict)
+    tasks: dict[str, TaskView] = field(default_factory=dict)
     position: int = 0
     versions: dict[str, int] = field(default_factory=dict)
     """Stream id -> its version as of ``position`` (a decider appends with the version it saw)."""
@@ -95,6 +107,10 @@ class Cluster:
                     self.allocations[event.allocation_id] = trial.trial_id
         elif aggregate is _EXPERIMENT:
             self._experiment_fact(recorded, event)
+        elif aggregate is _TASK:
+            task_id = task_of_stream(recorded.stream_id)
+            if task_id is not None:
+                self._task_fact(task_id, recorded, event)
         else:
             self._agent_fact(recorded, event)
 
@@ -132,13 +148,29 @@ class Cluster:
                 if trial is not None:
                     trial.continued()
 
+    def _task_fact(self, task_id: str, recorded: RecordedEvent, event: Event) -> None:
+        task = self.tasks.get(task_id)
+        if task is None:
+            task = self.tasks[task_id] = TaskView(task_id)
+        held = task.allocated
+        apply_task(task, recorded, event)
+        if task.allocation_id is None:
+            return
+        if isinstance(event, TaskAllocated) and task.allocation_id == event.allocation_id:
+            self._use(task.allocation_id, task.placements, hold=True)
+        elif isinstance(event, TaskExited) and held:
+            self._use(task.allocation_id, task.placements, hold=False)
+
     def _slot_use(self, event: SlotsAllocated | SlotsReleased) -> None:
-        for agent_id, slot_ids in event.placements.items():
+        self._use(event.allocation_id, event.placements, hold=isinstance(event, SlotsAllocated))
+
+    def _use(self, allocation_id: str, placements: dict[str, list[str]], *, hold: bool) -> None:
+        for agent_id, slot_ids in placements.items():
             for slot_id in slot_ids:
                 key = (agent_id, slot_id)
-                if isinstance(event, SlotsAllocated):
-                    self.slot_use[key] = event.allocation_id
-                elif self.slot_use.get(key) == event.allocation_id:
+                if hold:
+                    self.slot_use[key] = allocation_id
+                elif self.slot_use.get(key) == allocation_id:
                     del self.slot_use[key]
 
     def version(self, stream_id: str) -> int:

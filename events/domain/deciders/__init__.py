@@ -1,7 +1,8 @@
 """Deciders: each user action is a pure function ``(state, command) -> events | Refusal``.
 
 One module per aggregate: ``experiment``, ``trial`` (with ``trial_reports``, the intake of a
-run's reports), ``agent``, ``checkpoint``, ``template`` and ``identity``; the runs of unmanaged
+run's reports), ``task`` (commands and their agents' reports), ``agent``, ``checkpoint``,
+``template`` and ``identity``; the runs of unmanaged
 experiments are decided in :mod:`events.domain.unmanaged`.
 
 A decider reads only the folded state and the command it is given: no I/O, no clock (a time is

@@ -30,6 +30,13 @@ from events.domain.types.experiment_changes import (
 )
 from events.domain.types.identity import AgentUserAssigned, AgentUserLinked
 from events.domain.types.system import LeaderElected
+from events.domain.types.task import (
+    TaskAllocated,
+    TaskExited,
+    TaskKillRequested,
+    TaskRequested,
+    TaskStarted,
+)
 from events.domain.types.template import TemplateRemoved, TemplateSet
 from events.domain.types.trial import (
     CheckpointSaved,
@@ -82,6 +89,11 @@ __all__ = [
     "SlotsDisabled",
     "SlotsEnabled",
     "SlotsReleased",
+    "TaskAllocated",
+    "TaskExited",
+    "TaskKillRequested",
+    "TaskRequested",
+    "TaskStarted",
     "TemplateRemoved",
     "TemplateSet",
     "TrialAlerted",

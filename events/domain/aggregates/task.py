@@ -1,0 +1,128 @@
+"""The task fold: a task's request, its one allocation, its start, a kill request, its exit.
+
+A task's life is ``QUEUED`` (requested) -> ``ASSIGNED`` (allocated) -> ``RUNNING`` (started) ->
+``TERMINATED`` (exited); it may end from any earlier state (canceled before it ran, or its
+allocation lost). It runs at most once: nothing after ``TaskExited`` changes it, and a second
+allocation or exit is ignored, so a replayed or raced decision cannot resurrect it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from events.domain.config.task import TaskConfig
+from events.domain.types import (
+    TaskAllocated,
+    TaskExited,
+    TaskKillRequested,
+    TaskRequested,
+    TaskStarted,
+)
+from events.log.envelope import Event, RecordedEvent
+
+TASK_FACTS = ("TaskRequested", "TaskAllocated", "TaskStarted", "TaskKillRequested", "TaskExited")
+"""What :func:`apply_task` reads."""
+
+QUEUED = "QUEUED"
+ASSIGNED = "ASSIGNED"
+RUNNING = "RUNNING"
+TERMINATED = "TERMINATED"
+
+
+@dataclass
+class TaskView:
+    """A task's stream folded."""
+
+    task_id: str
+    version: int = 0
+    kind: str = ""
+    owner: str = ""
+    config: TaskConfig = field(default_factory=TaskConfig)
+    argv: list[str] = field(default_factory=list)
+    code_ref: str | None = None
+    description: str = ""
+    state: str = ""
+    requested_position: int = 0
+    requested_at: datetime | None = None
+    allocation_id: str | None = None
+    placements: dict[str, list[str]] = field(default_factory=dict)
+    run_id: int = 0
+    allocated_position: int = 0
+    agent_id: str | None = None
+    started_at: datetime | None = None
+    kill_requested: bool = False
+    kill_agents: list[str] = field(default_factory=list)
+    """The agents a kill request was sent to (empty: none was, e.g. the task was queued)."""
+    outcome: str | None = None
+    exit_code: int | None = None
+    message: str = ""
+    ended_at: datetime | None = None
+
+    @property
+    def exists(self) -> bool:
+        """Whether the task was requested."""
+        return bool(self.state)
+
+    @property
+    def ended(self) -> bool:
+        """Whether the task has exited (or was canceled)."""
+        return self.state == TERMINATED
+
+    @property
+    def allocated(self) -> bool:
+        """Whether the task holds an allocation now (allocated and not exited)."""
+        return self.allocation_id is not None and not self.ended
+
+
+def apply_task(view: TaskView, recorded: RecordedEvent, event: Event | None = None) -> None:
+    """Folds one event of the task's stream (``event``: ``recorded`` already decoded)."""
+    view.version = recorded.stream_version
+    if recorded.type not in TASK_FACTS:
+        return
+    if event is None:
+        event = recorded.decode()
+    if isinstance(event, TaskRequested):
+        if view.exists:
+            return
+        view.kind = event.kind
+        view.owner = event.owner
+        view.config = TaskConfig.model_validate(event.config)
+        view.argv = list(event.argv)
+        view.code_ref = event.code_ref
+        view.description = event.description
+        view.state = QUEUED
+        view.requested_position = recorded.position
+        view.requested_at = recorded.recorded_at
+    elif not view.exists or view.ended:
+        return
+    elif isinstance(event, TaskAllocated):
+        if view.allocation_id is None:
+            view.allocation_id = event.allocation_id
+            view.placements = {a: list(s) for a, s in event.placements.items()}
+            view.run_id = event.run_id
+            view.allocated_position = recorded.position
+            view.state = ASSIGNED
+    elif isinstance(event, TaskStarted):
+        if event.allocation_id == view.allocation_id:
+            view.agent_id = event.agent_id
+            view.started_at = recorded.recorded_at
+            view.state = RUNNING
+    elif isinstance(event, TaskKillRequested):
+        view.kill_requested = True
+        view.kill_agents = sorted(set(view.kill_agents) | set(event.agent_ids))
+    elif isinstance(event, TaskExited):
+        view.outcome = event.outcome
+        view.exit_code = event.exit_code
+        view.message = event.message
+        view.ended_at = recorded.recorded_at
+        view.state = TERMINATED
+
+
+def fold_task(task_id: str, events: Iterable[RecordedEvent]) -> TaskView:
+    """Folds a task's stream (events of :data:`TASK_FACTS`; others only move ``version``)."""
+    view = TaskView(task_id)
+    for recorded in events:
+        apply_task(view, recorded)
+    return view

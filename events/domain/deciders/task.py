@@ -1,0 +1,175 @@
+"""Deciders of a task's stream: submit a command, kill it, and its agent's started/exited reports.
+
+Pure: each reads a folded :class:`~events.domain.aggregates.task.TaskView` and a command and
+returns the events to append or a :class:`~events.domain.deciders.Refusal`. A new task's id is a
+field of its command (the API draws it), so deciding twice decides the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from events.domain.aggregates.task import TaskView
+from events.domain.config.task import TaskConfig
+from events.domain.deciders import Decision, conflict, invalid, not_found
+from events.domain.names import is_task_id
+from events.domain.types import (
+    TaskExited,
+    TaskKillRequested,
+    TaskRequested,
+    TaskStarted,
+)
+from events.domain.types.task import TaskOutcome
+
+MAX_ARGV_ITEMS = 1000
+"""The most arguments a command may have."""
+
+MAX_ARGV_CHARS = 64 * 1024
+"""The most characters a command's arguments may have together."""
+
+
+@dataclass(frozen=True)
+class RunCommand:
+    """Submit a command task: ``argv`` run in the uploaded context ``code_ref``."""
+
+    task_id: str
+    owner: str
+    argv: tuple[str, ...]
+    config: dict[str, Any] = field(default_factory=dict)
+    code_ref: str | None = None
+
+
+@dataclass(frozen=True)
+class KillTask:
+    """Kill a task (its owner or an admin, checked by the caller)."""
+
+    actor: str
+
+
+@dataclass(frozen=True)
+class ReportTaskStarted:
+    """An agent launched the task's allocation ``allocation_id``."""
+
+    allocation_id: str
+    agent_id: str
+
+
+@dataclass(frozen=True)
+class ReportTaskExited:
+    """The task's process on ``agent_id`` ended with ``exit_code`` (``agent_shutdown``: the
+    agent stopped it because the agent itself was shutting down)."""
+
+    allocation_id: str
+    agent_id: str
+    exit_code: int
+    message: str = ""
+    agent_shutdown: bool = False
+
+
+def decide_run_command(state: TaskView, command: RunCommand) -> Decision:
+    """``TaskRequested`` for a new command task; refuses a bad config, argv or id."""
+    if not is_task_id(command.task_id):
+        return invalid(f"task id {command.task_id[:40]!r} is not 8-32 hex digits", "task_id")
+    if state.exists:
+        return conflict(f"task {command.task_id} exists already", "task_id")
+    if not command.argv:
+        return invalid("argv: give the command to run", "argv")
+    if len(command.argv) > MAX_ARGV_ITEMS:
+        return invalid(f"argv: at most {MAX_ARGV_ITEMS} arguments", "argv")
+    if sum(len(a) for a in command.argv) > MAX_ARGV_CHARS:
+        return invalid(f"argv: at most {MAX_ARGV_CHARS} characters in all", "argv")
+    if any("\x00" in a for a in command.argv):
+        return invalid("argv: an argument contains a NUL character", "argv")
+    try:
+        config = TaskConfig.model_validate(command.config)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        path = ".".join(str(p) for p in ("config", *error["loc"]))
+        return invalid(f"{path}: {error['msg']}", path)
+    return [
+        TaskRequested(
+            task_id=command.task_id,
+            kind="command",
+            owner=command.owner,
+            config=config.model_dump(mode="json"),
+            argv=list(command.argv),
+            code_ref=command.code_ref,
+            description=config.description or " ".join(command.argv)[:200],
+        )
+    ]
+
+
+def decide_kill_task(state: TaskView, command: KillTask) -> Decision:
+    """``TaskKillRequested`` naming the agents running the task (none while it is queued: the
+    scheduler cancels it); nothing for a task that ended or whose kill was sent already."""
+    if not state.exists:
+        return not_found(f"no task {state.task_id}")
+    if state.ended:
+        return []
+    agents = sorted(state.placements) if state.allocated else []
+    if state.kill_requested and set(agents) <= set(state.kill_agents):
+        return []
+    return [
+        TaskKillRequested(
+            task_id=state.task_id,
+            reason=f"killed by {command.actor}",
+            allocation_id=state.allocation_id if agents else None,
+            agent_ids=agents,
+        )
+    ]
+
+
+def _reporter(state: TaskView, allocation_id: str, agent_id: str) -> Decision | None:
+    if not state.exists or state.allocation_id is None:
+        return not_found(f"no allocation {allocation_id}")
+    if allocation_id != state.allocation_id:
+        return not_found(f"no allocation {allocation_id}")
+    if agent_id not in state.placements:
+        return conflict(f"agent {agent_id} holds no part of {allocation_id}", "agent_id")
+    return None
+
+
+def decide_task_started(state: TaskView, command: ReportTaskStarted) -> Decision:
+    """``TaskStarted`` once; nothing for a repeat or a task that already ended."""
+    refusal = _reporter(state, command.allocation_id, command.agent_id)
+    if refusal is not None:
+        return refusal
+    if state.ended or state.started_at is not None:
+        return []
+    return [
+        TaskStarted(
+            task_id=state.task_id, allocation_id=command.allocation_id, agent_id=command.agent_id
+        )
+    ]
+
+
+def task_outcome(state: TaskView, exit_code: int, *, agent_shutdown: bool = False) -> TaskOutcome:
+    """How a run that exited with ``exit_code`` ended: ``killed`` when a kill was asked for,
+    ``lost`` when its agent stopped it while shutting down (the platform ended it, not the
+    command), else ``completed`` (0) or ``failed``."""
+    if state.kill_requested and exit_code != 0:
+        return "killed"
+    if agent_shutdown:
+        return "lost"
+    return "completed" if exit_code == 0 else "failed"
+
+
+def decide_task_exited(state: TaskView, command: ReportTaskExited) -> Decision:
+    """``TaskExited`` with the exit code; nothing when the task ended already (e.g. lost)."""
+    refusal = _reporter(state, command.allocation_id, command.agent_id)
+    if refusal is not None:
+        return refusal
+    if state.ended:
+        return []
+    return [
+        TaskExited(
+            task_id=state.task_id,
+            allocation_id=command.allocation_id,
+            outcome=task_outcome(state, command.exit_code, agent_shutdown=command.agent_shutdown),
+            exit_code=command.exit_code,
+            message=command.message[:2000],
+        )
+    ]

@@ -1,0 +1,93 @@
+"""Facts on a task's stream (``task-<id>``, see :mod:`events.domain.names`).
+
+A task is interactive or one-off work on the cluster that is not a trial: today a ``command``
+(Determined's ``det cmd run``); notebooks, shells and TensorBoards will be further ``kind``
+values of the same events. A task runs at most once: it is never preempted and never restarted,
+so its stream holds one request, at most one allocation and one exit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from events.log.envelope import Event
+from events.log.registry import register
+
+TaskKind = Literal["command"]
+"""What a task runs (more kinds come with notebooks, shells and TensorBoards)."""
+
+TaskOutcome = Literal["completed", "failed", "killed", "canceled", "lost"]
+"""How a task ended: its process exited 0 (``completed``) or not (``failed``), it was killed
+while running, canceled before it ran, or its agent lost it."""
+
+
+@register
+class TaskRequested(Event):
+    """A user submitted a task: what to run (``argv`` in the uploaded context ``code_ref``),
+    with which validated config (:class:`events.domain.config.task.TaskConfig`)."""
+
+    event_type = "TaskRequested"
+    schema_version = 1
+
+    task_id: str
+    kind: TaskKind
+    owner: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    argv: list[str]
+    code_ref: str | None = None
+    description: str = ""
+
+
+@register
+class TaskAllocated(Event):
+    """The scheduler placed the task: its slots on one agent (none for a zero-slot task)."""
+
+    event_type = "TaskAllocated"
+    schema_version = 1
+
+    task_id: str
+    allocation_id: str
+    placements: dict[str, list[str]] = Field(description="agent id -> slot ids")
+    run_id: int = 1
+
+
+@register
+class TaskStarted(Event):
+    """An agent launched the task's process."""
+
+    event_type = "TaskStarted"
+    schema_version = 1
+
+    task_id: str
+    allocation_id: str
+    agent_id: str
+
+
+@register
+class TaskKillRequested(Event):
+    """The owner (or an admin) asked to kill the task; ``agent_ids`` are the agents running it
+    (none when it was not allocated yet: the scheduler then cancels it)."""
+
+    event_type = "TaskKillRequested"
+    schema_version = 1
+
+    task_id: str
+    reason: str
+    allocation_id: str | None = None
+    agent_ids: list[str] = Field(default_factory=list)
+
+
+@register
+class TaskExited(Event):
+    """The task ended; its slots (if it held any) are free again."""
+
+    event_type = "TaskExited"
+    schema_version = 1
+
+    task_id: str
+    allocation_id: str | None = None
+    outcome: TaskOutcome
+    exit_code: int | None = None
+    message: str = ""

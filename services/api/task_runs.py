@@ -1,0 +1,209 @@
+"""A task's allocation as its agent sees it: the launch spec, the started and exited reports, the
+output lines. The allocation routes (:mod:`services.api.routes_allocations`) hand an allocation
+id of a task (``task-<id>.<run>``) here, so an agent launches a command through the same
+endpoints, the same runtime and the same confinement as a trial's run.
+
+Only an agent holding the allocation (or an admin) may call these: a task's process gets no
+token at all, so nothing it runs can report as the task or read another's spec. Each report is
+applied once (the inbox claims the allocation, as for a trial's run), and its events are decided
+by :mod:`events.domain.deciders.task` over the stream version folded here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from events.domain.aggregates import TaskView
+from events.domain.deciders import Decision
+from events.domain.deciders.task import (
+    ReportTaskExited,
+    ReportTaskStarted,
+    decide_task_exited,
+    decide_task_started,
+)
+from events.domain.names import task_stream
+from events.log.store import Transaction
+from services.api import tables
+from services.api.auth import check_agent, check_holder, principal_of
+from services.api.decided import accepted, append_decided
+from services.api.errors import forbidden, not_found, parse, read_json
+from services.api.identities import identity_for_run
+from services.api.inbox import claim, in_transaction, record
+from services.api.routes_agents import check_incarnation
+from services.api.routes_master import cluster_id as load_cluster_id
+from services.api.routes_tasks import load_task
+from services.api.routing import state_of, store_of
+from services.api.views import environment_variables
+from services.contracts.agent import ExitedBody, LogsBody, SpecQuery, SpecResponse, StartedBody
+
+log = structlog.get_logger("api")
+
+
+async def _held(request: web.Request, task_id: str, allocation_id: str) -> TaskView:
+    """The task, if ``allocation_id`` is its allocation and the caller may act for it."""
+    principal = principal_of(request)
+    if principal.kind == "trial":
+        raise forbidden("a trial's token has no business with a task's allocation")
+    task = await load_task(store_of(request), task_id)
+    if task.allocation_id != allocation_id:
+        raise not_found(f"no allocation {allocation_id}")
+    check_holder(principal, allocation_id, task.run_id, task.placements)
+    return task
+
+
+async def spec(request: web.Request, task_id: str) -> web.Response:
+    """The launch spec of the task's allocation (``active: false`` once it ended)."""
+    allocation_id = request.match_info["allocation_id"]
+    task = await _held(request, task_id, allocation_id)
+    query = parse(SpecQuery, dict(request.query))
+    principal = principal_of(request)
+    if principal.kind == "agent":
+        check_agent(principal, query.agent_id or principal.name)
+    agent_id = query.agent_id or (
+        principal.name if principal.kind == "agent" else next(iter(task.placements), None)
+    )
+    state = state_of(request)
+    identity = await identity_for_run(state.store, task.owner)
+    config = task.config.model_dump(mode="json")
+    body = SpecResponse(
+        active=not task.ended,
+        allocation_id=allocation_id,
+        trial_id=0,
+        experiment_id=0,
+        run_id=task.run_id,
+        entrypoint=list(task.argv),
+        code_ref=task.code_ref,
+        hparams={},
+        trial_seed=0,
+        latest_checkpoint=None,
+        steps_completed=0,
+        token="",
+        checkpoint_storage=None,
+        environment_variables=environment_variables(config, "cpu"),
+        slot_ids=list(task.placements.get(agent_id or "", [])),
+        placements=task.placements,
+        config=config,
+        user=task.owner,
+        cluster_id=await load_cluster_id(state.store),
+        agent_user_group=identity.to_json(),
+        task_id=task_id,
+    )
+    return web.json_response(body.model_dump(mode="json"))
+
+
+async def _report_once(
+    request: web.Request,
+    source: str,
+    task_id: str,
+    body: StartedBody | ExitedBody,
+    decide: Callable[[TaskView], Decision],
+) -> dict[str, Any]:
+    """An agent's report, applied once per allocation (repeats get the first answer back)."""
+    allocation_id = request.match_info["allocation_id"]
+    principal = principal_of(request)
+    check_agent(principal, body.agent_id)
+    if isinstance(body, StartedBody):
+        check_incarnation(principal, body.incarnation)
+    await _held(request, task_id, allocation_id)
+
+    async def work(tx: Transaction) -> dict[str, Any]:
+        fresh, previous = await claim(tx, source, allocation_id)
+        if not fresh:
+            return {**(previous or {}), "duplicate": True}
+        task = await load_task(tx, task_id)
+        events = accepted(decide(task))
+        await append_decided(
+            tx,
+            task_stream(task_id),
+            events,
+            expected_version=task.version,
+            actor=f"agent:{body.agent_id}",
+            causation_id=body.idempotency_key,
+        )
+        outcome = next((getattr(e, "outcome", None) for e in events), None)
+        result = {
+            "allocation_id": allocation_id,
+            "appended": [event.event_type for event in events],
+            "duplicate": False,
+            "outcome": outcome,
+        }
+        await record(tx, source, allocation_id, result)
+        return result
+
+    return await in_transaction(store_of(request), work)
+
+
+async def started(request: web.Request, task_id: str) -> web.Response:
+    """Appends TaskStarted once per allocation."""
+    body = parse(StartedBody, await read_json(request))
+    command = ReportTaskStarted(request.match_info["allocation_id"], body.agent_id)
+    result = await _report_once(
+        request,
+        "api.task.started",
+        task_id,
+        body,
+        lambda task: decide_task_started(task, command),
+    )
+    return web.json_response(result)
+
+
+async def exited(request: web.Request, task_id: str) -> web.Response:
+    """Appends TaskExited (its outcome from the exit code and a pending kill) once."""
+    body = parse(ExitedBody, await read_json(request))
+    command = ReportTaskExited(
+        request.match_info["allocation_id"],
+        body.agent_id,
+        body.exit_code,
+        body.message,
+        agent_shutdown=body.agent_shutdown,
+    )
+    result = await _report_once(
+        request, "api.task.exited", task_id, body, lambda task: decide_task_exited(task, command)
+    )
+    if result["appended"] and not result["duplicate"]:
+        log.info("task exited", task_id=task_id, outcome=result["outcome"])
+    return web.json_response(result)
+
+
+async def logs(request: web.Request, task_id: str) -> web.Response:
+    """Stores a batch of the task's output lines (rows with ``task_id`` set and no
+    ``trial_id``), once per ``idempotency_key``."""
+    allocation_id = request.match_info["allocation_id"]
+    body = parse(LogsBody, await read_json(request))
+    await _held(request, task_id, allocation_id)
+    if not body.lines:
+        return web.json_response({"inserted": 0})
+    now = datetime.now(UTC)
+    rows = await tables.fetch(
+        store_of(request),
+        """INSERT INTO task_logs
+               (allocation_id, task_id, idempotency_key, seq, ts, rank, stream, line)
+           SELECT $1, $2, $3, u.seq, u.ts, u.rank, u.stream, u.line
+           FROM unnest($4::int[], $5::timestamptz[], $6::int[], $7::text[], $8::text[])
+                AS u(seq, ts, rank, stream, line)
+           ON CONFLICT (allocation_id, idempotency_key, seq) DO NOTHING
+           RETURNING 1""",
+        allocation_id,
+        task_id,
+        body.idempotency_key,
+        list(range(len(body.lines))),
+        [line.ts or now for line in body.lines],
+        [line.rank for line in body.lines],
+        [line.stream for line in body.lines],
+        [line.line.replace("\x00", "") for line in body.lines],
+    )
+    return web.json_response({"inserted": len(rows)})
+
+
+async def preemption(request: web.Request, task_id: str) -> web.Response:
+    """Answers at once (a task is never preempted): ``preempt`` once a kill was asked for,
+    ``current: false`` once the task ended."""
+    task = await _held(request, task_id, request.match_info["allocation_id"])
+    return web.json_response(
+        {"preempt": task.kill_requested or task.ended, "current": not task.ended}
+    )
