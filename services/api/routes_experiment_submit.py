@@ -102,6 +102,8 @@ async def validate_config(
 
 
 def decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
+    """The uploaded code (base64 text or raw bytes) checked to be a tar.gz within the size
+    limit; ``None`` when none was given. Raises a 400 or 413 naming ``code``."""
     if code is None or code == "":
         return None
     if isinstance(code, str):
