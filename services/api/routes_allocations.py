@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -25,7 +24,7 @@ from events.domain.deciders.trial import (
 from events.domain.names import task_of_allocation, trial_stream
 from events.log.envelope import Event
 from events.log.store import Transaction
-from services.api import tables, task_runs
+from services.api import task_runs
 from services.api.access import MAX_POLL_SECONDS, POLL_EVERY, allocation_of_path
 from services.api.auth import (
     check_agent,
@@ -38,6 +37,7 @@ from services.api.errors import parse, read_json
 from services.api.identities import identity_for_run
 from services.api.inbox import claim, in_transaction, record
 from services.api.limits import BATCH_MAX_BODY
+from services.api.log_lines import store_lines
 from services.api.routes_agents import check_incarnation
 from services.api.routes_master import cluster_id as load_cluster_id
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, state_of, store_of
@@ -264,28 +264,7 @@ async def logs(request: web.Request) -> web.Response:
     runs.check_allocation(allocation_id, live=principal_of(request).kind == "trial")
     alloc = runs.trial.allocations[allocation_id]
     check_holder(principal_of(request), allocation_id, alloc.run_id, alloc.placements)
-    if not body.lines:
-        return web.json_response({"inserted": 0})
-    now = datetime.now(UTC)
-    rows = await tables.fetch(
-        store_of(request),
-        """INSERT INTO task_logs
-               (allocation_id, trial_id, idempotency_key, seq, ts, rank, stream, line)
-           SELECT $1, $2, $3, u.seq, u.ts, u.rank, u.stream, u.line
-           FROM unnest($4::int[], $5::timestamptz[], $6::int[], $7::text[], $8::text[])
-                AS u(seq, ts, rank, stream, line)
-           ON CONFLICT (allocation_id, idempotency_key, seq) DO NOTHING
-           RETURNING 1""",
-        allocation_id,
-        trial_id,
-        body.idempotency_key,
-        list(range(len(body.lines))),
-        [line.ts or now for line in body.lines],
-        [line.rank for line in body.lines],
-        [line.stream for line in body.lines],
-        [line.line.replace("\x00", "") for line in body.lines],
-    )
-    return web.json_response({"inserted": len(rows)})
+    return await store_lines(request, allocation_id, "trial_id", trial_id, body)
 
 
 @routes.get(

@@ -12,7 +12,6 @@ by :mod:`events.domain.deciders.task` over the stream version folded here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -28,12 +27,12 @@ from events.domain.deciders.task import (
 )
 from events.domain.names import task_stream
 from events.log.store import Transaction
-from services.api import tables
 from services.api.auth import check_agent, check_holder, principal_of
 from services.api.decided import accepted, append_decided
 from services.api.errors import forbidden, not_found, parse, read_json
 from services.api.identities import identity_for_run
 from services.api.inbox import claim, in_transaction, record
+from services.api.log_lines import store_lines
 from services.api.routes_agents import check_incarnation
 from services.api.routes_master import cluster_id as load_cluster_id
 from services.api.routes_tasks import load_task
@@ -176,28 +175,7 @@ async def logs(request: web.Request, task_id: str) -> web.Response:
     allocation_id = request.match_info["allocation_id"]
     body = parse(LogsBody, await read_json(request))
     await _held(request, task_id, allocation_id)
-    if not body.lines:
-        return web.json_response({"inserted": 0})
-    now = datetime.now(UTC)
-    rows = await tables.fetch(
-        store_of(request),
-        """INSERT INTO task_logs
-               (allocation_id, task_id, idempotency_key, seq, ts, rank, stream, line)
-           SELECT $1, $2, $3, u.seq, u.ts, u.rank, u.stream, u.line
-           FROM unnest($4::int[], $5::timestamptz[], $6::int[], $7::text[], $8::text[])
-                AS u(seq, ts, rank, stream, line)
-           ON CONFLICT (allocation_id, idempotency_key, seq) DO NOTHING
-           RETURNING 1""",
-        allocation_id,
-        task_id,
-        body.idempotency_key,
-        list(range(len(body.lines))),
-        [line.ts or now for line in body.lines],
-        [line.rank for line in body.lines],
-        [line.stream for line in body.lines],
-        [line.line.replace("\x00", "") for line in body.lines],
-    )
-    return web.json_response({"inserted": len(rows)})
+    return await store_lines(request, allocation_id, "task_id", task_id, body)
 
 
 async def preemption(request: web.Request, task_id: str) -> web.Response:
