@@ -20,6 +20,7 @@ from events.domain.config import ConfigError, ConfigTooLargeError, ConfigWarning
 from events.domain.config.cluster import CheckpointStoragePolicy
 from events.domain.deciders.experiment import SubmitExperiment, decide_submit
 from events.domain.names import experiment_stream
+from events.log.store import Transaction
 from services.api import tables
 from services.api.auth import principal_of
 from services.api.decided import append_decided
@@ -101,6 +102,24 @@ async def validate_config(
         ) from None
 
 
+def code_ref_of(code: bytes | None) -> str | None:
+    """The content address of uploaded code (``sha256:<hex>``), or ``None`` for none."""
+    return f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
+
+
+async def store_code(tx: Transaction, code_ref: str | None, code: bytes | None) -> None:
+    """Stores uploaded code under its content address in ``tx`` (once: a repeat is a no-op)."""
+    if code is None:
+        return
+    await tx.conn.execute(
+        "INSERT INTO code_blobs (code_ref, data, size) VALUES ($1, $2, $3) "
+        "ON CONFLICT (code_ref) DO NOTHING",
+        code_ref,
+        code,
+        len(code),
+    )
+
+
 def decode_code(request: web.Request, code: str | bytes | None) -> bytes | None:
     """The uploaded code (base64 text or raw bytes) checked to be a tar.gz within the size
     limit; ``None`` when none was given. Raises a 400 or 413 naming ``code``."""
@@ -164,18 +183,11 @@ async def create_experiment(request: web.Request) -> web.Response:
         raw_config = await with_template(store_of(request), body.template, raw_config)
     config, warnings = await validate_config(request, raw_config)
     check_host_requests(request, config)
-    code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
+    code_ref = code_ref_of(code)
     store = store_of(request)
     experiment_id = await store.next_experiment_id()
     async with store.transaction() as tx:
-        if code is not None:
-            await tx.conn.execute(
-                "INSERT INTO code_blobs (code_ref, data, size) VALUES ($1, $2, $3) "
-                "ON CONFLICT (code_ref) DO NOTHING",
-                code_ref,
-                code,
-                len(code),
-            )
+        await store_code(tx, code_ref, code)
         submitted = decide_submit(
             SubmitExperiment(
                 experiment_id=experiment_id,

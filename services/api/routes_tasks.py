@@ -9,7 +9,6 @@ projection of tasks yet).
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from typing import Any
 
@@ -34,7 +33,7 @@ from services.api.decided import accepted, append_decided
 from services.api.errors import forbidden, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.limits import EXPERIMENT_MAX_BODY
-from services.api.routes_experiment_submit import decode_code
+from services.api.routes_experiment_submit import code_ref_of, decode_code, store_code
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import Reader, read_facts
 
@@ -181,7 +180,7 @@ async def create_command(request: web.Request) -> web.Response:
     principal = principal_of(request)
     body = parse(CreateCommandBody, await read_json(request))
     code = decode_code(request, body.code)
-    code_ref = f"sha256:{hashlib.sha256(code).hexdigest()}" if code is not None else None
+    code_ref = code_ref_of(code)
     command = RunCommand(
         task_id=uuid.uuid4().hex[:16],
         owner=principal.name,
@@ -193,14 +192,7 @@ async def create_command(request: web.Request) -> web.Response:
     async def work(tx: Transaction) -> dict[str, Any]:
         view = TaskView(command.task_id)
         events = accepted(decide_run_command(view, command))
-        if code is not None:
-            await tx.conn.execute(
-                "INSERT INTO code_blobs (code_ref, data, size) VALUES ($1, $2, $3) "
-                "ON CONFLICT (code_ref) DO NOTHING",
-                code_ref,
-                code,
-                len(code),
-            )
+        await store_code(tx, code_ref, code)
         recorded = await append_decided(
             tx, task_stream(command.task_id), events, expected_version=0, actor=principal.name
         )
