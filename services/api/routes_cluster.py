@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from events.domain.config.scheduling import DEFAULT_PRIORITY
+from events.domain.config.experiment_settings import DEFAULT_PRIORITY
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
 from services.api.errors import parse

@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
 from events.domain import lifecycle
+from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.deciders.experiment import (
     MAX_LABELS,
     ChangeSettings,
@@ -197,16 +198,16 @@ async def patch_experiment(request: web.Request) -> web.Response:
     )
     for event in events:
         after.config = apply_settings(after.config, event)
-    labels = after.config.get("labels")
+    settings = ExperimentSettings.of(after.config)
     changed = [type(e).event_type for e in events]
     if changed:
         log.info("experiment changed", experiment_id=experiment_id, facts=changed)
     return web.json_response(
         {
             "id": experiment_id,
-            "name": after.config.get("name"),
-            "description": after.config.get("description"),
-            "labels": list(labels) if isinstance(labels, list) else [],
+            "name": settings.name,
+            "description": settings.description,
+            "labels": list(settings.labels),
             "priority": after.resources.get("priority"),
             "weight": after.resources.get("weight"),
             "max_slots": after.resources.get("max_slots"),

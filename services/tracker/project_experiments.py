@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from events.domain.aggregates import SettingsChange, apply_settings
-from events.domain.config.scheduling import Scheduling
+from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.lifecycle import (
     DELETED,
     TERMINAL,
@@ -43,12 +43,7 @@ async def experiment_submitted(
     conn: Connection, e: ExperimentSubmitted, at: datetime, position: int
 ) -> None:
     """Inserts the experiment's row from its config (a repeat changes nothing)."""
-    config = e.config
-    searcher = _mapping(config.get("searcher"))
-    resources = _mapping(config.get("resources"))
-    labels = config.get("labels")
-    settings = Scheduling.of(config)
-    max_trials = searcher.get("max_trials")
+    settings = e.settings
     await conn.execute(
         """INSERT INTO tr_experiments (experiment_id, name, description, labels, owner, state,
                archived, searcher_name, searcher_metric, smaller_is_better, max_trials, config,
@@ -57,18 +52,18 @@ async def experiment_submitted(
                    $16)
            ON CONFLICT (experiment_id) DO NOTHING""",
         e.experiment_id,
-        str(config.get("name") or ""),
-        str(config.get("description") or ""),
-        list(labels) if isinstance(labels, list | tuple) else [],
+        settings.name or "",
+        settings.description or "",
+        list(settings.labels),
         e.owner,
         initial_experiment_state(e.activate),
-        str(searcher.get("name") or ""),
+        settings.searcher_name or "",
         settings.metric or "",
         settings.smaller_is_better,
-        max_trials if isinstance(max_trials, int) and not isinstance(max_trials, bool) else None,
-        config,
+        settings.max_trials,
+        e.config,
         e.code_ref,
-        str(resources.get("resource_pool") or "default"),
+        settings.pool or "default",
         at,
         position,
         e.unmanaged,
@@ -113,15 +108,15 @@ async def experiment_setting(conn: Connection, e: SettingsChange) -> None:
     if config is None:
         return
     changed = apply_settings(_mapping(config), e)
-    labels = changed.get("labels")
+    settings = ExperimentSettings.of(changed)
     await conn.execute(
         """UPDATE tr_experiments SET config = $2, name = $3, description = $4, labels = $5
            WHERE experiment_id = $1""",
         e.experiment_id,
         changed,
-        str(changed.get("name") or ""),
-        str(changed.get("description") or ""),
-        [str(label) for label in labels] if isinstance(labels, list) else [],
+        settings.name or "",
+        settings.description or "",
+        list(settings.labels),
     )
 
 
@@ -137,8 +132,8 @@ async def experiment_continued(conn: Connection, e: ExperimentContinued) -> None
            WHERE experiment_id = $1""",
         e.experiment_id,
         e.config,
-        str(e.config.get("name") or ""),
-        str(e.config.get("description") or ""),
+        e.settings.name or "",
+        e.settings.description or "",
     )
     for trial in e.trials:
         await conn.execute(

@@ -10,6 +10,7 @@ import pytest
 from events.domain import lifecycle
 from events.domain.aggregates import ExperimentView, TrialView
 from events.domain.config import parse_config
+from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.deciders import Refusal
 from events.domain.deciders.experiment import (
     MAX_LABELS,
@@ -47,7 +48,9 @@ EXP = 7
 
 
 def experiment(state: str = lifecycle.ACTIVE, **fields: Any) -> ExperimentView:
-    """A submitted experiment of alice's in ``state``."""
+    """A submitted experiment of alice's in ``state`` (its settings read from ``config``)."""
+    if "config" in fields:
+        fields.setdefault("settings", ExperimentSettings.of(fields["config"]))
     return ExperimentView(EXP, version=3, submitted=True, owner="alice", state=state, **fields)
 
 

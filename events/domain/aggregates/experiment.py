@@ -9,7 +9,7 @@ from typing import Any
 
 from events.domain import lifecycle
 from events.domain.aggregates.common import iso
-from events.domain.config.scheduling import Scheduling
+from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.config.secrets import mask_secrets
 from events.domain.types import (
     ExperimentArchived,
@@ -64,7 +64,7 @@ class ExperimentView:
     version: int = 0
     submitted: bool = False
     config: dict[str, Any] = field(default_factory=dict)
-    settings: Scheduling = field(default_factory=Scheduling)
+    settings: ExperimentSettings = field(default_factory=ExperimentSettings)
     code_ref: str | None = None
     warnings: list[dict[str, str]] = field(default_factory=list)
     owner: str = ""
@@ -124,7 +124,6 @@ class ExperimentView:
 
     def describe(self) -> dict[str, Any]:
         """The experiment as ``GET /api/v1/experiments/{id}`` shows it (secrets masked)."""
-        labels = self.config.get("labels")
         return {
             "id": self.experiment_id,
             "state": self.state,
@@ -132,9 +131,9 @@ class ExperimentView:
             "code_ref": self.code_ref,
             "config": mask_secrets(self.config),
             "warnings": self.warnings,
-            "name": self.config.get("name"),
-            "description": self.config.get("description"),
-            "labels": labels if isinstance(labels, list) else [],
+            "name": self.settings.name,
+            "description": self.settings.description,
+            "labels": list(self.settings.labels),
             "priority": self.resources.get("priority"),
             "weight": self.resources.get("weight"),
             "max_slots": self.resources.get("max_slots"),
@@ -189,7 +188,7 @@ def apply_experiment(
     if isinstance(event, ExperimentSubmitted):
         view.submitted = True
         view.config = event.config
-        view.settings = Scheduling.of(event.config)
+        view.settings = event.settings
         view.code_ref = event.code_ref
         view.warnings = [w.model_dump() for w in event.warnings]
         view.owner = event.owner
@@ -209,14 +208,14 @@ def apply_experiment(
         view.archived = event.archived
     elif isinstance(event, SettingsChange):
         view.config = apply_settings(view.config, event)
-        view.settings = Scheduling.of(view.config)
+        view.settings = ExperimentSettings.of(view.config)
     elif isinstance(event, ExperimentContinued):
         if not lifecycle.can_continue(view.state):
             return False
         view.state = lifecycle.ACTIVE
         view.ended_at = None
         view.config = dict(event.config)
-        view.settings = Scheduling.of(view.config)
+        view.settings = event.settings
         for continued in event.trials:
             requested = view.trials.get(continued.trial_id)
             if requested is not None:

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from events.domain.config.scheduling import DEFAULT_PRIORITY
+from events.domain.config.experiment_settings import DEFAULT_PRIORITY
 
 MAX_TASK_SLOTS = 64
 """The most slots one task may ask for (a task runs on one agent)."""

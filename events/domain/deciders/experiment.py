@@ -235,13 +235,13 @@ def decide_settings(
         return conflict(f"experiment {exp_id} is {view.state}; it cannot be changed")
     actor = command.actor
     events: list[SettingsChange] = []
-    if command.name is not None and command.name != view.config.get("name"):
+    if command.name is not None and command.name != view.settings.name:
         events.append(ExperimentRenamed(experiment_id=exp_id, name=command.name, actor=actor))
-    if command.description is not None and command.description != view.config.get("description"):
+    if command.description is not None and command.description != view.settings.description:
         events.append(
             ExperimentDescribed(experiment_id=exp_id, description=command.description, actor=actor)
         )
-    current = [str(x) for x in view.config.get("labels") or []]
+    current = list(view.settings.labels)
     if command.labels is not None or command.add_labels or command.remove_labels:
         labels = _labels_after(current, command)
         if len(labels) > MAX_LABELS:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.config.ignored import ConfigWarning
 from events.domain.types.legacy import integer_trial_id, legacy_ordinal
 from events.log.envelope import Event
@@ -27,6 +29,9 @@ class ExperimentSubmitted(Event):
     are opened and closed by the script through the API. ``external_id`` is the name its owner
     gave it (``core_v2.Config.external_experiment_id``), unique per owner. Version 2 payloads
     are managed experiments without one.
+
+    ``config`` is stored as the JSON it was validated as; readers act on :attr:`settings`, its
+    typed fields with the config models' defaults.
     """
 
     event_type = "ExperimentSubmitted"
@@ -40,6 +45,11 @@ class ExperimentSubmitted(Event):
     warnings: list[ConfigWarning] = Field(default_factory=list)
     unmanaged: bool = False
     external_id: str | None = Field(None, min_length=1, max_length=MAX_EXTERNAL_ID)
+
+    @cached_property
+    def settings(self) -> ExperimentSettings:
+        """The config's typed settings (read once, defaults applied)."""
+        return ExperimentSettings.of(self.config)
 
 
 @upcaster("ExperimentSubmitted", 1)

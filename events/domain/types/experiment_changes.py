@@ -9,10 +9,12 @@ config is always the submitted one with these changes applied in log order.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.types.legacy import integer_trial_id
 from events.log.envelope import Event
 from events.log.registry import register, upcaster
@@ -106,6 +108,11 @@ class ExperimentContinued(Event):
     trials: list[ContinuedTrial] = Field(min_length=1)
     config: dict[str, Any]
     actor: str = ""
+
+    @cached_property
+    def settings(self) -> ExperimentSettings:
+        """The config's typed settings (read once, defaults applied)."""
+        return ExperimentSettings.of(self.config)
 
     @property
     def trial_ids(self) -> list[int]:

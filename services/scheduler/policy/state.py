@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
-from events.domain.config.scheduling import DEFAULT_PRIORITY as DEFAULT_PRIORITY
+from events.domain.config.experiment_settings import DEFAULT_PRIORITY as DEFAULT_PRIORITY
 
 MIN_PRIORITY = 1
 """Most important priority."""
