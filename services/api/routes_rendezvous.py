@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from events.domain.aggregates.rendezvous import Rendezvous, fold_rendezvous
 from events.domain.deciders.trial import JoinRendezvous, RendezvousState, decide_join
 from events.domain.names import trial_stream
 from events.log.store import Transaction
@@ -23,7 +24,6 @@ from services.api.auth import Principal, check_agent, check_holder, principal_of
 from services.api.decided import append_accepted
 from services.api.errors import parse, read_json
 from services.api.inbox import claim, in_transaction, record
-from services.api.rendezvous import Rendezvous, fold_rendezvous
 from services.api.routing import AGENTS, TRIAL_OR_AGENT, RouteTable, store_of
 from services.api.views import Reader, allocation_of, load_trial, read_facts
 from services.contracts.agent import RendezvousJoinBody, RendezvousQuery, RendezvousResponse

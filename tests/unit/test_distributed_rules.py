@@ -16,9 +16,9 @@ from cairn.launch.torch_distributed import torchrun_argv
 from cairn.local.options import ClusterOptions
 from cairn.local.supervisor import Supervisor
 from cairn.local.topology import service_names
+from events.domain.aggregates.rendezvous import fold_rendezvous
 from events.log.envelope import Metadata, RecordedEvent
 from services.agent.runtime import RunSpec, launcher_argv, trial_environment
-from services.api.rendezvous import fold_rendezvous
 from tests.agent_specs import spec_answer
 
 PLACEMENTS = {"agent-b": ["0", "1"], "agent-a": ["0", "1"]}

@@ -21,6 +21,8 @@ Map:
   allocation, start, kill request and exit (:class:`TaskView`).
 - :mod:`~events.domain.aggregates.agent`: registration, leaving, lost, disabled slots
   (:class:`AgentView`).
+- :mod:`~events.domain.aggregates.rendezvous`: the rendezvous of a run on several agents (its
+  joins, node ranks and chief; :class:`Rendezvous`).
 - :mod:`~events.domain.aggregates.cluster`: all of them at once, with the links between them
   (:class:`Cluster`: what the scheduler plans on).
 """
