@@ -1,7 +1,8 @@
 """Routes decide nothing: a ``routes_*`` module appends to the log only through
 :func:`services.api.decided.append_decided` the events a decider returned, stamps no event
 metadata itself and holds no decide/build closure; and a decider (``events.domain.deciders``)
-is pure: it imports no I/O, no clock and no randomness. Synthetic sources show each rule can
+is pure: it imports no I/O, no clock and no randomness, and so is a fold
+(``events.domain.aggregates``). Synthetic sources show each rule can
 fail."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ROUTES = sorted((ROOT / "services" / "api").glob("routes_*.py"))
 DECIDERS = sorted((ROOT / "events" / "domain" / "deciders").glob("*.py"))
+FOLDS = sorted((ROOT / "events" / "domain" / "aggregates").glob("*.py"))
 
 DECIDER_SOURCES = ("events.domain.deciders", "events.domain.unmanaged")
 """Where the decisions a route appends come from."""
@@ -106,6 +108,13 @@ def test_routes_append_only_decided_events(path: Path) -> None:
 def test_deciders_are_pure(path: Path) -> None:
     """A decider module imports no I/O, clock or randomness and calls none: a time or an id is
     a field of the command."""
+    assert decider_problems(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", FOLDS, ids=lambda p: p.stem)
+def test_folds_are_pure(path: Path) -> None:
+    """A fold module (``events.domain.aggregates``) holds to the deciders' rule: no I/O, clock or
+    randomness, so the state at a position is the fold of the log up to it."""
     assert decider_problems(path.read_text()) == []
 
 
