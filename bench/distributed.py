@@ -24,8 +24,14 @@ from typing import Any
 import aiohttp
 
 from bench.common import BenchContext, Report, per_second, progress
-from bench.trials import FineMeasure, _Cluster, _code_tarball, _config, _wait_terminal
-from cairn.local.servers import ServerProcess, start_nats
+from bench.trials import (
+    FineMeasure,
+    _Cluster,
+    _cluster_on,
+    _code_tarball,
+    _config,
+    _wait_terminal,
+)
 from events.domain.names import experiment_stream, trial_stream
 from events.log.store import EventStore
 
@@ -93,14 +99,7 @@ async def run(ctx: BenchContext) -> Report:
     batches = ctx.scaled(600, minimum=2 * VALIDATE_EVERY)
     work = ctx.tmp / "distributed"
     work.mkdir(parents=True, exist_ok=True)
-    nats: ServerProcess | None = None
-    cluster: _Cluster | None = None
-    store: EventStore | None = None
-    try:
-        dsn = await ctx.create_database("bench_distributed")
-        store = await EventStore.connect(dsn, max_size=2)
-        nats = await asyncio.to_thread(start_nats, work / "nats")
-        cluster = _Cluster(dsn, nats.url, work)
+    async with _cluster_on(ctx, "bench_distributed", work) as (cluster, store):
         progress("distributed: starting the services and two 2-slot agents")
         await asyncio.to_thread(cluster.start_services)
         for agent in ("a", "b"):
@@ -118,17 +117,6 @@ async def run(ctx: BenchContext) -> Report:
                 f"  {results[slots]['samples_per_s']:,.0f} samples/s; SlotsAllocated -> all "
                 f"ranks training {results[slots]['allocated_to_all_training_s']:.2f}s"
             )
-    except BaseException:
-        if cluster is not None:
-            print(cluster.logs(), flush=True)
-        raise
-    finally:
-        if cluster is not None:
-            await cluster.close()
-        if store is not None:
-            await store.close()
-        if nats is not None:
-            await asyncio.to_thread(nats.stop)
     four, one = results[4], results[1]
     report.measures.append(
         FineMeasure(

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -138,6 +138,40 @@ class _Cluster(ProcessCluster):
         body = {"config": config, "code": code, "activate": True}
         data = await self.request("POST", "/experiments", body)
         return int(data["id"])
+
+
+@contextlib.asynccontextmanager
+async def _cluster_on(
+    ctx: BenchContext, database: str, work: Path, *, stopping: str = ""
+) -> AsyncIterator[tuple[_Cluster, EventStore]]:
+    """A :class:`_Cluster` (not started) and a store on a fresh database ``database``, with a
+    nats-server of its own under ``work``.
+
+    On the way out the cluster's logs are printed if the body failed, then ``stopping`` (if any)
+    is printed as progress and the cluster, the store and the nats-server are stopped.
+    """
+    nats: ServerProcess | None = None
+    cluster: _Cluster | None = None
+    store: EventStore | None = None
+    try:
+        dsn = await ctx.create_database(database)
+        store = await EventStore.connect(dsn, max_size=2)
+        nats = await asyncio.to_thread(start_nats, work / "nats")
+        cluster = _Cluster(dsn, nats.url, work)
+        yield cluster, store
+    except BaseException:
+        if cluster is not None:
+            print(cluster.logs(), flush=True)
+        raise
+    finally:
+        if stopping:
+            progress(stopping)
+        if cluster is not None:
+            await cluster.close()
+        if store is not None:
+            await store.close()
+        if nats is not None:
+            await asyncio.to_thread(nats.stop)
 
 
 async def _wait_for_agent(store: EventStore, cluster: _Cluster, timeout: float = 60.0) -> None:
@@ -403,14 +437,10 @@ async def run(ctx: BenchContext) -> Report:
         f"({bare_digits['wall_s']:.2f}s; script's timer {bare_digits['script_batches_per_s']:,.0f})"
     )
 
-    nats: ServerProcess | None = None
-    cluster: _Cluster | None = None
-    store: EventStore | None = None
-    try:
-        dsn = await ctx.create_database("bench_trials")
-        store = await EventStore.connect(dsn, max_size=2)
-        nats = await asyncio.to_thread(start_nats, work / "nats")
-        cluster = _Cluster(dsn, nats.url, work)
+    async with _cluster_on(ctx, "bench_trials", work, stopping="trials: stopping the cluster") as (
+        cluster,
+        store,
+    ):
         progress("trials: starting relay, searcher, scheduler, api and a 2-slot agent")
         t0 = time.perf_counter()
         await cluster.launch()
@@ -435,18 +465,6 @@ async def run(ctx: BenchContext) -> Report:
             f"({cairn_digits['wall_s']:.2f}s; script's timer "
             f"{cairn_digits['script_batches_per_s']:,.0f})"
         )
-    except BaseException:
-        if cluster is not None:
-            print(cluster.logs(), flush=True)
-        raise
-    finally:
-        progress("trials: stopping the cluster")
-        if cluster is not None:
-            await cluster.close()
-        if store is not None:
-            await store.close()
-        if nats is not None:
-            await asyncio.to_thread(nats.stop)
 
     report.measures += [
         FineMeasure(
