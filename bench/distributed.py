@@ -28,11 +28,9 @@ from bench.trials import (
     FineMeasure,
     _Cluster,
     _cluster_on,
-    _code_tarball,
     _config,
-    _wait_terminal,
+    _run_one_trial,
 )
-from events.domain.names import experiment_stream, trial_stream
 from events.log.store import EventStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,15 +50,9 @@ async def _one_run(
     config["name"] = f"bench-ddp-{slots}"
     config["max_restarts"] = 0
     config["resources"] = {"slots_per_trial": slots}
-    experiment_id = await cluster.submit(config, _code_tarball(DIGITS))
-    await _wait_terminal(store, cluster, experiment_id, timeout=600)
-    (trial_id,) = [
-        int(e.payload["trial_id"])
-        for e in await store.read_stream(experiment_stream(experiment_id))
-        if e.type == "TrialRequested"
-    ]
-    events = await store.read_stream(trial_stream(trial_id))
-    allocated = next(e for e in events if e.type == "SlotsAllocated")
+    ended = await _run_one_trial(cluster, store, config, DIGITS, timeout=600)
+    trial_id = ended.trial_id
+    allocated = next(e for e in ended.events if e.type == "SlotsAllocated")
     rows: list[Any] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the agents ship their last lines around the exit
@@ -83,7 +75,7 @@ async def _one_run(
     samples = (b1 - b0) * int(HPARAMS["batch_size"])
     ready = max(firsts.values())
     return {
-        "experiment_id": experiment_id,
+        "experiment_id": ended.experiment_id,
         "ranks": slots,
         "agents": len(allocated.payload["placements"]),
         "samples": samples,

@@ -207,6 +207,33 @@ async def _wait_terminal(
     raise RuntimeError(f"experiment {experiment_id} not done in {timeout:.0f}s\n{cluster.logs()}")
 
 
+@dataclass(frozen=True)
+class _Ended:
+    """A single-trial experiment that ran to its end."""
+
+    experiment_id: int
+    trial_id: int
+    done: RecordedEvent
+    """Its terminal ``ExperimentStateChanged``."""
+    events: list[RecordedEvent]
+    """Its trial's stream."""
+
+
+async def _run_one_trial(
+    cluster: _Cluster, store: EventStore, config: dict[str, Any], code: Path, timeout: float
+) -> _Ended:
+    """Submits a single-trial experiment of ``config`` and ``code``, waits until it ends."""
+    experiment_id = await cluster.submit(config, _code_tarball(code))
+    done = await _wait_terminal(store, cluster, experiment_id, timeout=timeout)
+    (trial_id,) = [
+        int(e.payload["trial_id"])
+        for e in await store.read_stream(experiment_stream(experiment_id))
+        if e.type == "TrialRequested"
+    ]
+    events = await store.read_stream(trial_stream(trial_id))
+    return _Ended(experiment_id, trial_id, done, events)
+
+
 def _config(config_file: Path, hparams: dict[str, Any], checkpoints: Path) -> dict[str, Any]:
     """An example's experiment config with ``hparams`` set and checkpoints under ``checkpoints``."""
     config: dict[str, Any] = copy.deepcopy(load_yaml(config_file.read_text(), str(config_file)))
@@ -380,16 +407,10 @@ async def _cairn_digits(
     config = _config(DIGITS / "const.yaml", hparams, tmp / "digits-checkpoints")
     config["name"] = "bench-digits"
     config["max_restarts"] = 0
-    experiment_id = await cluster.submit(config, _code_tarball(DIGITS))
-    done = await _wait_terminal(store, cluster, experiment_id, timeout=300)
-    (trial_id,) = [
-        int(e.payload["trial_id"])
-        for e in await store.read_stream(experiment_stream(experiment_id))
-        if e.type == "TrialRequested"
-    ]
-    events = await store.read_stream(trial_stream(trial_id))
-    started = next(e for e in events if e.type == "TrialStarted")
-    exited = [e for e in events if e.type == "TrialExited"][-1]
+    ended = await _run_one_trial(cluster, store, config, DIGITS, timeout=300)
+    trial_id = ended.trial_id
+    started = next(e for e in ended.events if e.type == "TrialStarted")
+    exited = [e for e in ended.events if e.type == "TrialExited"][-1]
     last = f"batch {batches}:"
     deadline = time.monotonic() + 30
     rows: list[Any] = []
@@ -402,12 +423,12 @@ async def _cairn_digits(
             break
         await asyncio.sleep(0.1)
     result = _rate_from_lines([(r["ts"].timestamp(), r["line"]) for r in rows])
-    result["experiment_id"] = experiment_id
+    result["experiment_id"] = ended.experiment_id
     result["started_to_exited_s"] = round(
         (exited.recorded_at - started.recorded_at).total_seconds(), 3
     )
     result["started_to_completed_s"] = round(
-        (done.recorded_at - started.recorded_at).total_seconds(), 3
+        (ended.done.recorded_at - started.recorded_at).total_seconds(), 3
     )
     return result
 
