@@ -24,9 +24,13 @@ from typing import Any
 import aiohttp
 
 from bench.common import BenchContext, Report, per_second, progress
-from bench.trials import FineMeasure, _Cluster, _code_tarball, _config, _wait_terminal
-from cairn.local.servers import ServerProcess, start_nats
-from events.domain.names import experiment_stream, trial_stream
+from bench.trials import (
+    FineMeasure,
+    _Cluster,
+    _cluster_on,
+    _config,
+    _run_one_trial,
+)
 from events.log.store import EventStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,15 +50,9 @@ async def _one_run(
     config["name"] = f"bench-ddp-{slots}"
     config["max_restarts"] = 0
     config["resources"] = {"slots_per_trial": slots}
-    experiment_id = await cluster.submit(config, _code_tarball(DIGITS))
-    await _wait_terminal(store, cluster, experiment_id, timeout=600)
-    (trial_id,) = [
-        int(e.payload["trial_id"])
-        for e in await store.read_stream(experiment_stream(experiment_id))
-        if e.type == "TrialRequested"
-    ]
-    events = await store.read_stream(trial_stream(trial_id))
-    allocated = next(e for e in events if e.type == "SlotsAllocated")
+    ended = await _run_one_trial(cluster, store, config, DIGITS, timeout=600)
+    trial_id = ended.trial_id
+    allocated = next(e for e in ended.events if e.type == "SlotsAllocated")
     rows: list[Any] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # the agents ship their last lines around the exit
@@ -77,7 +75,7 @@ async def _one_run(
     samples = (b1 - b0) * int(HPARAMS["batch_size"])
     ready = max(firsts.values())
     return {
-        "experiment_id": experiment_id,
+        "experiment_id": ended.experiment_id,
         "ranks": slots,
         "agents": len(allocated.payload["placements"]),
         "samples": samples,
@@ -93,14 +91,7 @@ async def run(ctx: BenchContext) -> Report:
     batches = ctx.scaled(600, minimum=2 * VALIDATE_EVERY)
     work = ctx.tmp / "distributed"
     work.mkdir(parents=True, exist_ok=True)
-    nats: ServerProcess | None = None
-    cluster: _Cluster | None = None
-    store: EventStore | None = None
-    try:
-        dsn = await ctx.create_database("bench_distributed")
-        store = await EventStore.connect(dsn, max_size=2)
-        nats = await asyncio.to_thread(start_nats, work / "nats")
-        cluster = _Cluster(dsn, nats.url, work)
+    async with _cluster_on(ctx, "bench_distributed", work) as (cluster, store):
         progress("distributed: starting the services and two 2-slot agents")
         await asyncio.to_thread(cluster.start_services)
         for agent in ("a", "b"):
@@ -118,17 +109,6 @@ async def run(ctx: BenchContext) -> Report:
                 f"  {results[slots]['samples_per_s']:,.0f} samples/s; SlotsAllocated -> all "
                 f"ranks training {results[slots]['allocated_to_all_training_s']:.2f}s"
             )
-    except BaseException:
-        if cluster is not None:
-            print(cluster.logs(), flush=True)
-        raise
-    finally:
-        if cluster is not None:
-            await cluster.close()
-        if store is not None:
-            await store.close()
-        if nats is not None:
-            await asyncio.to_thread(nats.stop)
     four, one = results[4], results[1]
     report.measures.append(
         FineMeasure(

@@ -119,6 +119,20 @@ def _spawn(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
         )
 
 
+def _cairn_env(dsn: str, ready: Path, **more: str) -> dict[str, str]:
+    """The environment of a cairn process this bench starts: this checkout importable, no fault
+    points, ``ready`` touched once it serves, its database ``dsn`` (it carries the password: kept
+    off the command line), and the variables ``more``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CAIRN_FAULTS": "",
+        "CAIRN_READY_FILE": str(ready),
+        "CAIRN_DB": dsn,
+        **more,
+    }
+
+
 async def _wait_for(
     check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str, log: Path, timeout: float
 ) -> None:
@@ -228,14 +242,7 @@ async def _live(store: EventStore, dsn: str, url: str, n: int, work: Path) -> fl
     (``python -m bench.ingest --tracker``: catch-ups every ``LIVE_CATCH_UP_EVERY`` seconds,
     as bus wake-ups would trigger them)."""
     ready, log = work / "tracker.ready", work / "tracker.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CAIRN_FAULTS": "",
-        "CAIRN_READY_FILE": str(ready),
-        "CAIRN_DB": dsn,
-        "CAIRN_CHECKPOINT_ROOT": str(work / "checkpoints"),
-    }
+    env = _cairn_env(dsn, ready, CAIRN_CHECKPOINT_ROOT=str(work / "checkpoints"))
     proc = _spawn([sys.executable, "-m", "bench.ingest", "--tracker"], log, env)
     try:
         await _wait_for(ready.exists, proc, "the tracker", log, timeout=60)
@@ -282,13 +289,7 @@ async def _cairn(ctx: BenchContext, n: int, work: Path, report: Report) -> dict[
     dsn = await ctx.create_database("bench_ingest")
     port = _free_port()
     ready, log = work / "api.ready", work / "api.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CAIRN_FAULTS": "",
-        "CAIRN_READY_FILE": str(ready),
-        "CAIRN_DB": dsn,  # it carries the password: kept off the command line
-    }
+    env = _cairn_env(dsn, ready)
     proc = _spawn([sys.executable, "-m", "services.api", "--port", str(port)], log, env)
     store: EventStore | None = None
     figures: dict[str, Any] = {}

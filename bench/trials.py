@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -140,6 +140,40 @@ class _Cluster(ProcessCluster):
         return int(data["id"])
 
 
+@contextlib.asynccontextmanager
+async def _cluster_on(
+    ctx: BenchContext, database: str, work: Path, *, stopping: str = ""
+) -> AsyncIterator[tuple[_Cluster, EventStore]]:
+    """A :class:`_Cluster` (not started) and a store on a fresh database ``database``, with a
+    nats-server of its own under ``work``.
+
+    On the way out the cluster's logs are printed if the body failed, then ``stopping`` (if any)
+    is printed as progress and the cluster, the store and the nats-server are stopped.
+    """
+    nats: ServerProcess | None = None
+    cluster: _Cluster | None = None
+    store: EventStore | None = None
+    try:
+        dsn = await ctx.create_database(database)
+        store = await EventStore.connect(dsn, max_size=2)
+        nats = await asyncio.to_thread(start_nats, work / "nats")
+        cluster = _Cluster(dsn, nats.url, work)
+        yield cluster, store
+    except BaseException:
+        if cluster is not None:
+            print(cluster.logs(), flush=True)
+        raise
+    finally:
+        if stopping:
+            progress(stopping)
+        if cluster is not None:
+            await cluster.close()
+        if store is not None:
+            await store.close()
+        if nats is not None:
+            await asyncio.to_thread(nats.stop)
+
+
 async def _wait_for_agent(store: EventStore, cluster: _Cluster, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -171,6 +205,33 @@ async def _wait_terminal(
         cluster.check_alive()
         await asyncio.sleep(0.05)
     raise RuntimeError(f"experiment {experiment_id} not done in {timeout:.0f}s\n{cluster.logs()}")
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A single-trial experiment that ran to its end."""
+
+    experiment_id: int
+    trial_id: int
+    done: RecordedEvent
+    """Its terminal ``ExperimentStateChanged``."""
+    events: list[RecordedEvent]
+    """Its trial's stream."""
+
+
+async def _run_one_trial(
+    cluster: _Cluster, store: EventStore, config: dict[str, Any], code: Path, timeout: float
+) -> _Ended:
+    """Submits a single-trial experiment of ``config`` and ``code``, waits until it ends."""
+    experiment_id = await cluster.submit(config, _code_tarball(code))
+    done = await _wait_terminal(store, cluster, experiment_id, timeout=timeout)
+    (trial_id,) = [
+        int(e.payload["trial_id"])
+        for e in await store.read_stream(experiment_stream(experiment_id))
+        if e.type == "TrialRequested"
+    ]
+    events = await store.read_stream(trial_stream(trial_id))
+    return _Ended(experiment_id, trial_id, done, events)
 
 
 def _config(config_file: Path, hparams: dict[str, Any], checkpoints: Path) -> dict[str, Any]:
@@ -346,16 +407,10 @@ async def _cairn_digits(
     config = _config(DIGITS / "const.yaml", hparams, tmp / "digits-checkpoints")
     config["name"] = "bench-digits"
     config["max_restarts"] = 0
-    experiment_id = await cluster.submit(config, _code_tarball(DIGITS))
-    done = await _wait_terminal(store, cluster, experiment_id, timeout=300)
-    (trial_id,) = [
-        int(e.payload["trial_id"])
-        for e in await store.read_stream(experiment_stream(experiment_id))
-        if e.type == "TrialRequested"
-    ]
-    events = await store.read_stream(trial_stream(trial_id))
-    started = next(e for e in events if e.type == "TrialStarted")
-    exited = [e for e in events if e.type == "TrialExited"][-1]
+    ended = await _run_one_trial(cluster, store, config, DIGITS, timeout=300)
+    trial_id = ended.trial_id
+    started = next(e for e in ended.events if e.type == "TrialStarted")
+    exited = [e for e in ended.events if e.type == "TrialExited"][-1]
     last = f"batch {batches}:"
     deadline = time.monotonic() + 30
     rows: list[Any] = []
@@ -368,12 +423,12 @@ async def _cairn_digits(
             break
         await asyncio.sleep(0.1)
     result = _rate_from_lines([(r["ts"].timestamp(), r["line"]) for r in rows])
-    result["experiment_id"] = experiment_id
+    result["experiment_id"] = ended.experiment_id
     result["started_to_exited_s"] = round(
         (exited.recorded_at - started.recorded_at).total_seconds(), 3
     )
     result["started_to_completed_s"] = round(
-        (done.recorded_at - started.recorded_at).total_seconds(), 3
+        (ended.done.recorded_at - started.recorded_at).total_seconds(), 3
     )
     return result
 
@@ -403,14 +458,10 @@ async def run(ctx: BenchContext) -> Report:
         f"({bare_digits['wall_s']:.2f}s; script's timer {bare_digits['script_batches_per_s']:,.0f})"
     )
 
-    nats: ServerProcess | None = None
-    cluster: _Cluster | None = None
-    store: EventStore | None = None
-    try:
-        dsn = await ctx.create_database("bench_trials")
-        store = await EventStore.connect(dsn, max_size=2)
-        nats = await asyncio.to_thread(start_nats, work / "nats")
-        cluster = _Cluster(dsn, nats.url, work)
+    async with _cluster_on(ctx, "bench_trials", work, stopping="trials: stopping the cluster") as (
+        cluster,
+        store,
+    ):
         progress("trials: starting relay, searcher, scheduler, api and a 2-slot agent")
         t0 = time.perf_counter()
         await cluster.launch()
@@ -435,18 +486,6 @@ async def run(ctx: BenchContext) -> Report:
             f"({cairn_digits['wall_s']:.2f}s; script's timer "
             f"{cairn_digits['script_batches_per_s']:,.0f})"
         )
-    except BaseException:
-        if cluster is not None:
-            print(cluster.logs(), flush=True)
-        raise
-    finally:
-        progress("trials: stopping the cluster")
-        if cluster is not None:
-            await cluster.close()
-        if store is not None:
-            await store.close()
-        if nats is not None:
-            await asyncio.to_thread(nats.stop)
 
     report.measures += [
         FineMeasure(

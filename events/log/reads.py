@@ -72,11 +72,74 @@ def row_to_event(row: Any) -> RecordedEvent:
 
 
 class LogReads:
-    """The reads of the log beyond whole streams and position ranges (see the module doc)."""
+    """The reads of the log (see the module doc)."""
 
     def _reading(self) -> contextlib.AbstractAsyncContextManager[Connection]:
         """The connection a read runs on (the transaction's, or one from the pool)."""
         raise NotImplementedError
+
+    async def read_all(
+        self,
+        after: int = 0,
+        *,
+        upto: int | None = None,
+        limit: int = 1000,
+        types: Iterable[str] | None = None,
+        envelopes: Iterable[str] = (),
+    ) -> list[RecordedEvent]:
+        """Reads committed events with ``after < position <= upto`` in position order.
+
+        Args:
+            after: read positions above this one.
+            upto: read positions up to this one (``None``: the head).
+            limit: at most this many events.
+            types: event types to read (``None``: all).
+            envelopes: stream types (``trial``, ``agent``, ...) whose events of other types are
+                read too, as envelopes with an empty payload: enough for a reader to know each
+                of those streams' versions without paying for payloads it does not fold.
+        """
+        type_list = sorted(set(types)) if types is not None else None
+        categories = sorted(set(envelopes))
+        async with self._reading() as conn:
+            if type_list is None or not categories:
+                rows = await conn.fetch(
+                    f"""SELECT {COLUMNS} FROM events
+                        WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                          AND ($3::text[] IS NULL OR type = ANY($3))
+                        ORDER BY position LIMIT $4""",
+                    after,
+                    upto,
+                    type_list,
+                    limit,
+                )
+            else:
+                rows = await conn.fetch(
+                    """SELECT position, stream_id, stream_version, event_id, type, schema_version,
+                              CASE WHEN type = ANY($3) THEN payload ELSE '{}'::jsonb END
+                                  AS payload,
+                              metadata, recorded_at
+                       FROM events
+                       WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
+                         AND (type = ANY($3) OR split_part(stream_id, '-', 1) = ANY($5))
+                       ORDER BY position LIMIT $4""",
+                    after,
+                    upto,
+                    type_list,
+                    limit,
+                    categories,
+                )
+        return [row_to_event(r) for r in rows]
+
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        """Reads one stream's events after ``after_version`` in version order."""
+        async with self._reading() as conn:
+            rows = await conn.fetch(
+                f"""SELECT {COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2
+                    ORDER BY stream_version""",
+                stream_id,
+                after_version,
+            )
+        return [row_to_event(r) for r in rows]
 
     async def head(self) -> int:
         """The highest committed position (0 for an empty log)."""

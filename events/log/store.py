@@ -27,7 +27,7 @@ from events.log.envelope import (
 )
 from events.log.errors import ConcurrencyError, EventTooLargeError, FencedError
 from events.log.limits import MAX_EVENT_BYTES, encoded, largest_part
-from events.log.reads import COLUMNS, LogReads, row_to_event
+from events.log.reads import LogReads, row_to_event
 from events.log.registry import encode
 
 NOTIFY_CHANNEL = "cairn_events"
@@ -37,7 +37,6 @@ _LOCK_APPENDS = "SELECT cairn_lock_appends()"
 # One statement appends (migration 0006_append_function): it takes the append lock, checks the
 # fence and the expected version, inserts and queues the wake-up.
 _APPEND = "SELECT * FROM cairn_append($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
-_COLUMNS = COLUMNS
 
 __all__ = ["EventStore", "Fence", "Transaction", "lease_stream", "read_checkpoint", "row_to_event"]
 
@@ -226,32 +225,6 @@ class Transaction(LogReads):
             await faults.point("store.before_commit")
         return recorded
 
-    async def read_all(
-        self,
-        after: int = 0,
-        *,
-        upto: int | None = None,
-        limit: int = 1000,
-        types: Iterable[str] | None = None,
-        envelopes: Iterable[str] = (),
-    ) -> list[RecordedEvent]:
-        """Reads committed events with ``after < position <= upto`` in position order.
-
-        Args:
-            after: read positions above this one.
-            upto: read positions up to this one (``None``: the head).
-            limit: at most this many events.
-            types: event types to read (``None``: all).
-            envelopes: stream types (``trial``, ``agent``, ...) whose events of other types are
-                read too, as envelopes with an empty payload: enough for a reader to know each
-                of those streams' versions without paying for payloads it does not fold.
-        """
-        return await _read_all(self.conn, after, upto, limit, types, envelopes)
-
-    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
-        """Reads one stream's events after ``after_version`` in version order."""
-        return await _read_stream(self.conn, stream_id, after_version)
-
     async def next_trial_id(self) -> int:
         """Takes a new cluster-wide trial id from sequence ``trial_ids`` (never reused; a
         rolled-back transaction leaves a gap)."""
@@ -277,55 +250,6 @@ class Transaction(LogReads):
             name,
             position,
         )
-
-
-async def _read_all(
-    conn: Connection,
-    after: int,
-    upto: int | None,
-    limit: int,
-    types: Iterable[str] | None,
-    envelopes: Iterable[str] = (),
-) -> list[RecordedEvent]:
-    type_list = sorted(set(types)) if types is not None else None
-    categories = sorted(set(envelopes))
-    if type_list is None or not categories:
-        rows = await conn.fetch(
-            f"""SELECT {_COLUMNS} FROM events
-                WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
-                  AND ($3::text[] IS NULL OR type = ANY($3))
-                ORDER BY position LIMIT $4""",
-            after,
-            upto,
-            type_list,
-            limit,
-        )
-    else:
-        rows = await conn.fetch(
-            """SELECT position, stream_id, stream_version, event_id, type, schema_version,
-                      CASE WHEN type = ANY($3) THEN payload ELSE '{}'::jsonb END AS payload,
-                      metadata, recorded_at
-               FROM events
-               WHERE position > $1 AND ($2::bigint IS NULL OR position <= $2)
-                 AND (type = ANY($3) OR split_part(stream_id, '-', 1) = ANY($5))
-               ORDER BY position LIMIT $4""",
-            after,
-            upto,
-            type_list,
-            limit,
-            categories,
-        )
-    return [row_to_event(r) for r in rows]
-
-
-async def _read_stream(conn: Connection, stream_id: str, after_version: int) -> list[RecordedEvent]:
-    rows = await conn.fetch(
-        f"""SELECT {_COLUMNS} FROM events WHERE stream_id = $1 AND stream_version > $2
-            ORDER BY stream_version""",
-        stream_id,
-        after_version,
-    )
-    return [row_to_event(r) for r in rows]
 
 
 class EventStore(LogReads):
@@ -447,19 +371,6 @@ class EventStore(LogReads):
                 stream_id, events, expected_version=expected_version, fence=fence
             )
 
-    async def read_all(
-        self,
-        after: int = 0,
-        *,
-        upto: int | None = None,
-        limit: int = 1000,
-        types: Iterable[str] | None = None,
-        envelopes: Iterable[str] = (),
-    ) -> list[RecordedEvent]:
-        """Reads committed events in position order; see :meth:`Transaction.read_all`."""
-        async with self.connection() as conn:
-            return await _read_all(conn, after, upto, limit, types, envelopes)
-
     async def iter_all(
         self,
         after: int = 0,
@@ -469,7 +380,7 @@ class EventStore(LogReads):
         envelopes: Iterable[str] = (),
     ) -> AsyncIterator[RecordedEvent]:
         """Iterates every committed event after ``after`` in position order, in pages (the
-        arguments as in :meth:`Transaction.read_all`)."""
+        arguments as in :meth:`~events.log.reads.LogReads.read_all`)."""
         position = after
         type_list = list(types) if types is not None else None
         categories = list(envelopes)
@@ -480,11 +391,6 @@ class EventStore(LogReads):
             if len(page) < batch:
                 return
             position = page[-1].position
-
-    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
-        """Reads one stream's events after ``after_version`` in version order."""
-        async with self.connection() as conn:
-            return await _read_stream(conn, stream_id, after_version)
 
     async def stream_version(self, stream_id: str) -> int:
         """Returns the stream's current version (0 for a stream with no events)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -38,6 +39,7 @@ log = structlog.get_logger("agent")
 RETRYABLE_STATUS = frozenset({408, 425, 429})
 
 _Answer = TypeVar("_Answer", bound=BaseModel)
+_T = TypeVar("_T")
 
 
 class ApiError(Exception):
@@ -113,6 +115,44 @@ def _retry_delay(attempt: int, deadline: float | None, error: ApiError) -> float
     return delay
 
 
+async def _retried(
+    attempt_once: Callable[[], Awaitable[_T | ApiError]],
+    deadline: float | None,
+    no_answer: tuple[type[Exception], ...],
+    *,
+    log_path: str | None = None,
+) -> _T:
+    """``attempt_once()``'s answer, tried again after each :func:`_retry_delay` until it answers.
+
+    Args:
+        attempt_once: one try: the answer, or a failed answer worth another try (what
+            :func:`_retryable` returns).
+        deadline: when retrying ends (``time.monotonic()``; ``None``: never).
+        no_answer: what a try that got no answer raises (retried as :func:`_transport_error`).
+        log_path: the request's path, to log a warning at the 1st, 5th and every 20th retry
+            (``None``: retries are not logged).
+
+    Raises:
+        ApiError: what ``attempt_once`` raises (a failure retrying will not fix), or the last
+            try's failure when the next would start after ``deadline``.
+    """
+    attempt = 0
+    while True:
+        try:
+            answer = await attempt_once()
+        except no_answer as exc:
+            answer = _transport_error(exc)
+        if not isinstance(answer, ApiError):
+            return answer
+        delay = _retry_delay(attempt, deadline, answer)
+        attempt += 1
+        if log_path is not None and (attempt in (1, 5) or attempt % 20 == 0):
+            log.warning(
+                "api call failed; retrying", path=log_path, error=str(answer), attempt=attempt
+            )
+        await asyncio.sleep(delay)
+
+
 class ApiClient:
     """Calls the API gateway with the agent token.
 
@@ -169,51 +209,39 @@ class ApiClient:
             ApiError: a non-retryable status, or retries ran out.
         """
         deadline = None if retry_for is None else time.monotonic() + retry_for
-        attempt = 0
-        while True:
-            try:
-                async with self._http().request(
-                    method, self.base + path, json=body, params=params
-                ) as resp:
-                    text = await resp.text()
-                    if resp.status < 300:
-                        return await resp.json(content_type=None) if text.strip() else None
-                    error = _retryable(ApiError(resp.status, text))
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                error = _transport_error(exc)
-            delay = _retry_delay(attempt, deadline, error)
-            attempt += 1
-            if attempt in (1, 5) or attempt % 20 == 0:
-                log.warning(
-                    "api call failed; retrying", path=path, error=str(error), attempt=attempt
-                )
-            await asyncio.sleep(delay)
+
+        async def once() -> Any:
+            async with self._http().request(
+                method, self.base + path, json=body, params=params
+            ) as resp:
+                text = await resp.text()
+                if resp.status < 300:
+                    return await resp.json(content_type=None) if text.strip() else None
+                return _retryable(ApiError(resp.status, text))
+
+        return await _retried(
+            once, deadline, (aiohttp.ClientError, TimeoutError, ValueError), log_path=path
+        )
 
     async def join(self, agent_id: str, join_token: str) -> JoinResponse:
         """``POST /agents/{id}/join`` with the join token (not this client's token)."""
         headers = {"Authorization": f"Bearer {join_token}", "Accept": "application/json"}
-        deadline = time.monotonic() + 60.0
-        attempt = 0
-        while True:
-            try:
-                async with (
-                    aiohttp.ClientSession(
-                        timeout=aiohttp.ClientTimeout(total=self.timeout)
-                    ) as session,
-                    session.post(
-                        f"{self.base}/agents/{_seg(agent_id)}/join",
-                        json={},
-                        headers=headers,
-                    ) as resp,
-                ):
-                    text = await resp.text()
-                    if resp.status < 300:
-                        return _answer(JoinResponse, await resp.json(content_type=None), "join")
-                    error = _retryable(ApiError(resp.status, text))
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                error = _transport_error(exc)
-            await asyncio.sleep(_retry_delay(attempt, deadline, error))
-            attempt += 1
+
+        async def once() -> JoinResponse | ApiError:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session,
+                session.post(
+                    f"{self.base}/agents/{_seg(agent_id)}/join", json={}, headers=headers
+                ) as resp,
+            ):
+                text = await resp.text()
+                if resp.status < 300:
+                    return _answer(JoinResponse, await resp.json(content_type=None), "join")
+                return _retryable(ApiError(resp.status, text))
+
+        return await _retried(
+            once, time.monotonic() + 60.0, (aiohttp.ClientError, TimeoutError, ValueError)
+        )
 
     async def register(
         self,
@@ -269,27 +297,22 @@ class ApiClient:
 
     async def download_code(self, code_ref: str, dest: Path, *, retry_for: float = 120.0) -> None:
         """``GET /code/{ref}`` streamed into ``dest`` (written atomically)."""
-        deadline = time.monotonic() + retry_for
-        attempt = 0
         part = dest.with_name(dest.name + ".part")
-        while True:
-            try:
-                async with self._http().get(
-                    f"{self.base}/code/{_seg(code_ref)}",
-                    timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout),
-                ) as resp:
-                    if resp.status >= 300:
-                        error = _retryable(ApiError(resp.status, await resp.text()))
-                    else:
-                        with part.open("wb") as fh:
-                            async for chunk in resp.content.iter_chunked(1 << 16):
-                                fh.write(chunk)
-                        part.replace(dest)
-                        return
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                error = _transport_error(exc)
-            await asyncio.sleep(_retry_delay(attempt, deadline, error))
-            attempt += 1
+
+        async def once() -> ApiError | None:
+            async with self._http().get(
+                f"{self.base}/code/{_seg(code_ref)}",
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=self.timeout),
+            ) as resp:
+                if resp.status >= 300:
+                    return _retryable(ApiError(resp.status, await resp.text()))
+                with part.open("wb") as fh:
+                    async for chunk in resp.content.iter_chunked(1 << 16):
+                        fh.write(chunk)
+                part.replace(dest)
+                return None
+
+        await _retried(once, time.monotonic() + retry_for, (aiohttp.ClientError, TimeoutError))
 
     async def _post_allocation(
         self,
