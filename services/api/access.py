@@ -30,6 +30,7 @@ from services.api.views import (
     load_experiment,
     trial_of,
 )
+from services.tracker import read as tracker_read
 
 MAX_POLL_SECONDS = 60.0
 """The longest a long poll of an allocation (its preemption signal, its rendezvous) waits, in
@@ -99,7 +100,7 @@ async def readable_checkpoint(
     if "\x00" in uuid or len(uuid) > 500:
         raise not_found(f"no checkpoint {uuid!r}")
     store = store_of(request)
-    row = await pr.checkpoint_row(store, uuid)
+    row = await pr.read_row(store, tracker_read.checkpoint, uuid)
     if row is None:
         raise not_found(f"no checkpoint {uuid}")
     view = await load_experiment(store, int(row["experiment_id"]), with_trials=False)

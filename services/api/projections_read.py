@@ -8,9 +8,9 @@ every reader answers as if they were empty. Timestamps leave as ISO 8601 text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from pydantic import BaseModel, Field
 
@@ -22,6 +22,8 @@ from services.tracker import read as tracker_read
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 2**62
+
+P = ParamSpec("P")
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -163,43 +165,64 @@ def as_dict(row: Any) -> dict[str, Any]:
 # --- the tracker's rows, with the gateway's telemetry beside them ------------------------------
 
 
-async def list_experiments(
+async def read_row(
     store: EventStore,
-    *,
-    states: Sequence[str] | None,
-    owner: str | None,
-    archived: bool | None,
-    name: str | None,
-    descending: bool,
-    limit: int,
-    offset: int,
-) -> tuple[list[dict[str, Any]], int]:
-    """A page of experiment summaries and the number matching the filters.
+    reader: Callable[Concatenate[Connection, P], Awaitable[Mapping[str, object] | None]],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> dict[str, Any] | None:
+    """One row of a tracker read (:mod:`services.tracker.read`) as JSON-able data, or ``None``.
 
     Args:
         store: the event store (its pool).
-        states: keep these states only (``None``: all).
-        owner: keep this owner's only.
-        archived: keep archived (``True``) or unarchived (``False``) ones; ``None``: both.
-        name: keep names containing this text (case-insensitive).
-        descending: newest first.
-        limit: page size.
-        offset: rows skipped.
+        reader: the tracker's read, called with a connection and the rest of the arguments.
+        *args: its positional arguments after the connection.
+        **kwargs: its keyword arguments.
     """
     async with store.connection() as conn:
-        rows, total = await tracker_read.list_experiments(
-            conn,
-            states=states,
-            owner=owner,
-            archived=archived,
-            name=name,
-            descending=descending,
-            limit=limit,
-            offset=offset,
-        )
-        summaries = [dict(r) for r in rows]
-        await _with_progress(conn, summaries)
-    return [as_dict(s) for s in summaries], total
+        row = await reader(conn, *args, **kwargs)
+    return as_dict(row) if row is not None else None
+
+
+async def read_rows(
+    store: EventStore,
+    reader: Callable[Concatenate[Connection, P], Awaitable[Sequence[Mapping[str, object]]]],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> list[dict[str, Any]]:
+    """The rows of a tracker read (:mod:`services.tracker.read`) as JSON-able data.
+
+    Args:
+        store: the event store (its pool).
+        reader: the tracker's read, called with a connection and the rest of the arguments.
+        *args: its positional arguments after the connection.
+        **kwargs: its keyword arguments.
+    """
+    async with store.connection() as conn:
+        rows = await reader(conn, *args, **kwargs)
+    return [as_dict(r) for r in rows]
+
+
+async def read_page(
+    store: EventStore,
+    reader: Callable[
+        Concatenate[Connection, P], Awaitable[tuple[Sequence[Mapping[str, object]], int]]
+    ],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of a paginated tracker read (:mod:`services.tracker.read`) as JSON-able data, and
+    the number of rows matching.
+
+    Args:
+        store: the event store (its pool).
+        reader: the tracker's read, called with a connection and the rest of the arguments.
+        *args: its positional arguments after the connection.
+        **kwargs: its keyword arguments.
+    """
+    async with store.connection() as conn:
+        rows, total = await reader(conn, *args, **kwargs)
+    return [as_dict(r) for r in rows], total
 
 
 async def experiment_row(store: EventStore, experiment_id: int) -> dict[str, Any] | None:
@@ -213,9 +236,16 @@ async def experiment_row(store: EventStore, experiment_id: int) -> dict[str, Any
     return as_dict(summary)
 
 
+async def with_progress(store: EventStore, summaries: list[dict[str, Any]]) -> None:
+    """Sets each experiment summary's ``progress``: 1 once COMPLETED, else the mean progress its
+    trials reported (``None`` if none did)."""
+    async with store.connection() as conn:
+        await _with_progress(conn, summaries)
+
+
 async def _with_progress(conn: Connection, summaries: list[dict[str, Any]]) -> None:
-    """Sets each summary's ``progress``: 1 once COMPLETED, else the mean progress its trials
-    reported (``None`` if none did); two queries for the whole page."""
+    """Sets each summary's ``progress`` (see :func:`with_progress`); two queries for the whole
+    page."""
     pending = [s["id"] for s in summaries if s["state"] != "COMPLETED"]
     experiment_of = await tracker_read.experiments_of_trials(conn, pending) if pending else {}
     reported = await api_read.progress_of(conn, list(experiment_of)) if experiment_of else {}
@@ -230,94 +260,10 @@ async def _with_progress(conn: Connection, summaries: list[dict[str, Any]]) -> N
             summary["progress"] = sum(values) / len(values) if values else None
 
 
-async def list_trials(
-    store: EventStore,
-    experiment_id: int,
-    *,
-    states: Sequence[str] | None = None,
-    best_first: bool = False,
-    smaller_is_better: bool = True,
-    limit: int | None = None,
-    offset: int = 0,
-) -> tuple[list[dict[str, Any]], int]:
-    """A page of an experiment's trials (by sequence, or best metric first) and their count."""
-    async with store.connection() as conn:
-        rows, total = await tracker_read.list_trials(
-            conn,
-            experiment_id,
-            states=states,
-            best_first=best_first,
-            smaller_is_better=smaller_is_better,
-            limit=limit,
-            offset=offset,
-        )
-    return [as_dict(r) for r in rows], total
-
-
-async def trial_row(store: EventStore, trial_id: int) -> dict[str, Any] | None:
-    """One trial's summary from the projection, or ``None``."""
-    async with store.connection() as conn:
-        row = await tracker_read.trial(conn, trial_id)
-    return as_dict(row) if row is not None else None
-
-
-async def allocations_of(store: EventStore, trial_id: int) -> list[dict[str, Any]]:
-    """A trial's allocations by run."""
-    async with store.connection() as conn:
-        rows = await tracker_read.allocations_of(conn, trial_id)
-    return [as_dict(r) for r in rows]
-
-
 async def trial_progress(store: EventStore, trial_id: int) -> float | None:
     """The trial's last reported progress (gateway table ``trial_progress``), or ``None``."""
     async with store.connection() as conn:
         return (await api_read.progress_of(conn, [trial_id])).get(trial_id)
-
-
-CheckpointState = tracker_read.CheckpointState
-
-
-async def list_checkpoints(
-    store: EventStore,
-    *,
-    experiment_id: int | None = None,
-    trial_id: int | None = None,
-    state: CheckpointState = "all",
-    by_metric: bool = False,
-    smaller_is_better: bool = True,
-    limit: int | None = None,
-    offset: int = 0,
-) -> tuple[list[dict[str, Any]], int]:
-    """A page of an experiment's (or a trial's) checkpoints and their count.
-
-    Ordered best searcher metric first (``by_metric``; unvalidated ones last) or most steps first.
-    """
-    async with store.connection() as conn:
-        rows, total = await tracker_read.list_checkpoints(
-            conn,
-            experiment_id=experiment_id,
-            trial_id=trial_id,
-            state=state,
-            by_metric=by_metric,
-            smaller_is_better=smaller_is_better,
-            limit=limit,
-            offset=offset,
-        )
-    return [as_dict(r) for r in rows], total
-
-
-async def checkpoint_row(store: EventStore, uuid: str) -> dict[str, Any] | None:
-    """One checkpoint from the projection, or ``None``."""
-    async with store.connection() as conn:
-        row = await tracker_read.checkpoint(conn, uuid)
-    return as_dict(row) if row is not None else None
-
-
-async def list_slots(store: EventStore, agent_id: str | None = None) -> list[dict[str, Any]]:
-    """Every slot (of one agent, or of all), by agent and slot id."""
-    async with store.connection() as conn:
-        rows = await tracker_read.list_slots(conn, agent_id)
-    return [as_dict(r) for r in rows]
 
 
 async def list_agents(store: EventStore, agent_id: str | None = None) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from services.contracts.agent import (
     RegisterBody,
     RegisterResponse,
 )
+from services.tracker import read as tracker_read
 
 log = structlog.get_logger("api")
 routes = RouteTable("agents")
@@ -352,7 +353,9 @@ async def get_agent(request: web.Request) -> web.Response:
 @routes.get("/api/v1/slots", allow=USERS, response=SlotsResponse)
 async def list_slots(request: web.Request) -> web.Response:
     """Every slot of every agent, from the projection."""
-    return web.json_response({"slots": await pr.list_slots(store_of(request))})
+    return web.json_response(
+        {"slots": await pr.read_rows(store_of(request), tracker_read.list_slots)}
+    )
 
 
 async def _toggle(request: web.Request, slot_id: str | None, enable: bool) -> dict[str, Any]:

@@ -6,8 +6,9 @@ same endpoints, so an agent launches and reports a command as it does a trial's 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -68,6 +69,32 @@ from services.contracts.agent import (
 log = structlog.get_logger("api")
 routes = RouteTable("allocations")
 
+TrialAllocationHandler = Callable[[web.Request, str, int], Awaitable[web.Response]]
+"""A handler of a trial's allocation: the request, the allocation id and its trial id."""
+TaskAllocationHandler = Callable[[web.Request, str], Awaitable[web.Response]]
+"""A handler of a task's allocation: the request and the task id."""
+
+
+def _trial_or_task(
+    task_handler: TaskAllocationHandler,
+) -> Callable[[TrialAllocationHandler], Callable[[web.Request], Awaitable[web.Response]]]:
+    """Serves the allocation of the path: a task's with ``task_handler``, a trial's with the
+    decorated handler, given the allocation id and its trial id (a trial token: its own trial's
+    only, 403 otherwise)."""
+
+    def wrap(handler: TrialAllocationHandler) -> Callable[[web.Request], Awaitable[web.Response]]:
+        @functools.wraps(handler)
+        async def route(request: web.Request) -> web.Response:
+            task_id = task_of_allocation(request.match_info["allocation_id"])
+            if task_id is not None:
+                return await task_handler(request, task_id)
+            allocation_id, trial_id = allocation_of_path(request)
+            return await handler(request, allocation_id, trial_id)
+
+        return route
+
+    return wrap
+
 
 @routes.get(
     "/api/v1/allocations/{allocation_id}/spec",
@@ -75,12 +102,9 @@ routes = RouteTable("allocations")
     query=SpecQuery,
     response=SpecResponse,
 )
-async def spec(request: web.Request) -> web.Response:
+@_trial_or_task(task_runs.spec)
+async def spec(request: web.Request, allocation_id: str, trial_id: int) -> web.Response:
     """The run's launch spec, folded from the trial and experiment streams."""
-    task_id = task_of_allocation(request.match_info["allocation_id"])
-    if task_id is not None:
-        return await task_runs.spec(request, task_id)
-    allocation_id, trial_id = allocation_of_path(request)
     query = parse(SpecQuery, dict(request.query))
     state = state_of(request)
     trial = await load_trial(state.store, trial_id)
@@ -127,12 +151,9 @@ async def spec(request: web.Request) -> web.Response:
     body=StartedBody,
     response=ReportResponse,
 )
-async def started(request: web.Request) -> web.Response:
+@_trial_or_task(task_runs.started)
+async def started(request: web.Request, allocation_id: str, trial_id: int) -> web.Response:
     """Appends TrialStarted once per allocation (repeats return the first answer)."""
-    task_id = task_of_allocation(request.match_info["allocation_id"])
-    if task_id is not None:
-        return await task_runs.started(request, task_id)
-    allocation_id, trial_id = allocation_of_path(request)
     body = parse(StartedBody, await read_json(request))
     store = state_of(request).store
     experiment = await load_experiment(
@@ -167,13 +188,10 @@ async def started(request: web.Request) -> web.Response:
     body=ExitedBody,
     response=ReportResponse,
 )
-async def exited(request: web.Request) -> web.Response:
+@_trial_or_task(task_runs.exited)
+async def exited(request: web.Request, allocation_id: str, trial_id: int) -> web.Response:
     """Appends TrialExited (outcome from pending preempt/kill and the exit code) and
     SlotsReleased, once per allocation."""
-    task_id = task_of_allocation(request.match_info["allocation_id"])
-    if task_id is not None:
-        return await task_runs.exited(request, task_id)
-    allocation_id, trial_id = allocation_of_path(request)
     body = parse(ExitedBody, await read_json(request))
 
     command = ReportExited(
@@ -251,14 +269,11 @@ async def _report_once(
     response=LogsResponse,
     max_body=BATCH_MAX_BODY,
 )
-async def logs(request: web.Request) -> web.Response:
+@_trial_or_task(task_runs.logs)
+async def logs(request: web.Request, allocation_id: str, trial_id: int) -> web.Response:
     """Stores a batch of log lines in one statement (table ``task_logs``): for an allocation
     the scheduler made, and from a trial's own token only while it is the live run (409
     otherwise; the agent may still ship a run's last lines after it exited)."""
-    task_id = task_of_allocation(request.match_info["allocation_id"])
-    if task_id is not None:
-        return await task_runs.logs(request, task_id)
-    allocation_id, trial_id = allocation_of_path(request)
     body = parse(LogsBody, await read_json(request))
     runs = await load_run_state(store_of(request), trial_id)
     runs.check_allocation(allocation_id, live=principal_of(request).kind == "trial")
@@ -273,13 +288,10 @@ async def logs(request: web.Request) -> web.Response:
     query=PreemptionQuery,
     response=PreemptionResponse,
 )
-async def preemption(request: web.Request) -> web.Response:
+@_trial_or_task(task_runs.preemption)
+async def preemption(request: web.Request, allocation_id: str, trial_id: int) -> web.Response:
     """Long poll: answers ``preempt: true`` as soon as the run is asked to stop (preempt or kill
     requested, or the allocation is no longer current), else ``false`` after the timeout."""
-    task_id = task_of_allocation(request.match_info["allocation_id"])
-    if task_id is not None:
-        return await task_runs.preemption(request, task_id)
-    allocation_id, trial_id = allocation_of_path(request)
     query = parse(PreemptionQuery, dict(request.query))
     deadline = time.monotonic() + min(query.timeout_seconds, MAX_POLL_SECONDS)
     store = store_of(request)

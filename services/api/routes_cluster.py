@@ -90,8 +90,7 @@ async def queue(request: web.Request) -> web.Response:
     """Trials of active experiments that hold no slots, in the order of their priority (lower
     first) and request time."""
     principal = principal_of(request)
-    async with store_of(request).connection() as conn:
-        rows = await tracker_read.waiting_trials(conn)
+    rows = await pr.read_rows(store_of(request), tracker_read.waiting_trials)
     entries = []
     for row in rows:
         entries.append(
@@ -101,7 +100,7 @@ async def queue(request: web.Request) -> web.Response:
                 "priority": _int(row["priority"], DEFAULT_PRIORITY),
                 "slots": _int(row["slots"], 1),
                 "resource_pool": row["resource_pool"] or "default",
-                "requested_at": pr.as_dict(row)["requested_at"],
+                "requested_at": row["requested_at"],
             }
         )
     entries.sort(key=lambda e: e["priority"])  # stable: request order within a priority
@@ -114,8 +113,7 @@ async def queue(request: web.Request) -> web.Response:
 async def holders(request: web.Request) -> web.Response:
     """The allocations not yet terminated: which trial holds the slots of each."""
     principal = principal_of(request)
-    async with store_of(request).connection() as conn:
-        rows = await tracker_read.live_allocations(conn)
+    rows = await pr.read_rows(store_of(request), tracker_read.live_allocations)
     out = []
     for row in rows:
         out.append(

@@ -17,6 +17,7 @@ from services.api.errors import forbidden, parse
 from services.api.experiment_commands import experiment_id_of
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import ExperimentView, load_experiment
+from services.tracker import read as tracker_read
 
 routes = RouteTable("experiments")
 
@@ -123,8 +124,10 @@ async def list_experiments(request: web.Request) -> web.Response:
         if owner is not None and owner != principal.name:
             raise forbidden("only admins may list other users' experiments")
         owner = principal.name
-    rows, total = await pr.list_experiments(
-        store_of(request),
+    store = store_of(request)
+    rows, total = await pr.read_page(
+        store,
+        tracker_read.list_experiments,
         states=pr.states_of(query.state),
         owner=owner,
         archived=None if query.archived == "all" else query.archived == "true",
@@ -133,6 +136,7 @@ async def list_experiments(request: web.Request) -> web.Response:
         limit=query.limit,
         offset=query.offset,
     )
+    await pr.with_progress(store, rows)
     return web.json_response({"experiments": rows, "pagination": pr.pagination(query, total)})
 
 
@@ -172,7 +176,7 @@ async def get_experiment(request: web.Request) -> web.Response:
             "progress": row.get("progress"),
         }
     )
-    projected, _ = await pr.list_trials(store, view.experiment_id)
+    projected, _ = await pr.read_page(store, tracker_read.list_trials, view.experiment_id)
     by_id = {t["trial_id"]: t for t in projected}
     body["trials"] = [by_id.get(tid) or view.requested_trial(tid) for tid in view.trials]
     body["lineage"] = _lineage(view)
@@ -218,8 +222,9 @@ async def list_experiment_trials(request: web.Request) -> web.Response:
             offset=query.offset,
         )
         return web.json_response({"trials": rows, "pagination": pr.pagination(query, total)})
-    rows, total = await pr.list_trials(
+    rows, total = await pr.read_page(
         store_of(request),
+        tracker_read.list_trials,
         view.experiment_id,
         states=pr.states_of(query.state),
         best_first=query.order_by == "best",
@@ -241,8 +246,9 @@ async def list_experiment_checkpoints(request: web.Request) -> web.Response:
     first."""
     query = parse(CheckpointsQuery, dict(request.query))
     view = await _visible(request)
-    rows, total = await pr.list_checkpoints(
+    rows, total = await pr.read_page(
         store_of(request),
+        tracker_read.list_checkpoints,
         experiment_id=view.experiment_id,
         state=query.state,
         by_metric=query.sort_by == "metric",

@@ -34,6 +34,7 @@ from services.api.views import (
     read_facts,
     trial_id_of,
 )
+from services.tracker import read as tracker_read
 
 log = structlog.get_logger("api")
 routes = RouteTable("trials")
@@ -127,12 +128,14 @@ async def get_trial(request: web.Request) -> web.Response:
         alerts, _ = await read_facts(store, trial_stream(trial_id), ("TrialAlerted",), at=at)
         past_body["alerts"] = [_alert(recorded) for recorded in alerts[-MAX_ALERTS_SHOWN:]]
         return web.json_response(past_body)
-    body = await pr.trial_row(store, trial_id)
+    body = await pr.read_row(store, tracker_read.trial, trial_id)
     if body is None:
         control = await load_trial_control(store, trial_id)
         body = view.requested_trial(trial_id, control.state)
-    body["allocations"] = await pr.allocations_of(store, trial_id)
-    body["checkpoints"], _ = await pr.list_checkpoints(store, trial_id=trial_id)
+    body["allocations"] = await pr.read_rows(store, tracker_read.allocations_of, trial_id)
+    body["checkpoints"], _ = await pr.read_page(
+        store, tracker_read.list_checkpoints, trial_id=trial_id
+    )
     body["progress"] = await pr.trial_progress(store, trial_id)
     body["status"] = await tables.fetchval(
         store, "SELECT status FROM trial_status WHERE trial_id = $1", trial_id

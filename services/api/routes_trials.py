@@ -23,6 +23,7 @@ from events.domain.deciders.trial_reports import (
 from events.domain.names import trial_label, trial_stream
 from events.log.store import Transaction
 from services.api import checkpoint_ids
+from services.api import projections_read as pr
 from services.api.access import readable_trial
 from services.api.auth import check_holder, check_trial, principal_of
 from services.api.decided import accepted, append_decided
@@ -394,27 +395,12 @@ async def metrics(request: web.Request) -> web.Response:
     trial_id = trial_id_of(request.match_info["trial_id"])
     await readable_trial(request, trial_id)
     query = parse(MetricsQuery, dict(request.query))
-    async with store_of(request).connection() as conn:
-        rows = await tracker_read.trial_metrics(
-            conn,
-            trial_id,
-            group=query.group,
-            archived=query.archived,
-            max_points=query.max_points,
-        )
-    return web.json_response(
-        {
-            "trial_id": trial_id,
-            "metrics": [
-                {
-                    "run_id": r["run_id"],
-                    "group": r["group"],
-                    "steps_completed": r["steps_completed"],
-                    "metrics": r["metrics"],
-                    "archived": r["archived"],
-                    "reported_at": r["reported_at"].isoformat(),
-                }
-                for r in rows
-            ],
-        }
+    rows = await pr.read_rows(
+        store_of(request),
+        tracker_read.trial_metrics,
+        trial_id,
+        group=query.group,
+        archived=query.archived,
+        max_points=query.max_points,
     )
+    return web.json_response({"trial_id": trial_id, "metrics": rows})
