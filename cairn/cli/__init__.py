@@ -22,6 +22,7 @@ import os
 import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import cairn
 from cairn.cli import output
@@ -63,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
         if register is not None:
             register(sub)
     return parser
+
+
+def verb_group(
+    group: argparse.ArgumentParser, *, default_verb: str | None = None, metavar: str = "VERB"
+) -> Any:
+    """Makes ``group`` a verb group and returns its subparsers: given alone, the group runs
+    ``default_verb`` (``cairn e`` lists), or prints its own help when it has none."""
+    group.set_defaults(group_parser=group, default_verb=default_verb)
+    return group.add_subparsers(metavar=metavar)
 
 
 def _report(exc: CairnError) -> None:

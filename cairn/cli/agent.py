@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import (
     add_at_flag,
     add_csv_flag,
@@ -23,8 +23,7 @@ from cairn.client import Client
 def register(sub: Any) -> None:
     """Adds the ``agent`` and ``slot`` verb groups."""
     group = sub.add_parser("agent", aliases=["a"], help="list, enable and disable agents")
-    group.set_defaults(group_parser=group, default_verb="list")
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group, default_verb="list")
     ls = verbs.add_parser("list", aliases=["ls"], help="list agents and their slots")
     add_at_flag(ls)
     add_csv_flag(ls)
@@ -57,8 +56,7 @@ def register(sub: Any) -> None:
     revoke.set_defaults(handler=cmd_agent_revoke)
 
     slots = sub.add_parser("slot", aliases=["s"], help="list, enable and disable slots")
-    slots.set_defaults(group_parser=slots, default_verb="list")
-    slot_verbs = slots.add_subparsers(metavar="VERB")
+    slot_verbs = verb_group(slots, default_verb="list")
     sls = slot_verbs.add_parser("list", aliases=["ls"], help="list every agent's slots")
     add_csv_flag(sls)
     add_json_flag(sls)

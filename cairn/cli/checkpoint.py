@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
 from cairn.errors import CairnError, UsageError
 from events.domain.archive import CHECKPOINT_LIMITS, extract_tar
@@ -17,8 +17,7 @@ from events.domain.archive import CHECKPOINT_LIMITS, extract_tar
 def register(sub: Any) -> None:
     """Adds the ``checkpoint`` verb group."""
     group = sub.add_parser("checkpoint", aliases=["c"], help="inspect and download checkpoints")
-    group.set_defaults(group_parser=group)
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group)
 
     describe = verbs.add_parser("describe", help="show a checkpoint")
     describe.add_argument("uuid")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import add_json_flag, fields, print_json, table, wants_json, when
 from cairn.client import Client
 from cairn.errors import UsageError
@@ -27,8 +27,7 @@ NO_EXIT_CODE = 1
 def register(sub: Any) -> None:
     """Adds the ``cmd`` verb group."""
     group = sub.add_parser("cmd", aliases=["command"], help="run commands on the cluster")
-    group.set_defaults(group_parser=group, default_verb="list")
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group, default_verb="list")
 
     run = verbs.add_parser("run", help="run a command; print its output; exit with its code")
     run.add_argument("--config-file", type=Path, metavar="FILE", help="command config YAML")

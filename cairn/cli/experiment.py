@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store, experiment_changes
+from cairn.cli import auth_store, experiment_changes, verb_group
 from cairn.cli.output import (
     Progress,
     add_at_flag,
@@ -35,8 +35,7 @@ UNREACHABLE_GRACE = 60.0
 def register(sub: Any) -> None:
     """Adds the ``experiment`` verb group."""
     group = sub.add_parser("experiment", aliases=["e"], help="create and manage experiments")
-    group.set_defaults(group_parser=group, default_verb="list")
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group, default_verb="list")
 
     create = verbs.add_parser("create", help="submit an experiment (config + code directory)")
     create.add_argument("config_file", metavar="CONFIG", type=Path, help="experiment config YAML")

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.checkpoint import extract
 from cairn.cli.output import add_json_flag, print_json, print_result, wants_json
 from cairn.cli.trial import add_sort_args, rank_checkpoints, sort_choice
@@ -72,8 +72,7 @@ def add_verbs(verbs: Any) -> None:
     download.set_defaults(handler=cmd_download)
 
     label = verbs.add_parser("label", help="add or remove an experiment's labels")
-    label.set_defaults(group_parser=label, default_verb=None)
-    label_verbs = label.add_subparsers(metavar="VERB")
+    label_verbs = verb_group(label)
     for action, help_text in (("add", "add a label"), ("remove", "remove a label")):
         p = label_verbs.add_parser(action, help=help_text)
         p.add_argument("id", type=int)
@@ -82,8 +81,7 @@ def add_verbs(verbs: Any) -> None:
         p.set_defaults(handler=cmd_label, label_action=action)
 
     setter = verbs.add_parser("set", help="change an experiment's name, description or resources")
-    setter.set_defaults(group_parser=setter, default_verb=None)
-    set_verbs = setter.add_subparsers(metavar="FIELD")
+    set_verbs = verb_group(setter, metavar="FIELD")
     for field, help_text in SETTABLE.items():
         p = set_verbs.add_parser(field, help=help_text)
         p.add_argument("id", type=int)

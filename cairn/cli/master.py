@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 import cairn
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
 from cairn.client import Client
 from cairn.errors import EXIT_UNREACHABLE, UnreachableError
@@ -16,8 +16,7 @@ from cairn.errors import EXIT_UNREACHABLE, UnreachableError
 def register(sub: Any) -> None:
     """Adds the ``master`` verb group and the ``version`` verb."""
     group = sub.add_parser("master", help="the master's version, cluster id and uptime")
-    group.set_defaults(group_parser=group)
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group)
     info = verbs.add_parser("info", help="show the master's version, cluster id and uptime")
     add_json_flag(info)
     info.set_defaults(handler=cmd_info)

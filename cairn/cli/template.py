@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import add_json_flag, print_json, print_result, table, wants_json, when
 from cairn.errors import UsageError
 
@@ -18,8 +18,7 @@ from cairn.errors import UsageError
 def register(sub: Any) -> None:
     """Adds the ``template`` verb group."""
     group = sub.add_parser("template", aliases=["tpl"], help="manage config templates")
-    group.set_defaults(group_parser=group, default_verb="list")
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group, default_verb="list")
 
     ls = verbs.add_parser("list", aliases=["ls"], help="list templates")
     ls.add_argument("-d", "--details", action="store_true", help="show each template's config")
@@ -45,8 +44,7 @@ def register(sub: Any) -> None:
     create.set_defaults(handler=cmd_set, must_be="new")
 
     set_value = verbs.add_parser("set-value", help="change a template's attributes")
-    set_value.set_defaults(group_parser=set_value, default_verb=None)
-    value_verbs = set_value.add_subparsers(metavar="ATTRIBUTE")
+    value_verbs = verb_group(set_value, metavar="ATTRIBUTE")
     value_config = value_verbs.add_parser("config", help="replace an existing template's config")
     value_config.add_argument("name", metavar="template_name")
     value_config.add_argument("template_file", metavar="FILE", type=Path, help="config YAML")

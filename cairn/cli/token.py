@@ -9,15 +9,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
 
 
 def register(sub: Any) -> None:
     """Adds the ``token`` verb group."""
     group = sub.add_parser("token", help="list and revoke user tokens")
-    group.set_defaults(group_parser=group)
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group)
 
     ls = verbs.add_parser("list", aliases=["ls"], help="list your tokens (admins: anyone's)")
     ls.add_argument("--user", help="whose tokens (admin)")

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import (
     add_csv_flag,
     add_json_flag,
@@ -34,8 +34,7 @@ RECONNECTS = 5
 def register(sub: Any) -> None:
     """Adds the ``trial`` verb group."""
     group = sub.add_parser("trial", aliases=["t"], help="inspect and control trials")
-    group.set_defaults(group_parser=group)
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group)
 
     describe = verbs.add_parser("describe", help="show a trial, its runs and its checkpoints")
     describe.add_argument("trial_id", type=trial_id_arg, help="the trial's id, e.g. 17")

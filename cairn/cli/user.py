@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from cairn.auth import env_password, login
-from cairn.cli import auth_store
+from cairn.cli import auth_store, verb_group
 from cairn.cli.output import add_json_flag, print_json, print_result, table, wants_json, when
 from cairn.client import ApiError, Client
 from cairn.errors import UsageError
@@ -19,8 +19,7 @@ from events import settings
 def register(sub: Any) -> None:
     """Adds the ``user`` verb group."""
     group = sub.add_parser("user", aliases=["u"], help="log in and manage users")
-    group.set_defaults(group_parser=group, default_verb="list")
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group, default_verb="list")
 
     login = verbs.add_parser("login", help="log in and store the token for this master")
     login.add_argument(

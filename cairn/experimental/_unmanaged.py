@@ -26,6 +26,7 @@ defaults, the managed case) is the same for every backend.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import json
@@ -35,7 +36,7 @@ import urllib.parse
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from cairn.core import Context, DistributedContext, PreemptMode, TensorboardMode
 from cairn.core._context import (
@@ -67,7 +68,26 @@ class UnmanagedNotSupportedError(CairnError):
     locally, when a master was configured. Nothing raises it now."""
 
 
-class UnmanagedBackend(Protocol):
+@dataclasses.dataclass(frozen=True)
+class RunStart:
+    """What :meth:`UnmanagedBackend.start` resolved for a backend to start the run with.
+
+    Attributes:
+        config: the run's description.
+        storage: the checkpoint storage config.
+        distributed: this process's rank and size.
+        preempt_mode: see :class:`cairn.core.PreemptMode`.
+        tensorboard_mode: see :class:`cairn.core.TensorboardMode`.
+    """
+
+    config: Config
+    storage: dict[str, Any]
+    distributed: DistributedContext
+    preempt_mode: PreemptMode
+    tensorboard_mode: TensorboardMode
+
+
+class UnmanagedBackend(abc.ABC):
     """What runs an unmanaged trial."""
 
     def start(
@@ -79,12 +99,32 @@ class UnmanagedBackend(Protocol):
         preempt_mode: PreemptMode,
         tensorboard_mode: TensorboardMode,
     ) -> Context:
-        """Creates or resumes the run's trial and returns its started context."""
-        ...
+        """Creates or resumes the run's trial and returns its started context.
 
+        Raises:
+            ValueError: ``external_trial_id`` without ``external_experiment_id``, or a storage
+                shortcut that is not understood.
+            cairn.client.ApiError: the master refused the run (the message says why).
+        """
+        if config.external_trial_id and not config.external_experiment_id:
+            raise ValueError("external_trial_id needs an external_experiment_id to go with it")
+        return self._start(
+            RunStart(
+                config=config,
+                storage=storage_config(checkpoint_storage),
+                distributed=distributed or DistributedContext.from_env(),
+                preempt_mode=preempt_mode,
+                tensorboard_mode=tensorboard_mode,
+            )
+        )
+
+    @abc.abstractmethod
+    def _start(self, start: RunStart) -> Context:
+        """Starts the run this backend's way and returns its context."""
+
+    @abc.abstractmethod
     def webui_url(self) -> str:
         """Where the run's experiment is shown."""
-        ...
 
 
 def default_storage() -> Path:
@@ -178,24 +218,7 @@ class Ledger:
         self.update(latest_checkpoint=uuid, steps_completed=steps_completed)
 
 
-def _prepare(
-    config: Config,
-    checkpoint_storage: str | Mapping[str, Any],
-    distributed: DistributedContext | None,
-) -> tuple[dict[str, Any], DistributedContext]:
-    """What every backend checks and resolves first: the external ids, the checkpoint storage
-    and the distributed context.
-
-    Raises:
-        ValueError: ``external_trial_id`` without ``external_experiment_id``, or a storage
-            shortcut that is not understood.
-    """
-    if config.external_trial_id and not config.external_experiment_id:
-        raise ValueError("external_trial_id needs an external_experiment_id to go with it")
-    return storage_config(checkpoint_storage), distributed or DistributedContext.from_env()
-
-
-class LocalBackend:
+class LocalBackend(UnmanagedBackend):
     """An unmanaged run with no master: it runs where it is started, as an off-cluster
     ``cairn.core.init()`` does, and a trial named by both external ids resumes from the latest
     checkpoint its earlier runs saved in the same storage."""
@@ -203,22 +226,9 @@ class LocalBackend:
     def __init__(self) -> None:
         self._root: Path | None = None
 
-    def start(
-        self,
-        config: Config,
-        *,
-        checkpoint_storage: str | Mapping[str, Any],
-        distributed: DistributedContext | None,
-        preempt_mode: PreemptMode,
-        tensorboard_mode: TensorboardMode,
-    ) -> Context:
-        """Creates the run's context (a trial named by both external ids resumes).
-
-        Raises:
-            ValueError: ``external_trial_id`` without ``external_experiment_id``, or a storage
-                shortcut that is not understood.
-        """
-        storage, dist = _prepare(config, checkpoint_storage, distributed)
+    def _start(self, start: RunStart) -> Context:
+        """Creates the run's context (a trial named by both external ids resumes)."""
+        config, storage, dist = start.config, start.storage, start.distributed
         root = self._root = (
             Path(DEFAULT_LOCAL_STORAGE) if storage.get("type") == "s3" else _storage_path(storage)
         ).absolute()
@@ -234,8 +244,8 @@ class LocalBackend:
         context = local_context(
             distributed=dist,
             checkpoint_storage=storage,
-            preempt_mode=preempt_mode,
-            tensorboard_mode=tensorboard_mode,
+            preempt_mode=start.preempt_mode,
+            tensorboard_mode=start.tensorboard_mode,
             hparams=config.hparams,
             reporter=_LedgerReporter(chief_ledger),
             resume=latest,
@@ -260,7 +270,7 @@ class LocalBackend:
         return root.as_uri()
 
 
-class ClusterBackend:
+class ClusterBackend(UnmanagedBackend):
     """An unmanaged run on a cluster: the master keeps its experiment, trial and runs.
 
     Only the chief calls the master (opening the run, heartbeats, closing it); every rank gets
@@ -295,23 +305,9 @@ class ClusterBackend:
         )
         return {"master": client.master, **dict(answer)}
 
-    def start(
-        self,
-        config: Config,
-        *,
-        checkpoint_storage: str | Mapping[str, Any],
-        distributed: DistributedContext | None,
-        preempt_mode: PreemptMode,
-        tensorboard_mode: TensorboardMode,
-    ) -> Context:
-        """Opens the run on the master (the chief does) and returns its context.
-
-        Raises:
-            ValueError: ``external_trial_id`` without ``external_experiment_id``, or a storage
-                shortcut that is not understood.
-            cairn.client.ApiError: the master refused the run (the message says why).
-        """
-        storage, dist = _prepare(config, checkpoint_storage, distributed)
+    def _start(self, start: RunStart) -> Context:
+        """Opens the run on the master (the chief does) and returns its context."""
+        config, storage, dist = start.config, start.storage, start.distributed
         answer = self._open(config, storage) if dist.is_chief else None
         if dist.size > 1:
             answer = dist.broadcast(answer)
@@ -344,8 +340,8 @@ class ClusterBackend:
             info,
             distributed=dist,
             checkpoint_storage=storage,
-            preempt_mode=preempt_mode,
-            tensorboard_mode=tensorboard_mode,
+            preempt_mode=start.preempt_mode,
+            tensorboard_mode=start.tensorboard_mode,
             preemptible=False,
         )
         if dist.is_chief:
