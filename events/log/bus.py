@@ -274,6 +274,27 @@ class Bus:
             raise BusUnavailableError(f"publish failed: {exc}") from exc
         return sum(results)
 
+    async def relayed_position(self) -> int | None:
+        """The log position of the last event the events stream holds (``None`` when it holds
+        none, or its last message carries no position).
+
+        After nats-server restarts on an older copy of its store this is below what the relay
+        published: the relay compares it with its checkpoint to publish the lost tail again.
+
+        Raises:
+            BusUnavailableError: the stream cannot be read.
+        """
+        try:
+            info = await self.js.stream_info(EVENTS_STREAM)
+            if not info.state.messages or not info.state.last_seq:
+                return None
+            last = await self.js.get_msg(EVENTS_STREAM, seq=info.state.last_seq)
+        except NotFoundError:
+            return None
+        except Exception as exc:
+            raise BusUnavailableError(f"cannot read the events stream: {exc}") from exc
+        return position_of(last)
+
     async def publish_command(self, subject: str, payload: bytes, command_id: str) -> None:
         """Publishes a command (deduplicated by ``command_id``) on the command stream."""
         try:

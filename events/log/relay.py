@@ -4,6 +4,14 @@ Loop: read the log after the relay checkpoint, publish the page (JetStream drops
 event id), then advance the checkpoint under the leader's fence. A crash between publish and
 checkpoint only causes a republish, which consumers skip by position.
 
+The checkpoint means "the bus holds everything up to here". A nats-server restarted on an older
+copy of its store breaks that: the events and the agents' commands published since the copy are
+gone, and an agent whose ``start`` command was among them would never run its allocation. So
+the leader compares the last position the events stream holds with its checkpoint when it
+starts leading, after the bus failed, and every :data:`BUS_CHECK_SECONDS`; when the bus is
+behind, the checkpoint moves back to it and the lost tail is published again (events and
+commands alike: consumers skip positions they folded, agents command ids they ran).
+
 No single event can hold the log back: one too large for the bus is published as a stub (see
 :mod:`events.log.bus`), and any other failure is logged and retried with a growing delay.
 """
@@ -27,6 +35,8 @@ from events.log.store import NOTIFY_CHANNEL, EventStore
 CHECKPOINT = "relay"
 MAX_BACKOFF = 10.0
 """The longest wait, in seconds, between two attempts at a page that keeps failing."""
+BUS_CHECK_SECONDS = 2.0
+"""How often the leader checks that the bus still holds what it relayed (see the module doc)."""
 log = structlog.get_logger("relay")
 
 
@@ -41,6 +51,7 @@ class Relay:
         self.page = page
         self.idle_poll = idle_poll
         self.published = 0
+        self.rewinds = 0
 
     async def run(
         self,
@@ -93,9 +104,14 @@ class Relay:
         listener = await db.connect(self.store.dsn)
         await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
         failures = 0
+        checked_at: float | None = None
+        loop = asyncio.get_running_loop()
         try:
             while not stop.is_set() and not lease.lost.is_set():
                 try:
+                    if checked_at is None or loop.time() - checked_at >= BUS_CHECK_SECONDS:
+                        await self.check_bus(lease)
+                        checked_at = loop.time()
                     moved = await self.step(lease)
                 except (BusUnavailableError, StoreUnavailableError) as exc:
                     failures += 1
@@ -106,6 +122,7 @@ class Relay:
                         attempt=failures,
                         retry_in=round(delay, 2),
                     )
+                    checked_at = None  # the bus may have come back on an older store
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), delay)
                     continue
@@ -119,6 +136,26 @@ class Relay:
         finally:
             with contextlib.suppress(Exception):
                 await listener.close()
+
+    async def check_bus(self, lease: LeaderLease) -> bool:
+        """Moves the checkpoint back to the bus's last relayed position when the bus holds less
+        than the checkpoint says (it restarted on an older store); returns whether it did."""
+        on_bus = await self.bus.relayed_position()
+        if on_bus is None:
+            return False
+        relayed = await self.store.checkpoint(CHECKPOINT)
+        if on_bus >= relayed:
+            return False
+        log.warning(
+            "the bus lost relayed events; publishing them again",
+            bus_position=on_bus,
+            checkpoint=relayed,
+        )
+        async with self.store.transaction() as tx:
+            await tx.check_fence(lease.fence)
+            await tx.rewind_checkpoint(CHECKPOINT, on_bus)
+        self.rewinds += 1
+        return True
 
     async def step(self, lease: LeaderLease) -> int:
         """Relays one page after the checkpoint; returns how many events it covered."""

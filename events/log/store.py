@@ -251,6 +251,17 @@ class Transaction(LogReads):
             position,
         )
 
+    async def rewind_checkpoint(self, name: str, position: int) -> None:
+        """Moves consumer ``name``'s checkpoint back to ``position`` (a checkpoint already at or
+        below it stays): for a consumer that learns its effects since ``position`` were lost
+        downstream and must be made again, as the relay does when the bus lost its tail."""
+        await self.conn.execute(
+            """UPDATE checkpoints SET position = $2, updated_at = now()
+               WHERE name = $1 AND position > $2""",
+            name,
+            position,
+        )
+
 
 class EventStore(LogReads):
     """The log: an asyncpg pool plus the append/read operations on it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from cairn.local.servers import ServerProcess, start_nats
-from events.domain.types import ExperimentSubmitted
-from events.log.bus import Bus
+from events.domain.commands import agent_subject
+from events.domain.types import ExperimentSubmitted, SlotsAllocated
+from events.log.bus import COMMANDS_STREAM, Bus
 from events.log.consumer import ConsumerRunner
 from events.log.relay import CHECKPOINT as RELAY_CHECKPOINT
 from events.log.relay import Relay
@@ -115,4 +117,49 @@ async def test_nats_restored_from_older_store_heals_from_postgres(
         assert await pipeline.store.checkpoint(RELAY_CHECKPOINT) >= relayed_before
         await assert_exactly_once(pipeline.store)
     finally:
+        server.stop()
+
+
+async def test_a_command_lost_with_the_bus_store_is_published_again(
+    pipeline: Pipeline, nats_server: ServerProcess, tmp_path: Path
+) -> None:
+    """nats-server restarted on a copy of its store older than an agent's ``start`` command:
+    the relay sees the bus behind its checkpoint, publishes the lost tail again, and the agent's
+    durable queue (as old as the copy) delivers the command."""
+    setup = await Bus.connect(nats_server.url)
+    await setup.pull("agent-a1", [agent_subject("a1")], stream=COMMANDS_STREAM)
+    await setup.close()
+    await append_burst(pipeline.store, 1, 5)
+    await wait_until(pipeline.settled)
+    nats_server.stop()
+    snapshot = tmp_path / "nats-old"
+    shutil.copytree(nats_server.data_dir, snapshot)
+    server = start_nats(nats_server.data_dir, port=nats_server.port)
+    allocated = SlotsAllocated(trial_id=7, allocation_id="7.1", placements={"a1": ["s0"]})
+    await pipeline.store.append("trial-7", [allocated])
+    await wait_until(pipeline.settled, timeout=40)
+    server.stop()
+    shutil.rmtree(nats_server.data_dir)
+    shutil.copytree(snapshot, nats_server.data_dir)
+    server = start_nats(nats_server.data_dir, port=nats_server.port)
+    agent = await Bus.connect(nats_server.url)
+    try:
+        queue = await agent.pull("agent-a1", [agent_subject("a1")], stream=COMMANDS_STREAM)
+        received: list[str] = []
+
+        async def started() -> bool:
+            try:
+                for msg in await queue.fetch(10, timeout=0.5):
+                    received.append(json.loads(msg.data)["command_id"])
+                    await msg.ack()
+            except TimeoutError:
+                pass
+            return "start:7.1:a1" in received
+
+        await wait_until(started, timeout=40)
+        assert pipeline.relay.rewinds >= 1, "the relay never found the bus behind its checkpoint"
+        await wait_until(pipeline.settled, timeout=40)
+        await assert_exactly_once(pipeline.store)
+    finally:
+        await agent.close()
         server.stop()
