@@ -91,7 +91,8 @@ def test_a_command_cannot_report_ready() -> None:
 
 def test_idle_past_the_timeout_kills_the_notebook_and_its_exit_says_why() -> None:
     """An idle report short of idle_timeout decides nothing; past it, a kill naming the idle
-    timeout, after which the exit is ``killed`` with that reason; no timeout never kills."""
+    timeout, after which the exit (0: Jupyter stops cleanly) is ``killed`` with that reason;
+    no timeout never kills."""
     log = Log()
     started_notebook(log, idle_timeout="30s")
     assert decide_task_idle(folded(log), ReportTaskIdle(ALLOC, "a", 29)) == []
@@ -100,7 +101,7 @@ def test_idle_past_the_timeout_kills_the_notebook_and_its_exit_says_why() -> Non
     assert isinstance(kill, TaskKillRequested) and "idle_timeout 30s" in kill.reason
     assert kill.agent_ids == ["a"]
     assert decide_task_idle(folded(log), ReportTaskIdle(ALLOC, "a", 60)) == []
-    append(log, decide_task_exited(folded(log), ReportTaskExited(ALLOC, "a", 143, "killed")))
+    append(log, decide_task_exited(folded(log), ReportTaskExited(ALLOC, "a", 0, "killed")))
     task = folded(log)
     assert task.outcome == "killed" and "idle for 31s" in task.message
 

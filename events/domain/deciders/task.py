@@ -265,11 +265,12 @@ def decide_task_idle(state: TaskView, command: ReportTaskIdle) -> Decision:
 
 
 def task_outcome(state: TaskView, exit_code: int, *, agent_shutdown: bool = False) -> TaskOutcome:
-    """How a run that exited with ``exit_code`` ended: ``killed`` when a kill was asked for,
+    """How a run that exited with ``exit_code`` ended: ``killed`` when a kill was asked for
+    (and it exited non-zero, or it is a server),
     ``lost`` when its agent stopped it while shutting down (the platform ended it, not the
     command), else ``completed`` (0) or ``failed``."""
-    if state.kill_requested and exit_code != 0:
-        return "killed"
+    if state.kill_requested and (exit_code != 0 or state.kind in SERVING_KINDS):
+        return "killed"  # a server (a notebook) exits 0 when stopped: it never completes
     if agent_shutdown:
         return "lost"
     return "completed" if exit_code == 0 else "failed"
