@@ -237,6 +237,7 @@ class RunLaunching(AgentState):
                 address,
                 port,
                 TaskConfig.model_validate(run.config),
+                run.serve_token,
                 lambda idle: self.client.idle(aid, self.id, idle, f"idle:{aid}:{self.id}"),
             )
         except ApiError as exc:

@@ -132,6 +132,8 @@ class RunSpec:
     """Set for a task's run (a command), which is no trial's."""
     task_kind: str | None = None
     """A task's kind (``command``, ``notebook``)."""
+    serve_token: str | None = None
+    """The token a serving task's server requires (the spec's ``serve_token``)."""
 
     @classmethod
     def from_api(cls, raw: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -205,6 +207,7 @@ class RunSpec:
             identity=identity_of(spec.agent_user_group),
             task_id=spec.task_id,
             task_kind=spec.task_kind,
+            serve_token=spec.serve_token,
         )
 
 
@@ -313,6 +316,8 @@ def trial_environment(
                 "CAIRN_CLUSTER_ID": run.cluster_id,
             }
         )
+        if run.serve_token:
+            env["JUPYTER_TOKEN"] = run.serve_token  # the server's only credential: see serving
         return [env]
     env.update(
         {

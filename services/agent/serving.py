@@ -4,8 +4,11 @@ The agent picks the port, starts the server bound to the agent's address and ser
 ``/proxy/<task_id>/`` (the API's proxy forwards paths unchanged), reports ``ready`` once the
 port accepts connections, and, when the task has an ``idle_timeout``, polls the server's
 ``/api/status`` and reports ``idle`` once it has had no activity and no open connection for
-that long (the API then decides the kill). The server's own authentication is off: the API's
-proxy is its only gate, so the agent's address must be reachable by the API and not by users.
+that long (the API then decides the kill). The server requires a token of every request
+(``JUPYTER_TOKEN`` in its environment: the spec's ``serve_token``, an HMAC of the task and its
+allocation under the cluster secret); the API's proxy adds it to what it forwards and the agent
+to its status polls, so a process that reaches the port without going through the proxy (another
+user's trial on the same host) is refused.
 """
 
 from __future__ import annotations
@@ -19,11 +22,10 @@ import aiohttp
 import structlog
 
 from events.domain.config.task import TaskConfig
+from events.domain.deciders.task import SERVING_KINDS as SERVING_KINDS
 
 log = structlog.get_logger("agent")
 
-SERVING_KINDS = frozenset({"notebook"})
-"""Task kinds whose process is a server the agent builds the command line of."""
 
 READY_POLL_SECONDS = 0.2
 IDLE_POLL_MAX_SECONDS = 10.0
@@ -35,8 +37,8 @@ def proxy_prefix(task_id: str) -> str:
 
 
 def notebook_argv(task_id: str, *, address: str, port: int, work: Path) -> list[str]:
-    """JupyterLab on ``address``:``port`` under the proxy's prefix, rooted at the work dir,
-    without its own token (the proxy authenticates)."""
+    """JupyterLab on ``address``:``port`` under the proxy's prefix, rooted at the work dir (its
+    token comes from ``JUPYTER_TOKEN`` in its environment, never its command line)."""
     return [
         "python",
         "-m",
@@ -48,7 +50,6 @@ def notebook_argv(task_id: str, *, address: str, port: int, work: Path) -> list[
         f"--ServerApp.base_url={proxy_prefix(task_id)}",
         f"--ServerApp.root_dir={work}",
         "--ServerApp.allow_remote_access=True",
-        "--IdentityProvider.token=",
         "--ServerApp.password=",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
@@ -84,6 +85,7 @@ async def watch_idle(
     address: str,
     port: int,
     config: TaskConfig,
+    token: str | None,
     report: Callable[[int], object],
 ) -> None:
     """Polls the notebook's ``/api/status``; calls ``report(idle_seconds)`` (awaited) once it
@@ -93,7 +95,10 @@ async def watch_idle(
         return
     every = min(max(timeout / 5, 0.5), IDLE_POLL_MAX_SECONDS)
     url = f"http://{address}:{port}{proxy_prefix(task_id)}api/status"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=10), headers=headers
+    ) as session:
         while True:
             await asyncio.sleep(every)
             try:

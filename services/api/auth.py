@@ -128,6 +128,23 @@ def sign_trial_token(secret: bytes, trial_id: int, run_id: int) -> str:
     return _sign(secret, f"{trial_label(trial_id)}:{run_id}")
 
 
+def sign_serve_token(secret: bytes, task_id: str, allocation_id: str) -> str:
+    """The token a task's server (a notebook) requires of every request: only the API's proxy,
+    which adds it, and the agent that started the server know it, so another process that can
+    reach the server's port (another user's trial on the same host) is refused.
+
+    Args:
+        secret: the cluster secret (:func:`cluster_secret`).
+        task_id: the task.
+        allocation_id: the task's allocation (a new allocation gets a new token).
+
+    Returns:
+        ``HMAC-SHA256(secret, "serve:<task_id>:<allocation_id>")`` in hex.
+    """
+    label = f"serve:{task_id}:{allocation_id}".encode()
+    return hmac.new(secret, label, hashlib.sha256).hexdigest()
+
+
 def _sign(secret: bytes, label: str) -> str:
     mac = hmac.new(secret, f"{TRIAL_PREFIX}{label}".encode(), hashlib.sha256).hexdigest()
     return f"{TRIAL_PREFIX}{label}:{mac}"

@@ -9,7 +9,9 @@ Invariants a change must keep:
   ``/proxy/<task_id>/``).
 - Only the task's owner or an admin passes (403 otherwise; 404 for an unknown task). The
   caller's cairn credentials never travel on: the ``Authorization`` header and the session
-  cookie are stripped, and the upstream client keeps no cookies of its own.
+  cookie are stripped, and the upstream client keeps no cookies of its own. What goes upstream
+  carries instead the task server's own token (``sign_serve_token``), which only the proxy and
+  the agent know: the server refuses whoever reaches its port another way.
 - Bodies are streamed both ways; a request body over :data:`MAX_PROXY_BODY` is refused (413),
   and so is a WebSocket frame over :data:`MAX_WS_FRAME` (the connection is closed, code 1009).
 - A task not ready yet, or whose server refuses the connection, answers 502; an ended one 410.
@@ -28,10 +30,10 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from events.domain.aggregates import TaskView
-from services.api.auth import SESSION_COOKIE, principal_of
+from services.api.auth import SESSION_COOKIE, principal_of, sign_serve_token
 from services.api.errors import ApiError
 from services.api.routes_tasks import check_task_owner, load_task
-from services.api.routing import USERS, RouteTable, store_of
+from services.api.routing import USERS, RouteTable, state_of, store_of
 
 log = structlog.get_logger("api")
 routes = RouteTable("proxy")
@@ -72,8 +74,9 @@ class _BodyTooLarge(Exception):
     pass
 
 
-def forwarded_headers(request: web.Request) -> CIMultiDict[str]:
-    """The headers sent upstream: the caller's, minus hop-by-hop ones and cairn's credentials."""
+def forwarded_headers(request: web.Request, task: TaskView) -> CIMultiDict[str]:
+    """The headers sent upstream: the caller's, minus hop-by-hop ones and cairn's credentials,
+    plus the token the task's server requires (:func:`~services.api.auth.sign_serve_token`)."""
     headers: CIMultiDict[str] = CIMultiDict()
     for name, value in request.headers.items():
         lower = name.lower()
@@ -86,6 +89,9 @@ def forwarded_headers(request: web.Request) -> CIMultiDict[str]:
     headers["Host"] = request.host
     headers["X-Forwarded-For"] = request.remote or ""
     headers["X-Forwarded-Proto"] = request.scheme
+    if task.allocation_id is not None:
+        token = sign_serve_token(state_of(request).secret, task.task_id, task.allocation_id)
+        headers["Authorization"] = f"token {token}"
     return headers
 
 
@@ -168,7 +174,7 @@ async def _http(request: web.Request, task: TaskView) -> web.StreamResponse:
         upstream = await session.request(
             request.method,
             _target(task, request),
-            headers=forwarded_headers(request),
+            headers=forwarded_headers(request, task),
             data=body() if has_body else None,
             allow_redirects=False,
         )
@@ -204,7 +210,7 @@ async def _websocket(request: web.Request, task: TaskView) -> web.StreamResponse
     try:
         upstream = await session.ws_connect(
             _target(task, request),
-            headers=forwarded_headers(request),
+            headers=forwarded_headers(request, task),
             protocols=protocols,
             max_msg_size=MAX_WS_FRAME,
             autoping=True,

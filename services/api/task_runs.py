@@ -20,6 +20,7 @@ from aiohttp import web
 from events.domain.aggregates import TaskView
 from events.domain.deciders import Decision
 from events.domain.deciders.task import (
+    SERVING_KINDS,
     ReportTaskExited,
     ReportTaskIdle,
     ReportTaskReady,
@@ -31,7 +32,7 @@ from events.domain.deciders.task import (
 )
 from events.domain.names import task_stream
 from events.log.store import Transaction
-from services.api.auth import check_agent, check_holder, principal_of
+from services.api.auth import check_agent, check_holder, principal_of, sign_serve_token
 from services.api.decided import accepted, append_decided
 from services.api.errors import forbidden, not_found, parse, read_json
 from services.api.identities import identity_for_run
@@ -104,6 +105,11 @@ async def spec(request: web.Request, task_id: str) -> web.Response:
         agent_user_group=identity.to_json(),
         task_id=task_id,
         task_kind=task.kind,
+        serve_token=(
+            sign_serve_token(state.secret, task_id, allocation_id)
+            if task.kind in SERVING_KINDS
+            else None
+        ),
     )
     return web.json_response(body.model_dump(mode="json"))
 

@@ -134,6 +134,9 @@ class SpecResponse(BaseModel):
     task_id: str | None = None
     """Set for a task's run (a command): the agent runs ``entrypoint`` as the owner, like a
     trial's, but gives it no token, hyperparameters or TensorBoard directory."""
+    serve_token: str | None = None
+    """For a task that serves HTTP (a notebook): the token its server requires of every request
+    (the API's proxy adds it); never shown to users or written to the log."""
     task_kind: str | None = None
     """A task's kind: ``command`` runs ``entrypoint``; ``notebook`` runs JupyterLab on a port
     the agent picks, reported with ``POST /allocations/{id}/ready`` once it accepts

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import pytest
 
 from services.api.proxy import MAX_WS_FRAME
@@ -59,6 +60,17 @@ def start_notebook(env: Env, *config: str) -> dict[str, Any]:
     task = json.loads(done.stdout)
     assert task["ready"] and task["url"].endswith(f"/proxy/{task['id']}/lab")
     return dict(task)
+
+
+def server_address(task_id: str) -> str:
+    """``http://address:port`` the notebook of ``task_id`` listens on, as a process on the
+    agent's host finds it (from the server's command line)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if f"--ServerApp.base_url=/proxy/{task_id}/" in argv:
+            flags = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+            return f"http://{flags['ServerApp.ip']}:{flags['ServerApp.port']}"
+    raise AssertionError(f"no server process of task {task_id}")
 
 
 async def login(http: aiohttp.ClientSession, env: Env, user: str, password: str) -> str:
@@ -108,7 +120,8 @@ async def test_notebook_through_the_proxy_owner_only_kernel_runs_and_ended_is_go
     """The owner reaches JupyterLab through the proxy (bearer and login cookie), runs a cell
     over the proxied WebSocket that prints 1+1 and its cluster info; no session is 401,
     another user 403, an unknown task 404, no header reroutes the proxy, an oversized frame
-    closes the socket, and once killed the proxy answers 410."""
+    closes the socket, the server refuses whoever reaches its port without the proxy, and once
+    killed the proxy answers 410."""
     task = start_notebook(cluster)
     task_id = task["id"]
     base = f"{cluster.api_url}/proxy/{task_id}/"
@@ -162,6 +175,16 @@ async def test_notebook_through_the_proxy_owner_only_kernel_runs_and_ended_is_go
                         pass  # the kernel's own messages until the proxy closes
         async with bare.get(base + "api/status", headers=bearer) as answer:
             assert answer.status == 200  # the notebook itself is unharmed
+
+        # Whoever reaches the notebook's port without the proxy (another user's trial on the
+        # same host) is refused: the server requires the token only the proxy adds.
+        direct = f"{server_address(task_id)}/proxy/{task_id}/"
+        async with bare.get(direct + "api/status") as answer:
+            assert answer.status == 403
+        async with bare.get(direct + "api/status", headers=bearer) as answer:
+            assert answer.status == 403  # a cairn session is no credential there either
+        with pytest.raises(aiohttp.WSServerHandshakeError):
+            await bare.ws_connect(f"{direct}api/kernels/{kernel}/channels")
 
         ok(cluster, "notebook", "kill", task_id)
 
