@@ -420,6 +420,14 @@ class Client:
             body["code"] = base64.b64encode(code_tarball(context)).decode()
         return dict(self.call("POST", "/commands", body))
 
+    def start_notebook(self, config: dict[str, Any], context: Path | None = None) -> dict[str, Any]:
+        """Starts a notebook task (JupyterLab in the uploaded ``context`` directory, if any);
+        returns the task as :meth:`get_task` does."""
+        body: dict[str, Any] = {"config": config}
+        if context is not None:
+            body["code"] = base64.b64encode(code_tarball(context)).decode()
+        return dict(self.call("POST", "/notebooks", body))
+
     def list_tasks(self) -> dict[str, Any]:
         """The caller's tasks (an admin's: everyone's): ``{"tasks": [...]}``."""
         return dict(self.get("/tasks"))

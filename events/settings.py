@@ -422,6 +422,10 @@ TASK_ID: Setting[str | None] = Setting(
     "CAIRN_TASK_ID", "str", _text, None, TRIAL, "the task this process belongs to",
     default_doc="the trial id",
 )  # fmt: skip
+TASK_TYPE: Setting[str] = Setting(
+    "CAIRN_TASK_TYPE", "str", _text, "TRIAL", TRIAL,
+    "what the process runs for: `TRIAL`, or a task's kind (`COMMAND`, `NOTEBOOK`)",
+)  # fmt: skip
 CONTAINER_ADDRS: Setting[list[str] | None] = Setting(
     "CAIRN_CONTAINER_ADDRS", "JSON list of str", _json_strings, None, TRIAL,
     "the address of each machine of the run, by container rank",

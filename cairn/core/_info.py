@@ -20,8 +20,8 @@ from typing import Any
 
 from events import settings
 
-_REQUIRED = (settings.MASTER, settings.TRIAL_ID, settings.ALLOCATION_ID)
-"""Without all three the process was not started by a cairn agent."""
+_REQUIRED = (settings.MASTER, settings.ALLOCATION_ID)
+"""Without both (and a trial or task id) the process was not started by a cairn agent."""
 LOCALHOST = "127.0.0.1"
 
 
@@ -75,7 +75,8 @@ class ClusterInfo:
         on_cluster: False for the stand-in built by an off-cluster ``init()``.
         cluster_id: the cluster's id (``""`` when the agent does not say).
         task_id: the task this process belongs to; a trial is one task.
-        task_type: always ``"TRIAL"`` (the only task type cairn runs).
+        task_type: ``"TRIAL"``, or a task's kind (``"COMMAND"``, ``"NOTEBOOK"``); a task's
+            ``trial`` has trial and experiment id 0.
         user: the user who owns the experiment (``""`` when the agent does not say).
         container_addrs: the address of each container (machine) of the run, by container rank;
             empty when the run spans machines and the agent did not publish them.
@@ -172,6 +173,8 @@ def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | Non
     env = dict(os.environ if environ is None else environ)
     if not all(setting.is_set(env) for setting in _REQUIRED):
         return None
+    if not (settings.TRIAL_ID.is_set(env) or settings.TASK_ID.is_set(env)):
+        return None
     trial = TrialInfo(
         trial_id=settings.TRIAL_ID.get(env),
         experiment_id=settings.EXPERIMENT_ID.get(env),
@@ -194,6 +197,7 @@ def get_cluster_info(environ: dict[str, str] | None = None) -> ClusterInfo | Non
         trial=trial,
         cluster_id=settings.CLUSTER_ID.get(env),
         task_id=settings.TASK_ID.get(env) or str(trial.trial_id),
+        task_type=settings.TASK_TYPE.get(env),
         user=settings.USER.get(env) or "",
         container_addrs=addrs,
         container_rank=rank,

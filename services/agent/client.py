@@ -24,10 +24,12 @@ from services.contracts.agent import (
     ExitedBody,
     HeartbeatBody,
     HeartbeatResponse,
+    IdleBody,
     JoinResponse,
     LeavingBody,
     LogsBody,
     PreemptionResponse,
+    ReadyBody,
     RegisterBody,
     RendezvousJoinBody,
     RendezvousResponse,
@@ -367,6 +369,31 @@ class ApiClient:
             message=message,
             idempotency_key=key,
             **shutdown,
+        )
+
+    async def ready(
+        self, allocation_id: str, agent_id: str, address: str, port: int, key: str
+    ) -> Any:
+        """``POST /allocations/{id}/ready``: a task's server accepts connections."""
+        return await self._post_allocation(
+            allocation_id,
+            "ready",
+            ReadyBody,
+            agent_id=agent_id,
+            address=address,
+            port=port,
+            idempotency_key=key,
+        )
+
+    async def idle(self, allocation_id: str, agent_id: str, idle_seconds: int, key: str) -> Any:
+        """``POST /allocations/{id}/idle``: a task's server has been idle ``idle_seconds``."""
+        return await self._post_allocation(
+            allocation_id,
+            "idle",
+            IdleBody,
+            agent_id=agent_id,
+            idle_seconds=idle_seconds,
+            idempotency_key=key,
         )
 
     async def logs(

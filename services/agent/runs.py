@@ -14,6 +14,7 @@ from pathlib import Path
 
 import structlog
 
+from events.domain.config.task import TaskConfig
 from services.agent.client import ApiError
 from services.agent.confinement import RunDirectoryError, RunPlaces
 from services.agent.docker_runtime import DockerRuntimeError, TrialContainers, run_image
@@ -28,6 +29,7 @@ from services.agent.runtime import (
     reachable_address,
     trial_environment,
 )
+from services.agent.serving import SERVING_KINDS, notebook_argv, wait_ready, watch_idle
 from services.agent.state import AgentState, Allocation
 from services.confine import ConfinementError
 
@@ -89,6 +91,15 @@ class RunLaunching(AgentState):
                 work = prepare_work_dir(self.config.work_dir, aid)
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
+                serves: tuple[str, int] | None = None
+                if run.task_id is not None and run.task_kind in SERVING_KINDS:
+                    serves = (
+                        self.config.address or reachable_address(self.config.api_url),
+                        free_port(),
+                    )
+                    run.argv = notebook_argv(
+                        run.task_id, address=serves[0], port=serves[1], work=work
+                    )
                 device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
                 image = run_image(run.config, device, self.config.default_image)
                 identity = self.confinement.identity_for(run.identity, container=image is not None)
@@ -179,7 +190,10 @@ class RunLaunching(AgentState):
                 )
             )
             gang = self._spawn(self._watch_gang(alloc)) if run.num_nodes > 1 else None
+            serving = self._spawn(self._serve(alloc, run, serves)) if serves else None
             status = await procs.wait()
+            if serving is not None:
+                serving.cancel()
             if gang is not None:
                 if status == 0 and run.node_rank > 0 and not alloc.kill_requested:
                     # A worker part that finished waits for the chief's part to end the run:
@@ -205,6 +219,29 @@ class RunLaunching(AgentState):
                 await asyncio.to_thread(shutil.rmtree, work, True)
             if places is not None:
                 await asyncio.to_thread(self.confinement.release, places)
+
+    async def _serve(self, alloc: Allocation, run: RunSpec, serves: tuple[str, int]) -> None:
+        """Reports a task's server ready once its port accepts connections, then watches it
+        for its ``idle_timeout`` and reports it idle (the API decides the kill)."""
+        aid, (address, port) = alloc.allocation_id, serves
+        procs = alloc.procs
+        if procs is None or run.task_id is None:
+            return
+        try:
+            if not await wait_ready(address, port, lambda: procs.done):
+                return
+            await self.client.ready(aid, self.id, address, port, f"ready:{aid}:{self.id}")
+            log.info("task ready", allocation_id=aid, address=address, port=port)
+            await watch_idle(
+                run.task_id,
+                address,
+                port,
+                TaskConfig.model_validate(run.config),
+                run.serve_token,
+                lambda idle: self.client.idle(aid, self.id, idle, f"idle:{aid}:{self.id}"),
+            )
+        except ApiError as exc:
+            log.error("task server report refused", allocation_id=aid, error=str(exc))
 
     async def _rendezvous(self, alloc: Allocation, run: RunSpec) -> str | None:
         """Joins the rendezvous of a run placed on several agents and waits for the others.

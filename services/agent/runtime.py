@@ -34,6 +34,7 @@ from cairn.compat import python_path_with_shim
 from events.domain.archive import extract_tar
 from events.domain.config.storage import checkpoint_root as checkpoint_root
 from services.agent.client import ApiClient
+from services.agent.serving import SERVING_KINDS
 from services.confine import Identity
 from services.contracts.agent import SpecResponse
 
@@ -129,6 +130,10 @@ class RunSpec:
     """The unix identity the owner's code runs as (the spec's ``agent_user_group``)."""
     task_id: str | None = None
     """Set for a task's run (a command), which is no trial's."""
+    task_kind: str | None = None
+    """A task's kind (``command``, ``notebook``)."""
+    serve_token: str | None = None
+    """The token a serving task's server requires (the spec's ``serve_token``)."""
 
     @classmethod
     def from_api(cls, raw: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -166,7 +171,11 @@ class RunSpec:
             rank_offset = sum(len(placements[a]) for a in agents[:node_rank])
             world = max(sum(len(v) for v in placements.values()), 1)
         config = dict(spec.config)
-        argv, launcher = launcher_argv(entrypoint_argv(spec.entrypoint))
+        argv: list[str]
+        if spec.task_kind in SERVING_KINDS:
+            argv, launcher = [], False  # the agent builds a server's command line (its port)
+        else:
+            argv, launcher = launcher_argv(entrypoint_argv(spec.entrypoint))
         return cls(
             allocation_id=spec.allocation_id,
             trial_id=spec.trial_id,
@@ -197,6 +206,8 @@ class RunSpec:
             num_nodes=num_nodes,
             identity=identity_of(spec.agent_user_group),
             task_id=spec.task_id,
+            task_kind=spec.task_kind,
+            serve_token=spec.serve_token,
         )
 
 
@@ -297,6 +308,7 @@ def trial_environment(
             {
                 "CAIRN_MASTER": api_url.rstrip("/"),
                 "CAIRN_TASK_ID": run.task_id,
+                "CAIRN_TASK_TYPE": (run.task_kind or "command").upper(),
                 "CAIRN_ALLOCATION_ID": run.allocation_id,
                 "CAIRN_AGENT_ID": agent_id,
                 "CAIRN_SLOT_IDS": json.dumps(run.slot_ids),
@@ -304,6 +316,8 @@ def trial_environment(
                 "CAIRN_CLUSTER_ID": run.cluster_id,
             }
         )
+        if run.serve_token:
+            env["JUPYTER_TOKEN"] = run.serve_token  # the server's only credential: see serving
         return [env]
     env.update(
         {

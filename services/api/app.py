@@ -14,6 +14,7 @@ from events.log.bus_auth import Authority
 from events.log.store import EventStore
 from services.api import (
     openapi,
+    proxy,
     routes_agents,
     routes_allocations,
     routes_audit,
@@ -131,11 +132,12 @@ def create_app(
     app[THROTTLER] = LoginThrottler(state.cluster.accounts.login_throttle)
     app[routes_checkpoints.CHECKPOINT_ROOT] = default_checkpoint_root(checkpoint_root)
     routes_master.mark_started(app)
-    for route in [*all_routes(), *routes_webui.routes.routes]:
+    for route in [*all_routes(), *routes_webui.routes.routes, *proxy.routes.routes]:
         app.router.add_route(route.method, route.path, route.handler)
         state.routes[route.handler] = route
     app.on_startup.append(functools.partial(_startup, admin_password=admin_password))
     routes_unmanaged.install(app)
+    proxy.install(app)
     return app
 
 

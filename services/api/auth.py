@@ -36,7 +36,7 @@ from events.log.store import EventStore
 from services.api import agent_credentials, tables
 from services.api.audit_trail import actor_of, set_actor
 from services.api.errors import ApiError, forbidden, unauthorized
-from services.api.routing import state_of
+from services.api.routing import Route, state_of
 
 log = structlog.get_logger("api")
 
@@ -126,6 +126,23 @@ def sign_trial_token(secret: bytes, trial_id: int, run_id: int) -> str:
         ``trial:<label>:<run_id>:<HMAC-SHA256(secret, "trial:<label>:<run_id>") hex>``.
     """
     return _sign(secret, f"{trial_label(trial_id)}:{run_id}")
+
+
+def sign_serve_token(secret: bytes, task_id: str, allocation_id: str) -> str:
+    """The token a task's server (a notebook) requires of every request: only the API's proxy,
+    which adds it, and the agent that started the server know it, so another process that can
+    reach the server's port (another user's trial on the same host) is refused.
+
+    Args:
+        secret: the cluster secret (:func:`cluster_secret`).
+        task_id: the task.
+        allocation_id: the task's allocation (a new allocation gets a new token).
+
+    Returns:
+        ``HMAC-SHA256(secret, "serve:<task_id>:<allocation_id>")`` in hex.
+    """
+    label = f"serve:{task_id}:{allocation_id}".encode()
+    return hmac.new(secret, label, hashlib.sha256).hexdigest()
 
 
 def _sign(secret: bytes, label: str) -> str:
@@ -431,6 +448,34 @@ def bearer(request: web.Request) -> str | None:
     return token.strip()
 
 
+SESSION_COOKIE = "cairn_session"
+"""The cookie holding a user's session token after a login, sent by a browser only to the task
+proxy (:data:`SESSION_COOKIE_PATH`), so a page served there needs no token in its URL."""
+
+SESSION_COOKIE_PATH = "/proxy/"
+
+
+def set_session_cookie(response: web.StreamResponse, token: str, *, max_age: timedelta) -> None:
+    """Sets the session cookie: HttpOnly (no script reads it), SameSite=Strict (no other
+    site's page sends it), scoped to the proxy's paths."""
+    response.set_cookie(
+        SESSION_COOKIE,
+        token,
+        path=SESSION_COOKIE_PATH,
+        max_age=int(max_age.total_seconds()),
+        httponly=True,
+        samesite="Strict",
+    )
+
+
+def session_token(request: web.Request, route: Route | None) -> str | None:
+    """The request's bearer token, else (on a route taking it) its session cookie."""
+    token = bearer(request)
+    if token is None and route is not None and route.session_cookie:
+        token = request.cookies.get(SESSION_COOKIE) or None
+    return token
+
+
 def principal_of(request: web.Request) -> Principal:
     """The authenticated caller of ``request`` (set by :func:`auth_middleware`)."""
     principal = request.get(_PRINCIPAL)
@@ -472,7 +517,7 @@ async def auth_middleware(request: web.Request, handler: Any) -> web.StreamRespo
         raise request.match_info.http_exception
     route = state_of(request).routes.get(request.match_info.handler)
     if route is None or "public" not in route.allow:
-        token = bearer(request)
+        token = session_token(request, route)
         if token is None:
             raise unauthorized("missing bearer token")
         principal = await authenticate(request, token)

@@ -34,7 +34,7 @@ from services.api.auth import (
     sign_trial_token,
 )
 from services.api.decided import append_accepted
-from services.api.errors import parse, read_json
+from services.api.errors import not_found, parse, read_json
 from services.api.identities import identity_for_run
 from services.api.inbox import claim, in_transaction, record
 from services.api.limits import BATCH_MAX_BODY
@@ -56,10 +56,12 @@ from services.api.views import (
 )
 from services.contracts.agent import (
     ExitedBody,
+    IdleBody,
     LogsBody,
     LogsResponse,
     PreemptionQuery,
     PreemptionResponse,
+    ReadyBody,
     ReportResponse,
     SpecQuery,
     SpecResponse,
@@ -280,6 +282,40 @@ async def logs(request: web.Request, allocation_id: str, trial_id: int) -> web.R
     alloc = runs.trial.allocations[allocation_id]
     check_holder(principal_of(request), allocation_id, alloc.run_id, alloc.placements)
     return await store_lines(request, allocation_id, "trial_id", trial_id, body)
+
+
+def _task_of(request: web.Request) -> str:
+    """The task of the path's allocation; 404 for a trial's (only tasks serve or idle)."""
+    allocation_id = request.match_info["allocation_id"]
+    task_id = task_of_allocation(allocation_id)
+    if task_id is None:
+        raise not_found(f"no task allocation {allocation_id[:60]!r}")
+    return task_id
+
+
+@routes.post(
+    "/api/v1/allocations/{allocation_id}/ready",
+    allow=AGENTS,
+    body=ReadyBody,
+    response=ReportResponse,
+)
+async def ready(request: web.Request) -> web.Response:
+    """Appends TaskReady once per task allocation: its server accepts connections at the
+    address the proxy then forwards to."""
+    parse(ReadyBody, await read_json(request))  # a bad body is a 400 on any allocation
+    return await task_runs.ready(request, _task_of(request))
+
+
+@routes.post(
+    "/api/v1/allocations/{allocation_id}/idle",
+    allow=AGENTS,
+    body=IdleBody,
+    response=ReportResponse,
+)
+async def idle(request: web.Request) -> web.Response:
+    """Kills a task idle past its ``idle_timeout`` (TaskKillRequested naming it), once."""
+    parse(IdleBody, await read_json(request))
+    return await task_runs.idle(request, _task_of(request))
 
 
 @routes.get(

@@ -78,13 +78,15 @@ async def login(request: web.Request) -> web.Response:
     throttler.succeeded(body.username, address)
     token, admin, expires_at = issued
     set_actor(request, body.username)
-    return web.json_response(
+    response = web.json_response(
         {
             "token": token,
             "user": {"username": body.username, "admin": admin},
             "expires_at": expires_at.isoformat(),
         }
     )
+    auth.set_session_cookie(response, token, max_age=accounts.token_lifetime)
+    return response
 
 
 @routes.post("/api/v1/auth/logout", allow=ANYONE)
@@ -93,7 +95,9 @@ async def logout(request: web.Request) -> web.Response:
     token = auth.bearer(request)
     if token is not None and auth.principal_of(request).kind == "user":
         await auth.logout(store_of(request), token)
-    return web.json_response({})
+    response = web.json_response({})
+    response.del_cookie(auth.SESSION_COOKIE, path=auth.SESSION_COOKIE_PATH)
+    return response
 
 
 @routes.get("/api/v1/me", allow=ANYONE)

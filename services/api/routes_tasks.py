@@ -20,10 +20,13 @@ from events.domain.aggregates import TASK_FACTS, TaskView, apply_task, fold_task
 from events.domain.aggregates.common import iso
 from events.domain.deciders.task import (
     MAX_ARGV_ITEMS,
+    SERVING_KINDS,
     KillTask,
     RunCommand,
+    StartNotebook,
     decide_kill_task,
     decide_run_command,
+    decide_start_notebook,
 )
 from events.domain.names import is_task_id, task_of_stream, task_stream
 from events.log.store import Transaction
@@ -55,6 +58,16 @@ class CreateCommandBody(BaseModel):
     code: str | None = None
 
 
+class CreateNotebookBody(BaseModel):
+    """A notebook to start: its ``config`` (the command config's fields and ``idle_timeout``)
+    and its context directory as a base64 tar.gz (``code``), its work directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: dict[str, Any] = Field(default_factory=dict)
+    code: str | None = None
+
+
 class TaskDetail(BaseModel):
     """A task as the CLI shows it."""
 
@@ -68,6 +81,8 @@ class TaskDetail(BaseModel):
     code_ref: str | None
     allocation_id: str | None
     agent_id: str | None
+    ready: bool
+    proxy_path: str | None
     kill_requested: bool
     outcome: str | None
     exit_code: int | None
@@ -134,6 +149,8 @@ def describe(task: TaskView) -> dict[str, Any]:
         "code_ref": task.code_ref,
         "allocation_id": task.allocation_id,
         "agent_id": task.agent_id,
+        "ready": task.ready,
+        "proxy_path": f"/proxy/{task.task_id}/" if task.kind in SERVING_KINDS else None,
         "kill_requested": task.kill_requested,
         "outcome": task.outcome,
         "exit_code": task.exit_code,
@@ -202,6 +219,39 @@ async def create_command(request: web.Request) -> web.Response:
 
     result = await in_transaction(store_of(request), work)
     log.info("command submitted", task_id=command.task_id, owner=principal.name)
+    return web.json_response(result)
+
+
+@routes.post(
+    "/api/v1/notebooks",
+    allow=USERS,
+    body=CreateNotebookBody,
+    response=TaskDetail,
+    max_body=EXPERIMENT_MAX_BODY,
+)
+async def create_notebook(request: web.Request) -> web.Response:
+    """Stores the context content-addressed and appends TaskRequested (kind ``notebook``)."""
+    principal = principal_of(request)
+    body = parse(CreateNotebookBody, await read_json(request))
+    code = decode_code(request, body.code)
+    code_ref = code_ref_of(code)
+    command = StartNotebook(
+        task_id=uuid.uuid4().hex[:16], owner=principal.name, config=body.config, code_ref=code_ref
+    )
+
+    async def work(tx: Transaction) -> dict[str, Any]:
+        view = TaskView(command.task_id)
+        events = accepted(decide_start_notebook(view, command))
+        await store_code(tx, code_ref, code)
+        recorded = await append_decided(
+            tx, task_stream(command.task_id), events, expected_version=0, actor=principal.name
+        )
+        for event in recorded:
+            apply_task(view, event)
+        return describe(view)
+
+    result = await in_transaction(store_of(request), work)
+    log.info("notebook submitted", task_id=command.task_id, owner=principal.name)
     return web.json_response(result)
 
 

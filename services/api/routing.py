@@ -56,6 +56,8 @@ class Route:
             ``RequestAccepted`` (``False`` for telemetry: heartbeats, log lines).
         more_errors: statuses it may answer besides the common ones, with what they mean
             (``{"429": ...}`` for a throttled route), for the OpenAPI document.
+        session_cookie: whether the session cookie authenticates it when no bearer token does
+            (the task proxy, which a browser reaches without a script to add the header).
     """
 
     method: str
@@ -73,6 +75,7 @@ class Route:
     hidden: bool = False
     audit: bool = True
     more_errors: dict[str, str] | None = None
+    session_cookie: bool = False
 
 
 @dataclass

@@ -20,14 +20,19 @@ from aiohttp import web
 from events.domain.aggregates import TaskView
 from events.domain.deciders import Decision
 from events.domain.deciders.task import (
+    SERVING_KINDS,
     ReportTaskExited,
+    ReportTaskIdle,
+    ReportTaskReady,
     ReportTaskStarted,
     decide_task_exited,
+    decide_task_idle,
+    decide_task_ready,
     decide_task_started,
 )
 from events.domain.names import task_stream
 from events.log.store import Transaction
-from services.api.auth import check_agent, check_holder, principal_of
+from services.api.auth import check_agent, check_holder, principal_of, sign_serve_token
 from services.api.decided import accepted, append_decided
 from services.api.errors import forbidden, not_found, parse, read_json
 from services.api.identities import identity_for_run
@@ -38,7 +43,15 @@ from services.api.routes_master import cluster_id as load_cluster_id
 from services.api.routes_tasks import load_task
 from services.api.routing import state_of, store_of
 from services.api.views import environment_variables
-from services.contracts.agent import ExitedBody, LogsBody, SpecQuery, SpecResponse, StartedBody
+from services.contracts.agent import (
+    ExitedBody,
+    IdleBody,
+    LogsBody,
+    ReadyBody,
+    SpecQuery,
+    SpecResponse,
+    StartedBody,
+)
 
 log = structlog.get_logger("api")
 
@@ -91,6 +104,12 @@ async def spec(request: web.Request, task_id: str) -> web.Response:
         cluster_id=await load_cluster_id(state.store),
         agent_user_group=identity.to_json(),
         task_id=task_id,
+        task_kind=task.kind,
+        serve_token=(
+            sign_serve_token(state.secret, task_id, allocation_id)
+            if task.kind in SERVING_KINDS
+            else None
+        ),
     )
     return web.json_response(body.model_dump(mode="json"))
 
@@ -99,7 +118,7 @@ async def _report_once(
     request: web.Request,
     source: str,
     task_id: str,
-    body: StartedBody | ExitedBody,
+    body: StartedBody | ExitedBody | ReadyBody | IdleBody,
     decide: Callable[[TaskView], Decision],
 ) -> dict[str, Any]:
     """An agent's report, applied once per allocation (repeats get the first answer back)."""
@@ -166,6 +185,32 @@ async def exited(request: web.Request, task_id: str) -> web.Response:
     )
     if result["appended"] and not result["duplicate"]:
         log.info("task exited", task_id=task_id, outcome=result["outcome"])
+    return web.json_response(result)
+
+
+async def ready(request: web.Request, task_id: str) -> web.Response:
+    """Appends TaskReady (the address the proxy forwards to) once per allocation."""
+    body = parse(ReadyBody, await read_json(request))
+    command = ReportTaskReady(
+        request.match_info["allocation_id"], body.agent_id, body.address, body.port
+    )
+    result = await _report_once(
+        request, "api.task.ready", task_id, body, lambda task: decide_task_ready(task, command)
+    )
+    if result["appended"] and not result["duplicate"]:
+        log.info("task ready", task_id=task_id, agent_id=body.agent_id)
+    return web.json_response(result)
+
+
+async def idle(request: web.Request, task_id: str) -> web.Response:
+    """Appends TaskKillRequested when the task was idle past its ``idle_timeout`` (once)."""
+    body = parse(IdleBody, await read_json(request))
+    command = ReportTaskIdle(request.match_info["allocation_id"], body.agent_id, body.idle_seconds)
+    result = await _report_once(
+        request, "api.task.idle", task_id, body, lambda task: decide_task_idle(task, command)
+    )
+    if result["appended"] and not result["duplicate"]:
+        log.info("idle task killed", task_id=task_id, idle_seconds=body.idle_seconds)
     return web.json_response(result)
 
 

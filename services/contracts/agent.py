@@ -134,6 +134,13 @@ class SpecResponse(BaseModel):
     task_id: str | None = None
     """Set for a task's run (a command): the agent runs ``entrypoint`` as the owner, like a
     trial's, but gives it no token, hyperparameters or TensorBoard directory."""
+    serve_token: str | None = None
+    """For a task that serves HTTP (a notebook): the token its server requires of every request
+    (the API's proxy adds it); never shown to users or written to the log."""
+    task_kind: str | None = None
+    """A task's kind: ``command`` runs ``entrypoint``; ``notebook`` runs JupyterLab on a port
+    the agent picks, reported with ``POST /allocations/{id}/ready`` once it accepts
+    connections."""
 
 
 class StartedBody(BaseModel):
@@ -146,6 +153,23 @@ class StartedBody(BaseModel):
     agent_id: str
     incarnation: str = Field("", max_length=_INCARNATION_LENGTH, pattern=_INCARNATION_PATTERN)
     listed_from: int | None = Field(None, ge=1, le=2**62)
+    idempotency_key: str | None = None
+
+
+class ReadyBody(BaseModel):
+    """A task's server accepts connections at ``address``:``port`` on the agent."""
+
+    agent_id: str
+    address: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9.:_-]+$")
+    port: int = Field(ge=1, le=65535)
+    idempotency_key: str | None = None
+
+
+class IdleBody(BaseModel):
+    """A task's server has had no activity and no open connection for ``idle_seconds``."""
+
+    agent_id: str
+    idle_seconds: int = Field(ge=0, le=2**31)
     idempotency_key: str | None = None
 
 

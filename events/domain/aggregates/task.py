@@ -17,12 +17,20 @@ from events.domain.types import (
     TaskAllocated,
     TaskExited,
     TaskKillRequested,
+    TaskReady,
     TaskRequested,
     TaskStarted,
 )
 from events.log.envelope import Event, RecordedEvent
 
-TASK_FACTS = ("TaskRequested", "TaskAllocated", "TaskStarted", "TaskKillRequested", "TaskExited")
+TASK_FACTS = (
+    "TaskRequested",
+    "TaskAllocated",
+    "TaskStarted",
+    "TaskReady",
+    "TaskKillRequested",
+    "TaskExited",
+)
 """What :func:`apply_task` reads."""
 
 QUEUED = "QUEUED"
@@ -52,7 +60,12 @@ class TaskView:
     allocated_position: int = 0
     agent_id: str | None = None
     started_at: datetime | None = None
+    address: str | None = None
+    """Where the task's server accepts connections (``TaskReady``; a kind that serves HTTP)."""
+    port: int | None = None
+    ready_at: datetime | None = None
     kill_requested: bool = False
+    kill_reason: str = ""
     kill_agents: list[str] = field(default_factory=list)
     """The agents a kill request was sent to (empty: none was, e.g. the task was queued)."""
     outcome: str | None = None
@@ -69,6 +82,11 @@ class TaskView:
     def ended(self) -> bool:
         """Whether the task has exited (or was canceled)."""
         return self.state == TERMINATED
+
+    @property
+    def ready(self) -> bool:
+        """Whether the task's server is up and the task has not ended (the proxy's target)."""
+        return self.address is not None and not self.ended
 
     @property
     def allocated(self) -> bool:
@@ -109,7 +127,14 @@ def apply_task(view: TaskView, recorded: RecordedEvent, event: Event | None = No
             view.agent_id = event.agent_id
             view.started_at = recorded.recorded_at
             view.state = RUNNING
+    elif isinstance(event, TaskReady):
+        if event.allocation_id == view.allocation_id and view.address is None:
+            view.address = event.address
+            view.port = event.port
+            view.ready_at = recorded.recorded_at
     elif isinstance(event, TaskKillRequested):
+        if not view.kill_requested:
+            view.kill_reason = event.reason
         view.kill_requested = True
         view.kill_agents = sorted(set(view.kill_agents) | set(event.agent_ids))
     elif isinstance(event, TaskExited):

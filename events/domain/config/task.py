@@ -7,9 +7,10 @@ read them through :class:`TaskConfig`.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from events.domain.config.experiment_settings import DEFAULT_PRIORITY
 
@@ -38,11 +39,51 @@ class TaskEnvironment(BaseModel):
     ] = Field(default_factory=list, max_length=200)
 
 
+_DURATION = re.compile(r"(\d+)(h|m|s)")
+_UNIT_SECONDS = {"h": 3600, "m": 60, "s": 1}
+MAX_IDLE_TIMEOUT = 366 * 24 * 3600
+"""The longest ``idle_timeout`` (a year and a day, in seconds)."""
+
+
+def duration_seconds(value: str) -> int:
+    """Seconds of a Go-style duration (``"30m"``, ``"1h30m"``, ``"45s"``; a bare number is
+    seconds).
+
+    Raises:
+        ValueError: ``value`` is no such duration.
+    """
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    parts = _DURATION.findall(text)
+    if not text or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{value[:40]!r} is not a duration like 30m, 1h30m or 45s")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
 class TaskConfig(BaseModel):
-    """A task's config: ``description``, ``resources``, ``environment``."""
+    """A task's config: ``description``, ``resources``, ``environment``, ``idle_timeout``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     description: str = Field("", max_length=1000)
     resources: TaskResources = Field(default_factory=TaskResources)
     environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
+    idle_timeout: str | None = Field(
+        None,
+        max_length=40,
+        description="a notebook with no kernel activity and no open connection for this long "
+        "(30m, 1h30m, 45s) is killed; none: never",
+    )
+
+    @field_validator("idle_timeout")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None and not 1 <= duration_seconds(value) <= MAX_IDLE_TIMEOUT:
+            raise ValueError(f"between 1s and {MAX_IDLE_TIMEOUT}s")
+        return value
+
+    @property
+    def idle_seconds(self) -> int | None:
+        """``idle_timeout`` in seconds (``None``: never idle-killed)."""
+        return None if self.idle_timeout is None else duration_seconds(self.idle_timeout)

@@ -1,4 +1,5 @@
-"""Deciders of a task's stream: submit a command, kill it, and its agent's started/exited reports.
+"""Deciders of a task's stream: submit a command or a notebook, kill it, and its agent's
+started/ready/idle/exited reports.
 
 Pure: each reads a folded :class:`~events.domain.aggregates.task.TaskView` and a command and
 returns the events to append or a :class:`~events.domain.deciders.Refusal`. A new task's id is a
@@ -19,10 +20,11 @@ from events.domain.names import is_task_id
 from events.domain.types import (
     TaskExited,
     TaskKillRequested,
+    TaskReady,
     TaskRequested,
     TaskStarted,
 )
-from events.domain.types.task import TaskOutcome
+from events.domain.types.task import TaskKind, TaskOutcome
 
 MAX_ARGV_ITEMS = 1000
 """The most arguments a command may have."""
@@ -43,6 +45,21 @@ class RunCommand:
 
 
 @dataclass(frozen=True)
+class StartNotebook:
+    """Submit a notebook task: JupyterLab in the uploaded context ``code_ref`` (the agent builds
+    its command line, since only the agent knows the port it serves on)."""
+
+    task_id: str
+    owner: str
+    config: dict[str, Any] = field(default_factory=dict)
+    code_ref: str | None = None
+
+
+SERVING_KINDS: frozenset[str] = frozenset({"notebook"})
+"""Task kinds that serve HTTP, reached through the API's proxy once ready."""
+
+
+@dataclass(frozen=True)
 class KillTask:
     """Kill a task (its owner or an admin, checked by the caller)."""
 
@@ -55,6 +72,25 @@ class ReportTaskStarted:
 
     allocation_id: str
     agent_id: str
+
+
+@dataclass(frozen=True)
+class ReportTaskReady:
+    """The task's server on ``agent_id`` accepts connections at ``address``:``port``."""
+
+    allocation_id: str
+    agent_id: str
+    address: str
+    port: int
+
+
+@dataclass(frozen=True)
+class ReportTaskIdle:
+    """The task's server on ``agent_id`` had no activity for ``idle_seconds``."""
+
+    allocation_id: str
+    agent_id: str
+    idle_seconds: int
 
 
 @dataclass(frozen=True)
@@ -83,21 +119,60 @@ def decide_run_command(state: TaskView, command: RunCommand) -> Decision:
         return invalid(f"argv: at most {MAX_ARGV_CHARS} characters in all", "argv")
     if any("\x00" in a for a in command.argv):
         return invalid("argv: an argument contains a NUL character", "argv")
+    return _requested(
+        state,
+        kind="command",
+        task_id=command.task_id,
+        owner=command.owner,
+        config=command.config,
+        argv=list(command.argv),
+        code_ref=command.code_ref,
+    )
+
+
+def decide_start_notebook(state: TaskView, command: StartNotebook) -> Decision:
+    """``TaskRequested`` (kind ``notebook``) for a new notebook; refuses a bad config or id."""
+    if not is_task_id(command.task_id):
+        return invalid(f"task id {command.task_id[:40]!r} is not 8-32 hex digits", "task_id")
+    return _requested(
+        state,
+        kind="notebook",
+        task_id=command.task_id,
+        owner=command.owner,
+        config=command.config,
+        argv=[],
+        code_ref=command.code_ref,
+    )
+
+
+def _requested(
+    state: TaskView,
+    *,
+    kind: TaskKind,
+    task_id: str,
+    owner: str,
+    config: dict[str, Any],
+    argv: list[str],
+    code_ref: str | None,
+) -> Decision:
+    if state.exists:
+        return conflict(f"task {task_id} exists already", "task_id")
     try:
-        config = TaskConfig.model_validate(command.config)
+        valid = TaskConfig.model_validate(config)
     except ValidationError as exc:
         error = exc.errors()[0]
         path = ".".join(str(p) for p in ("config", *error["loc"]))
         return invalid(f"{path}: {error['msg']}", path)
+    default = " ".join(argv)[:200] if argv else f"JupyterLab ({task_id[:8]})"
     return [
         TaskRequested(
-            task_id=command.task_id,
-            kind="command",
-            owner=command.owner,
-            config=config.model_dump(mode="json"),
-            argv=list(command.argv),
-            code_ref=command.code_ref,
-            description=config.description or " ".join(command.argv)[:200],
+            task_id=task_id,
+            kind=kind,
+            owner=owner,
+            config=valid.model_dump(mode="json"),
+            argv=argv,
+            code_ref=code_ref,
+            description=valid.description or default,
         )
     ]
 
@@ -146,12 +221,56 @@ def decide_task_started(state: TaskView, command: ReportTaskStarted) -> Decision
     ]
 
 
+def decide_task_ready(state: TaskView, command: ReportTaskReady) -> Decision:
+    """``TaskReady`` once, for a kind that serves HTTP; nothing for a repeat or an ended task."""
+    refusal = _reporter(state, command.allocation_id, command.agent_id)
+    if refusal is not None:
+        return refusal
+    if state.kind not in SERVING_KINDS:
+        return conflict(f"a {state.kind} task serves nothing to be ready", "kind")
+    if state.ended or state.address is not None:
+        return []
+    return [
+        TaskReady(
+            task_id=state.task_id,
+            allocation_id=command.allocation_id,
+            agent_id=command.agent_id,
+            address=command.address,
+            port=command.port,
+        )
+    ]
+
+
+def decide_task_idle(state: TaskView, command: ReportTaskIdle) -> Decision:
+    """``TaskKillRequested`` saying the task was idle past its ``idle_timeout``; nothing when
+    it has none, is not idle long enough, ended, or a kill was asked for already."""
+    refusal = _reporter(state, command.allocation_id, command.agent_id)
+    if refusal is not None:
+        return refusal
+    timeout = state.config.idle_seconds
+    if state.ended or state.kill_requested or timeout is None:
+        return []
+    if command.idle_seconds < timeout:
+        return []
+    agents = sorted(state.placements)
+    return [
+        TaskKillRequested(
+            task_id=state.task_id,
+            reason=f"idle for {command.idle_seconds}s (idle_timeout {state.config.idle_timeout}): "
+            "no kernel activity and no open connection",
+            allocation_id=state.allocation_id,
+            agent_ids=agents,
+        )
+    ]
+
+
 def task_outcome(state: TaskView, exit_code: int, *, agent_shutdown: bool = False) -> TaskOutcome:
-    """How a run that exited with ``exit_code`` ended: ``killed`` when a kill was asked for,
+    """How a run that exited with ``exit_code`` ended: ``killed`` when a kill was asked for
+    (and it exited non-zero, or it is a server),
     ``lost`` when its agent stopped it while shutting down (the platform ended it, not the
     command), else ``completed`` (0) or ``failed``."""
-    if state.kill_requested and exit_code != 0:
-        return "killed"
+    if state.kill_requested and (exit_code != 0 or state.kind in SERVING_KINDS):
+        return "killed"  # a server (a notebook) exits 0 when stopped: it never completes
     if agent_shutdown:
         return "lost"
     return "completed" if exit_code == 0 else "failed"
@@ -164,12 +283,14 @@ def decide_task_exited(state: TaskView, command: ReportTaskExited) -> Decision:
         return refusal
     if state.ended:
         return []
+    outcome = task_outcome(state, command.exit_code, agent_shutdown=command.agent_shutdown)
+    message = state.kill_reason if outcome == "killed" and state.kill_reason else command.message
     return [
         TaskExited(
             task_id=state.task_id,
             allocation_id=command.allocation_id,
-            outcome=task_outcome(state, command.exit_code, agent_shutdown=command.agent_shutdown),
+            outcome=outcome,
             exit_code=command.exit_code,
-            message=command.message[:2000],
+            message=message[:2000],
         )
     ]

@@ -34,6 +34,7 @@ from events.domain.types.task import (
     TaskAllocated,
     TaskExited,
     TaskKillRequested,
+    TaskReady,
     TaskRequested,
     TaskStarted,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "TaskAllocated",
     "TaskExited",
     "TaskKillRequested",
+    "TaskReady",
     "TaskRequested",
     "TaskStarted",
     "TemplateRemoved",

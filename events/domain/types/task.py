@@ -1,8 +1,9 @@
 """Facts on a task's stream (``task-<id>``, see :mod:`events.domain.names`).
 
-A task is interactive or one-off work on the cluster that is not a trial: today a ``command``
-(Determined's ``det cmd run``); notebooks, shells and TensorBoards will be further ``kind``
-values of the same events. A task runs at most once: it is never preempted and never restarted,
+A task is interactive or one-off work on the cluster that is not a trial: a ``command``
+(Determined's ``det cmd run``) or a ``notebook`` (JupyterLab, reached through the API's proxy);
+shells and TensorBoards will be further ``kind`` values of the same events. A kind that serves
+HTTP records ``TaskReady`` with the address its agent bound once it accepts connections. A task runs at most once: it is never preempted and never restarted,
 so its stream holds one request, at most one allocation and one exit.
 """
 
@@ -15,8 +16,8 @@ from pydantic import Field
 from events.log.envelope import Event
 from events.log.registry import register
 
-TaskKind = Literal["command"]
-"""What a task runs (more kinds come with notebooks, shells and TensorBoards)."""
+TaskKind = Literal["command", "notebook"]
+"""What a task runs (``shell`` and ``tensorboard`` come later)."""
 
 TaskOutcome = Literal["completed", "failed", "killed", "canceled", "lost"]
 """How a task ended: its process exited 0 (``completed``) or not (``failed``), it was killed
@@ -63,6 +64,21 @@ class TaskStarted(Event):
     task_id: str
     allocation_id: str
     agent_id: str
+
+
+@register
+class TaskReady(Event):
+    """The task's server accepts connections at ``address``:``port`` on its agent (the only
+    place the API's proxy forwards its traffic to)."""
+
+    event_type = "TaskReady"
+    schema_version = 1
+
+    task_id: str
+    allocation_id: str
+    agent_id: str
+    address: str
+    port: int = Field(ge=1, le=65535)
 
 
 @register

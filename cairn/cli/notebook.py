@@ -1,0 +1,187 @@
+"""``cairn notebook``: JupyterLab on the cluster, reached through the API's proxy.
+
+``cairn notebook start [--config-file F] [--config key=value ...] [--context DIR]`` starts one
+and waits until it serves (``-d``: print the id and return); ``open ID`` prints its URL and opens
+a browser where there is one (a browser logged in to the web UI carries the session cookie the
+proxy accepts); ``list``, ``logs ID``, ``kill ID``; ``config`` prints the config it accepts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import webbrowser
+from pathlib import Path
+from typing import Any
+
+from cairn.cli import auth_store
+from cairn.cli.command import cmd_kill, cmd_logs, load_task_config
+from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.client import Client
+from cairn.errors import UsageError
+
+POLL_SECONDS = 0.5
+START_TIMEOUT = 600.0
+"""How long ``notebook start`` waits for the notebook to serve (it may queue for a slot)."""
+
+CONFIG_TEMPLATE = """\
+description: my notebook      # shown by `cairn notebook list`
+resources:
+  slots: 1                    # 0: a CPU notebook holding no slot
+  priority: 42                # 1 is the most important
+  resource_pool: ""           # "": the default pool
+environment:
+  environment_variables: []   # ["NAME=value", ...]
+idle_timeout: null            # e.g. 30m: killed after that long without kernel activity
+"""
+
+
+def register(sub: Any) -> None:
+    """Adds the ``notebook`` verb group."""
+    group = sub.add_parser("notebook", help="JupyterLab notebooks on the cluster")
+    group.set_defaults(group_parser=group, default_verb="list")
+    verbs = group.add_subparsers(metavar="VERB")
+
+    start = verbs.add_parser("start", help="start a notebook and wait until it serves")
+    start.add_argument("--config-file", type=Path, metavar="FILE", help="notebook config YAML")
+    start.add_argument(
+        "--config",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a config field by dotted path, e.g. idle_timeout=30m (repeatable)",
+    )
+    start.add_argument(
+        "-c", "--context", type=Path, metavar="DIR", help="directory to upload as the work dir"
+    )
+    start.add_argument(
+        "-d", "--detach", action="store_true", help="print the task id and return at once"
+    )
+    start.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    add_json_flag(start)
+    start.set_defaults(handler=notebook_start)
+
+    listing = verbs.add_parser("list", aliases=["ls"], help="list your notebooks")
+    add_json_flag(listing)
+    listing.set_defaults(handler=notebook_list)
+
+    opening = verbs.add_parser("open", help="print a notebook's URL and open a browser")
+    opening.add_argument("task_id", metavar="ID")
+    opening.add_argument("--no-browser", action="store_true", help="only print the URL")
+    add_json_flag(opening)
+    opening.set_defaults(handler=notebook_open)
+
+    for name, handler, text in (
+        ("logs", cmd_logs, "print a notebook's output"),
+        ("kill", cmd_kill, "kill a notebook"),
+    ):
+        verb = verbs.add_parser(name, help=text)
+        verb.add_argument("task_id", metavar="ID")
+        add_json_flag(verb)
+        verb.set_defaults(handler=handler)
+
+    config = verbs.add_parser("config", help="print the notebook config template")
+    config.set_defaults(handler=notebook_config)
+
+
+def notebook_url(client: Client, task: dict[str, Any]) -> str:
+    """The notebook's address through the API's proxy."""
+    return f"{client.master}{task.get('proxy_path') or '/proxy/' + str(task['id']) + '/'}lab"
+
+
+def wait_ready(client: Client, task_id: str, *, timeout: float = START_TIMEOUT) -> dict[str, Any]:
+    """Polls the task until it serves or ends; returns it.
+
+    Raises:
+        UsageError: it ended before serving, or did not serve within ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        task = client.get_task(task_id)
+        if task.get("ready"):
+            return task
+        if task.get("state") == "TERMINATED":
+            raise UsageError(
+                f"notebook {task_id} ended before serving ({task.get('outcome')}: "
+                f"{task.get('message')}); `cairn notebook logs {task_id}` shows why"
+            )
+        if time.monotonic() > deadline:
+            raise UsageError(f"notebook {task_id} is still {task.get('state')} after {timeout:g}s")
+        time.sleep(POLL_SECONDS)
+
+
+def _show(args: argparse.Namespace, client: Client, task: dict[str, Any]) -> None:
+    url = notebook_url(client, task)
+    if wants_json(args):
+        print_json({**task, "url": url})
+        return
+    print(url)
+    if not args.no_browser:
+        webbrowser.open(url)
+
+
+def notebook_start(args: argparse.Namespace) -> int:
+    """Starts a notebook; waits until it serves and shows its URL (``-d``: prints the id)."""
+    if args.context is not None and not args.context.is_dir():
+        raise UsageError(f"--context {args.context}: not a directory")
+    config = load_task_config(args.config_file, args.overrides)
+    client = auth_store.connect(args)
+    task = client.start_notebook(config, args.context)
+    task_id = str(task["id"])
+    if args.detach:
+        if wants_json(args):
+            print_json(task)
+        else:
+            print(task_id)
+        return 0
+    if not wants_json(args):
+        print(f"launched notebook {task_id}; waiting until it serves", file=sys.stderr)
+    _show(args, client, wait_ready(client, task_id))
+    return 0
+
+
+def notebook_list(args: argparse.Namespace) -> int:
+    """Lists the caller's notebooks (an admin's: everyone's)."""
+    tasks = [
+        t
+        for t in auth_store.connect(args).list_tasks().get("tasks") or []
+        if t["kind"] == "notebook"
+    ]
+    if wants_json(args):
+        print_json({"tasks": tasks})
+        return 0
+    table(
+        ["id", "owner", "state", "ready", "description", "submitted"],
+        [
+            [
+                t["id"],
+                t["owner"],
+                t["state"],
+                "yes" if t.get("ready") else "",
+                t.get("description"),
+                when(t.get("requested_at")),
+            ]
+            for t in tasks
+        ],
+    )
+    return 0
+
+
+def notebook_open(args: argparse.Namespace) -> int:
+    """Prints a notebook's URL and opens it in a browser (``--no-browser``: only prints)."""
+    client = auth_store.connect(args)
+    task = client.get_task(args.task_id)
+    if task.get("kind") != "notebook":
+        raise UsageError(f"task {args.task_id} is a {task.get('kind')}, not a notebook")
+    if task.get("state") == "TERMINATED":
+        raise UsageError(f"notebook {args.task_id} has ended ({task.get('outcome')})")
+    _show(args, client, task)
+    return 0
+
+
+def notebook_config(args: argparse.Namespace) -> int:
+    """Prints the notebook config template (the fields ``--config-file`` accepts)."""
+    print(CONFIG_TEMPLATE, end="")
+    return 0
