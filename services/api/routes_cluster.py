@@ -2,7 +2,8 @@
 
 Agents and slots are shared by design (``docs/tracking.md``); the queue shows every waiting
 trial with its priority and position, but names another user's trial and experiment only to
-admins.
+admins. The job queue (``GET /api/v1/job-queues``) adds tasks and the jobs that hold slots, in
+the scheduler's order (:func:`events.domain.aggregates.jobs.job_queue`), under the same rule.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from events.domain.aggregates import CLUSTER_TYPES, fold_cluster, iso
+from events.domain.aggregates.jobs import job_queue
 from events.domain.config.experiment_settings import DEFAULT_PRIORITY
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
@@ -44,6 +47,35 @@ class QueueResponse(BaseModel):
     """The waiting trials, first to be placed first."""
 
     queue: list[QueueEntry]
+
+
+class JobsQuery(BaseModel):
+    """Only the jobs of one resource pool (``default`` names the default pool)."""
+
+    resource_pool: str | None = Field(None, max_length=200)
+
+
+class JobEntry(BaseModel):
+    """A trial or task that holds slots or waits for them; ``job_id``/``experiment_id``/``name``
+    are ``null`` on another user's job unless the caller is an admin."""
+
+    position: int
+    kind: str
+    job_id: str | None
+    experiment_id: int | None
+    name: str | None
+    owner: str
+    state: str
+    priority: int
+    slots: int
+    resource_pool: str
+    submitted_at: str | None
+
+
+class JobsResponse(BaseModel):
+    """The jobs holding slots (in placement order), then the waiting ones (first placed first)."""
+
+    jobs: list[JobEntry]
 
 
 class Holder(BaseModel):
@@ -107,6 +139,40 @@ async def queue(request: web.Request) -> web.Response:
     for i, entry in enumerate(entries, start=1):
         entry["position"] = i
     return web.json_response({"queue": entries})
+
+
+@routes.get("/api/v1/job-queues", allow=USERS, query=JobsQuery, response=JobsResponse)
+async def job_queues(request: web.Request) -> web.Response:
+    """Every trial and task that holds slots or waits for them, in the scheduler's order,
+    folded from the log (``resource_pool``: only that pool's)."""
+    query = parse(JobsQuery, dict(request.query))
+    principal = principal_of(request)
+    cluster = fold_cluster(await store_of(request).read_types(CLUSTER_TYPES))
+    entries: list[dict[str, Any]] = []
+    for job in job_queue(cluster):
+        pool = job.resource_pool or "default"
+        if query.resource_pool is not None and pool != query.resource_pool:
+            continue
+        row = {
+            "job_id": job.job_id,
+            "experiment_id": job.experiment_id,
+            "name": job.name,
+            "owner": job.owner,
+        }
+        entries.append(
+            {
+                "position": len(entries) + 1,
+                "kind": job.kind,
+                **_owner_only(principal, row, ("job_id", "experiment_id", "name")),
+                "owner": job.owner,
+                "state": job.state,
+                "priority": job.priority,
+                "slots": job.slots,
+                "resource_pool": pool,
+                "submitted_at": iso(job.submitted_at),
+            }
+        )
+    return web.json_response({"jobs": entries})
 
 
 @routes.get("/api/v1/cluster/allocations", allow=USERS, response=HoldersResponse)

@@ -15,6 +15,7 @@ from events.log.store import EventStore
 from services.tracker.audit import TABLES as AUDIT_TABLES
 from services.tracker.usage import MIGRATION as USAGE_MIGRATION
 from services.tracker.usage import TABLES as USAGE_TABLES
+from services.tracker.usage import TASKS_MIGRATION as USAGE_TASKS_MIGRATION
 
 NAMESPACE = "tracker"
 
@@ -208,6 +209,7 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         # Experiments a script outside the cluster reports to (core_v2): shown marked.
         "ALTER TABLE tr_experiments ADD COLUMN unmanaged boolean NOT NULL DEFAULT false;",
     ),
+    USAGE_TASKS_MIGRATION,
 )
 
 

@@ -1,13 +1,15 @@
 """Usage billing: slot-milliseconds per user, experiment, resource pool and slot type.
 
 Consumer ``tracker-usage`` folds allocation facts into ``tr_usage``: one row per allocation and
-(resource pool, slot type) its slots are of, holding how many slots, whose experiment they ran,
-and the allocation's interval in integer milliseconds since the epoch:
+(resource pool, slot type) its slots are of, holding how many slots, whose experiment's trial or
+whose task they ran, and the allocation's interval in integer milliseconds since the epoch:
 
-- it starts at ``SlotsAllocated`` (the slots are held for the trial from then on);
-- it ends at the first of ``TrialExited`` / ``SlotsReleased`` for that allocation. An agent that
-  stops heartbeating (``AgentLost``) ends nothing by itself: its runs count until the
-  scheduler's verdict on them (its ``TrialExited{lost}``), as that is when the slots return.
+- it starts at ``SlotsAllocated`` (the slots are held for the trial from then on), or at
+  ``TaskAllocated`` for a task (a command's slots are held from its placement);
+- it ends at the first of ``TrialExited`` / ``SlotsReleased`` for that allocation, or at the
+  task's ``TaskExited``. An agent that stops heartbeating (``AgentLost``) ends nothing by
+  itself: its runs count until the scheduler's verdict on them (its ``TrialExited{lost}`` or
+  ``TaskExited{lost}``), as that is when the slots return. A zero-slot task bills nothing.
 
 Every instant is an event's ``recorded_at`` truncated to the millisecond, never the clock, and
 every rule depends only on the log's order, so :func:`rebuild` gives the same rows as the live
@@ -34,6 +36,9 @@ from events.domain.types import (
     ExperimentSubmitted,
     SlotsAllocated,
     SlotsReleased,
+    TaskAllocated,
+    TaskExited,
+    TaskRequested,
     TrialExited,
     TrialRequested,
 )
@@ -55,11 +60,20 @@ TYPES = frozenset(
         "SlotsAllocated",
         "TrialExited",
         "SlotsReleased",
+        "TaskRequested",
+        "TaskAllocated",
+        "TaskExited",
     }
 )
 """The event types the usage projection reads."""
 
-TABLES: tuple[str, ...] = ("tr_usage", "tr_usage_owners", "tr_usage_trials", "tr_usage_slots")
+TABLES: tuple[str, ...] = (
+    "tr_usage",
+    "tr_usage_owners",
+    "tr_usage_trials",
+    "tr_usage_slots",
+    "tr_usage_tasks",
+)
 """The usage projection's tables (kept apart from ``schema.TABLES``: deleting an experiment
 removes its projections, never its usage)."""
 
@@ -106,6 +120,22 @@ MIGRATION: tuple[str, str] = (
     """,
 )
 """The tracker migration that creates the usage tables."""
+
+TASKS_MIGRATION: tuple[str, str] = (
+    "0006_usage_tasks",
+    """
+    ALTER TABLE tr_usage
+        ALTER COLUMN trial_id DROP NOT NULL,
+        ALTER COLUMN experiment_id DROP NOT NULL,
+        ADD COLUMN task_id text;
+    CREATE TABLE tr_usage_tasks (
+        task_id        text PRIMARY KEY,
+        owner          text NOT NULL
+    );
+    """,
+)
+"""The tracker migration that bills tasks: a ``tr_usage`` row is a trial's (``trial_id``,
+``experiment_id``) or a task's (``task_id``); ``tr_usage_tasks`` keeps each task's owner."""
 
 
 def epoch_ms(at: datetime) -> int:
@@ -159,7 +189,16 @@ async def apply(conn: Connection, event: Event, ms: int) -> None:
         await _agent_registered(conn, event)
     elif isinstance(event, SlotsAllocated):
         await _slots_allocated(conn, event, ms)
-    elif isinstance(event, TrialExited | SlotsReleased):
+    elif isinstance(event, TaskRequested):
+        await conn.execute(
+            """INSERT INTO tr_usage_tasks (task_id, owner) VALUES ($1, $2)
+               ON CONFLICT (task_id) DO NOTHING""",
+            event.task_id,
+            event.owner,
+        )
+    elif isinstance(event, TaskAllocated):
+        await _task_allocated(conn, event, ms)
+    elif isinstance(event, TrialExited | SlotsReleased | TaskExited):
         # The first exit fact ends the interval; an instant before the start (clock skew
         # between transactions) bills zero, never a negative span.
         await conn.execute(
@@ -195,13 +234,43 @@ async def _slots_allocated(conn: Connection, e: SlotsAllocated, ms: int) -> None
     )
     if owner_row is None:
         return  # a trial the log never requested: nothing to bill it to
-    pairs = [(agent, slot) for agent, slots in sorted(e.placements.items()) for slot in slots]
+    await _bill(
+        conn,
+        e.allocation_id,
+        e.placements,
+        ms,
+        owner=str(owner_row["owner"]),
+        trial_id=e.trial_id,
+        experiment_id=int(owner_row["experiment_id"]),
+    )
+
+
+async def _task_allocated(conn: Connection, e: TaskAllocated, ms: int) -> None:
+    owner = await conn.fetchval("SELECT owner FROM tr_usage_tasks WHERE task_id = $1", e.task_id)
+    if owner is None:
+        return  # a task the log never requested: nothing to bill it to
+    await _bill(conn, e.allocation_id, e.placements, ms, owner=str(owner), task_id=e.task_id)
+
+
+async def _bill(
+    conn: Connection,
+    allocation_id: str,
+    placements: Mapping[str, list[str]],
+    ms: int,
+    *,
+    owner: str,
+    trial_id: int | None = None,
+    experiment_id: int | None = None,
+    task_id: str | None = None,
+) -> None:
+    """Opens the allocation's rows: its slots counted per (pool, slot type) they are of."""
+    pairs = [(agent, slot) for agent, slots in sorted(placements.items()) for slot in slots]
     known = {
         (str(r["agent_id"]), str(r["slot_id"])): (str(r["resource_pool"]), str(r["slot_type"]))
         for r in await conn.fetch(
             """SELECT agent_id, slot_id, resource_pool, slot_type FROM tr_usage_slots
                WHERE agent_id = ANY($1::text[])""",
-            sorted(e.placements),
+            sorted(placements),
         )
     }
     pools = {agent: pool for (agent, _), (pool, _) in sorted(known.items())}
@@ -214,14 +283,15 @@ async def _slots_allocated(conn: Connection, e: SlotsAllocated, ms: int) -> None
     keys = sorted(counts)
     await conn.execute(
         """INSERT INTO tr_usage (allocation_id, resource_pool, slot_type, trial_id, experiment_id,
-                                 owner, slots, started_ms)
-           SELECT $1, u.pool, u.kind, $2, $3, $4, u.slots, $5
-           FROM unnest($6::text[], $7::text[], $8::int[]) AS u(pool, kind, slots)
+                                 task_id, owner, slots, started_ms)
+           SELECT $1, u.pool, u.kind, $2, $3, $4, $5, u.slots, $6
+           FROM unnest($7::text[], $8::text[], $9::int[]) AS u(pool, kind, slots)
            ON CONFLICT (allocation_id, resource_pool, slot_type) DO NOTHING""",
-        e.allocation_id,
-        e.trial_id,
-        int(owner_row["experiment_id"]),
-        str(owner_row["owner"]),
+        allocation_id,
+        trial_id,
+        experiment_id,
+        task_id,
+        owner,
         ms,
         [pool for pool, _ in keys],
         [kind for _, kind in keys],
@@ -245,10 +315,11 @@ BY_CHOICES: tuple[str, ...] = ("user", "pool", "experiment", "day")
 
 @dataclass(frozen=True)
 class Span:
-    """One ``tr_usage`` row: ``slots`` slots of one type held over ``[started_ms, ended_ms)``."""
+    """One ``tr_usage`` row: ``slots`` slots of one type held over ``[started_ms, ended_ms)``
+    (``experiment_id`` ``None``: a task's)."""
 
     owner: str
-    experiment_id: int
+    experiment_id: int | None
     resource_pool: str
     slot_type: str
     slots: int
@@ -256,7 +327,7 @@ class Span:
     ended_ms: int | None
 
 
-def _key(span: Span, by: str) -> str | int:
+def _key(span: Span, by: str) -> str | int | None:
     if by == "user":
         return span.owner
     if by == "pool":
@@ -277,9 +348,10 @@ def aggregate(
 
     Returns:
         Rows ``{<by>: key, "slot_type", "slot_ms", "slot_seconds"}`` ordered by key and type;
-        ``slot_seconds`` is ``slot_ms / 1000`` (exact to the millisecond).
+        ``slot_seconds`` is ``slot_ms / 1000`` (exact to the millisecond). By experiment, the
+        tasks' usage is the row whose key is ``None`` (they are no experiment's).
     """
-    totals: dict[tuple[str | int, str], int] = defaultdict(int)
+    totals: dict[tuple[str | int | None, str], int] = defaultdict(int)
     for span in spans:
         lo = max(span.started_ms, start_ms)
         hi = min(now_ms if span.ended_ms is None else span.ended_ms, end_ms)
@@ -317,7 +389,7 @@ async def spans(
     return [
         Span(
             owner=str(r["owner"]),
-            experiment_id=int(r["experiment_id"]),
+            experiment_id=None if r["experiment_id"] is None else int(r["experiment_id"]),
             resource_pool=str(r["resource_pool"]),
             slot_type=str(r["slot_type"]),
             slots=int(r["slots"]),

@@ -32,7 +32,7 @@ export function logViewer(container, path, filename) {
     h("div", { class: "filters" }, rankSel, levelSel, text,
       h("label", {}, follow, " follow"),
       h("button", { class: "small log-download", onclick: () => {
-        const body = entries.map((e) => `${e.ts} ${e.trial_id ? `[${e.trial_id}] ` : ""}${e.rank !== null ? `[rank=${e.rank}] ` : ""}${e.line}`).join("\n") + "\n";
+        const body = entries.map((e) => `${e.ts} ${e.trial_id ? `[${e.trial_id}] ` : ""}${e.rank != null ? `[rank=${e.rank}] ` : ""}${e.line}`).join("\n") + "\n";
         saveBlob(new Blob([body], { type: "text/plain" }), filename);
       } }, "download"), count),
     box);
@@ -49,7 +49,7 @@ export function logViewer(container, path, filename) {
     const shown = visible();
     const tail = shown.slice(-3000);
     box.replaceChildren(...tail.map((e) => h("div", { class: e.level },
-      h("span", { class: "meta" }, `${e.ts.slice(11, 19)} ${e.trial_id ? `${e.trial_id} ` : ""}${e.rank !== null ? `r${e.rank} ` : ""}`), e.line)));
+      h("span", { class: "meta" }, `${e.ts.slice(11, 19)} ${e.trial_id ? `${e.trial_id} ` : ""}${e.rank != null ? `r${e.rank} ` : ""}`), e.line)));
     count.textContent = `${shown.length} of ${entries.length} lines`;
     if (follow.checked) box.scrollTop = box.scrollHeight;
   }
@@ -62,7 +62,7 @@ export function logViewer(container, path, filename) {
         for (const e of data.logs) {
           e.level = levelOf(e);
           entries.push(e);
-          if (e.rank !== null && !ranks.has(e.rank)) {
+          if (e.rank != null && !ranks.has(e.rank)) {
             ranks.add(e.rank);
             rankSel.append(h("option", { value: String(e.rank) }, `rank ${e.rank}`));
           }

@@ -11,6 +11,8 @@ const ROUTES = [
   [/^\/trials\/([^/]+)$/, "experiments", () => import("./page_trial.js")],
   [/^\/compare\/?$/, "compare", () => import("./page_compare.js")],
   [/^\/cluster\/?$/, "cluster", () => import("./page_cluster.js")],
+  [/^\/tasks\/?$/, "tasks", () => import("./page_tasks.js")],
+  [/^\/tasks\/([^/]+)$/, "tasks", () => import("./page_tasks.js")],
 ];
 
 function parseHash() {

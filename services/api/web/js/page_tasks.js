@@ -1,0 +1,69 @@
+// Tasks: every task of the user (an admin: everyone's) with its state, a kill button while it
+// has not ended, and one task's page with its output followed live.
+import { get, post } from "./api.js";
+import { logViewer } from "./logs.js";
+import { h, enc, fmtTime, stateBadge } from "./dom.js";
+
+const taskHref = (id) => `#/tasks/${enc(id)}`;
+const poolOf = (t) => (t.config && t.config.resources && t.config.resources.resource_pool) || "default";
+
+function killButton(task, msg, reload) {
+  if (task.state === "TERMINATED") return "";
+  return h("button", { class: "small task-kill", dataset: { task: task.id }, disabled: task.kill_requested,
+    onclick: async () => {
+      msg.textContent = "";
+      try { await post(`/tasks/${enc(task.id)}/kill`, {}); await reload(); }
+      catch (err) { msg.textContent = err.message; }
+    } }, task.kill_requested ? "killing" : "kill");
+}
+
+async function renderList(root) {
+  const msg = h("p", { class: "error", id: "action-error", role: "alert" });
+  const table = h("div", { class: "table-wrap", id: "tasks-table" });
+  root.replaceChildren(h("h1", {}, "Tasks"), msg, h("div", { class: "card" }, table));
+
+  async function load() {
+    const { tasks } = await get("/tasks");
+    const rows = [...tasks].reverse(); // newest first
+    table.replaceChildren(rows.length ? h("table", {},
+      h("thead", {}, h("tr", {}, ["ID", "Type", "Description", "State", "Outcome", "User", "Pool", "Submitted", ""].map((c) => h("th", {}, c)))),
+      h("tbody", {}, rows.map((t) => h("tr", { dataset: { task: t.id, state: t.state } },
+        h("td", {}, h("a", { href: taskHref(t.id) }, t.id)), h("td", {}, t.kind), h("td", {}, t.description),
+        h("td", {}, stateBadge(t.state)), h("td", {}, t.outcome || ""), h("td", {}, t.owner), h("td", {}, poolOf(t)),
+        h("td", {}, fmtTime(t.requested_at)), h("td", {}, killButton(t, msg, load))))))
+      : h("p", { class: "muted" }, "No tasks yet: cairn cmd run starts one."));
+  }
+  await load();
+  const timer = setInterval(() => load().catch((err) => { msg.textContent = err.message; }), 3000);
+  return () => clearInterval(timer);
+}
+
+async function renderTask(root, taskId) {
+  const msg = h("p", { class: "error", id: "action-error", role: "alert" });
+  const facts = h("dl", { class: "kv", id: "task-facts" });
+  const actions = h("div", { id: "task-actions" });
+  const logs = h("div", { id: "task-logs" });
+  root.replaceChildren(h("p", {}, h("a", { href: "#/tasks" }, "← Tasks")), h("h1", {}, `Task ${taskId}`), msg,
+    h("div", { class: "card" }, facts, actions), h("div", { class: "card" }, h("h2", {}, "Output"), logs));
+
+  async function load() {
+    const t = await get(`/tasks/${enc(taskId)}`);
+    facts.dataset.state = t.state;
+    facts.replaceChildren(...[
+      ["Type", t.kind], ["User", t.owner], ["State", stateBadge(t.state)], ["Command", (t.argv || []).join(" ")],
+      ["Description", t.description], ["Pool", poolOf(t)], ["Agent", t.agent_id || "–"],
+      ["Outcome", t.outcome || "–"], ["Exit code", t.exit_code ?? "–"], ["Message", t.message || "–"],
+      ["Submitted", fmtTime(t.requested_at)], ["Started", fmtTime(t.started_at)], ["Ended", fmtTime(t.ended_at)],
+    ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    actions.replaceChildren(killButton(t, msg, load));
+    return t;
+  }
+  await load();
+  const stopLogs = logViewer(logs, `/tasks/${enc(taskId)}/logs`, `task-${taskId}.log`);
+  const timer = setInterval(() => load().catch((err) => { msg.textContent = err.message; }), 3000);
+  return () => { clearInterval(timer); stopLogs(); };
+}
+
+export async function render(root, params) {
+  return params.length && params[0] ? renderTask(root, params[0]) : renderList(root);
+}

@@ -1,0 +1,91 @@
+"""The web UI's Tasks page in a real headless Chromium against a real cluster of processes:
+a user lists their command tasks, reads one's output and kills another; another user's list
+does not show them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cairn.local.servers import ServerProcess
+from tests.browser.support import LiveCluster, launch_chromium, require_browser, start_cluster, wait
+from tests.browser.test_webui import Session, new_session
+
+pytestmark = pytest.mark.timeout(240)
+
+SLEEPER = "import time; print('waiting for work', flush=True); time.sleep(600)"
+PRINTER = "print('prepared 42 shards')"
+
+
+@pytest.fixture(scope="module")
+def live(
+    pg_server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveCluster]:
+    """The cluster (two slots) with users ``bob`` and ``carol``; bob runs two commands."""
+    require_browser()
+    work = tmp_path_factory.mktemp("webui-tasks")
+    for cluster in start_cluster(pg_server, work, slots=2):
+        api = cluster.api
+        for name in ("bob", "carol"):
+            body = {"username": name, "password": f"{name}-password", "admin": False}
+            api.call("POST", "/users", body)
+        bob = api.login("bob", "bob-password")
+        for key, script in (("printer", PRINTER), ("sleeper", SLEEPER)):
+            body = {"argv": ["python", "-c", script], "config": {"description": key}}
+            cluster.extra[key] = api.call("POST", "/commands", body, bob)["id"]
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def browser(live: LiveCluster) -> Iterator[Any]:
+    """Debian's Chromium under Playwright for the module."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = launch_chromium(playwright)
+        yield chromium
+        chromium.close()
+
+
+def logged_in(browser: Any, live: LiveCluster, name: str) -> Session:
+    session = new_session(browser, live)
+    session.login(name, f"{name}-password")
+    session.page.wait_for_selector("#experiments-table")
+    return session
+
+
+def test_tasks_page_lists_a_users_commands_shows_output_and_kills_one(
+    browser: Any, live: LiveCluster
+) -> None:
+    """Bob's Tasks page lists both his commands; one's page shows its output and outcome; the
+    kill button on the other (running) ends it ``killed``; Carol's page lists neither."""
+    printer, sleeper = live.extra["printer"], live.extra["sleeper"]
+    bob = logged_in(browser, live, "bob")
+    page = bob.page
+    bob.go("/tasks")
+    page.wait_for_selector(f'#tasks-table tr[data-task="{printer}"]')
+    assert page.locator(f'#tasks-table tr[data-task="{sleeper}"]').count() == 1
+    assert "command" in page.inner_text(f'#tasks-table tr[data-task="{printer}"]')
+
+    page.click(f'#tasks-table a[href="#/tasks/{printer}"]')
+    wait(lambda: "prepared 42 shards" in page.inner_text("#task-logs .logs"), 60, "its output")
+    wait(lambda: page.get_attribute("#task-facts", "data-state") == "TERMINATED", 30, "its exit")
+    assert "completed" in page.inner_text("#task-facts")
+    bob.shot("task")
+
+    bob.go("/tasks")
+    row = f'#tasks-table tr[data-task="{sleeper}"]'
+    wait(lambda: page.get_attribute(row, "data-state") == "RUNNING", 60, "the sleeper running")
+    page.click(f"{row} button.task-kill")
+    wait(lambda: page.get_attribute(row, "data-state") == "TERMINATED", 60, "the kill")
+    assert "killed" in page.inner_text(row)
+    bob.shot("tasks")
+    assert bob.errors == [], bob.errors
+
+    carol = logged_in(browser, live, "carol")
+    carol.go("/tasks")
+    carol.page.wait_for_selector("#tasks-table p.muted")
+    assert carol.page.locator("#tasks-table tr[data-task]").count() == 0
+    assert carol.errors == [], carol.errors
