@@ -168,8 +168,11 @@ def permissions(role: Role, *, agent_id: str | None = None) -> dict[str, Any]:
     if role == "admin":
         return {"pub": {"allow": [">"]}, "sub": {"allow": [">"]}}
     if role == "relay":
+        tail = f"$JS.API.STREAM.MSG.GET.{EVENTS_STREAM}"  # what the bus still holds (relay.py)
         return {
-            "pub": {"allow": [f"{EVENTS_PREFIX}.>", f"{COMMANDS_PREFIX}.>", *js_read, *manage]},
+            "pub": {
+                "allow": [f"{EVENTS_PREFIX}.>", f"{COMMANDS_PREFIX}.>", *js_read, *manage, tail]
+            },
             "sub": {"allow": ["_INBOX.>"]},
         }
     if role == "service":

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
@@ -37,6 +38,11 @@ MAX_BACKOFF = 10.0
 """The longest wait, in seconds, between two attempts at a page that keeps failing."""
 BUS_CHECK_SECONDS = 2.0
 """How often the leader checks that the bus still holds what it relayed (see the module doc)."""
+BUS_CHECK_TIMEOUT = 1.0
+"""How long one check may take; a check that fails or times out (a bus user without the right
+to read the stream's last message, say) is retried less and less often, never holding back
+the relaying itself."""
+MAX_BUS_CHECK_SECONDS = 300.0
 log = structlog.get_logger("relay")
 
 
@@ -104,14 +110,12 @@ class Relay:
         listener = await db.connect(self.store.dsn)
         await listener.add_listener(NOTIFY_CHANNEL, lambda *_: wake.set())
         failures = 0
-        checked_at: float | None = None
-        loop = asyncio.get_running_loop()
+        check = _BusCheck(asyncio.get_running_loop().time)
         try:
             while not stop.is_set() and not lease.lost.is_set():
                 try:
-                    if checked_at is None or loop.time() - checked_at >= BUS_CHECK_SECONDS:
-                        await self.check_bus(lease)
-                        checked_at = loop.time()
+                    if check.due():
+                        await check.run(self.check_bus(lease))
                     moved = await self.step(lease)
                 except (BusUnavailableError, StoreUnavailableError) as exc:
                     failures += 1
@@ -122,7 +126,7 @@ class Relay:
                         attempt=failures,
                         retry_in=round(delay, 2),
                     )
-                    checked_at = None  # the bus may have come back on an older store
+                    check.soon()  # the bus may have come back on an older store
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), delay)
                     continue
@@ -175,3 +179,33 @@ class Relay:
             await tx.set_checkpoint(CHECKPOINT, events[-1].position)
         self.published += fresh
         return len(events)
+
+
+class _BusCheck:
+    """When the leader next compares the bus's tail with its checkpoint: at once on leading and
+    after a bus failure, then every :data:`BUS_CHECK_SECONDS`, backing off while checks fail."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.next_at = 0.0
+        self.every = BUS_CHECK_SECONDS
+
+    def due(self) -> bool:
+        return self.clock() >= self.next_at
+
+    def soon(self) -> None:
+        self.next_at = 0.0
+
+    async def run(self, check: Coroutine[Any, Any, bool]) -> None:
+        try:
+            await asyncio.wait_for(check, BUS_CHECK_TIMEOUT)
+        except (BusUnavailableError, TimeoutError) as exc:
+            self.every = min(self.every * 2, MAX_BUS_CHECK_SECONDS)
+            log.warning(
+                "cannot read the bus's tail; relaying on",
+                error=str(exc) or type(exc).__name__,
+                next_check_s=self.every,
+            )
+        else:
+            self.every = BUS_CHECK_SECONDS
+        self.next_at = self.clock() + self.every

@@ -192,3 +192,15 @@ async def test_only_the_relay_puts_events_and_commands_on_the_bus(
         await client.close()
     assert await stream_messages(relay_bus, EVENTS_STREAM) == events
     assert await stream_messages(relay_bus, COMMANDS_STREAM) == commands
+
+
+async def test_the_relay_may_read_the_last_relayed_position(
+    nats_server: ServerProcess, relay_bus: Bus
+) -> None:
+    """The relay's user may read the events stream's last message, which is how the relay finds
+    the bus behind its checkpoint after nats-server restarts on an older store."""
+    await relay_bus.ensure_streams()
+    await relay_bus.js.publish(
+        "cairn.evt.trial.trial-1", b"{}", stream=EVENTS_STREAM, headers={"Cairn-Position": "41"}
+    )
+    assert await relay_bus.relayed_position() == 41
