@@ -43,7 +43,13 @@ from pathlib import Path
 from urllib.parse import quote
 
 from cairn.local.private_files import write_private
-from events.log.bus_auth import AUTHORITY_FILE, USER_ROLES, Authority, read_private
+from events.log.bus_auth import (
+    AUTHORITY_FILE,
+    USER_ROLES,
+    Authority,
+    grants_current,
+    read_private,
+)
 from events.log.limits import BUS_MAX_PAYLOAD
 from services import roles
 
@@ -165,7 +171,7 @@ def fill(
     for name in BUS_SERVICES:
         directory = _private_dir(root / name, service)
         creds = directory / f"{name}.creds"
-        if not creds.exists():
+        if not creds.exists() or not grants_current(creds.read_text(), USER_ROLES[name]):
             _write(creds, authority.user_creds(f"cairn-{name}", USER_ROLES[name]), service)
         _write(directory / "nats", f"{NATS_URL}?creds={MOUNT}/{creds.name}\n", service)
     api = root / "api"

@@ -31,6 +31,7 @@ from events.log.bus_auth import (
     USER_ROLES,
     Authority,
     BusAuthError,
+    grants_current,
     read_private,
 )
 from events.log.limits import BUS_MAX_PAYLOAD
@@ -371,14 +372,15 @@ def nats_authority(auth_dir: Path) -> Authority:
 
 def nats_creds(auth_dir: Path, user: str) -> Path:
     """The credentials file of ``user`` (a service's name, a replica's ``searcher-2``, or
-    ``admin``) in ``auth_dir``, issued on first use with the user's role (:data:`USER_ROLES`)."""
+    ``admin``) in ``auth_dir``, issued on first use with the user's role (:data:`USER_ROLES`),
+    and again when that role's permissions changed since."""
     base = user.split("-", 1)[0]
     service = base if base in USER_ROLES else user
     role = USER_ROLES.get(service)
     if role is None:
         raise ServerStartError(f"no NATS user {user!r}; one of {', '.join(USER_ROLES)}")
     path = auth_dir / f"{service}.creds"
-    if not path.exists():
+    if not path.exists() or not grants_current(path.read_text(), role):
         write_private(path, nats_authority(auth_dir).user_creds(f"cairn-{service}", role))
     return path
 

@@ -393,6 +393,16 @@ def read_private(path: Path, *, what: str) -> str:
     return text
 
 
+def grants_current(creds_text: str, role: Role) -> bool:
+    """Whether a service's ``.creds`` text allows exactly what ``role`` allows now: a user issued
+    by an older cairn whose role has since gained (or lost) a subject is issued anew."""
+    now = permissions(role)
+    return subjects_of(creds_text) == {
+        "pub": list(now["pub"].get("allow", [])),
+        "sub": list(now["sub"].get("allow", [])),
+    }
+
+
 def subjects_of(creds_text: str) -> dict[str, Sequence[str]]:
     """What a ``.creds`` text allows: ``{"pub": [...], "sub": [...]}`` (for listings and tests)."""
     jwt = creds_text.split("-----BEGIN NATS USER JWT-----\n", 1)[-1].split("\n", 1)[0]

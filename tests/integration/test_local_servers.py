@@ -17,7 +17,7 @@ import pytest
 from cairn.local import servers
 from cairn.local.servers import ServerProcess, secret_file, start_nats, start_postgres
 from events.log.bus import connect_options, with_creds
-from events.log.bus_auth import Authority, write_private
+from events.log.bus_auth import Authority, grants_current, write_private
 
 PASSWD = Path("/etc/passwd")
 
@@ -119,6 +119,18 @@ def test_nats_restart_reuses_its_keys(nats_server: ServerProcess) -> None:
         assert again.url == nats_server.url
     finally:
         again.stop()
+
+
+def test_a_service_user_of_an_older_role_is_issued_anew(nats_server: ServerProcess) -> None:
+    """A service's credentials granting less than its role grants now (issued by an older
+    cairn, before the relay could read the stream's tail) are issued anew on next use."""
+    auth_dir = servers.nats_auth_dir(nats_server.data_dir)
+    relay = servers.nats_creds(auth_dir, "relay")
+    authority = servers.nats_authority(auth_dir)
+    write_private(relay, authority.user_creds("cairn-relay", "service"))
+    assert not grants_current(relay.read_text(), "relay")
+    assert servers.nats_creds(auth_dir, "relay") == relay
+    assert grants_current(relay.read_text(), "relay")
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from events.log.bus_auth import Authority
+from events.log.bus_auth import Authority, grants_current
 from services.compose_secrets import MOUNT, fill
 
 ME = (os.getuid(), os.getgid())
@@ -59,3 +59,18 @@ def test_an_older_clusters_passwords_are_kept(tmp_path: Path) -> None:
     assert (root / "postgres" / "password").read_text().strip() == "0ld-pg"
     assert (root / "admin.password").read_text().strip() == "0ld-admin"
     assert (root / "api" / "admin.password").read_text().strip() == "0ld-admin"
+
+
+def test_a_service_user_of_an_older_role_is_issued_anew(tmp_path: Path) -> None:
+    """A service's NATS credentials that no longer grant what its role grants now (issued by an
+    older cairn) are replaced on the next fill; current ones are kept as they are."""
+    root = tmp_path / "secrets"
+    fill(root, operator=ME, services=ME)
+    relay = root / "relay" / "relay.creds"
+    searcher = (root / "searcher" / "searcher.creds").read_bytes()
+    authority = Authority.from_json((root / "nats-auth" / "authority.json").read_text())
+    relay.write_text(authority.user_creds("cairn-relay", "service"))  # an older, narrower grant
+    assert not grants_current(relay.read_text(), "relay")
+    fill(root, operator=ME, services=ME)
+    assert grants_current(relay.read_text(), "relay")
+    assert (root / "searcher" / "searcher.creds").read_bytes() == searcher
