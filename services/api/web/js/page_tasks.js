@@ -1,11 +1,48 @@
 // Tasks: every task of the user (an admin: everyone's) with its state, a kill button while it
-// has not ended, and one task's page with its output followed live.
+// has not ended, an "Open" link to a served task (a notebook) once it is ready, a form that
+// launches a notebook, and one task's page with its output followed live.
+//
+// "Open" is a plain link to the task's proxy path in a new tab: the browser sends the session
+// cookie the login set (path /proxy/, HttpOnly), so no token ever appears in the URL.
 import { get, post } from "./api.js";
 import { logViewer } from "./logs.js";
 import { h, enc, fmtTime, stateBadge } from "./dom.js";
 
 const taskHref = (id) => `#/tasks/${enc(id)}`;
 const poolOf = (t) => (t.config && t.config.resources && t.config.resources.resource_pool) || "default";
+
+/** Where a served task's page is, below its proxy path (a notebook: JupyterLab's). */
+const SERVED_PAGE = { notebook: "lab" };
+
+function openLink(task) {
+  if (!task.ready || !task.proxy_path || task.state === "TERMINATED") return "";
+  return h("a", { class: "task-open", href: `${task.proxy_path}${SERVED_PAGE[task.kind] || ""}`,
+    target: "_blank", rel: "noopener" }, "Open");
+}
+
+/** The notebook launcher: slots (none by default), an optional idle timeout and description. */
+function launchForm(msg, reload) {
+  const slots = h("input", { id: "notebook-slots", type: "number", min: "0", step: "1", value: "0" });
+  const idle = h("input", { id: "notebook-idle-timeout", placeholder: "idle timeout, e.g. 30m", size: 18,
+    "aria-label": "idle timeout" });
+  const description = h("input", { id: "notebook-description", placeholder: "description (optional)", size: 24,
+    "aria-label": "description" });
+  const button = h("button", { type: "submit", id: "launch-notebook" }, "Launch notebook");
+  return h("form", { class: "filters", id: "notebook-launcher", onsubmit: async (e) => {
+    e.preventDefault();
+    msg.textContent = "";
+    const config = { resources: { slots: Number(slots.value || 0) } };
+    if (idle.value.trim()) config.idle_timeout = idle.value.trim();
+    if (description.value.trim()) config.description = description.value.trim();
+    button.disabled = true;
+    try {
+      await post("/notebooks", { config });
+      idle.value = ""; description.value = "";
+      await reload();
+    } catch (err) { msg.textContent = err.message; }
+    finally { button.disabled = false; }
+  } }, description, h("label", { for: "notebook-slots" }, "slots"), slots, idle, button);
+}
 
 function killButton(task, msg, reload) {
   if (task.state === "TERMINATED") return "";
@@ -20,7 +57,8 @@ function killButton(task, msg, reload) {
 async function renderList(root) {
   const msg = h("p", { class: "error", id: "action-error", role: "alert" });
   const table = h("div", { class: "table-wrap", id: "tasks-table" });
-  root.replaceChildren(h("h1", {}, "Tasks"), msg, h("div", { class: "card" }, table));
+  const launcher = h("div", {});
+  root.replaceChildren(h("h1", {}, "Tasks"), launcher, msg, h("div", { class: "card" }, table));
 
   async function load() {
     const { tasks } = await get("/tasks");
@@ -30,9 +68,10 @@ async function renderList(root) {
       h("tbody", {}, rows.map((t) => h("tr", { dataset: { task: t.id, state: t.state } },
         h("td", {}, h("a", { href: taskHref(t.id) }, t.id)), h("td", {}, t.kind), h("td", {}, t.description),
         h("td", {}, stateBadge(t.state)), h("td", {}, t.outcome || ""), h("td", {}, t.owner), h("td", {}, poolOf(t)),
-        h("td", {}, fmtTime(t.requested_at)), h("td", {}, killButton(t, msg, load))))))
-      : h("p", { class: "muted" }, "No tasks yet: cairn cmd run starts one."));
+        h("td", {}, fmtTime(t.requested_at)), h("td", { class: "actions" }, openLink(t), killButton(t, msg, load))))))
+      : h("p", { class: "muted" }, "No tasks yet: launch a notebook, or run a command with cairn cmd run."));
   }
+  launcher.replaceChildren(launchForm(msg, load));
   await load();
   const timer = setInterval(() => load().catch((err) => { msg.textContent = err.message; }), 3000);
   return () => clearInterval(timer);
@@ -55,7 +94,7 @@ async function renderTask(root, taskId) {
       ["Outcome", t.outcome || "–"], ["Exit code", t.exit_code ?? "–"], ["Message", t.message || "–"],
       ["Submitted", fmtTime(t.requested_at)], ["Started", fmtTime(t.started_at)], ["Ended", fmtTime(t.ended_at)],
     ].flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
-    actions.replaceChildren(killButton(t, msg, load));
+    actions.replaceChildren(openLink(t), killButton(t, msg, load));
     return t;
   }
   await load();
