@@ -30,21 +30,7 @@ def register(sub: Any) -> None:
     verbs = verb_group(group, default_verb="list")
 
     run = verbs.add_parser("run", help="run a command; print its output; exit with its code")
-    run.add_argument("--config-file", type=Path, metavar="FILE", help="command config YAML")
-    run.add_argument(
-        "--config",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set a config field by dotted path, e.g. resources.slots=0 (repeatable)",
-    )
-    run.add_argument(
-        "-c", "--context", type=Path, metavar="DIR", help="directory to upload as the work dir"
-    )
-    run.add_argument(
-        "-d", "--detach", action="store_true", help="print the task id and return at once"
-    )
+    add_submission_flags(run, "command", example="resources.slots=0")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="CMD", help="command to run")
     add_json_flag(run)
     run.set_defaults(handler=cmd_run)
@@ -62,6 +48,32 @@ def register(sub: Any) -> None:
         verb.add_argument("task_id", metavar="ID")
         add_json_flag(verb)
         verb.set_defaults(handler=handler)
+
+
+def add_submission_flags(parser: Any, kind: str, *, example: str) -> None:
+    """The flags every task submission takes: ``--config-file``, ``--config KEY=VALUE``,
+    ``--context DIR`` and ``--detach``.
+
+    Args:
+        parser: the verb's parser.
+        kind: the task's kind as the help names it (``command``, ``notebook``).
+        example: a ``--config`` example for the help.
+    """
+    parser.add_argument("--config-file", type=Path, metavar="FILE", help=f"{kind} config YAML")
+    parser.add_argument(
+        "--config",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"set a config field by dotted path, e.g. {example} (repeatable)",
+    )
+    parser.add_argument(
+        "-c", "--context", type=Path, metavar="DIR", help="directory to upload as the work dir"
+    )
+    parser.add_argument(
+        "-d", "--detach", action="store_true", help="print the task id and return at once"
+    )
 
 
 def load_task_config(path: Path | None, overrides: list[str]) -> dict[str, Any]:

@@ -12,11 +12,10 @@ import argparse
 import sys
 import time
 import webbrowser
-from pathlib import Path
 from typing import Any
 
-from cairn.cli import auth_store
-from cairn.cli.command import cmd_kill, cmd_logs, load_task_config
+from cairn.cli import auth_store, verb_group
+from cairn.cli.command import add_submission_flags, cmd_kill, cmd_logs, load_task_config
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
 from cairn.client import Client
 from cairn.errors import UsageError
@@ -40,25 +39,10 @@ idle_timeout: null            # e.g. 30m: killed after that long without kernel 
 def register(sub: Any) -> None:
     """Adds the ``notebook`` verb group."""
     group = sub.add_parser("notebook", help="JupyterLab notebooks on the cluster")
-    group.set_defaults(group_parser=group, default_verb="list")
-    verbs = group.add_subparsers(metavar="VERB")
+    verbs = verb_group(group, default_verb="list")
 
     start = verbs.add_parser("start", help="start a notebook and wait until it serves")
-    start.add_argument("--config-file", type=Path, metavar="FILE", help="notebook config YAML")
-    start.add_argument(
-        "--config",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="set a config field by dotted path, e.g. idle_timeout=30m (repeatable)",
-    )
-    start.add_argument(
-        "-c", "--context", type=Path, metavar="DIR", help="directory to upload as the work dir"
-    )
-    start.add_argument(
-        "-d", "--detach", action="store_true", help="print the task id and return at once"
-    )
+    add_submission_flags(start, "notebook", example="idle_timeout=30m")
     start.add_argument("--no-browser", action="store_true", help="do not open a browser")
     add_json_flag(start)
     start.set_defaults(handler=notebook_start)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from events.domain.aggregates import TASK_FACTS, TaskView, apply_task, fold_task
 from events.domain.aggregates.common import iso
+from events.domain.deciders import Decision
 from events.domain.deciders.task import (
     MAX_ARGV_ITEMS,
     SERVING_KINDS,
@@ -197,29 +198,16 @@ async def create_command(request: web.Request) -> web.Response:
     principal = principal_of(request)
     body = parse(CreateCommandBody, await read_json(request))
     code = decode_code(request, body.code)
-    code_ref = code_ref_of(code)
     command = RunCommand(
-        task_id=uuid.uuid4().hex[:16],
+        task_id=new_task_id(),
         owner=principal.name,
         argv=tuple(body.argv),
         config=body.config,
-        code_ref=code_ref,
+        code_ref=code_ref_of(code),
     )
-
-    async def work(tx: Transaction) -> dict[str, Any]:
-        view = TaskView(command.task_id)
-        events = accepted(decide_run_command(view, command))
-        await store_code(tx, code_ref, code)
-        recorded = await append_decided(
-            tx, task_stream(command.task_id), events, expected_version=0, actor=principal.name
-        )
-        for event in recorded:
-            apply_task(view, event)
-        return describe(view)
-
-    result = await in_transaction(store_of(request), work)
-    log.info("command submitted", task_id=command.task_id, owner=principal.name)
-    return web.json_response(result)
+    return await _submit(
+        request, command.task_id, code, decide_run_command(TaskView(command.task_id), command)
+    )
 
 
 @routes.post(
@@ -234,24 +222,39 @@ async def create_notebook(request: web.Request) -> web.Response:
     principal = principal_of(request)
     body = parse(CreateNotebookBody, await read_json(request))
     code = decode_code(request, body.code)
-    code_ref = code_ref_of(code)
     command = StartNotebook(
-        task_id=uuid.uuid4().hex[:16], owner=principal.name, config=body.config, code_ref=code_ref
+        task_id=new_task_id(), owner=principal.name, config=body.config, code_ref=code_ref_of(code)
+    )
+    return await _submit(
+        request, command.task_id, code, decide_start_notebook(TaskView(command.task_id), command)
     )
 
+
+def new_task_id() -> str:
+    """A new task's id: 16 random hex digits."""
+    return uuid.uuid4().hex[:16]
+
+
+async def _submit(
+    request: web.Request, task_id: str, code: bytes | None, decision: Decision
+) -> web.Response:
+    """Appends a new task's decided ``TaskRequested`` with its context stored beside it (a
+    refusal is raised as its 4xx) and answers the task as it now stands."""
+    principal = principal_of(request)
+    events = accepted(decision)
+
     async def work(tx: Transaction) -> dict[str, Any]:
-        view = TaskView(command.task_id)
-        events = accepted(decide_start_notebook(view, command))
-        await store_code(tx, code_ref, code)
+        view = TaskView(task_id)
+        await store_code(tx, code_ref_of(code), code)
         recorded = await append_decided(
-            tx, task_stream(command.task_id), events, expected_version=0, actor=principal.name
+            tx, task_stream(task_id), events, expected_version=0, actor=principal.name
         )
         for event in recorded:
             apply_task(view, event)
         return describe(view)
 
     result = await in_transaction(store_of(request), work)
-    log.info("notebook submitted", task_id=command.task_id, owner=principal.name)
+    log.info("task submitted", task_id=task_id, kind=result["kind"], owner=principal.name)
     return web.json_response(result)
 
 

@@ -21,7 +21,6 @@ from tests.browser.support import (
     ARTIFACTS,
     SCRIPTED,
     LiveCluster,
-    launch_chromium,
     require_browser,
     start_cluster,
     wait,
@@ -66,17 +65,6 @@ def live(
         yield cluster
 
 
-@pytest.fixture(scope="module")
-def browser(live: LiveCluster) -> Iterator[Any]:
-    """Debian's Chromium under Playwright for the module."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = launch_chromium(playwright)
-        yield chromium
-        chromium.close()
-
-
 class Session:
     """A browser page that records console errors and takes screenshots."""
 
@@ -113,6 +101,14 @@ class Session:
 def new_session(browser: Any, live: LiveCluster) -> Session:
     context = browser.new_context(viewport={"width": 1400, "height": 900}, accept_downloads=True)
     return Session(context.new_page(), live.processes.api_url)
+
+
+def logged_in(browser: Any, live: LiveCluster, name: str) -> Session:
+    """A page logged in as ``name`` (password ``<name>-password``), on the experiment list."""
+    session = new_session(browser, live)
+    session.login(name, f"{name}-password")
+    session.page.wait_for_selector("#experiments-table")
+    return session
 
 
 @pytest.fixture

@@ -13,12 +13,11 @@ from cairn.local.servers import ServerProcess
 from tests.browser.support import (
     ARTIFACTS,
     LiveCluster,
-    launch_chromium,
     require_browser,
     start_cluster,
     wait,
 )
-from tests.browser.test_webui import Session, new_session
+from tests.browser.test_webui import logged_in
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,24 +37,6 @@ def live(
             body = {"username": name, "password": f"{name}-password", "admin": False}
             cluster.api.call("POST", "/users", body)
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def browser(live: LiveCluster) -> Iterator[Any]:
-    """Debian's Chromium under Playwright for the module."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = launch_chromium(playwright)
-        yield chromium
-        chromium.close()
-
-
-def logged_in(browser: Any, live: LiveCluster, name: str) -> Session:
-    session = new_session(browser, live)
-    session.login(name, f"{name}-password")
-    session.page.wait_for_selector("#experiments-table")
-    return session
 
 
 def run_first_cell(lab: Any, code: str) -> str:

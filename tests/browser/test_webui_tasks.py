@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from cairn.local.servers import ServerProcess
-from tests.browser.support import LiveCluster, launch_chromium, require_browser, start_cluster, wait
-from tests.browser.test_webui import Session, new_session
+from tests.browser.support import LiveCluster, require_browser, start_cluster, wait
+from tests.browser.test_webui import logged_in
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -36,24 +36,6 @@ def live(
             body = {"argv": ["python", "-c", script], "config": {"description": key}}
             cluster.extra[key] = api.call("POST", "/commands", body, bob)["id"]
         yield cluster
-
-
-@pytest.fixture(scope="module")
-def browser(live: LiveCluster) -> Iterator[Any]:
-    """Debian's Chromium under Playwright for the module."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = launch_chromium(playwright)
-        yield chromium
-        chromium.close()
-
-
-def logged_in(browser: Any, live: LiveCluster, name: str) -> Session:
-    session = new_session(browser, live)
-    session.login(name, f"{name}-password")
-    session.page.wait_for_selector("#experiments-table")
-    return session
 
 
 def test_tasks_page_lists_a_users_commands_shows_output_and_kills_one(

@@ -6,6 +6,7 @@ The cluster (``cairn up --slots 2``) is started once for the module on a tempora
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -87,6 +88,28 @@ def cluster() -> Iterator[Env]:
         assert started.returncode == 0, f"cairn up failed:\n{started.stdout}\n{started.stderr}"
         api_url = json.loads((home / "cluster.json").read_text())["api_url"]
         yield Env(home, api_url, shared)
+    finally:
+        stopped = run_cli("down", home=home, timeout=90)
+        shutil.rmtree(scratch, ignore_errors=True)
+        assert stopped.returncode == 0, stopped.stderr
+
+
+@contextlib.contextmanager
+def embedded_cluster(prefix: str, *, slots: int = 1) -> Iterator[Env]:
+    """``cairn up`` with ``slots`` CPU slots on a fresh home under the system temp dir (see
+    :func:`cluster`), ``cairn down`` and the directory removed after; ``Env.shared`` is the
+    scratch directory around the home."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    home = scratch / "home"
+    home.mkdir()
+    started = run_cli(
+        "up", "--slots", str(slots), "--api-port", "0", "--stop-timeout", "3", home=home,
+        timeout=150,
+    )  # fmt: skip
+    try:
+        assert started.returncode == 0, f"cairn up failed:\n{started.stdout}\n{started.stderr}"
+        api_url = json.loads((home / "cluster.json").read_text())["api_url"]
+        yield Env(home, api_url, scratch)
     finally:
         stopped = run_cli("down", home=home, timeout=90)
         shutil.rmtree(scratch, ignore_errors=True)

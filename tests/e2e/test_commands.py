@@ -5,35 +5,21 @@ exits with the command's exit code."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.test_cli import Env, cli, ok, run_cli
+from tests.e2e.test_cli import Env, cli, embedded_cluster, ok
 from tests.helpers import wait_until_sync
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Env]:
     """One embedded cluster with one CPU slot for the module."""
-    scratch = Path(tempfile.mkdtemp(prefix="cairn-cmd-"))
-    home = scratch / "home"
-    home.mkdir()
-    started = run_cli(
-        "up", "--slots", "1", "--api-port", "0", "--stop-timeout", "3", home=home, timeout=150
-    )
-    try:
-        assert started.returncode == 0, f"cairn up failed:\n{started.stdout}\n{started.stderr}"
-        api_url = json.loads((home / "cluster.json").read_text())["api_url"]
-        yield Env(home, api_url, scratch)
-    finally:
-        stopped = run_cli("down", home=home, timeout=90)
-        shutil.rmtree(scratch, ignore_errors=True)
-        assert stopped.returncode == 0, stopped.stderr
+    with embedded_cluster("cairn-cmd-") as env:
+        yield env
 
 
 def test_cmd_run_exits_with_the_commands_code_and_its_logs_show_its_output(

@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,30 +17,17 @@ import psutil
 import pytest
 
 from services.api.proxy import MAX_WS_FRAME
-from tests.e2e.test_cli import Env, as_user, ok, run_cli
+from tests.e2e.test_cli import Env, as_user, embedded_cluster, ok
 from tests.helpers import wait_until, wait_until_sync
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Env]:
     """One embedded cluster (one CPU slot; the notebooks hold none) with users nora and mallory."""
-    scratch = Path(tempfile.mkdtemp(prefix="cairn-nb-"))
-    home = scratch / "home"
-    home.mkdir()
-    started = run_cli(
-        "up", "--slots", "1", "--api-port", "0", "--stop-timeout", "3", home=home, timeout=150
-    )
-    try:
-        assert started.returncode == 0, f"cairn up failed:\n{started.stdout}\n{started.stderr}"
-        api_url = json.loads((home / "cluster.json").read_text())["api_url"]
-        env = Env(home, api_url, scratch)
+    with embedded_cluster("cairn-nb-") as env:
         ok(env, "user", "create", "nora", "--password", "pw-nora-1")
         ok(env, "user", "create", "mallory", "--password", "pw-mallory")
         yield env
-    finally:
-        stopped = run_cli("down", home=home, timeout=90)
-        shutil.rmtree(scratch, ignore_errors=True)
-        assert stopped.returncode == 0, stopped.stderr
 
 
 def start_notebook(env: Env, *config: str) -> dict[str, Any]:
