@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -632,9 +633,40 @@ def inject_rollback(local: Local, fault: Fault, rng: random.Random, old: NatsCop
         f"pid {before['pid']} -> {now['pid']}, stream seq {before_seq} -> {after_seq} "
         f"(copy at {old.last_seq})"
     )
-    if after_seq >= before_seq:
-        raise ChaosError(f"{fault.evidence}: the stream did not go back")
+    if after_seq < before_seq:
+        measure_write(local, fault, "nats", start)
+        return
+    # The relay may have found the bus behind its checkpoint and published the lost tail again
+    # before the stream was read: its own record of that is then the proof of the rollback.
+    try:
+        rewind = wait_until_sync(lambda: relay_rewind_since(local, start), 30, every=0.1)
+    except AssertionError as exc:
+        raise ChaosError(f"{fault.evidence}: the stream did not go back") from exc
+    fault.evidence += (
+        f"; the relay found the bus at position {rewind['bus_position']} behind its "
+        f"checkpoint {rewind['checkpoint']} and published the tail again"
+    )
     measure_write(local, fault, "nats", start)
+
+
+REWIND_EVENT = "the bus lost relayed events; publishing them again"
+"""What the relay logs when it finds the bus behind its checkpoint (events.log.relay)."""
+
+
+def relay_rewind_since(local: Local, start: float) -> dict[str, Any] | None:
+    """The relay's last record, logged after ``start`` (epoch seconds), of finding the bus
+    behind its checkpoint, if any."""
+    found = None
+    for path in sorted((local.home / "logs").glob("relay*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if REWIND_EVENT not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                record = json.loads(line)
+                at = datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
+                if record["event"] == REWIND_EVENT and at.timestamp() >= start:
+                    found = record
+    return found
 
 
 def inject_down_up(local: Local, fault: Fault, rng: random.Random) -> None:
