@@ -7,7 +7,9 @@ Invariants a change must keep:
   ended, folded from the log on every request; nothing in the request (path, query, headers)
   picks the host or port. The path is forwarded unchanged (the task serves under
   ``/proxy/<task_id>/``).
-- Only the task's owner or an admin passes (403 otherwise; 404 for an unknown task). The
+- Only the task's owner or an admin passes (403 otherwise; 404 for an unknown task), and an
+  admin only with a bearer token, never with the browser's session cookie: a task's pages are
+  its owner's code on this origin, which must not run where an admin's token lives. The
   caller's cairn credentials never travel on: the ``Authorization`` header and the session
   cookie are stripped, and the upstream client keeps no cookies of its own. What goes upstream
   carries instead the task server's own token (``sign_serve_token``), which only the proxy and
@@ -117,7 +119,16 @@ def _target(task: TaskView, request: web.Request) -> URL:
 async def _live_task(request: web.Request) -> TaskView:
     task_id = request.match_info["task_id"]
     task = await load_task(store_of(request), task_id)
-    check_task_owner(principal_of(request), task)
+    principal = principal_of(request)
+    check_task_owner(principal, task)
+    if principal.name != task.owner and "Authorization" not in request.headers:
+        # The task's pages run on this origin, where a browser keeps its cairn token: its
+        # owner's code must never run in another user's (an admin's) logged-in browser.
+        raise ApiError(
+            403,
+            f"task {task_id} is {task.owner}'s: an admin reaches it through the proxy with a "
+            "bearer token (the API, the CLI), never in a browser",
+        )
     if task.ended:
         raise ApiError(
             410,

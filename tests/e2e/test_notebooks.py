@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from services.api.proxy import MAX_WS_FRAME
-from tests.e2e.test_cli import Env, as_user, embedded_cluster, ok
+from tests.e2e.test_cli import Env, admin_password, as_user, embedded_cluster, ok
 from tests.helpers import wait_until, wait_until_sync
 
 
@@ -104,8 +104,9 @@ async def test_notebook_through_the_proxy_owner_only_kernel_runs_and_ended_is_go
     """The owner reaches JupyterLab through the proxy (bearer and login cookie), runs a cell
     over the proxied WebSocket that prints 1+1 and its cluster info; no session is 401,
     another user 403, an unknown task 404, no header reroutes the proxy, an oversized frame
-    closes the socket, the server refuses whoever reaches its port without the proxy, and once
-    killed the proxy answers 410."""
+    closes the socket, the server refuses whoever reaches its port without the proxy, an admin
+    gets in with a bearer token but not with a browser's cookie, and once killed the proxy
+    answers 410."""
     task = start_notebook(cluster)
     task_id = task["id"]
     base = f"{cluster.api_url}/proxy/{task_id}/"
@@ -127,6 +128,17 @@ async def test_notebook_through_the_proxy_owner_only_kernel_runs_and_ended_is_go
         other = {"Authorization": f"Bearer {mallory}"}
         async with bare.get(base + "lab", headers=other) as answer:
             assert answer.status == 403
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as admin:
+        # An admin reaches another user's notebook with a bearer token, never as a browser
+        # does (with the login's cookie): its pages would run where the admin's token lives.
+        admin_token = await login(admin, cluster, "admin", admin_password(cluster))
+        async with admin.get(base + "api/status") as answer:
+            assert answer.status == 403
+            assert "never in a browser" in (await answer.json())["error"]["message"]
+        as_admin = {"Authorization": f"Bearer {admin_token}"}
+        async with admin.get(base + "api/status", headers=as_admin) as answer:
+            assert answer.status == 200
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as bare:
         async with bare.get(
             f"{cluster.api_url}/proxy/00000000000000ff/api/status", headers=bearer
         ) as answer:

@@ -3,8 +3,10 @@
 // launches a notebook, and one task's page with its output followed live.
 //
 // "Open" is a plain link to the task's proxy path in a new tab: the browser sends the session
-// cookie the login set (path /proxy/, HttpOnly), so no token ever appears in the URL.
-import { get, post } from "./api.js";
+// cookie the login set (path /proxy/, HttpOnly), so no token ever appears in the URL. It is
+// offered on the user's own tasks only: the proxy refuses another user's task to a browser
+// (its pages are their owner's code on this origin).
+import { currentUser, get, post } from "./api.js";
 import { logViewer } from "./logs.js";
 import { h, enc, fmtTime, stateBadge } from "./dom.js";
 
@@ -16,6 +18,7 @@ const SERVED_PAGE = { notebook: "lab" };
 
 function openLink(task) {
   if (!task.ready || !task.proxy_path || task.state === "TERMINATED") return "";
+  if ((currentUser() || {}).username !== task.owner) return "";
   return h("a", { class: "task-open", href: `${task.proxy_path}${SERVED_PAGE[task.kind] || ""}`,
     target: "_blank", rel: "noopener" }, "Open");
 }
