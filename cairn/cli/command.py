@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,27 @@ def stream_output(client: Client, task_id: str, *, show: bool = True) -> dict[st
             time.sleep(POLL_SECONDS)
 
 
+def submit_task(
+    args: argparse.Namespace, submit: Callable[[Client, dict[str, Any]], dict[str, Any]]
+) -> tuple[Client, str] | None:
+    """Checks ``--context``, loads the config (file and overrides) and submits the task with
+    ``submit(client, config)``; returns the client and the task's id, or ``None`` once a
+    ``--detach`` submission is printed (its id, or its JSON under ``--json``)."""
+    if args.context is not None and not args.context.is_dir():
+        raise UsageError(f"--context {args.context}: not a directory")
+    config = load_task_config(args.config_file, args.overrides)
+    client = auth_store.connect(args)
+    task = submit(client, config)
+    task_id = str(task["id"])
+    if not args.detach:
+        return client, task_id
+    if wants_json(args):
+        print_json(task)
+    else:
+        print(task_id)
+    return None
+
+
 def exit_code_of(task: dict[str, Any]) -> int:
     """The command's exit code (:data:`NO_EXIT_CODE` when it has none)."""
     code = task.get("exit_code")
@@ -137,18 +159,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise UsageError("give the command to run, e.g. cairn cmd run python prep.py")
-    if args.context is not None and not args.context.is_dir():
-        raise UsageError(f"--context {args.context}: not a directory")
-    config = load_task_config(args.config_file, args.overrides)
-    client = auth_store.connect(args)
-    task = client.run_command(argv, config, args.context)
-    task_id = str(task["id"])
-    if args.detach:
-        if wants_json(args):
-            print_json(task)
-        else:
-            print(task_id)
+    submitted = submit_task(
+        args, lambda client, config: client.run_command(argv, config, args.context)
+    )
+    if submitted is None:
         return 0
+    client, task_id = submitted
     if not wants_json(args):
         print(f"launched command {task_id}", file=sys.stderr, flush=True)
     try:

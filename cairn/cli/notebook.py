@@ -15,7 +15,7 @@ import webbrowser
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
-from cairn.cli.command import add_submission_flags, cmd_kill, cmd_logs, load_task_config
+from cairn.cli.command import add_submission_flags, cmd_kill, cmd_logs, submit_task
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
 from cairn.client import Client
 from cairn.errors import UsageError
@@ -108,18 +108,12 @@ def _show(args: argparse.Namespace, client: Client, task: dict[str, Any]) -> Non
 
 def notebook_start(args: argparse.Namespace) -> int:
     """Starts a notebook; waits until it serves and shows its URL (``-d``: prints the id)."""
-    if args.context is not None and not args.context.is_dir():
-        raise UsageError(f"--context {args.context}: not a directory")
-    config = load_task_config(args.config_file, args.overrides)
-    client = auth_store.connect(args)
-    task = client.start_notebook(config, args.context)
-    task_id = str(task["id"])
-    if args.detach:
-        if wants_json(args):
-            print_json(task)
-        else:
-            print(task_id)
+    submitted = submit_task(
+        args, lambda client, config: client.start_notebook(config, args.context)
+    )
+    if submitted is None:
         return 0
+    client, task_id = submitted
     if not wants_json(args):
         print(f"launched notebook {task_id}; waiting until it serves", file=sys.stderr)
     _show(args, client, wait_ready(client, task_id))

@@ -15,6 +15,7 @@ from pathlib import Path
 import structlog
 
 from events.domain.config.task import TaskConfig
+from events.domain.deciders.task import SERVING_KINDS
 from services.agent.client import ApiError
 from services.agent.confinement import RunDirectoryError, RunPlaces
 from services.agent.docker_runtime import DockerRuntimeError, TrialContainers, run_image
@@ -29,7 +30,7 @@ from services.agent.runtime import (
     reachable_address,
     trial_environment,
 )
-from services.agent.serving import SERVING_KINDS, notebook_argv, wait_ready, watch_idle
+from services.agent.serving import notebook_argv, wait_ready, watch_idle
 from services.agent.state import AgentState, Allocation
 from services.confine import ConfinementError
 

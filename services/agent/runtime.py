@@ -33,8 +33,8 @@ from pydantic import ValidationError
 from cairn.compat import python_path_with_shim
 from events.domain.archive import extract_tar
 from events.domain.config.storage import checkpoint_root as checkpoint_root
+from events.domain.deciders.task import SERVING_KINDS
 from services.agent.client import ApiClient
-from services.agent.serving import SERVING_KINDS
 from services.confine import Identity
 from services.contracts.agent import SpecResponse
 

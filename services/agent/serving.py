@@ -22,7 +22,6 @@ import aiohttp
 import structlog
 
 from events.domain.config.task import TaskConfig
-from events.domain.deciders.task import SERVING_KINDS as SERVING_KINDS
 
 log = structlog.get_logger("agent")
 
