@@ -409,6 +409,15 @@ async def test_a_stale_leader_or_a_second_worker_never_records_an_answer(
             gate2.touch()
             await first.settle()
             await wait_until(lambda: second.workers.workers[2].settled == 1, timeout=30)
+            # The second worker may learn of the first's answer from the log before its own
+            # sandbox answers: wait until its own answer came back and was dropped.
+            await wait_until(
+                lambda: (
+                    ("custom searcher answer dropped as stale", 2)
+                    in [(e["event"], e.get("experiment")) for e in logs]
+                ),
+                timeout=30,
+            )
         finally:
             await first.close()
             await second.close()
