@@ -1,7 +1,9 @@
 """Who may read what: the one rule for experiments, their trials and their checkpoints.
 
 - an admin reads everything;
-- a user reads the experiments they own, with their trials and checkpoints (another user's: 403);
+- a user reads the experiments they own, with their trials and checkpoints, and those of the
+  workspaces where a role lets them (:func:`events.domain.authorization.permitted`; another
+  user's elsewhere: 403);
 - a trial token reads its own trial only (and its experiment's searcher state: the best
   validation so far, see :func:`searcher_readable_experiment`);
 - the agent token reads what the routes open to agents (agents run every user's trials).
@@ -9,7 +11,8 @@
 Routes ask here (never compare owners themselves), so a new read route cannot forget a case.
 Agents, slots, config templates and the user's own identity are shared or personal by design
 (``docs/tracking.md``) and need no experiment; changing an experiment is for its owner or an
-admin (:func:`services.api.views.check_owner`), changing a template for its creator or an admin.
+admin or a role that allows it in the experiment's workspace (:func:`check_experiment`),
+changing a template for its creator or an admin.
 """
 
 from __future__ import annotations
@@ -18,14 +21,16 @@ from typing import Any
 
 from aiohttp import web
 
+from events.domain.authorization import Permission
 from events.domain.names import parse_trial_id, trial_label
 from services.api import projections_read as pr
 from services.api.auth import Principal, check_trial, principal_of
 from services.api.errors import forbidden, not_found
 from services.api.routing import store_of
+from services.api.teams import authorize, teams_for
 from services.api.views import (
     ExperimentView,
-    check_owner,
+    Reader,
     experiment_of,
     load_experiment,
     trial_of,
@@ -39,16 +44,37 @@ POLL_EVERY = 0.2
 """How often such a poll looks again, in seconds."""
 
 
-def check_read(principal: Principal, owner: str, *, trial_id: int | None = None) -> None:
-    """Raises 403 unless ``principal`` may read an experiment of ``owner`` (or, with
-    ``trial_id``, that trial of it)."""
-    if principal.kind == "agent":
+async def check_experiment(
+    reader: Reader,
+    principal: Principal,
+    view: ExperimentView,
+    permission: Permission = Permission.VIEW_EXPERIMENT,
+    *,
+    trial_id: int | None = None,
+) -> None:
+    """Raises 403 unless ``principal`` may act with ``permission`` on experiment ``view`` (or,
+    with ``trial_id``, on that trial of it): the agent token reads every experiment, a trial
+    token its own trial, a user by :func:`services.api.teams.authorize` in the experiment's
+    workspace (its owner and admins without reading the teams)."""
+    if principal.kind == "agent" and permission is Permission.VIEW_EXPERIMENT:
         return
-    if principal.kind == "trial":
+    if principal.kind == "trial" and permission is Permission.VIEW_EXPERIMENT:
         if trial_id is None or principal.name != trial_label(trial_id):
             raise forbidden(f"this token is scoped to trial {principal.name}")
         return
-    check_owner(principal, owner)
+    if principal.kind == "user" and (principal.is_admin or principal.name == view.owner):
+        return
+    if principal.kind != "user":
+        raise forbidden("only the experiment's owner or an admin may do this")
+    teams = await teams_for(reader)
+    authorize(
+        teams,
+        principal,
+        permission,
+        workspace_id=teams.workspace_of_project(view.project_id),
+        owner=view.owner,
+        what=f"experiment {view.experiment_id} is {view.owner}'s",
+    )
 
 
 async def readable_experiment(
@@ -58,8 +84,9 @@ async def readable_experiment(
     with_trials: bool = False,
 ) -> ExperimentView:
     """The experiment folded live, if the caller may read it; 404 unknown, 403 not theirs."""
-    view = await load_experiment(store_of(request), experiment_id, with_trials=with_trials)
-    check_read(principal_of(request), view.owner)
+    store = store_of(request)
+    view = await load_experiment(store, experiment_id, with_trials=with_trials)
+    await check_experiment(store, principal_of(request), view)
     return view
 
 
@@ -76,7 +103,7 @@ async def searcher_readable_experiment(
         if await experiment_of(store, parse_trial_id(principal.name)) != experiment_id:
             raise forbidden(f"this token is scoped to trial {principal.name}")
         return view
-    check_read(principal, view.owner)
+    await check_experiment(store, principal, view)
     return view
 
 
@@ -85,7 +112,7 @@ async def readable_trial(request: web.Request, trial_id: int) -> ExperimentView:
     the trial; 404 for an unknown experiment or trial, 403 for one that is not theirs."""
     store = store_of(request)
     view = await load_experiment(store, await experiment_of(store, trial_id), trial_id=trial_id)
-    check_read(principal_of(request), view.owner, trial_id=trial_id)
+    await check_experiment(store, principal_of(request), view, trial_id=trial_id)
     if trial_id not in view.trials:
         raise not_found(f"no trial {trial_id}")
     return view
@@ -104,7 +131,7 @@ async def readable_checkpoint(
     if row is None:
         raise not_found(f"no checkpoint {uuid}")
     view = await load_experiment(store, int(row["experiment_id"]), with_trials=False)
-    check_read(principal_of(request), view.owner, trial_id=int(row["trial_id"]))
+    await check_experiment(store, principal_of(request), view, trial_id=int(row["trial_id"]))
     return row, view
 
 

@@ -9,16 +9,18 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from events.domain.authorization import Permission
 from events.domain.deciders import Refusal
 from events.domain.names import experiment_stream
 from events.log.envelope import Event
 from events.log.store import Transaction
+from services.api.access import check_experiment
 from services.api.auth import Principal
 from services.api.decided import append_accepted
 from services.api.errors import not_found
 from services.api.inbox import in_transaction
 from services.api.routing import store_of
-from services.api.views import MAX_ID, ExperimentView, check_owner, load_experiment
+from services.api.views import MAX_ID, ExperimentView, load_experiment
 
 E = TypeVar("E", bound=Event)
 
@@ -36,15 +38,19 @@ async def decide_on_experiment(
     principal: Principal,
     experiment_id: int,
     decide: Callable[[ExperimentView], list[E] | Refusal],
+    *,
+    permission: Permission = Permission.UPDATE_EXPERIMENT,
 ) -> tuple[ExperimentView, list[E]]:
-    """Folds the experiment in ``tx``, lets its owner (or an admin) act, and appends what
-    ``decide`` decides against the folded version.
+    """Folds the experiment in ``tx``, lets whoever holds ``permission`` on it act (its owner,
+    an admin, a role in its workspace), and appends what ``decide`` decides against the folded
+    version.
 
     Args:
         tx: the request's transaction.
         principal: who acts (recorded as each event's actor).
         experiment_id: the experiment.
         decide: the decider, given the folded experiment (without its trials).
+        permission: what the change needs.
 
     Returns:
         The experiment as folded before the change, and the events appended (none: no change).
@@ -54,7 +60,7 @@ async def decide_on_experiment(
         ConcurrencyError: the stream moved on since it was folded (retryable: re-fold).
     """
     view = await load_experiment(tx, experiment_id, with_trials=False)
-    check_owner(principal, view.owner)
+    await check_experiment(tx, principal, view, permission)
     events = await append_accepted(
         tx,
         experiment_stream(experiment_id),
@@ -70,6 +76,8 @@ async def act_on_experiment(
     principal: Principal,
     experiment_id: int,
     decide: Callable[[ExperimentView], list[E] | Refusal],
+    *,
+    permission: Permission = Permission.UPDATE_EXPERIMENT,
 ) -> tuple[ExperimentView, list[E]]:
     """:func:`decide_on_experiment` in a transaction of its own, decided again from a fresh fold
     when a concurrent append moved the stream on (:func:`services.api.inbox.in_transaction`).
@@ -82,6 +90,8 @@ async def act_on_experiment(
     """
 
     async def work(tx: Transaction) -> tuple[ExperimentView, list[E]]:
-        return await decide_on_experiment(tx, principal, experiment_id, decide)
+        return await decide_on_experiment(
+            tx, principal, experiment_id, decide, permission=permission
+        )
 
     return await in_transaction(store_of(request), work)

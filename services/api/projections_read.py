@@ -67,6 +67,10 @@ class ExperimentSummary(BaseModel):
     ended_at: str | None
     progress: float | None
     unmanaged: bool = False
+    project_id: int = 1
+    project: str = ""
+    workspace_id: int = 1
+    workspace: str = ""
 
 
 class TrialSummary(BaseModel):

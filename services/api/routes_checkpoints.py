@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from events.domain.authorization import Permission
 from events.domain.checkpoint_storage import (
     CheckpointStorage,
     StorageError,
@@ -33,13 +34,12 @@ from events.domain.checkpoint_storage import (
 from events.domain.deciders.checkpoint import DeleteCheckpoints, decide_delete_checkpoints
 from events.log.store import Transaction
 from services.api import projections_read as pr
-from services.api.access import readable_checkpoint
+from services.api.access import check_experiment, readable_checkpoint
 from services.api.auth import principal_of
 from services.api.errors import ApiError, forbidden, not_found, parse, read_json
 from services.api.experiment_commands import decide_on_experiment
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, cluster_of, store_of
-from services.api.views import check_owner
 
 log = structlog.get_logger("api")
 routes = RouteTable("checkpoints")
@@ -235,7 +235,7 @@ async def delete_checkpoints(request: web.Request) -> web.Response:
     already: list[str] = []
     for uuid in dict.fromkeys(body.checkpoint_uuids):
         row, view = await readable_checkpoint(request, uuid)
-        check_owner(principal, view.owner)
+        await check_experiment(store_of(request), principal, view, Permission.UPDATE_EXPERIMENT)
         if row["state"] == "DELETED":
             already.append(uuid)
         else:

@@ -10,6 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from events.domain import lifecycle
+from events.domain.authorization import Permission
 from events.domain.deciders.experiment import (
     TRANSITIONS,
     Action,
@@ -106,7 +107,11 @@ async def delete_experiment(request: web.Request) -> web.Response:
 
     command = DeleteExperiment(actor=principal.name)
     view, events = await act_on_experiment(
-        request, principal, experiment_id, lambda view: decide_delete(view, command)
+        request,
+        principal,
+        experiment_id,
+        lambda view: decide_delete(view, command),
+        permission=Permission.DELETE_EXPERIMENT,
     )
     if events:
         log.info("experiment deleting", experiment_id=experiment_id, actor=principal.name)

@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field, field_validator
 
 from events.domain import lifecycle
+from events.domain.authorization import Permission
 from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.deciders.experiment import (
     MAX_LABELS,
@@ -32,6 +33,7 @@ from events.domain.types import (
 )
 from events.domain.types.experiment_changes import ResourceField
 from events.log.store import Transaction
+from services.api.access import check_experiment
 from services.api.auth import principal_of
 from services.api.decided import accepted, append_decided
 from services.api.errors import bad_request, parse, read_json
@@ -41,7 +43,6 @@ from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import (
     ExperimentView,
     apply_settings,
-    check_owner,
     load_experiment,
     load_trial,
     load_trial_control,
@@ -257,7 +258,7 @@ async def continue_experiment(request: web.Request) -> web.Response:
 
     async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, with_trials=True)
-        check_owner(principal, view.owner)
+        await check_experiment(tx, principal, view, Permission.UPDATE_EXPERIMENT)
         state = await _continue_state(tx, view)
         continuation = accepted(decide_continue(state, command))
         await append_decided(

@@ -37,6 +37,7 @@ from services.api.limits import (
 from services.api.parsing import off_loop
 from services.api.routes_checkpoints import CHECKPOINT_ROOT
 from services.api.routing import USERS, RouteTable, cluster_of, store_of
+from services.api.teams import current_teams, project_for_experiment
 from services.api.templates import with_template
 
 log = structlog.get_logger("api")
@@ -57,6 +58,9 @@ class CreateExperimentBody(BaseModel):
     activate: bool = True
     template: str | None = Field(
         None, max_length=200, description="a config template merged under the config"
+    )
+    project_id: int | None = Field(
+        None, ge=1, description="the project to create it in (over the config's workspace/project)"
     )
 
 
@@ -151,7 +155,7 @@ async def _read_multipart(request: web.Request) -> tuple[CreateExperimentBody, b
                 continue
             if part.name == "code":
                 code = await read_part(request, part, MAX_CODE_BYTES, "code")
-            elif part.name in ("config", "activate", "template"):
+            elif part.name in ("config", "activate", "template", "project_id"):
                 raw = await read_part(request, part, DEFAULT_MAX_BODY, part.name)
                 fields[part.name] = raw.decode(part.get_charset(default="utf-8"))
     except (ValueError, AssertionError, LookupError, HttpProcessingError) as exc:
@@ -185,6 +189,7 @@ async def create_experiment(request: web.Request) -> web.Response:
     check_host_requests(request, config)
     code_ref = code_ref_of(code)
     store = store_of(request)
+    project = project_for_experiment(await current_teams(store), principal, config, body.project_id)
     experiment_id = await store.next_experiment_id()
     async with store.transaction() as tx:
         await store_code(tx, code_ref, code)
@@ -196,6 +201,7 @@ async def create_experiment(request: web.Request) -> web.Response:
                 owner=principal.name,
                 activate=body.activate,
                 warnings=tuple(warnings),
+                project_id=project.project_id,
             )
         )
         await append_decided(

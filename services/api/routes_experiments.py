@@ -13,9 +13,10 @@ from services.api import history
 from services.api import projections_read as pr
 from services.api.access import readable_experiment
 from services.api.auth import principal_of
-from services.api.errors import forbidden, parse
+from services.api.errors import parse
 from services.api.experiment_commands import experiment_id_of
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.teams import current_teams, load_teams, placement, visible_projects
 from services.api.views import ExperimentView, load_experiment
 from services.tracker import read as tracker_read
 
@@ -23,10 +24,13 @@ routes = RouteTable("experiments")
 
 
 class ExperimentsQuery(pr.PageQuery):
-    """Filters and order of the experiment list (non-admins only ever see their own)."""
+    """Filters and order of the experiment list (a user sees their own, and others' in the
+    workspaces where a role lets them)."""
 
     state: str | None = Field(None, description="comma-separated states, e.g. ACTIVE,PAUSED")
     owner: str | None = Field(None, max_length=200)
+    workspace_id: int | None = Field(None, ge=1, description="only this workspace's")
+    project_id: int | None = Field(None, ge=1, description="only this project's")
     archived: Literal["false", "true", "all"] = "false"
     name: str | None = Field(None, max_length=500, description="substring of the name")
     order_by: Literal["id", "-id"] = "-id"
@@ -116,20 +120,25 @@ async def _visible(request: web.Request, *, with_trials: bool = False) -> Experi
     "/api/v1/experiments", allow=USERS, query=ExperimentsQuery, response=ExperimentsResponse
 )
 async def list_experiments(request: web.Request) -> web.Response:
-    """Experiments from the projection, filtered and paginated (users see their own only)."""
+    """Experiments from the projection, filtered and paginated (a user sees their own and
+    those of the workspaces where a role lets them see others')."""
     principal = principal_of(request)
     query = parse(ExperimentsQuery, dict(request.query))
-    owner = query.owner
-    if not principal.is_admin:
-        if owner is not None and owner != principal.name:
-            raise forbidden("only admins may list other users' experiments")
-        owner = principal.name
     store = store_of(request)
+    teams = await current_teams(store)
+    visible = visible_projects(teams, principal)
+    projects: list[int] | None = None
+    if query.project_id is not None:
+        projects = [query.project_id]
+    elif query.workspace_id is not None:
+        projects = [p.project_id for p in teams.projects_of(query.workspace_id)] or [0]
     rows, total = await pr.read_page(
         store,
         tracker_read.list_experiments,
         states=pr.states_of(query.state),
-        owner=owner,
+        owner=query.owner,
+        projects=projects,
+        visible_to=None if visible is None else (principal.name, visible),
         archived=None if query.archived == "all" else query.archived == "true",
         name=query.name,
         descending=query.order_by == "-id",
@@ -137,6 +146,8 @@ async def list_experiments(request: web.Request) -> web.Response:
         offset=query.offset,
     )
     await pr.with_progress(store, rows)
+    for row in rows:
+        row.update(placement(teams, int(row["project_id"])))
     return web.json_response({"experiments": rows, "pagination": pr.pagination(query, total)})
 
 
@@ -156,9 +167,12 @@ async def get_experiment(request: web.Request) -> web.Response:
         past = await load_experiment(store, view.experiment_id, at=at)
         trials = await history.trial_summaries(store, past, at)
         return web.json_response(
-            history.experiment_detail(past, trials, at) | {"lineage": _lineage(past)}
+            history.experiment_detail(past, trials, at)
+            | {"lineage": _lineage(past)}
+            | placement(await load_teams(store, at=at), past.project_id)
         )
     body = view.describe()
+    body.update(placement(await current_teams(store), view.project_id))
     body["position"] = await store.head()
     row = await pr.experiment_row(store, view.experiment_id) or {}
     searcher = view.searcher

@@ -11,6 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events.domain import lifecycle
+from events.domain.authorization import Permission
 from events.domain.deciders.trial import KillTrial, decide_kill
 from events.domain.names import trial_stream
 from events.domain.types import TrialAlerted
@@ -19,7 +20,7 @@ from events.log.errors import StoreUnavailableError
 from events.log.store import EventStore, Transaction
 from services.api import history, tables
 from services.api import projections_read as pr
-from services.api.access import readable_trial
+from services.api.access import check_experiment, readable_trial
 from services.api.auth import principal_of
 from services.api.decided import append_accepted
 from services.api.errors import parse, read_json
@@ -27,7 +28,6 @@ from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.views import (
     ExperimentView,
-    check_owner,
     experiment_of,
     load_experiment,
     load_trial_control,
@@ -269,7 +269,7 @@ async def kill_trial(request: web.Request) -> web.Response:
 
     async def work(tx: Transaction) -> dict[str, Any]:
         view = await load_experiment(tx, experiment_id, trial_id=trial_id)
-        check_owner(principal, view.owner)
+        await check_experiment(tx, principal, view, Permission.UPDATE_EXPERIMENT)
         control = await load_trial_control(tx, trial_id)
         events = await append_accepted(
             tx,

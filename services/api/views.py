@@ -40,8 +40,7 @@ from events.domain.names import (
 from events.domain.types import TrialRequested
 from events.log.envelope import RecordedEvent
 from events.log.store import EventStore, Transaction
-from services.api.auth import Principal
-from services.api.errors import forbidden, not_found
+from services.api.errors import not_found
 from services.contracts.agent import SpecResponse
 
 MAX_ID = 2**63 - 1
@@ -100,13 +99,6 @@ async def read_facts(
         requested_trial=None if trial_id is None else trial_label(trial_id),
         at=at,
     )
-
-
-def check_owner(principal: Principal, owner: str) -> None:
-    """Raises 403 unless ``principal`` is an admin or the user ``owner`` (visibility and control
-    of an experiment and of its trials and checkpoints)."""
-    if not (principal.is_admin or (principal.kind == "user" and principal.name == owner)):
-        raise forbidden("only the experiment's owner or an admin may do this")
 
 
 # --- ids ------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from events.domain.lifecycle import (
 from events.domain.types import (
     ExperimentArchived,
     ExperimentContinued,
+    ExperimentMoved,
     ExperimentStateChanged,
     ExperimentSubmitted,
 )
@@ -47,9 +48,10 @@ async def experiment_submitted(
     await conn.execute(
         """INSERT INTO tr_experiments (experiment_id, name, description, labels, owner, state,
                archived, searcher_name, searcher_metric, smaller_is_better, max_trials, config,
-               code_ref, resource_pool, num_trials, submitted_at, position, unmanaged)
+               code_ref, resource_pool, num_trials, submitted_at, position, unmanaged,
+               project_id)
            VALUES ($1, $2, $3, $4, $5, $6, false, $7, $8, $9, $10, $11, $12, $13, 0, $14, $15,
-                   $16)
+                   $16, $17)
            ON CONFLICT (experiment_id) DO NOTHING""",
         e.experiment_id,
         settings.name or "",
@@ -67,6 +69,7 @@ async def experiment_submitted(
         at,
         position,
         e.unmanaged,
+        e.project_id,
     )
 
 
@@ -95,6 +98,15 @@ async def experiment_archived(conn: Connection, e: ExperimentArchived) -> None:
         "UPDATE tr_experiments SET archived = $2 WHERE experiment_id = $1",
         e.experiment_id,
         e.archived,
+    )
+
+
+async def experiment_moved(conn: Connection, e: ExperimentMoved) -> None:
+    """Sets the experiment's project."""
+    await conn.execute(
+        "UPDATE tr_experiments SET project_id = $2 WHERE experiment_id = $1",
+        e.experiment_id,
+        e.project_id,
     )
 
 

@@ -27,6 +27,7 @@ from events.domain.types import (
     CheckpointsDeleted,
     ExperimentArchived,
     ExperimentContinued,
+    ExperimentMoved,
     ExperimentStateChanged,
     ExperimentSubmitted,
     MetricsReported,
@@ -136,6 +137,8 @@ async def apply(conn: Connection, event: Event, at: datetime, position: int) -> 
         await experiments.experiment_state(conn, event, at)
     elif isinstance(event, ExperimentArchived):
         await experiments.experiment_archived(conn, event)
+    elif isinstance(event, ExperimentMoved):
+        await experiments.experiment_moved(conn, event)
     elif isinstance(event, SettingsChange):
         await experiments.experiment_setting(conn, event)
     elif isinstance(event, ExperimentContinued):

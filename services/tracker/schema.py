@@ -210,6 +210,14 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         "ALTER TABLE tr_experiments ADD COLUMN unmanaged boolean NOT NULL DEFAULT false;",
     ),
     USAGE_TASKS_MIGRATION,
+    (
+        "0007_projects",
+        # Every experiment is in a project (1: the default one); lists filter by it.
+        """
+        ALTER TABLE tr_experiments ADD COLUMN project_id bigint NOT NULL DEFAULT 1;
+        CREATE INDEX tr_experiments_project ON tr_experiments (project_id, experiment_id);
+        """,
+    ),
 )
 
 

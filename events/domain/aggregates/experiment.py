@@ -16,6 +16,7 @@ from events.domain.types import (
     ExperimentContinued,
     ExperimentDescribed,
     ExperimentLabelsChanged,
+    ExperimentMoved,
     ExperimentRenamed,
     ExperimentResourcesChanged,
     ExperimentStateChanged,
@@ -33,6 +34,7 @@ EXPERIMENT_FACTS = (
     "ExperimentLabelsChanged",
     "ExperimentResourcesChanged",
     "ExperimentContinued",
+    "ExperimentMoved",
     "TrialRequested",
 )
 """What :func:`apply_experiment` reads (``TrialRequested`` last: leave it out for state only)."""
@@ -46,6 +48,7 @@ ExperimentFact = (
     | ExperimentLabelsChanged
     | ExperimentResourcesChanged
     | ExperimentContinued
+    | ExperimentMoved
     | TrialRequested
 )
 """An event of :data:`EXPERIMENT_FACTS`."""
@@ -68,6 +71,8 @@ class ExperimentView:
     code_ref: str | None = None
     warnings: list[dict[str, str]] = field(default_factory=list)
     owner: str = ""
+    project_id: int = 1
+    """The project it is in (:mod:`events.domain.aggregates.teams` knows its workspace)."""
     state: str = lifecycle.ACTIVE
     archived: bool = False
     unmanaged: bool = False
@@ -128,6 +133,7 @@ class ExperimentView:
             "id": self.experiment_id,
             "state": self.state,
             "owner": self.owner,
+            "project_id": self.project_id,
             "code_ref": self.code_ref,
             "config": mask_secrets(self.config),
             "warnings": self.warnings,
@@ -192,6 +198,7 @@ def apply_experiment(
         view.code_ref = event.code_ref
         view.warnings = [w.model_dump() for w in event.warnings]
         view.owner = event.owner
+        view.project_id = event.project_id
         view.unmanaged = event.unmanaged
         view.external_id = event.external_id
         view.state = lifecycle.initial_experiment_state(event.activate)
@@ -206,6 +213,8 @@ def apply_experiment(
             view.ended_at = recorded.recorded_at
     elif isinstance(event, ExperimentArchived):
         view.archived = event.archived
+    elif isinstance(event, ExperimentMoved):
+        view.project_id = event.project_id
     elif isinstance(event, SettingsChange):
         view.config = apply_settings(view.config, event)
         view.settings = ExperimentSettings.of(view.config)

@@ -34,8 +34,6 @@ NO_PULLS = "agents use the image on their host and pull it only when it is missi
 TRIAL_API = "only Determined's deprecated Trial API used it; Core API code decides this itself"
 
 _TOP_LEVEL: dict[str, str] = {
-    "workspace": "cairn has no workspaces",
-    "project": "cairn has no projects",
     "profiling": "turn profiling on from the training code with ctx.profiler.on()",
     "optimizations": TRIAL_API,
     "records_per_epoch": TRIAL_API,

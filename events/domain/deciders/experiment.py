@@ -25,6 +25,7 @@ from events.domain.types import (
     ExperimentContinued,
     ExperimentDescribed,
     ExperimentLabelsChanged,
+    ExperimentMoved,
     ExperimentRenamed,
     ExperimentResourcesChanged,
     ExperimentStateChanged,
@@ -81,6 +82,7 @@ class SubmitExperiment:
     warnings: tuple[ConfigWarning, ...] = ()
     unmanaged: bool = False
     external_id: str | None = None
+    project_id: int = 1
 
 
 def decide_submit(command: SubmitExperiment) -> list[Event]:
@@ -95,6 +97,7 @@ def decide_submit(command: SubmitExperiment) -> list[Event]:
             warnings=list(command.warnings),
             unmanaged=command.unmanaged,
             external_id=command.external_id,
+            project_id=command.project_id,
         )
     ]
 
@@ -164,6 +167,36 @@ def decide_archived(view: ExperimentView, command: SetArchived) -> Decision:
     return [
         ExperimentArchived(
             experiment_id=view.experiment_id, archived=command.archived, actor=command.actor
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class MoveExperiment:
+    """Move the experiment to project ``project_id`` (the caller checked that it exists, is not
+    archived, and that the actor may take it out of its project and put it in that one)."""
+
+    project_id: int
+    actor: str
+    archived_projects: frozenset[int] = frozenset()
+    """The projects archived (or in an archived workspace) when the move was asked."""
+
+
+def decide_move(view: ExperimentView, command: MoveExperiment) -> Decision:
+    """``ExperimentMoved``; ``[]`` when it is there already; refused (conflict) for an archived
+    experiment, or one in an archived project."""
+    if view.project_id == command.project_id:
+        return []
+    if view.archived:
+        return conflict("an archived experiment cannot move: unarchive it first")
+    if view.project_id in command.archived_projects:
+        return conflict(f"project {view.project_id} is archived: nothing moves out of it")
+    return [
+        ExperimentMoved(
+            experiment_id=view.experiment_id,
+            project_id=command.project_id,
+            from_project_id=view.project_id,
+            actor=command.actor,
         )
     ]
 

@@ -32,10 +32,13 @@ class ExperimentSubmitted(Event):
 
     ``config`` is stored as the JSON it was validated as; readers act on :attr:`settings`, its
     typed fields with the config models' defaults.
+
+    ``project_id`` is the project it was created in (version 4; before, every experiment was in
+    the default project, 1). ``ExperimentMoved`` moves it later.
     """
 
     event_type = "ExperimentSubmitted"
-    schema_version = 3
+    schema_version = 4
 
     experiment_id: int
     config: dict[str, Any]
@@ -45,6 +48,7 @@ class ExperimentSubmitted(Event):
     warnings: list[ConfigWarning] = Field(default_factory=list)
     unmanaged: bool = False
     external_id: str | None = Field(None, min_length=1, max_length=MAX_EXTERNAL_ID)
+    project_id: int = 1
 
     @cached_property
     def settings(self) -> ExperimentSettings:
@@ -60,6 +64,11 @@ def _experiment_submitted_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 @upcaster("ExperimentSubmitted", 2)
 def _experiment_submitted_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "unmanaged": False, "external_id": None}
+
+
+@upcaster("ExperimentSubmitted", 3)
+def _experiment_submitted_v3_to_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "project_id": 1}
 
 
 @register

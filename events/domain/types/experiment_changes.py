@@ -34,6 +34,18 @@ class ExperimentRenamed(Event):
 
 
 @register
+class ExperimentMoved(Event):
+    """A user moved the experiment from project ``from_project_id`` to ``project_id``."""
+
+    event_type = "ExperimentMoved"
+
+    experiment_id: int
+    project_id: int
+    from_project_id: int
+    actor: str = ""
+
+
+@register
 class ExperimentDescribed(Event):
     """A user gave the experiment a new description."""
 

@@ -30,6 +30,7 @@ class ExperimentRow(TypedDict):
     submitted_at: datetime | None
     ended_at: datetime | None
     unmanaged: bool
+    project_id: int
 
 
 class TrialRow(TypedDict):
@@ -85,7 +86,7 @@ class MetricRow(TypedDict):
 _EXPERIMENT_COLUMNS = """
     e.experiment_id AS id, e.name, e.owner, e.state, e.archived, e.searcher_name,
     e.searcher_metric, e.smaller_is_better, e.num_trials, e.max_trials, e.best_trial_id,
-    e.best_metric, e.resource_pool, e.submitted_at, e.ended_at, e.unmanaged,
+    e.best_metric, e.resource_pool, e.submitted_at, e.ended_at, e.unmanaged, e.project_id,
     (SELECT count(*) FROM tr_trials t WHERE t.experiment_id = e.experiment_id
        AND t.state = 'ACTIVE' AND t.started_at IS NOT NULL)::int AS running_trials"""
 
@@ -100,6 +101,8 @@ async def list_experiments(
     descending: bool,
     limit: int,
     offset: int,
+    projects: Sequence[int] | None = None,
+    visible_to: tuple[str, Sequence[int]] | None = None,
 ) -> tuple[list[ExperimentRow], int]:
     """A page of experiments matching the filters, by id, and how many match.
 
@@ -112,8 +115,15 @@ async def list_experiments(
         descending: newest first.
         limit: page size.
         offset: rows skipped.
+        projects: keep these projects' only.
+        visible_to: ``(user, projects)``: keep the user's own and those in these projects (the
+            ones where the user's roles let them see others' experiments).
     """
     where = Where()
+    if projects is not None:
+        where.add("e.project_id = ANY({}::bigint[])", list(projects))
+    if visible_to is not None:
+        where.add("(e.owner = {} OR e.project_id = ANY({}::bigint[]))", *visible_to)
     if states is not None:
         where.add("e.state = ANY({}::text[])", list(states))
     if owner is not None:
