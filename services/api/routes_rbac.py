@@ -317,7 +317,7 @@ async def create_group(request: web.Request) -> web.Response:
     teams = await current_teams(store_of(request))
     group = teams.group_named(body.name)
     assert group is not None
-    return web.json_response(_describe_group(group), status=201)
+    return web.json_response(_describe_group(group))
 
 
 def _group_of(teams: Teams, ref: str) -> Group:

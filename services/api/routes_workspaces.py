@@ -131,6 +131,12 @@ class MoveResponse(BaseModel):
     moved: bool
 
 
+class EmptyBody(BaseModel):
+    """No fields."""
+
+    model_config = {"extra": "forbid"}
+
+
 class DeletedResponse(BaseModel):
     """What was deleted."""
 
@@ -213,7 +219,7 @@ async def create_workspace(request: web.Request) -> web.Response:
     workspace = teams.workspace_named(body.name)
     assert workspace is not None
     log.info("workspace created", workspace_id=workspace.workspace_id)
-    return web.json_response(describe_workspace(teams, workspace), status=201)
+    return web.json_response(describe_workspace(teams, workspace))
 
 
 @routes.get("/api/v1/workspaces/{workspace}", allow=USERS, response=WorkspaceOut)
@@ -261,6 +267,7 @@ async def rename_workspace(request: web.Request) -> web.Response:
 
 def _archiving(archived: bool) -> Any:
     async def handler(request: web.Request) -> web.Response:
+        parse(EmptyBody, await read_json(request))
         seen: list[int] = []
 
         def make(workspace: Workspace) -> ArchiveWorkspace:
@@ -274,12 +281,12 @@ def _archiving(archived: bool) -> Any:
     return handler
 
 
-routes.post("/api/v1/workspaces/{workspace}/archive", allow=USERS, response=WorkspaceOut)(
-    _archiving(True)
-)
-routes.post("/api/v1/workspaces/{workspace}/unarchive", allow=USERS, response=WorkspaceOut)(
-    _archiving(False)
-)
+routes.post(
+    "/api/v1/workspaces/{workspace}/archive", allow=USERS, body=EmptyBody, response=WorkspaceOut
+)(_archiving(True))
+routes.post(
+    "/api/v1/workspaces/{workspace}/unarchive", allow=USERS, body=EmptyBody, response=WorkspaceOut
+)(_archiving(False))
 
 
 @routes.add("DELETE", "/api/v1/workspaces/{workspace}", allow=USERS, response=DeletedResponse)
@@ -336,7 +343,7 @@ async def create_project(request: web.Request) -> web.Response:
     teams = await current_teams(store_of(request))
     project = teams.project_named(seen[-1], body.name)
     assert project is not None
-    return web.json_response(describe_project(teams, project), status=201)
+    return web.json_response(describe_project(teams, project))
 
 
 @routes.get("/api/v1/projects/{project}", allow=USERS, response=ProjectOut)
@@ -400,6 +407,7 @@ async def edit_project(request: web.Request) -> web.Response:
 
 def _project_archiving(archived: bool) -> Any:
     async def handler(request: web.Request) -> web.Response:
+        parse(EmptyBody, await read_json(request))
         project_id, _ = await _project_change(
             request, lambda p: ArchiveProject(p.project_id, archived), Permission.UPDATE_PROJECT
         )
@@ -409,12 +417,12 @@ def _project_archiving(archived: bool) -> Any:
     return handler
 
 
-routes.post("/api/v1/projects/{project}/archive", allow=USERS, response=ProjectOut)(
+routes.post("/api/v1/projects/{project}/archive", allow=USERS, body=EmptyBody, response=ProjectOut)(
     _project_archiving(True)
 )
-routes.post("/api/v1/projects/{project}/unarchive", allow=USERS, response=ProjectOut)(
-    _project_archiving(False)
-)
+routes.post(
+    "/api/v1/projects/{project}/unarchive", allow=USERS, body=EmptyBody, response=ProjectOut
+)(_project_archiving(False))
 
 
 @routes.add("DELETE", "/api/v1/projects/{project}", allow=USERS, response=DeletedResponse)

@@ -192,6 +192,9 @@ async def test_a_body_of_100000_nested_brackets_is_400_on_every_route(
             "task_id": "0123456789abcdef",
             "slot_id": "0",
             "username": "admin",
+            "workspace": "1",
+            "project": "1",
+            "group": "1",
         }.items():
             path = path.replace("{" + name + "}", value)
         for raw in (b"[" * 100_000, too_deep):
