@@ -192,6 +192,7 @@ async def test_a_body_of_100000_nested_brackets_is_400_on_every_route(
             "task_id": "0123456789abcdef",
             "slot_id": "0",
             "username": "admin",
+            "name": "some-model",
         }.items():
             path = path.replace("{" + name + "}", value)
         for raw in (b"[" * 100_000, too_deep):
