@@ -478,6 +478,66 @@ class Client:
         """A checkpoint's directory as a tar.gz."""
         return self.download(f"/checkpoints/{_quote(uuid)}/download")
 
+    # ------------------------------------------------------------------ model registry
+
+    def list_models(self, **query: Any) -> dict[str, Any]:
+        """``{"models": [...]}`` (``name``, ``label``, ``archived``, ``workspace_names``,
+        ``sort_by``, ``order_by`` filter and order them)."""
+        return dict(self.get("/models", **query))
+
+    def create_model(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Creates a model (``description``, ``labels``, ``metadata``, ``notes``,
+        ``workspace_name``); returns it."""
+        body = {"name": name, **{k: v for k, v in fields.items() if v is not None}}
+        return dict(self.post("/models", body))
+
+    def get_model(self, name: str) -> dict[str, Any]:
+        """One model, by name or number."""
+        return dict(self.get(f"/models/{_quote(name)}"))
+
+    def patch_model(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Changes a model's name, description, labels, metadata or notes; returns it."""
+        return dict(self.call("PATCH", f"/models/{_quote(name)}", changes))
+
+    def set_model_archived(self, name: str, archived: bool) -> dict[str, Any]:
+        """Archives or unarchives a model; returns it."""
+        verb = "archive" if archived else "unarchive"
+        return dict(self.post(f"/models/{_quote(name)}/{verb}", {}))
+
+    def delete_model(self, name: str) -> dict[str, Any]:
+        """Deletes a model and its versions."""
+        return dict(self.call("DELETE", f"/models/{_quote(name)}"))
+
+    def list_model_versions(self, name: str) -> dict[str, Any]:
+        """``{"model": {...}, "model_versions": [...]}``, oldest version first."""
+        return dict(self.get(f"/models/{_quote(name)}/versions"))
+
+    def register_model_version(
+        self, name: str, checkpoint_uuid: str, **fields: Any
+    ) -> dict[str, Any]:
+        """Registers a checkpoint as the model's next version (``name``, ``comment``,
+        ``labels``, ``metadata``, ``notes`` of the version in ``fields``); returns it."""
+        body = {
+            "checkpoint_uuid": checkpoint_uuid,
+            **{k: v for k, v in fields.items() if v is not None},
+        }
+        return dict(self.post(f"/models/{_quote(name)}/versions", body))
+
+    def get_model_version(self, name: str, version: int) -> dict[str, Any]:
+        """One version of a model (``-1``: the latest)."""
+        return dict(self.get(f"/models/{_quote(name)}/versions/{int(version)}"))
+
+    def patch_model_version(
+        self, name: str, version: int, changes: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Changes a version's name, comment, labels, metadata or notes; returns it."""
+        path = f"/models/{_quote(name)}/versions/{int(version)}"
+        return dict(self.call("PATCH", path, changes))
+
+    def delete_model_version(self, name: str, version: int) -> dict[str, Any]:
+        """Deletes one version of a model."""
+        return dict(self.call("DELETE", f"/models/{_quote(name)}/versions/{int(version)}"))
+
     # ------------------------------------------------------------------ agents and slots
 
     def list_agents(self, *, at: str | None = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Ids and stream names of experiments, trials and allocations: one function for each.
+"""Ids and stream names of experiments, trials, allocations, tasks and models: one function
+for each.
 
 Trial ids are integers, unique across the whole cluster (as Determined's): the searcher takes
 each from the PostgreSQL sequence ``trial_ids`` when it decides ``TrialRequested``, so they
@@ -197,3 +198,21 @@ def task_of_allocation(text: str) -> str | None:
     """The task id of a task's allocation id, or ``None`` when ``text`` is not one."""
     match = _TASK_ALLOCATION.match(text)
     return match.group(1) if match is not None else None
+
+
+MODEL_PREFIX = "model-"
+"""The streams of registered models: ``model-<model_id>`` (a name may hold any character a
+stream id or bus subject may not, so the stream is named by the model's number)."""
+
+
+def model_stream(model_id: int) -> str:
+    """The stream of a registered model: ``model-3``."""
+    return f"{MODEL_PREFIX}{model_id}"
+
+
+def model_of_stream(stream_id: str) -> int | None:
+    """The model whose stream ``stream_id`` is; ``None`` for any other stream."""
+    if not stream_id.startswith(MODEL_PREFIX):
+        return None
+    tail = stream_id[len(MODEL_PREFIX) :]
+    return int(tail) if tail.isascii() and tail.isdigit() and len(tail) <= 18 else None

@@ -325,6 +325,44 @@ class LogReads:
             )
         return [row_to_event(r) for r in rows]
 
+    async def max_model_id(self) -> int:
+        """The highest ``model_id`` any ``ModelCreated`` took (0: none), through the type index
+        ``events_type_position`` (the scan covers the registry's creations only)."""
+        async with self._reading() as conn:
+            value = await conn.fetchval(
+                """SELECT coalesce(max((payload->>'model_id')::bigint), 0) FROM events
+                   WHERE type = 'ModelCreated'"""
+            )
+        return int(value)
+
+    async def live_registrations(
+        self, *, uuids: Sequence[str] = (), experiment_id: int | None = None
+    ) -> list[RecordedEvent]:
+        """The ``ModelVersionRegistered`` events still in force (neither their version nor their
+        model deleted since) that point at one of ``uuids`` or at a checkpoint of experiment
+        ``experiment_id``, in position order.
+
+        Read through the type index ``events_type_position``: the scan covers the registry's
+        registrations only; each one's deletion is looked up by its stream (the primary key).
+        """
+        async with self._reading() as conn:
+            rows = await conn.fetch(
+                f"""SELECT {COLUMNS} FROM events r
+                    WHERE r.type = 'ModelVersionRegistered'
+                      AND (r.payload->>'checkpoint_uuid' = ANY($1::text[])
+                           OR r.payload->>'experiment_id' = $2::text)
+                      AND NOT EXISTS (
+                          SELECT 1 FROM events d
+                          WHERE d.stream_id = r.stream_id AND d.stream_version > r.stream_version
+                            AND (d.type = 'ModelDeleted'
+                                 OR (d.type = 'ModelVersionDeleted'
+                                     AND d.payload->>'version' = r.payload->>'version')))
+                    ORDER BY r.position""",
+                list(uuids),
+                None if experiment_id is None else str(experiment_id),
+            )
+        return [row_to_event(r) for r in rows]
+
     async def latest_per_stream(self, prefix: str, types: Iterable[str]) -> list[RecordedEvent]:
         """The newest event of ``types`` in each stream whose id starts with ``prefix``, in
         stream order."""

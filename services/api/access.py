@@ -8,6 +8,9 @@
   validation so far, see :func:`searcher_readable_experiment`);
 - the agent token reads what the routes open to agents (agents run every user's trials).
 
+Registered models follow their own rule, :func:`check_model_access`, the one place that
+decides who may read or change a model and its versions.
+
 Routes ask here (never compare owners themselves), so a new read route cannot forget a case.
 Agents, slots, config templates and the user's own identity are shared or personal by design
 (``docs/tracking.md``) and need no experiment; changing an experiment is for its owner or an
@@ -17,7 +20,7 @@ changing a template for its creator or an admin.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -133,6 +136,31 @@ async def readable_checkpoint(
     view = await load_experiment(store, int(row["experiment_id"]), with_trials=False)
     await check_experiment(store, principal_of(request), view, trial_id=int(row["trial_id"]))
     return row, view
+
+
+ModelAction = Literal["read", "create", "change"]
+"""What a caller does to the registry: read models and versions, create a model, or change one
+(edit, archive, delete it, and register, edit or delete its versions)."""
+
+
+def check_model_access(
+    principal: Principal, action: ModelAction, *, owner: str = "", creator: str = ""
+) -> None:
+    """Raises 403 unless ``principal`` may ``action`` a model owned by ``owner`` (for a
+    version, created by ``creator``).
+
+    Today's rule, in this one place: every user reads every model and may create one; the
+    model's owner or an admin changes it (a version's creator may also change that version).
+    Registering a version also needs the checkpoint to be readable by the caller
+    (:func:`readable_checkpoint`), which its route asks separately.
+    """
+    if principal.kind != "user":
+        raise forbidden("only users use the model registry")
+    if action in ("read", "create") or principal.is_admin:
+        return
+    if principal.name == owner or (creator and principal.name == creator):
+        return
+    raise forbidden(f"only {owner!r}, who owns this model, or an admin may change it")
 
 
 def allocation_of_path(request: web.Request) -> tuple[str, int]:

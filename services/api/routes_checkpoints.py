@@ -32,6 +32,7 @@ from events.domain.checkpoint_storage import (
     safe_uuid,
 )
 from events.domain.deciders.checkpoint import DeleteCheckpoints, decide_delete_checkpoints
+from events.domain.model_registry import lock_registry, registrations
 from events.log.store import Transaction
 from services.api import projections_read as pr
 from services.api.access import check_experiment, readable_checkpoint
@@ -228,7 +229,8 @@ class DeleteCheckpointsResponse(BaseModel):
 )
 async def delete_checkpoints(request: web.Request) -> web.Response:
     """Asks the tracker to delete checkpoints of ended experiments (their owner or an admin;
-    404 for an unknown uuid, 409 while its experiment runs: a trial restarts from them)."""
+    404 for an unknown uuid, 409 while its experiment runs: a trial restarts from them, and
+    409 naming the model and version for one registered as a model version)."""
     principal = principal_of(request)
     body = parse(DeleteCheckpointsBody, await read_json(request))
     by_experiment: dict[int, list[str]] = {}
@@ -242,9 +244,21 @@ async def delete_checkpoints(request: web.Request) -> web.Response:
             by_experiment.setdefault(view.experiment_id, []).append(uuid)
 
     async def work(tx: Transaction) -> list[str]:
+        # Under the registry lock: none of them can be registered between this read and the
+        # commit (events.domain.model_registry).
+        await lock_registry(tx)
+        kept: dict[str, list[str]] = {}
+        for found in await registrations(
+            tx, uuids=[u for us in by_experiment.values() for u in us]
+        ):
+            kept.setdefault(found.checkpoint_uuid, []).append(found.describe())
         deleting: list[str] = []
         for experiment_id, uuids in sorted(by_experiment.items()):
-            command = DeleteCheckpoints(uuids=tuple(uuids), actor=principal.name)
+            command = DeleteCheckpoints(
+                uuids=tuple(uuids),
+                actor=principal.name,
+                registered=tuple(d for u in uuids for d in kept.get(u, ())),
+            )
             await decide_on_experiment(
                 tx,
                 principal,

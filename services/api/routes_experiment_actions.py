@@ -21,11 +21,20 @@ from events.domain.deciders.experiment import (
     decide_delete,
     decide_state,
 )
+from events.domain.model_registry import lock_registry, registrations
+from events.log.envelope import Event
+from events.log.store import Transaction
 from services.api.auth import principal_of
 from services.api.errors import parse
 from services.api.errors import read_json as read_json_body
-from services.api.experiment_commands import act_on_experiment, experiment_id_of
-from services.api.routing import USERS, RouteTable
+from services.api.experiment_commands import (
+    act_on_experiment,
+    decide_on_experiment,
+    experiment_id_of,
+)
+from services.api.inbox import in_transaction
+from services.api.routing import USERS, RouteTable, store_of
+from services.api.views import ExperimentView
 
 log = structlog.get_logger("api")
 routes = RouteTable("experiments")
@@ -101,18 +110,28 @@ for _archived in (True, False):
 @routes.add("DELETE", "/api/v1/experiments/{experiment_id}", allow=USERS, response=DeleteResponse)
 async def delete_experiment(request: web.Request) -> web.Response:
     """Moves a terminal (or DELETE_FAILED) experiment to DELETING; the tracker deletes its
-    checkpoints and marks it DELETED (owner or admin; 409 otherwise)."""
+    checkpoints and marks it DELETED (owner or admin; 409 otherwise, and while one of its
+    checkpoints is registered as a model version, naming the model and version)."""
     principal = principal_of(request)
     experiment_id = experiment_id_of(request)
 
-    command = DeleteExperiment(actor=principal.name)
-    view, events = await act_on_experiment(
-        request,
-        principal,
-        experiment_id,
-        lambda view: decide_delete(view, command),
-        permission=Permission.DELETE_EXPERIMENT,
-    )
+    async def work(tx: Transaction) -> tuple[ExperimentView, list[Event]]:
+        # Under the registry lock: no version of its checkpoints can be registered between
+        # this read and the commit (events.domain.model_registry).
+        await lock_registry(tx)
+        kept = await registrations(tx, experiment_id=experiment_id)
+        command = DeleteExperiment(
+            actor=principal.name, registered=tuple(r.describe() for r in kept)
+        )
+        return await decide_on_experiment(
+            tx,
+            principal,
+            experiment_id,
+            lambda view: decide_delete(view, command),
+            permission=Permission.DELETE_EXPERIMENT,
+        )
+
+    view, events = await in_transaction(store_of(request), work)
     if events:
         log.info("experiment deleting", experiment_id=experiment_id, actor=principal.name)
     state = lifecycle.DELETING if events else view.state

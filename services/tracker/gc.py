@@ -9,13 +9,21 @@ transaction that moves its checkpoint.
 
 The selection is Determined's (``reference/determined.md`` §1.5,
 ``ExperimentCheckpointsToGCRaw``): :func:`select_for_deletion`.
+
+A checkpoint a model version keeps is never deleted, whatever the policy or the request: each
+page takes the registry lock first and every decision reads the registrations in force after it
+(:mod:`events.domain.model_registry` states the invariant), so a version registered while the GC
+decides is either seen here or refused there. When a version or a model is deleted, the GC
+collects its checkpoints' experiments again by their policy (an ended one), so a checkpoint
+kept only for that version goes at once; a deleting one whose deletion was kept from finishing
+stays DELETE_FAILED until the user deletes it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,13 +42,20 @@ from events.domain.checkpoints import checkpoint_owners
 from events.domain.config.cluster import CheckpointStoragePolicy
 from events.domain.config.storage import checkpoint_root
 from events.domain.lifecycle import DELETE_FAILED, DELETED, DELETING, TERMINAL
-from events.domain.names import experiment_stream, trial_stream
+from events.domain.model_registry import (
+    Registration,
+    lock_registry,
+    registrations,
+)
+from events.domain.names import experiment_stream, model_of_stream, trial_stream
 from events.domain.types import (
     CheckpointSaved,
     CheckpointsDeleted,
     CheckpointsDeleteRequested,
     ExperimentStateChanged,
     ExperimentSubmitted,
+    ModelVersionDeleted,
+    ModelVersionRegistered,
     TrialRequested,
     TrialStarted,
     ValidationReported,
@@ -346,15 +361,34 @@ class GCConsumer(Consumer):
     """
 
     name = NAME
-    subjects = (f"{EVENTS_PREFIX}.experiment.>",)
-    types = frozenset({"ExperimentStateChanged", "CheckpointsDeleteRequested"})
+    subjects = (f"{EVENTS_PREFIX}.experiment.>", f"{EVENTS_PREFIX}.model.>")
+    types = frozenset(
+        {
+            "ExperimentStateChanged",
+            "CheckpointsDeleteRequested",
+            "ModelVersionDeleted",
+            "ModelDeleted",
+        }
+    )
 
     def __init__(self, default_root: Path, policy: CheckpointStoragePolicy) -> None:
         self.default_root = default_root
         self.policy = policy
 
+    async def handle_page(self, tx: Transaction, events: Sequence[RecordedEvent]) -> None:
+        """Takes the registry lock, then handles the page's events in order.
+
+        The lock comes first, before anything of the page appends (see
+        :mod:`events.domain.model_registry`): every decision below reads the registrations in
+        force after it, and no registration commits until this page has.
+        """
+        if events:
+            await lock_registry(tx)
+        await super().handle_page(tx, events)
+
     async def handle(self, tx: Transaction, event: RecordedEvent) -> None:
-        """Collects the experiment's checkpoints when ``event`` ends it or asks to delete it.
+        """Collects the experiment's checkpoints when ``event`` ends it or asks to delete it,
+        and collects again the experiments a deleted version or model kept checkpoints of.
 
         Raises:
             ConcurrencyError: the experiment's stream moved meanwhile (the page is retried).
@@ -362,6 +396,9 @@ class GCConsumer(Consumer):
         """
         if event.type == "CheckpointsDeleteRequested":
             await self._delete_requested(tx, event)
+            return
+        if event.type in ("ModelVersionDeleted", "ModelDeleted"):
+            await self._released(tx, event)
             return
         changed = event.decode_as(ExperimentStateChanged)
         state = changed.state
@@ -379,14 +416,48 @@ class GCConsumer(Consumer):
         except StatementError as exc:
             raise EventsError(f"checkpoint GC of experiment {experiment_id} failed: {exc}") from exc
 
+    async def _released(self, tx: Transaction, event: RecordedEvent) -> None:
+        """Collects again, by their policy, the ended experiments whose checkpoints the deleted
+        version (or every version of the deleted model) kept."""
+        if event.type == "ModelVersionDeleted":
+            experiments = {event.decode_as(ModelVersionDeleted).experiment_id}
+        else:
+            model_id = model_of_stream(event.stream_id)
+            if model_id is None:
+                return
+            stream = await tx.read_stream(event.stream_id, 0)
+            experiments = {
+                e.decode_as(ModelVersionRegistered).experiment_id
+                for e in stream
+                if e.type == "ModelVersionRegistered" and e.stream_version < event.stream_version
+            }
+        for experiment_id in sorted(experiments):
+            try:
+                facts = await read_experiment(tx, experiment_id)
+                if facts.state in TERMINAL:
+                    await self._collect(tx, facts)
+            except StatementError as exc:
+                raise EventsError(
+                    f"checkpoint GC of experiment {experiment_id} failed: {exc}"
+                ) from exc
+
     async def _delete_requested(self, tx: Transaction, event: RecordedEvent) -> None:
-        """Deletes the checkpoints a user asked for that the experiment still has."""
+        """Deletes the checkpoints a user asked for that the experiment still has and no model
+        version keeps."""
         requested = event.decode_as(CheckpointsDeleteRequested)
         experiment_id = requested.experiment_id
         wanted = set(requested.uuids)
         try:
             facts = await read_experiment(tx, experiment_id)
             doomed = wanted.intersection(c.uuid for c in facts.live)
+            kept = await _registered(tx, doomed)
+            if kept:
+                log.info(
+                    "registered checkpoints kept",
+                    experiment=experiment_id,
+                    kept=[r.describe() for r in kept],
+                )
+            doomed -= {r.checkpoint_uuid for r in kept}
             if not doomed:
                 return
             await self._delete(tx, facts, doomed, "user")
@@ -423,6 +494,7 @@ class GCConsumer(Consumer):
             smaller_is_better=bool(facts.searcher.get("smaller_is_better", True)),
             warm_starts=await warm_starts(tx, facts),
         )
+        doomed -= {r.checkpoint_uuid for r in await _registered(tx, doomed)}
         if not doomed:
             return
         await self._delete(tx, facts, doomed, "gc")
@@ -442,12 +514,23 @@ class GCConsumer(Consumer):
             await self._append(tx, facts, self._deleted(facts, removal, reason))
 
     async def _delete_all(self, tx: Transaction, facts: ExperimentCheckpoints) -> None:
-        live = [c.uuid for c in facts.live]
+        kept = await _registered(tx, [c.uuid for c in facts.live])
+        kept_uuids = {r.checkpoint_uuid for r in kept}
+        live = [c.uuid for c in facts.live if c.uuid not in kept_uuids]
         removal = await self._remove(facts, live)
         events: list[Event] = []
         if removal.deleted:
             events.extend(self._deleted(facts, removal, "experiment deleted"))
-        if removal.failed:
+        if kept:
+            # Registered while the deletion was on its way (the gateway refuses to start one
+            # over a registered checkpoint): the versions win, the deletion stops here.
+            names = ", ".join(r.describe() for r in kept)
+            log.warning("experiment deletion kept registered checkpoints", kept=names)
+            final, reason = (
+                DELETE_FAILED,
+                f"checkpoints are registered as model versions: {names}",
+            )
+        elif removal.failed:
             uuid, error = sorted(removal.failed.items())[0]
             log.error("experiment deletion failed", experiment=facts.experiment_id, error=error)
             final, reason = DELETE_FAILED, f"could not delete checkpoint {uuid}: {error}"
@@ -491,3 +574,9 @@ class GCConsumer(Consumer):
             experiment=facts.experiment_id,
             types=[e.event_type for e in events],
         )
+
+
+async def _registered(tx: Transaction, uuids: Iterable[str]) -> list[Registration]:
+    """The versions in force that keep one of ``uuids`` (the page holds the registry lock)."""
+    wanted = sorted(set(uuids))
+    return await registrations(tx, uuids=wanted) if wanted else []

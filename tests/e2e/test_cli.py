@@ -342,6 +342,59 @@ def test_checkpoint_describe_and_download(
     assert cli(cluster, "checkpoint", "describe", "no-such-uuid").returncode == 4
 
 
+SDK_DOWNLOAD = """
+import sys
+from cairn.experimental import client
+
+model = client.get_model(sys.argv[1])
+version = model.get_version()
+print(version.model_version, version.checkpoint.download(sys.argv[2]))
+"""
+
+
+def test_model_registry_create_register_describe_and_download(
+    cluster: Env, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    """model create, register-version, describe, list-versions and ls; the SDK downloads the
+    latest version's checkpoint; while it is registered the experiment's deletion is refused
+    naming the model and version; model delete lifts that."""
+    checkpoints = wait_until_sync(
+        lambda: as_json(cluster, "e", "lc", str(finished["id"]))["checkpoints"]
+    )
+    uuid = checkpoints[0]["uuid"]
+    ok(cluster, "model", "create", "cli model", "--description", "from the CLI")
+    taken = cli(cluster, "model", "create", "cli model")
+    assert taken.returncode != 0 and "exists already" in taken.stderr
+    assert as_json(cluster, "model", "register-version", "cli model", uuid)["version"] == 1
+    described = as_json(cluster, "m", "describe", "cli model", "--version", "1")
+    assert described["model"]["description"] == "from the CLI"
+    assert described["model_version"]["checkpoint"]["uuid"] == uuid
+    listed = as_json(cluster, "model", "list-versions", "cli model")["model_versions"]
+    assert [v["version"] for v in listed] == [1]
+    assert "cli model" in ok(cluster, "model", "ls").stdout
+
+    target = tmp_path / "registered"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "DET_"))}
+    env.update({"PYTHONPATH": str(ROOT), "CAIRN_HOME": str(cluster.home)})
+    sdk = subprocess.run(
+        [sys.executable, "-c", SDK_DOWNLOAD, "cli model", str(target)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert sdk.returncode == 0, sdk.stderr
+    assert sdk.stdout.split() == ["1", str(target)]
+    state = json.loads((target / "state.json").read_text())
+    assert state["steps"] == checkpoints[0]["steps_completed"]
+
+    refused = cli(cluster, "experiment", "delete", str(finished["id"]), "--yes")
+    assert refused.returncode != 0 and "model 'cli model' version 1" in refused.stderr
+    ok(cluster, "model", "delete", "cli model", "--yes")
+    assert cli(cluster, "model", "describe", "cli model").returncode == 4
+
+
 def test_archive_and_unarchive(cluster: Env, finished: dict[str, Any]) -> None:
     """An archived experiment leaves the default list, shows with --all, and comes back."""
     exp_id = str(finished["id"])

@@ -33,6 +33,7 @@ from typing import Any
 from cairn.experimental.client._checkpoints import Checkpoint
 from cairn.experimental.client._determined import Determined
 from cairn.experimental.client._experiments import Experiment
+from cairn.experimental.client._models import Model, ModelVersion
 from cairn.experimental.client._records import (
     Agent,
     CheckpointTrainingMetadata,
@@ -47,6 +48,7 @@ from cairn.experimental.client._states import (
     CheckpointState,
     DownloadMode,
     ExperimentState,
+    ModelSortBy,
     OrderBy,
     TrialState,
 )
@@ -126,6 +128,39 @@ def get_checkpoint(uuid: str) -> Checkpoint:
     return _client().get_checkpoint(uuid)
 
 
+def create_model(
+    name: str,
+    description: str | None = "",
+    metadata: Mapping[str, Any] | None = None,
+    labels: Sequence[str] | None = None,
+    workspace_name: str | None = None,
+) -> Model:
+    """Creates a model (see :meth:`Determined.create_model`)."""
+    return _client().create_model(name, description, metadata, labels, workspace_name)
+
+
+def get_model(identifier: str | int) -> Model:
+    """One model, by name or number."""
+    return _client().get_model(identifier)
+
+
+def get_model_by_id(model_id: int) -> Model:
+    """One model, by number."""
+    return _client().get_model_by_id(model_id)
+
+
+def get_models(
+    sort_by: ModelSortBy = ModelSortBy.NAME,
+    order_by: OrderBy = OrderBy.ASCENDING,
+    name: str = "",
+    description: str = "",
+    model_id: int | None = None,
+    workspace_names: Sequence[str] | None = None,
+) -> list[Model]:
+    """Models (see :meth:`Determined.get_models`)."""
+    return _client().get_models(sort_by, order_by, name, description, model_id, workspace_names)
+
+
 def iter_trials_metrics(
     trial_ids: Sequence[int], group: str = "training"
 ) -> Iterator[TrialMetrics]:
@@ -178,15 +213,22 @@ __all__ = [
     "DownloadMode",
     "Experiment",
     "ExperimentState",
+    "Model",
+    "ModelSortBy",
+    "ModelVersion",
     "OrderBy",
     "Trial",
     "TrialMetrics",
     "TrialState",
     "User",
     "create_experiment",
+    "create_model",
     "create_user",
     "get_checkpoint",
     "get_experiment",
+    "get_model",
+    "get_model_by_id",
+    "get_models",
     "get_session_username",
     "get_trial",
     "iter_trials_metrics",

@@ -13,8 +13,9 @@ from cairn.auth import session
 from cairn.errors import UsageError
 from cairn.experimental.client._checkpoints import Checkpoint
 from cairn.experimental.client._experiments import Experiment
+from cairn.experimental.client._models import Model
 from cairn.experimental.client._records import Agent, TrialMetrics, User
-from cairn.experimental.client._states import ExperimentState, OrderBy
+from cairn.experimental.client._states import ExperimentState, ModelSortBy, OrderBy
 from cairn.experimental.client._trials import Trial
 
 log = logging.getLogger("cairn.client")
@@ -153,6 +154,65 @@ class Determined:
     def get_checkpoint(self, uuid: str) -> Checkpoint:
         """One checkpoint."""
         return Checkpoint(self._session, uuid)
+
+    def create_model(
+        self,
+        name: str,
+        description: str | None = "",
+        metadata: Mapping[str, Any] | None = None,
+        labels: Sequence[str] | None = None,
+        workspace_name: str | None = None,
+    ) -> Model:
+        """Creates a model owned by this connection's user.
+
+        Raises:
+            ApiError: the name breaks a rule (400) or is taken (409).
+        """
+        data = self._session.create_model(
+            name,
+            description=description or "",
+            metadata=dict(metadata or {}),
+            labels=list(labels or []),
+            workspace_name=workspace_name,
+        )
+        return Model(self._session, str(data["name"]), data)
+
+    def get_model(self, identifier: str | int) -> Model:
+        """One model, by name or number.
+
+        Raises:
+            ApiError: no such model (status 404).
+        """
+        return Model(self._session, str(identifier))
+
+    def get_model_by_id(self, model_id: int) -> Model:
+        """One model, by number."""
+        return Model(self._session, str(int(model_id)))
+
+    def get_models(
+        self,
+        sort_by: ModelSortBy = ModelSortBy.NAME,
+        order_by: OrderBy = OrderBy.ASCENDING,
+        name: str = "",
+        description: str = "",
+        model_id: int | None = None,
+        workspace_names: Sequence[str] | None = None,
+    ) -> list[Model]:
+        """The models, filtered by a substring of the name or description, a number and
+        workspaces."""
+        descending = order_by in (OrderBy.DESCENDING, OrderBy.DESC)
+        rows = self._session.list_models(
+            sort_by=sort_by.value,
+            order_by="desc" if descending else "asc",
+            name=name or None,
+            workspace_names=",".join(workspace_names) if workspace_names else None,
+        )["models"]
+        return [
+            Model(self._session, str(row["name"]), row)
+            for row in rows
+            if (model_id is None or row.get("id") == model_id)
+            and description in str(row.get("description") or "")
+        ]
 
     def iter_trials_metrics(
         self, trial_ids: Sequence[int], group: str = "training"

@@ -1,4 +1,5 @@
-"""The SDK's enums: experiment, trial and checkpoint states, sort orders, download modes."""
+"""The SDK's enums: experiment, trial and checkpoint states, sort orders (of checkpoints and
+models), download modes."""
 
 from __future__ import annotations
 
@@ -88,3 +89,12 @@ class DownloadMode(enum.Enum):
     DIRECT = "direct"
     MASTER = "master"
     AUTO = "auto"
+
+
+class ModelSortBy(enum.Enum):
+    """Fields models can be sorted by."""
+
+    NAME = "name"
+    DESCRIPTION = "description"
+    CREATION_TIME = "creation_time"
+    LAST_UPDATED_TIME = "last_updated_time"

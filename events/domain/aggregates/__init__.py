@@ -21,6 +21,8 @@ Map:
   allocation, start, kill request and exit (:class:`TaskView`).
 - :mod:`~events.domain.aggregates.agent`: registration, leaving, lost, disabled slots
   (:class:`AgentView`).
+- :mod:`~events.domain.aggregates.model`: a registered model, its fields and numbered
+  versions (:class:`ModelView`).
 - :mod:`~events.domain.aggregates.rendezvous`: the rendezvous of a run on several agents (its
   joins, node ranks and chief; :class:`Rendezvous`).
 - :mod:`~events.domain.aggregates.cluster`: all of them at once, with the links between them
@@ -46,6 +48,13 @@ from events.domain.aggregates.experiment import (
     apply_settings,
     fold_experiment,
 )
+from events.domain.aggregates.model import (
+    MODEL_FACTS,
+    ModelVersionView,
+    ModelView,
+    apply_model,
+    fold_model,
+)
 from events.domain.aggregates.summary import (
     TRIAL_SUMMARY_FACTS,
     better,
@@ -68,6 +77,7 @@ __all__ = [
     "CLUSTER_FACTS",
     "CLUSTER_TYPES",
     "EXPERIMENT_FACTS",
+    "MODEL_FACTS",
     "TASK_FACTS",
     "TRIAL_FACTS",
     "TRIAL_SUMMARY_FACTS",
@@ -75,12 +85,15 @@ __all__ = [
     "AllocationView",
     "Cluster",
     "ExperimentView",
+    "ModelVersionView",
+    "ModelView",
     "SettingsChange",
     "Starter",
     "TaskView",
     "TrialView",
     "apply_agent",
     "apply_experiment",
+    "apply_model",
     "apply_settings",
     "apply_task",
     "apply_trial",
@@ -90,6 +103,7 @@ __all__ = [
     "fold_allocation",
     "fold_cluster",
     "fold_experiment",
+    "fold_model",
     "fold_task",
     "fold_trial",
     "fold_trial_summary",

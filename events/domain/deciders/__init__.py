@@ -2,7 +2,7 @@
 
 One module per aggregate: ``experiment``, ``trial`` (with ``trial_reports``, the intake of a
 run's reports), ``task`` (commands and their agents' reports), ``agent``, ``checkpoint``,
-``template`` and ``identity``; the runs of unmanaged
+``template``, ``identity`` and ``model`` (the model registry); the runs of unmanaged
 experiments are decided in :mod:`events.domain.unmanaged`.
 
 A decider reads only the folded state and the command it is given: no I/O, no clock (a time is

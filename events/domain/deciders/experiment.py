@@ -204,20 +204,32 @@ def decide_move(view: ExperimentView, command: MoveExperiment) -> Decision:
 @dataclass(frozen=True)
 class DeleteExperiment:
     """Delete an ended (or DELETE_FAILED) experiment: it moves to DELETING and the tracker
-    removes its checkpoints."""
+    removes its checkpoints.
+
+    ``registered`` names each of its checkpoints that a model version keeps (e.g. ``model
+    'mnist' version 2 (checkpoint <uuid>)``), as the caller read them under the registry lock.
+    """
 
     actor: str
+    registered: tuple[str, ...] = ()
 
 
 def decide_delete(view: ExperimentView, command: DeleteExperiment) -> Decision:
     """``ExperimentStateChanged`` to DELETING; ``[]`` when already DELETING; refused
-    (conflict) from a state the state machine does not allow it from."""
+    (conflict) from a state the state machine does not allow it from, and while a checkpoint
+    of it is registered as a model version."""
     if view.state == lifecycle.DELETING:
         return []
     try:
         lifecycle.check_experiment(view.state, lifecycle.DELETING)
     except lifecycle.IllegalTransitionError:
         return conflict(f"cannot delete an experiment in state {view.state}")
+    if command.registered:
+        return conflict(
+            f"experiment {view.experiment_id} cannot be deleted: its checkpoints are registered "
+            f"as model versions: {', '.join(command.registered)}; delete those versions first",
+            code="checkpoints_registered",
+        )
     return [
         ExperimentStateChanged(
             experiment_id=view.experiment_id,

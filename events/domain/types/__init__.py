@@ -30,6 +30,15 @@ from events.domain.types.experiment_changes import (
     ExperimentResourcesChanged,
 )
 from events.domain.types.identity import AgentUserAssigned, AgentUserLinked
+from events.domain.types.model import (
+    ModelArchived,
+    ModelCreated,
+    ModelDeleted,
+    ModelEdited,
+    ModelVersionDeleted,
+    ModelVersionEdited,
+    ModelVersionRegistered,
+)
 from events.domain.types.system import LeaderElected
 from events.domain.types.task import (
     TaskAllocated,
@@ -102,6 +111,13 @@ __all__ = [
     "KillRequested",
     "LeaderElected",
     "MetricsReported",
+    "ModelArchived",
+    "ModelCreated",
+    "ModelDeleted",
+    "ModelEdited",
+    "ModelVersionDeleted",
+    "ModelVersionEdited",
+    "ModelVersionRegistered",
     "PreemptionRequested",
     "ProjectArchived",
     "ProjectCreated",

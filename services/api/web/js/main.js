@@ -13,6 +13,8 @@ const ROUTES = [
   [/^\/cluster\/?$/, "cluster", () => import("./page_cluster.js")],
   [/^\/tasks\/?$/, "tasks", () => import("./page_tasks.js")],
   [/^\/tasks\/([^/]+)$/, "tasks", () => import("./page_tasks.js")],
+  [/^\/models\/?$/, "models", () => import("./page_models.js")],
+  [/^\/models\/(.+)$/, "models", () => import("./page_models.js")],
 ];
 
 function parseHash() {

@@ -1,5 +1,5 @@
 // Trial: curves of every metric (live), hyperparameters, runs and restarts, checkpoints with
-// download, and the live log viewer.
+// download and "register" (as a new version of a model, made if missing), and the live log viewer.
 import { download, followEvents, get, post } from "./api.js";
 import { LineChart, curveControls, color } from "./charts.js";
 import { Table, h, fmtNum, fmtTime, stateBadge, experimentHref, enc, perFrame } from "./dom.js";
@@ -37,8 +37,13 @@ export async function render(root, [id]) {
     { key: "uuid", label: "UUID", render: (c) => h("code", {}, c.uuid) }, { key: "run_id", label: "Run" },
     { key: "steps_completed", label: "Steps" }, { key: "searcher_metric", label: "Metric", render: (c) => fmtNum(c.searcher_metric) },
     { key: "state", label: "State" }, { key: "reported_at", label: "Saved", render: (c) => fmtTime(c.reported_at) },
-    { key: "dl", label: "", sort: false, render: (c) => h("button", { class: "small ckpt-download", onclick: () => download(`/checkpoints/${enc(c.uuid)}/download`, `${c.uuid}.tar.gz`) }, "download") },
+    { key: "dl", label: "", sort: false, render: (c) => [
+      h("button", { class: "small ckpt-download", onclick: () => download(`/checkpoints/${enc(c.uuid)}/download`, `${c.uuid}.tar.gz`) }, "download"),
+      c.state === "COMPLETED" ? h("button", { class: "small ckpt-register", dataset: { uuid: c.uuid }, onclick: () => registering(c.uuid) }, "register") : "",
+    ] },
   ] });
+  const registerForm = registerCheckpointForm();
+  const registering = (uuid) => registerForm.open(uuid);
   const stateEl = h("span", { id: "trial-state" });
   const killBtn = h("button", { class: "small", id: "kill-trial", onclick: async () => { try { await post(`${path}/kill`, {}); await reload(); } catch (err) { msg.textContent = err.message; } } }, "kill");
   const msg = h("span", { class: "error", role: "alert" });
@@ -82,7 +87,7 @@ export async function render(root, [id]) {
     h("div", { class: "row" }, h("div", { class: "card grow" }, h("h2", {}, "Trial"), info), h("div", { class: "card grow" }, h("h2", {}, "Hyperparameters"), hparams)),
     h("h2", {}, "Metrics"), chartsGrid, data.series.length ? "" : h("p", { class: "muted", id: "no-metrics" }, "No metrics reported yet."),
     h("div", { class: "card" }, h("h2", {}, "Runs and restarts"), runs.el),
-    h("div", { class: "card" }, h("h2", {}, "Checkpoints"), ckpts.el),
+    h("div", { class: "card" }, h("h2", {}, "Checkpoints"), registerForm.el, ckpts.el),
     h("div", { class: "card" }, h("h2", {}, "Logs"), logsEl));
   drawInfo();
   cleanups.push(logViewer(logsEl, `${path}/logs`, `trial-${trial.trial_id}.log`));
@@ -114,4 +119,42 @@ export async function render(root, [id]) {
   });
   cleanups.push(() => stream.close(), () => clearTimeout(timer));
   return () => cleanups.forEach((f) => f());
+}
+
+/**
+ * The "Register checkpoint" form: registers the chosen checkpoint as the next version of the
+ * model named (creating the model when there is none of that name), and links to the model.
+ */
+function registerCheckpointForm() {
+  const names = h("datalist", { id: "register-model-names" });
+  const model = h("input", { id: "register-model", list: "register-model-names", placeholder: "model name", required: true, size: 28, "aria-label": "model name" });
+  const which = h("code", { id: "register-uuid" });
+  const result = h("span", { id: "register-result", role: "status" });
+  const submit = h("button", { type: "submit", id: "register-submit" }, "Register");
+  let uuid = null;
+  const form = h("form", { class: "filters", id: "register-form", hidden: true, onsubmit: async (e) => {
+    e.preventDefault();
+    const name = model.value.trim();
+    result.className = ""; result.textContent = "";
+    submit.disabled = true;
+    try {
+      const { models } = await get("/models");
+      if (!models.some((m) => m.name === name)) await post("/models", { name });
+      const version = await post(`/models/${encodeURIComponent(name)}/versions`, { checkpoint_uuid: uuid });
+      result.replaceChildren(`registered as version ${version.version} of `, h("a", { href: `#/models/${encodeURIComponent(name)}` }, name));
+    } catch (err) { result.className = "error"; result.textContent = err.message; }
+    finally { submit.disabled = false; }
+  } }, "Register checkpoint", which, "as a version of", model, names, submit, result);
+  return {
+    el: form,
+    async open(chosen) {
+      uuid = chosen;
+      which.textContent = chosen;
+      result.textContent = "";
+      form.hidden = false;
+      model.focus();
+      try { const { models } = await get("/models"); names.replaceChildren(...models.map((m) => h("option", { value: m.name }))); }
+      catch { /* the names are only suggestions */ }
+    },
+  };
 }
