@@ -32,6 +32,7 @@ from services.api import (
     routes_series,
     routes_tasks,
     routes_templates,
+    routes_tensorboards,
     routes_tokens,
     routes_trial_control,
     routes_trials,
@@ -74,6 +75,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_usage.routes,
     routes_unmanaged.routes,
     routes_tasks.routes,
+    routes_tensorboards.routes,
 )
 
 
