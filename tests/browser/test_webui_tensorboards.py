@@ -5,6 +5,7 @@ trial's scalars, and the Tasks page lists it; the compare page opens one over th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,12 @@ from tests.browser.support import ARTIFACTS, Http, LiveCluster, require_browser,
 from tests.browser.test_webui import logged_in, scripted
 
 pytestmark = pytest.mark.timeout(300)
+
+
+def completed(api: Http, experiment_id: int) -> dict[str, Any] | None:
+    """The experiment once it completed (``None`` before)."""
+    exp = api.call("GET", f"/experiments/{experiment_id}")
+    return exp if exp["state"] == "COMPLETED" else None
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +38,7 @@ def live(
         nora = Http(cluster.processes.api_url)
         nora.token = nora.login("nora", "nora-password")
         exp_id = nora.submit(scripted(work / "ckpt", steps=20, report_every=5, sleep=0.01))
-
-        def finished() -> dict[str, Any] | None:
-            exp = nora.call("GET", f"/experiments/{exp_id}")
-            return exp if exp["state"] == "COMPLETED" else None
-
-        exp = wait(finished, 120, "the experiment to complete")
+        exp = wait(functools.partial(completed, nora, exp_id), 120, "the experiment to complete")
         cluster.extra.update(experiment=exp_id, trial=exp["trials"][0]["trial_id"])
         yield cluster
 
