@@ -76,7 +76,7 @@ def _keep_syncing(sync: TensorboardSync, stop: threading.Event) -> None:
         else:
             copied = len(report.created) + len(report.appended) + len(report.replaced)
             if copied:
-                log.info("copied %d TensorBoard files", copied)
+                log.info("copied %d TensorBoard file(s)", copied)
         if stop.wait(SYNC_SECONDS):
             return
 

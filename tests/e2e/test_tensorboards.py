@@ -108,8 +108,8 @@ async def test_tensorboard_shows_the_trials_scalars_to_its_owner_only(
     """Nora starts a TensorBoard on her experiment with the CLI (no slots); through the proxy
     TensorBoard's scalars API lists run ``trial_<id>`` with the trial's training and validation
     tags and their steps; Mallory's start on that experiment and her proxy request are 403, an
-    unknown experiment is a 404, the server's port refuses a request without the proxy's token,
-    and once killed the proxy answers 410."""
+    unknown experiment is a 404, the server's port refuses a request without the proxy's token;
+    ``list``, ``open``, ``logs`` and ``config`` show it, and once killed the proxy answers 410."""
     exp_id, trial_id = experiment["id"], experiment["trial"]
     started = cli_as(cluster, NORA, "--json", "tensorboard", "start", str(exp_id), "--no-browser")
     assert started.returncode == 0, f"{started.stdout}\n{started.stderr}"
@@ -176,6 +176,15 @@ async def test_tensorboard_shows_the_trials_scalars_to_its_owner_only(
 
     listed = cli_as(cluster, MALLORY, "--json", "tensorboard", "list")
     assert json.loads(listed.stdout)["tasks"] == []
+    mine = cli_as(cluster, NORA, "tensorboard", "list")
+    assert task_id in mine.stdout and f"exp {exp_id}" in mine.stdout
+    opened = cli_as(cluster, NORA, "tensorboard", "open", task_id, "--no-browser")
+    assert opened.stdout.strip() == f"{cluster.api_url}/proxy/{task_id}/"
+    logs = cli_as(cluster, NORA, "tensorboard", "logs", task_id)
+    assert "copied 1 TensorBoard file(s)" in logs.stdout + logs.stderr
+    assert "resources:" in cli_as(cluster, NORA, "tensorboard", "config").stdout
+    nothing = cli_as(cluster, NORA, "tensorboard", "start")
+    assert nothing.returncode != 0 and "name experiments" in nothing.stderr
     killed = cli_as(cluster, NORA, "tensorboard", "kill", task_id)
     assert killed.returncode == 0, killed.stderr
     async with aiohttp.ClientSession() as http:
