@@ -428,6 +428,21 @@ class Client:
             body["code"] = base64.b64encode(code_tarball(context)).decode()
         return dict(self.call("POST", "/notebooks", body))
 
+    def start_tensorboard(
+        self,
+        experiment_ids: Sequence[int],
+        trial_ids: Sequence[int] = (),
+        config: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Starts a TensorBoard over every trial of ``experiment_ids`` and the trials
+        ``trial_ids``; returns the task as :meth:`get_task` does."""
+        body = {
+            "experiment_ids": list(experiment_ids),
+            "trial_ids": list(trial_ids),
+            "config": config or {},
+        }
+        return dict(self.call("POST", "/tensorboards", body))
+
     def list_tasks(self) -> dict[str, Any]:
         """The caller's tasks (an admin's: everyone's): ``{"tasks": [...]}``."""
         return dict(self.get("/tasks"))

@@ -75,8 +75,10 @@ def notebook_url(client: Client, task: dict[str, Any]) -> str:
     return f"{client.master}{task.get('proxy_path') or '/proxy/' + str(task['id']) + '/'}lab"
 
 
-def wait_ready(client: Client, task_id: str, *, timeout: float = START_TIMEOUT) -> dict[str, Any]:
-    """Polls the task until it serves or ends; returns it.
+def wait_ready(
+    client: Client, task_id: str, *, timeout: float = START_TIMEOUT, kind: str = "notebook"
+) -> dict[str, Any]:
+    """Polls the task (a ``kind``: its verb group's name) until it serves or ends; returns it.
 
     Raises:
         UsageError: it ended before serving, or did not serve within ``timeout``.
@@ -88,11 +90,11 @@ def wait_ready(client: Client, task_id: str, *, timeout: float = START_TIMEOUT) 
             return task
         if task.get("state") == "TERMINATED":
             raise UsageError(
-                f"notebook {task_id} ended before serving ({task.get('outcome')}: "
-                f"{task.get('message')}); `cairn notebook logs {task_id}` shows why"
+                f"{kind} {task_id} ended before serving ({task.get('outcome')}: "
+                f"{task.get('message')}); `cairn {kind} logs {task_id}` shows why"
             )
         if time.monotonic() > deadline:
-            raise UsageError(f"notebook {task_id} is still {task.get('state')} after {timeout:g}s")
+            raise UsageError(f"{kind} {task_id} is still {task.get('state')} after {timeout:g}s")
         time.sleep(POLL_SECONDS)
 
 

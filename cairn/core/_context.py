@@ -303,6 +303,18 @@ def _checkpoint_ids(session: Session, trial_id: int) -> Callable[[], str]:
     return new_uuid
 
 
+def _bucket_put(remote: CheckpointStorage | None) -> Callable[[Path, Path], None] | None:
+    """How a trial's TensorBoard files are stored in its S3 storage (``None``: not S3)."""
+    if not isinstance(remote, S3Storage):
+        return None
+    bucket = remote
+
+    def put(source: Path, target: Path) -> None:
+        bucket.put_file(target.as_posix(), source)
+
+    return put
+
+
 def _remote_storage(checkpoint_storage: Any) -> CheckpointStorage | None:
     """The S3 storage an ``{type: s3, ...}`` config names (``None`` for anything else)."""
     if isinstance(checkpoint_storage, Mapping) and checkpoint_storage.get("type") == "s3":
@@ -432,7 +444,12 @@ def cluster_context(
         experiment_id=trial.experiment_id,
         tensorboard_mode=tensorboard_mode,
         tensorboard_path=default_tensorboard_path(cluster.allocation_id, dist.rank),
-        tensorboard_storage=checkpoint.root / tensorboard_dir(trial.experiment_id, trial.trial_id),
+        tensorboard_storage=(
+            tensorboard_dir(trial.experiment_id, trial.trial_id)
+            if remote is not None
+            else checkpoint.root / tensorboard_dir(trial.experiment_id, trial.trial_id)
+        ),
+        tensorboard_put=_bucket_put(remote),
     )
     return Context(
         info=cluster,

@@ -10,7 +10,8 @@ protobuf. Only the few fields scalars need are written, encoded by hand:
 - ``Summary.Value``: ``tag`` (1, string), ``simple_value`` (2, float).
 
 :class:`TensorboardManager` copies what changed under a trial's local TensorBoard directory into
-``<storage root>/tensorboard/experiment/<experiment id>/trial/<trial id>/``.
+``<storage root>/tensorboard/experiment/<experiment id>/trial/<trial id>/`` (in an S3 storage:
+the objects of that path under its prefix).
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ class EventFileWriter:
 
 Selector = Callable[[Path], bool]
 Mangler = Callable[[Path, int], Path]
+Put = Callable[[Path, Path], None]
+"""Stores a local file (first argument) at a storage path (second) in remote storage."""
 
 
 def _keep_all(_: Path) -> bool:
@@ -167,12 +170,17 @@ class TensorboardManager:
         base_path: the local directory training code writes into (``get_tensorboard_path()``).
         storage_path: where the files are copied to, or ``None`` to upload nothing.
         rank: this process's rank (passed to the mangler).
+        put: stores each file in remote storage (an S3 bucket) at ``storage_path / name``
+            instead of copying it there on a file system.
     """
 
-    def __init__(self, base_path: Path, storage_path: Path | None, rank: int) -> None:
+    def __init__(
+        self, base_path: Path, storage_path: Path | None, rank: int, *, put: Put | None = None
+    ) -> None:
         self.base_path = base_path
         self.storage_path = storage_path
         self.rank = rank
+        self._put = put
         self._synced: dict[Path, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
@@ -203,10 +211,13 @@ class TensorboardManager:
                     if self._synced.get(relative) == stamp or not keep(relative):
                         continue
                     target = self.storage_path / rename(relative, self.rank)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-                    shutil.copy2(source, partial)
-                    os.replace(partial, target)
+                    if self._put is not None:
+                        self._put(source, target)  # an object appears whole when written
+                    else:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+                        shutil.copy2(source, partial)
+                        os.replace(partial, target)
                     self._synced[relative] = stamp
                     written.append(target)
         return written

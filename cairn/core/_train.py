@@ -26,7 +26,8 @@ from typing import Any
 from cairn.core._distributed import DistributedContext
 from cairn.core._http import Session
 from cairn.core._reporter import Reporter
-from cairn.core._tensorboard import EventFileWriter, Mangler, Selector, TensorboardManager
+from cairn.core._tensorboard import EventFileWriter, Mangler, Put, Selector, TensorboardManager
+from events.domain.checkpoint_storage import StorageError
 
 log = logging.getLogger("cairn.core")
 
@@ -106,6 +107,8 @@ class TrainContext:
             temp directory).
         tensorboard_storage: where TensorBoard files are uploaded, or ``None`` (off-cluster) to
             upload nothing.
+        tensorboard_put: stores a file in the experiment's S3 storage at a path below
+            ``tensorboard_storage`` (``None``: storage is a file system).
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class TrainContext:
         tensorboard_mode: TensorboardMode = TensorboardMode.AUTO,
         tensorboard_path: Path | None = None,
         tensorboard_storage: Path | None = None,
+        tensorboard_put: Put | None = None,
     ) -> None:
         self._reporter = reporter
         self._distributed = distributed
@@ -129,7 +133,9 @@ class TrainContext:
         path = tensorboard_path or default_tensorboard_path(
             f"local-{os.getpid()}", distributed.rank
         )
-        self._tb = TensorboardManager(path, tensorboard_storage, distributed.rank)
+        self._tb = TensorboardManager(
+            path, tensorboard_storage, distributed.rank, put=tensorboard_put
+        )
         self._tb_writer: EventFileWriter | None = None
         self._tb_lock = threading.Lock()
         self._tb_synced_at = -math.inf
@@ -158,7 +164,7 @@ class TrainContext:
         """Uploads what changed; False (logged) when that failed."""
         try:
             self._tb.sync()
-        except OSError as exc:
+        except (OSError, StorageError) as exc:
             log.warning("cairn: uploading TensorBoard files failed: %s", exc)
             return False
         return True

@@ -77,6 +77,9 @@ class RunPlaces:
     checkpoint_dir: Path
     tensorboard: Path | None
     """The trial's TensorBoard directory (``None`` for a task: it has none)."""
+    reads: tuple[Path, ...] = ()
+    """Other storage directories the run's code reads (a TensorBoard's experiments'), seen
+    in its view; what of them it may read is up to their modes, as for anyone."""
 
 
 def _mkdir(path: Path, mode: int) -> bool:
@@ -158,9 +161,11 @@ class Confinement:
         checkpoint_dir: Path,
         experiment_id: int | None,
         trial_id: int | None,
+        reads: Sequence[Path] = (),
     ) -> RunPlaces:
         """Makes the run's directories its identity's (``work`` holds the unpacked code); a
-        task (no ``experiment_id``/``trial_id``) gets no TensorBoard directory.
+        task (no ``experiment_id``/``trial_id``) gets no TensorBoard directory. Of ``reads``
+        (directories the run reads, never written here), those that exist stay in its view.
 
         Raises:
             RunDirectoryError: the checkpoint directory exists and the identity may not write it.
@@ -176,8 +181,9 @@ class Confinement:
             shutil.rmtree(tmp, ignore_errors=True)
         _own(tmp, identity)
         self._shared(checkpoint_dir, identity, field="checkpoint_storage.host_path")
+        seen = tuple(p for p in dict.fromkeys(reads) if p != checkpoint_dir and p.is_dir())
         if experiment_id is None or trial_id is None:
-            return RunPlaces(work, home, tmp, checkpoint_dir, None)
+            return RunPlaces(work, home, tmp, checkpoint_dir, None, seen)
         tensorboard = checkpoint_dir / tensorboard_dir(experiment_id, trial_id)
         try:
             self._tensorboard(checkpoint_dir, tensorboard, identity)
@@ -225,6 +231,6 @@ class Confinement:
         """The command line that runs ``argv`` confined, seeing only the run's directories."""
         view = View(
             hide=self.hide,
-            expose=(places.work, places.home, places.tmp, places.checkpoint_dir),
+            expose=(places.work, places.home, places.tmp, places.checkpoint_dir, *places.reads),
         )
         return confined_argv(argv, identity=identity, view=view)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import structlog
 
+from cairn.tasks.tensorboard_sources import write_sources
 from events.domain.config.task import TaskConfig
 from events.domain.deciders.task import SERVING_KINDS
 from services.agent.client import ApiError
@@ -30,7 +31,13 @@ from services.agent.runtime import (
     reachable_address,
     trial_environment,
 )
-from services.agent.serving import notebook_argv, wait_ready, watch_idle
+from services.agent.serving import (
+    notebook_argv,
+    tensorboard_argv,
+    tensorboard_sources,
+    wait_ready,
+    watch_idle,
+)
 from services.agent.state import AgentState, Allocation
 from services.confine import ConfinementError
 
@@ -93,14 +100,26 @@ class RunLaunching(AgentState):
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
                 serves: tuple[str, int] | None = None
+                reads: list[Path] = []
                 if run.task_id is not None and run.task_kind in SERVING_KINDS:
                     serves = (
                         self.config.address or reachable_address(self.config.api_url),
                         free_port(),
                     )
-                    run.argv = notebook_argv(
-                        run.task_id, address=serves[0], port=serves[1], work=work
-                    )
+                    if run.task_kind == "tensorboard":
+                        sources, reads = tensorboard_sources(run.tensorboard_sources, default_root)
+                        written = await asyncio.to_thread(write_sources, work, sources)
+                        run.argv = tensorboard_argv(
+                            run.task_id,
+                            address=serves[0],
+                            port=serves[1],
+                            work=work,
+                            sources=written,
+                        )
+                    else:
+                        run.argv = notebook_argv(
+                            run.task_id, address=serves[0], port=serves[1], work=work
+                        )
                 device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
                 image = run_image(run.config, device, self.config.default_image)
                 identity = self.confinement.identity_for(run.identity, container=image is not None)
@@ -111,6 +130,7 @@ class RunLaunching(AgentState):
                     checkpoint_dir=run.checkpoint_dir,
                     experiment_id=run.experiment_id if run.task_id is None else None,
                     trial_id=run.trial_id if run.task_id is None else None,
+                    reads=reads,
                 )
                 if run.num_nodes > 1:
                     failure = await self._rendezvous(alloc, run)

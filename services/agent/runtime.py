@@ -35,8 +35,9 @@ from events.domain.archive import extract_tar
 from events.domain.config.storage import checkpoint_root as checkpoint_root
 from events.domain.deciders.task import SERVING_KINDS
 from services.agent.client import ApiClient
+from services.agent.serving import SERVE_TOKEN_VARIABLES
 from services.confine import Identity
-from services.contracts.agent import SpecResponse
+from services.contracts.agent import SpecResponse, TensorboardSpecSource
 
 log = structlog.get_logger("agent")
 
@@ -134,6 +135,8 @@ class RunSpec:
     """A task's kind (``command``, ``notebook``)."""
     serve_token: str | None = None
     """The token a serving task's server requires (the spec's ``serve_token``)."""
+    tensorboard_sources: list[TensorboardSpecSource] = field(default_factory=list)
+    """What a TensorBoard task shows (the spec's)."""
 
     @classmethod
     def from_api(cls, raw: Mapping[str, Any], agent_id: str, default_storage: Path) -> RunSpec:
@@ -208,6 +211,7 @@ class RunSpec:
             task_id=spec.task_id,
             task_kind=spec.task_kind,
             serve_token=spec.serve_token,
+            tensorboard_sources=list(spec.tensorboard_sources),
         )
 
 
@@ -316,8 +320,8 @@ def trial_environment(
                 "CAIRN_CLUSTER_ID": run.cluster_id,
             }
         )
-        if run.serve_token:
-            env["JUPYTER_TOKEN"] = run.serve_token  # the server's only credential: see serving
+        if run.serve_token:  # the server's only credential: see services.agent.serving
+            env[SERVE_TOKEN_VARIABLES.get(run.task_kind or "", "JUPYTER_TOKEN")] = run.serve_token
         return [env]
     env.update(
         {

@@ -1,33 +1,44 @@
-"""Tasks that serve HTTP (a notebook today): the server's command line, its readiness, its idling.
+"""Tasks that serve HTTP (a notebook, a TensorBoard): the server's command line, its readiness,
+its idling.
 
 The agent picks the port, starts the server bound to the agent's address and serving under
 ``/proxy/<task_id>/`` (the API's proxy forwards paths unchanged), reports ``ready`` once the
-port accepts connections, and, when the task has an ``idle_timeout``, polls the server's
+port accepts connections, and, when a notebook has an ``idle_timeout``, polls the server's
 ``/api/status`` and reports ``idle`` once it has had no activity and no open connection for
 that long (the API then decides the kill). The server requires a token of every request
-(``JUPYTER_TOKEN`` in its environment: the spec's ``serve_token``, an HMAC of the task and its
-allocation under the cluster secret); the API's proxy adds it to what it forwards and the agent
-to its status polls, so a process that reaches the port without going through the proxy (another
-user's trial on the same host) is refused.
+(:data:`SERVE_TOKEN_VARIABLES` names where it is in its environment: the spec's
+``serve_token``, an HMAC of the task and its allocation under the cluster secret); the API's
+proxy adds it to what it forwards and the agent to its status polls, so a process that reaches
+the port without going through the proxy (another user's trial on the same host) is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import structlog
 
+from cairn.tasks.tensorboard_sources import TOKEN_VARIABLE as TENSORBOARD_TOKEN_VARIABLE
+from cairn.tasks.tensorboard_sources import TensorboardSourceFile, source_of
+from events.domain.config.storage import checkpoint_root
 from events.domain.config.task import TaskConfig
+from services.contracts.agent import TensorboardSpecSource
 
 log = structlog.get_logger("agent")
 
 
 READY_POLL_SECONDS = 0.2
 IDLE_POLL_MAX_SECONDS = 10.0
+
+SERVE_TOKEN_VARIABLES = {"notebook": "JUPYTER_TOKEN", "tensorboard": TENSORBOARD_TOKEN_VARIABLE}
+"""Where each serving kind's server finds its token in its environment."""
+
+TENSORBOARD_LOGDIR = "logdir"
+"""A TensorBoard's local copy of the trials' files, in its work directory."""
 
 
 def proxy_prefix(task_id: str) -> str:
@@ -53,6 +64,40 @@ def notebook_argv(task_id: str, *, address: str, port: int, work: Path) -> list[
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
     ]
+
+
+def tensorboard_argv(
+    task_id: str, *, address: str, port: int, work: Path, sources: Path
+) -> list[str]:
+    """cairn's TensorBoard server on ``address``:``port`` under the proxy's prefix, reading the
+    sources file ``sources`` and copying into ``<work>/logdir`` (its token comes from its
+    environment, never its command line)."""
+    return [
+        "python",
+        "-m",
+        "cairn.tasks.tensorboard_server",
+        f"--address={address}",
+        f"--port={port}",
+        f"--prefix={proxy_prefix(task_id)}",
+        f"--sources={sources}",
+        f"--logdir={work / TENSORBOARD_LOGDIR}",
+    ]
+
+
+def tensorboard_sources(
+    spec: Sequence[TensorboardSpecSource], default_root: Path
+) -> tuple[list[TensorboardSourceFile], list[Path]]:
+    """Where a TensorBoard's experiments keep their TensorBoard files (the sources file's
+    entries), and the storage directories among them (which its confined process must see)."""
+    sources = [
+        source_of(s.experiment_id, s.trial_ids, s.checkpoint_storage, default_root) for s in spec
+    ]
+    roots = {
+        checkpoint_root(s.checkpoint_storage, default_root)
+        for s in spec
+        if (s.checkpoint_storage or {}).get("type") != "s3"
+    }
+    return sources, sorted(roots)
 
 
 async def wait_ready(address: str, port: int, exited: Callable[[], bool]) -> bool:

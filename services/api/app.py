@@ -34,6 +34,7 @@ from services.api import (
     routes_series,
     routes_tasks,
     routes_templates,
+    routes_tensorboards,
     routes_tokens,
     routes_trial_control,
     routes_trials,
@@ -80,6 +81,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_usage.routes,
     routes_unmanaged.routes,
     routes_tasks.routes,
+    routes_tensorboards.routes,
 )
 
 

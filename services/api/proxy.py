@@ -140,7 +140,7 @@ async def _live_task(request: web.Request) -> TaskView:
         raise ApiError(
             502,
             f"task {task_id} is not ready yet (it is {task.state.lower()}); "
-            "retry once `cairn notebook list` shows it ready",
+            f"retry once `cairn {task.kind} list` shows it ready",
         )
     return task
 

@@ -1,4 +1,5 @@
-"""Tasks for users: submit a command, list, describe, kill, read its logs.
+"""Tasks for users: submit a command or a notebook, list, describe, kill, read its logs (a
+TensorBoard is submitted by :mod:`services.api.routes_tensorboards`).
 
 Every route parses, authorizes (a task is its owner's: another user gets 403, admins see all),
 folds the task's stream and calls its decider (:mod:`events.domain.deciders.task`); the
@@ -80,6 +81,9 @@ class TaskDetail(BaseModel):
     argv: list[str]
     config: dict[str, Any]
     code_ref: str | None
+    tensorboard_sources: list[dict[str, Any]]
+    """What a TensorBoard shows: ``experiment_id``, ``trial_ids`` (``null``: every trial),
+    ``storage`` (credentials masked); empty for other kinds."""
     allocation_id: str | None
     agent_id: str | None
     ready: bool
@@ -148,6 +152,7 @@ def describe(task: TaskView) -> dict[str, Any]:
         "argv": task.argv,
         "config": task.config.model_dump(mode="json"),
         "code_ref": task.code_ref,
+        "tensorboard_sources": [s.model_dump(mode="json") for s in task.tensorboard_sources],
         "allocation_id": task.allocation_id,
         "agent_id": task.agent_id,
         "ready": task.ready,
@@ -205,7 +210,7 @@ async def create_command(request: web.Request) -> web.Response:
         config=body.config,
         code_ref=code_ref_of(code),
     )
-    return await _submit(
+    return await submit_decided(
         request, command.task_id, code, decide_run_command(TaskView(command.task_id), command)
     )
 
@@ -225,7 +230,7 @@ async def create_notebook(request: web.Request) -> web.Response:
     command = StartNotebook(
         task_id=new_task_id(), owner=principal.name, config=body.config, code_ref=code_ref_of(code)
     )
-    return await _submit(
+    return await submit_decided(
         request, command.task_id, code, decide_start_notebook(TaskView(command.task_id), command)
     )
 
@@ -235,7 +240,7 @@ def new_task_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-async def _submit(
+async def submit_decided(
     request: web.Request, task_id: str, code: bytes | None, decision: Decision
 ) -> web.Response:
     """Appends a new task's decided ``TaskRequested`` with its context stored beside it (a

@@ -42,7 +42,7 @@ from services.api.routes_agents import check_incarnation
 from services.api.routes_master import cluster_id as load_cluster_id
 from services.api.routes_tasks import load_task
 from services.api.routing import state_of, store_of
-from services.api.views import environment_variables
+from services.api.views import Reader, environment_variables, load_experiment
 from services.contracts.agent import (
     ExitedBody,
     IdleBody,
@@ -51,6 +51,7 @@ from services.contracts.agent import (
     SpecQuery,
     SpecResponse,
     StartedBody,
+    TensorboardSpecSource,
 )
 
 log = structlog.get_logger("api")
@@ -105,6 +106,7 @@ async def spec(request: web.Request, task_id: str) -> web.Response:
         agent_user_group=identity.to_json(),
         task_id=task_id,
         task_kind=task.kind,
+        tensorboard_sources=await _tensorboard_sources(state.store, task),
         serve_token=(
             sign_serve_token(state.secret, task_id, allocation_id)
             if task.kind in SERVING_KINDS
@@ -112,6 +114,23 @@ async def spec(request: web.Request, task_id: str) -> web.Response:
         ),
     )
     return web.json_response(body.model_dump(mode="json"))
+
+
+async def _tensorboard_sources(reader: Reader, task: TaskView) -> list[TensorboardSpecSource]:
+    """Each experiment a TensorBoard shows, with its storage as its trials get it (the
+    credentials are the experiment's config's, never the task's request's)."""
+    out = []
+    for source in task.tensorboard_sources:
+        experiment = await load_experiment(reader, source.experiment_id, with_trials=False)
+        storage = experiment.config.get("checkpoint_storage")
+        out.append(
+            TensorboardSpecSource(
+                experiment_id=source.experiment_id,
+                trial_ids=source.trial_ids,
+                checkpoint_storage=dict(storage) if isinstance(storage, dict) else None,
+            )
+        )
+    return out
 
 
 async def _report_once(

@@ -97,6 +97,18 @@ class SpecQuery(BaseModel):
     agent_id: str | None = None
 
 
+class TensorboardSpecSource(BaseModel):
+    """One experiment a TensorBoard task reads: its trials (``None``: all of them) and its
+    ``checkpoint_storage`` as a trial of it gets it (credentials included; ``None``: the
+    cluster's default storage)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experiment_id: int
+    trial_ids: list[int] | None
+    checkpoint_storage: dict[str, Any] | None
+
+
 class SpecResponse(BaseModel):
     """Everything an agent needs to launch the run (see docs/protocol.md).
 
@@ -138,9 +150,11 @@ class SpecResponse(BaseModel):
     """For a task that serves HTTP (a notebook): the token its server requires of every request
     (the API's proxy adds it); never shown to users or written to the log."""
     task_kind: str | None = None
-    """A task's kind: ``command`` runs ``entrypoint``; ``notebook`` runs JupyterLab on a port
-    the agent picks, reported with ``POST /allocations/{id}/ready`` once it accepts
-    connections."""
+    """A task's kind: ``command`` runs ``entrypoint``; ``notebook`` runs JupyterLab and
+    ``tensorboard`` TensorBoard, each on a port the agent picks, reported with
+    ``POST /allocations/{id}/ready`` once it accepts connections."""
+    tensorboard_sources: list[TensorboardSpecSource] = Field(default_factory=list)
+    """What a ``tensorboard`` task shows (empty for any other run)."""
 
 
 class StartedBody(BaseModel):

@@ -1,6 +1,7 @@
 """Checkpoints in S3-compatible storage on a real cluster: a trial saves to a local S3 server,
 crashes and resumes from the checkpoint in the bucket, the API streams a checkpoint out of the
-bucket (never showing the secret key), and the tracker's GC deletes the objects it collects."""
+bucket (never showing the secret key), the tracker's GC deletes the objects it collects, and
+the trial's TensorBoard files are in the bucket too (which the GC leaves alone)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ async def test_s3_checkpoints_save_resume_download_and_gc(
     cluster: Cluster, store: EventStore, s3_server: S3Server
 ) -> None:
     """Every checkpoint lands in the bucket, the restarted run resumes from one there, the API
-    streams the kept one as a tar.gz, and GC removes the others' objects from the bucket."""
+    streams the kept one as a tar.gz, and GC removes the others' objects from the bucket (but
+    not the trial's TensorBoard files, which are there too)."""
     exp = await cluster.submit(s3_experiment(s3_server), SCRIPTED)
     trial = await first_trial(cluster, store, exp)
 
@@ -116,7 +118,10 @@ async def test_s3_checkpoints_save_resume_download_and_gc(
     }
     latest = max(saved, key=lambda s: s["steps_completed"])["uuid"]
     assert latest not in deleted and deleted == {s["uuid"] for s in saved} - {latest}
-    keys = s3_server.object_keys()
+    every_key = s3_server.object_keys()
+    board = f"{PREFIX}/tensorboard/experiment/{exp}/trial/{trial}/events.out.tfevents."
+    assert any(k.startswith(board) for k in every_key), "the trial's TensorBoard files"
+    keys = [k for k in every_key if not k.startswith(f"{PREFIX}/tensorboard/")]
     assert keys and all(k.startswith(f"{PREFIX}/{latest}/") for k in keys), keys
     assert f"{PREFIX}/{latest}/metadata.json" in keys
 

@@ -462,6 +462,15 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
         ("POST", "/api/v1/notebooks", "/api/v1/notebooks", bob, {}, 200, "bob"),
         (
             "POST",
+            "/api/v1/tensorboards",
+            "/api/v1/tensorboards",
+            bob,
+            {"experiment_ids": [987654]},
+            404,
+            "bob",
+        ),
+        (
+            "POST",
             "/api/v1/allocations/{allocation_id}/ready",
             "/api/v1/allocations/{alloc}/ready",
             agent,

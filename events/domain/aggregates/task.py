@@ -21,6 +21,7 @@ from events.domain.types import (
     TaskRequested,
     TaskStarted,
 )
+from events.domain.types.task import TensorboardSource
 from events.log.envelope import Event, RecordedEvent
 
 TASK_FACTS = (
@@ -51,6 +52,8 @@ class TaskView:
     argv: list[str] = field(default_factory=list)
     code_ref: str | None = None
     description: str = ""
+    tensorboard_sources: list[TensorboardSource] = field(default_factory=list)
+    """What a ``tensorboard`` shows (empty for other kinds)."""
     state: str = ""
     requested_position: int = 0
     requested_at: datetime | None = None
@@ -110,6 +113,7 @@ def apply_task(view: TaskView, recorded: RecordedEvent, event: Event | None = No
         view.argv = list(event.argv)
         view.code_ref = event.code_ref
         view.description = event.description
+        view.tensorboard_sources = list(event.tensorboard_sources)
         view.state = QUEUED
         view.requested_position = recorded.position
         view.requested_at = recorded.recorded_at

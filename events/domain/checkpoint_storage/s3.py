@@ -204,6 +204,42 @@ class S3Storage(CheckpointStorage):
                 )
         return bool(keys)
 
+    def _path_key(self, path: str) -> str:
+        if not safe_name(path):
+            raise FileNotFoundError(f"not a relative path: {path!r}")
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def tree(self, path: str) -> dict[str, tuple[int, str]]:
+        """Every object under ``<prefix>/<path>/`` (files that are not checkpoints, such as
+        TensorBoard's), as ``{name relative to it: (bytes, ETag)}``; names that are not plain
+        relative paths are left out."""
+        base = self._path_key(path) + "/"
+        out: dict[str, tuple[int, str]] = {}
+        for page in self._list(base):
+            for item in page.get("Contents", []):
+                name = str(item["Key"])[len(base) :]
+                if safe_name(name):
+                    out[name] = (int(item["Size"]), str(item.get("ETag", "")))
+        return dict(sorted(out.items()))
+
+    def read_from(self, path: str, offset: int = 0) -> bytes:
+        """The object ``<prefix>/<path>`` from byte ``offset`` to its end.
+
+        Raises:
+            FileNotFoundError: no such object.
+        """
+        key = self._path_key(path)
+        extra = {"Range": f"bytes={offset}-"} if offset > 0 else {}
+        with self._translated(f"get {key}"):
+            answer = self._client.get_object(Bucket=self.bucket, Key=key, **extra)
+            return bytes(answer["Body"].read())
+
+    def put_file(self, path: str, source: Path) -> None:
+        """Uploads ``source`` as the object ``<prefix>/<path>`` (multipart for a large one)."""
+        key = self._path_key(path)
+        with self._translated(f"upload {key}"):
+            self._client.upload_file(str(source), self.bucket, key)
+
     def uuids(self) -> list[str]:
         """The uuids that have objects under the prefix."""
         base = f"{self.prefix}/" if self.prefix else ""

@@ -36,9 +36,15 @@ def checkpoint_root(storage: Any, default: Path) -> Path:
     return default
 
 
+def tensorboard_experiment_dir(experiment_id: int) -> Path:
+    """Where an experiment's TensorBoard files go (``trial/<trial id>/`` for each trial),
+    relative to the checkpoint storage root (or, in a bucket, to its prefix)."""
+    return Path("tensorboard", "experiment", str(experiment_id))
+
+
 def tensorboard_dir(experiment_id: int, trial_id: int) -> Path:
     """Where a trial's TensorBoard files go, relative to the checkpoint storage root."""
-    return Path("tensorboard", "experiment", str(experiment_id), "trial", str(trial_id))
+    return tensorboard_experiment_dir(experiment_id) / "trial" / str(trial_id)
 
 
 def default_checkpoint_root(explicit: Path | str | None = None) -> Path:

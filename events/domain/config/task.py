@@ -17,6 +17,10 @@ from events.domain.config.experiment_settings import DEFAULT_PRIORITY
 MAX_TASK_SLOTS = 64
 """The most slots one task may ask for (a task runs on one agent)."""
 
+TENSORBOARD_SLOTS = 0
+"""The slots a TensorBoard holds unless its config says otherwise (an auxiliary task: it only
+reads files and serves pages)."""
+
 
 class TaskResources(BaseModel):
     """``resources``: how many slots, at which priority, in which pool."""

@@ -1,5 +1,5 @@
-"""Deciders of a task's stream: submit a command or a notebook, kill it, and its agent's
-started/ready/idle/exited reports.
+"""Deciders of a task's stream: submit a command, a notebook or a TensorBoard, kill it, and its
+agent's started/ready/idle/exited reports.
 
 Pure: each reads a folded :class:`~events.domain.aggregates.task.TaskView` and a command and
 returns the events to append or a :class:`~events.domain.deciders.Refusal`. A new task's id is a
@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from events.domain.aggregates.task import TaskView
-from events.domain.config.task import TaskConfig
+from events.domain.config.task import TENSORBOARD_SLOTS, TaskConfig
 from events.domain.deciders import Decision, conflict, invalid, not_found
 from events.domain.names import is_task_id
 from events.domain.types import (
@@ -24,7 +24,7 @@ from events.domain.types import (
     TaskRequested,
     TaskStarted,
 )
-from events.domain.types.task import TaskKind, TaskOutcome
+from events.domain.types.task import TaskKind, TaskOutcome, TensorboardSource
 
 MAX_ARGV_ITEMS = 1000
 """The most arguments a command may have."""
@@ -55,7 +55,26 @@ class StartNotebook:
     code_ref: str | None = None
 
 
-SERVING_KINDS: frozenset[str] = frozenset({"notebook"})
+MAX_TENSORBOARD_EXPERIMENTS = 100
+"""The most experiments one TensorBoard shows."""
+
+MAX_TENSORBOARD_TRIALS = 1000
+"""The most trials one TensorBoard names one by one (an experiment's every trial counts as
+none: it is named by the experiment)."""
+
+
+@dataclass(frozen=True)
+class StartTensorboard:
+    """Submit a TensorBoard over the TensorBoard files of ``sources`` (the caller checked that
+    ``owner`` may read each experiment and trial, and resolved each trial's experiment)."""
+
+    task_id: str
+    owner: str
+    sources: tuple[TensorboardSource, ...]
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+SERVING_KINDS: frozenset[str] = frozenset({"notebook", "tensorboard"})
 """Task kinds that serve HTTP, reached through the API's proxy once ready."""
 
 
@@ -145,6 +164,68 @@ def decide_start_notebook(state: TaskView, command: StartNotebook) -> Decision:
     )
 
 
+def decide_start_tensorboard(state: TaskView, command: StartTensorboard) -> Decision:
+    """``TaskRequested`` (kind ``tensorboard``, no slots unless its config asks for some) for a
+    new TensorBoard; refuses a bad config or id, no source, too many, or one named twice."""
+    if not is_task_id(command.task_id):
+        return invalid(f"task id {command.task_id[:40]!r} is not 8-32 hex digits", "task_id")
+    if not command.sources:
+        return invalid("give at least one experiment or trial to show", "experiment_ids")
+    if len(command.sources) > MAX_TENSORBOARD_EXPERIMENTS:
+        return invalid(
+            f"a TensorBoard shows at most {MAX_TENSORBOARD_EXPERIMENTS} experiments, "
+            f"not {len(command.sources)}",
+            "experiment_ids",
+        )
+    named = [t for s in command.sources for t in s.trial_ids or ()]
+    if len(named) > MAX_TENSORBOARD_TRIALS:
+        return invalid(
+            f"a TensorBoard shows at most {MAX_TENSORBOARD_TRIALS} trials named one by one, "
+            f"not {len(named)}",
+            "trial_ids",
+        )
+    experiments = [s.experiment_id for s in command.sources]
+    if len(set(experiments)) != len(experiments) or len(set(named)) != len(named):
+        return invalid("an experiment or a trial is named twice", "experiment_ids")
+    if any(s.trial_ids == [] for s in command.sources):
+        return invalid("a source names no trial (omit trial_ids for every trial)", "trial_ids")
+    config = dict(command.config)
+    if config.get("idle_timeout") is not None:
+        return invalid(
+            "config.idle_timeout: a TensorBoard has no idle timeout (kill it when done)",
+            "config.idle_timeout",
+        )
+    resources = config.get("resources")
+    if resources is None:
+        config["resources"] = {"slots": TENSORBOARD_SLOTS}
+    elif isinstance(resources, dict) and "slots" not in resources:
+        config["resources"] = {**resources, "slots": TENSORBOARD_SLOTS}
+    return _requested(
+        state,
+        kind="tensorboard",
+        task_id=command.task_id,
+        owner=command.owner,
+        config=config,
+        argv=[],
+        code_ref=None,
+        default_description=tensorboard_description(command.sources),
+        tensorboard_sources=list(command.sources),
+    )
+
+
+def tensorboard_description(sources: tuple[TensorboardSource, ...]) -> str:
+    """``TensorBoard: experiment 3, 4; trial 17, 18`` (what it shows, at most 200 characters)."""
+    whole = [str(s.experiment_id) for s in sources if s.trial_ids is None]
+    trials = [str(t) for s in sources for t in s.trial_ids or ()]
+    parts = []
+    if whole:
+        parts.append(("experiment " if len(whole) == 1 else "experiments ") + ", ".join(whole))
+    if trials:
+        parts.append(("trial " if len(trials) == 1 else "trials ") + ", ".join(trials))
+    text = "TensorBoard: " + "; ".join(parts)
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
 def _requested(
     state: TaskView,
     *,
@@ -154,6 +235,8 @@ def _requested(
     config: dict[str, Any],
     argv: list[str],
     code_ref: str | None,
+    default_description: str | None = None,
+    tensorboard_sources: list[TensorboardSource] | None = None,
 ) -> Decision:
     if state.exists:
         return conflict(f"task {task_id} exists already", "task_id")
@@ -163,7 +246,9 @@ def _requested(
         error = exc.errors()[0]
         path = ".".join(str(p) for p in ("config", *error["loc"]))
         return invalid(f"{path}: {error['msg']}", path)
-    default = " ".join(argv)[:200] if argv else f"JupyterLab ({task_id[:8]})"
+    default = default_description or (
+        " ".join(argv)[:200] if argv else f"JupyterLab ({task_id[:8]})"
+    )
     return [
         TaskRequested(
             task_id=task_id,
@@ -173,6 +258,7 @@ def _requested(
             argv=argv,
             code_ref=code_ref,
             description=valid.description or default,
+            tensorboard_sources=tensorboard_sources or [],
         )
     ]
 

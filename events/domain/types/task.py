@@ -1,36 +1,60 @@
 """Facts on a task's stream (``task-<id>``, see :mod:`events.domain.names`).
 
 A task is interactive or one-off work on the cluster that is not a trial: a ``command``
-(Determined's ``det cmd run``) or a ``notebook`` (JupyterLab, reached through the API's proxy);
-shells and TensorBoards will be further ``kind`` values of the same events. A kind that serves
-HTTP records ``TaskReady`` with the address its agent bound once it accepts connections. A task runs at most once: it is never preempted and never restarted,
-so its stream holds one request, at most one allocation and one exit.
+(Determined's ``det cmd run``), a ``notebook`` (JupyterLab, reached through the API's proxy) or
+a ``tensorboard`` (TensorBoard over the event files of some experiments' trials, reached the
+same way); shells will be a further ``kind`` of the same events. A kind that serves HTTP
+records ``TaskReady`` with the address its agent bound once it accepts connections. A task runs
+at most once: it is never preempted and never restarted, so its stream holds one request, at
+most one allocation and one exit.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from events.log.envelope import Event
-from events.log.registry import register
+from events.log.registry import register, upcaster
 
-TaskKind = Literal["command", "notebook"]
-"""What a task runs (``shell`` and ``tensorboard`` come later)."""
+TaskKind = Literal["command", "notebook", "tensorboard"]
+"""What a task runs (``shell`` comes later)."""
 
 TaskOutcome = Literal["completed", "failed", "killed", "canceled", "lost"]
 """How a task ended: its process exited 0 (``completed``) or not (``failed``), it was killed
 while running, canceled before it ran, or its agent lost it."""
 
 
+class TensorboardSource(BaseModel):
+    """One experiment whose TensorBoard files a ``tensorboard`` task shows.
+
+    ``trial_ids`` are the trials it shows (``None``: every trial the experiment has or will
+    have); ``storage`` is the experiment's ``checkpoint_storage`` when the task was requested,
+    its credentials masked (``None``: the cluster's default storage). The agent gets the
+    credentials from the experiment's config, as a trial of it does; they are never copied
+    into a task's request.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    experiment_id: int = Field(ge=1)
+    trial_ids: list[int] | None = None
+    storage: dict[str, Any] | None = None
+
+
 @register
 class TaskRequested(Event):
     """A user submitted a task: what to run (``argv`` in the uploaded context ``code_ref``),
-    with which validated config (:class:`events.domain.config.task.TaskConfig`)."""
+    with which validated config (:class:`events.domain.config.task.TaskConfig`).
+
+    A ``tensorboard`` names the experiments and trials it shows in ``tensorboard_sources``,
+    decided (and their reading authorized) when it was requested (version 2; a version 1
+    payload is of a command or a notebook, which have none).
+    """
 
     event_type = "TaskRequested"
-    schema_version = 1
+    schema_version = 2
 
     task_id: str
     kind: TaskKind
@@ -39,6 +63,12 @@ class TaskRequested(Event):
     argv: list[str]
     code_ref: str | None = None
     description: str = ""
+    tensorboard_sources: list[TensorboardSource] = Field(default_factory=list)
+
+
+@upcaster("TaskRequested", 1)
+def _task_requested_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "tensorboard_sources": []}
 
 
 @register

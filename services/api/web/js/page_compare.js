@@ -1,9 +1,10 @@
-// Compare 2-10 trials, from one experiment or several: curves overlaid per metric, and a
-// hyperparameter table with "differences only".
+// Compare 2-10 trials, from one experiment or several: curves overlaid per metric, a
+// hyperparameter table with "differences only", and "Open TensorBoard" over the trials compared.
 import { get } from "./api.js";
 import { LineChart, curveControls, color } from "./charts.js";
 import { h, fmtNum, trialHref, enc } from "./dom.js";
 import { flatHparams } from "./hpplots.js";
+import { tensorboardButton } from "./tensorboard.js";
 
 export async function render(root, _params, query) {
   const ids = (query.get("trials") || "").split(",").map((s) => s.trim()).filter(Boolean);
@@ -28,6 +29,7 @@ export async function render(root, _params, query) {
   const bad = loaded.filter((l) => l.error);
   if (bad.length) msg.textContent = bad.map((l) => `${l.id}: ${l.error.status === 403 ? "not allowed" : l.error.status === 404 ? "not found" : l.error.message}`).join("; ");
   const ok = loaded.filter((l) => !l.error);
+  if (ok.length) root.append(h("div", { class: "row", id: "compare-tensorboard" }, tensorboardButton(() => ({ trials: ok.map((l) => l.id) }))));
 
   // Hyperparameters.
   const names = [...new Set(ok.flatMap((l) => Object.keys(flatHparams(l.trial.hparams))))].sort();

@@ -6,6 +6,7 @@ import { LineChart, curveControls } from "./charts.js";
 import { Table, h, fmtNum, fmtTime, fmtDuration, stateBadge, tabs, toYaml, trialHref, enc, perFrame } from "./dom.js";
 import { flatHparams, hparamNames } from "./hpplots.js";
 import { logViewer } from "./logs.js";
+import { tensorboardButton } from "./tensorboard.js";
 
 const METRIC_EVENTS = { WorkloadCompleted: "training", ValidationReported: "validation" };
 const TERMINAL = new Set(["COMPLETED", "CANCELED", "ERROR"]);
@@ -141,6 +142,7 @@ export async function render(root, [id]) {
 
   root.replaceChildren(
     h("div", { class: "row" }, title, stateEl, actionsEl, actionMsg, live),
+    h("div", { class: "row", id: "experiment-tensorboard" }, tensorboardButton(() => ({ experiments: [exp.id] }))),
     h("div", { class: "row history", id: "history" }, h("span", { class: "muted" }, "History"), slider, historyLabel, nowBtn),
     h("div", { class: "row" },
       h("div", { class: "card grow" }, h("h2", {}, "Overview"), overview),

@@ -1,6 +1,7 @@
 // Tasks: every task of the user (an admin: everyone's) with its state, a kill button while it
-// has not ended, an "Open" link to a served task (a notebook) once it is ready, a form that
-// launches a notebook, and one task's page with its output followed live.
+// has not ended, an "Open" link to a served task (a notebook, a TensorBoard) once it is ready, a
+// form that launches a notebook, and one task's page with its output followed live.
+// TensorBoards are started from an experiment's page or the compare page.
 //
 // "Open" is a plain link to the task's proxy path in a new tab: the browser sends the session
 // cookie the login set (path /proxy/, HttpOnly), so no token ever appears in the URL. It is
@@ -8,13 +9,14 @@
 // (its pages are their owner's code on this origin).
 import { currentUser, get, post } from "./api.js";
 import { logViewer } from "./logs.js";
-import { h, enc, fmtTime, stateBadge } from "./dom.js";
+import { h, enc, fmtTime, stateBadge, trialHref } from "./dom.js";
 
 const taskHref = (id) => `#/tasks/${enc(id)}`;
 const poolOf = (t) => (t.config && t.config.resources && t.config.resources.resource_pool) || "default";
 
-/** Where a served task's page is, below its proxy path (a notebook: JupyterLab's). */
-const SERVED_PAGE = { notebook: "lab" };
+/** Where a served task's page is, below its proxy path (a notebook: JupyterLab's; a
+ * TensorBoard: the path itself). */
+const SERVED_PAGE = { notebook: "lab", tensorboard: "" };
 
 function openLink(task) {
   if (!task.ready || !task.proxy_path || task.state === "TERMINATED") return "";
@@ -47,6 +49,13 @@ function launchForm(msg, reload) {
   } }, description, h("label", { for: "notebook-slots" }, "slots"), slots, idle, button);
 }
 
+/** What a TensorBoard shows: its experiments (every trial) and trials, linked. */
+function shows(task) {
+  return h("span", { id: "task-shows" }, (task.tensorboard_sources || []).flatMap((s, i) => [i ? "; " : "",
+    h("a", { href: `#/experiments/${enc(s.experiment_id)}` }, `experiment ${s.experiment_id}`),
+    s.trial_ids === null ? "" : [" trials ", s.trial_ids.flatMap((id, j) => [j ? ", " : "", h("a", { href: trialHref(id) }, id)])]]));
+}
+
 function killButton(task, msg, reload) {
   if (task.state === "TERMINATED") return "";
   return h("button", { class: "small task-kill", dataset: { task: task.id }, disabled: task.kill_requested,
@@ -72,7 +81,7 @@ async function renderList(root) {
         h("td", {}, h("a", { href: taskHref(t.id) }, t.id)), h("td", {}, t.kind), h("td", {}, t.description),
         h("td", {}, stateBadge(t.state)), h("td", {}, t.outcome || ""), h("td", {}, t.owner), h("td", {}, poolOf(t)),
         h("td", {}, fmtTime(t.requested_at)), h("td", { class: "actions" }, openLink(t), killButton(t, msg, load))))))
-      : h("p", { class: "muted" }, "No tasks yet: launch a notebook, or run a command with cairn cmd run."));
+      : h("p", { class: "muted" }, "No tasks yet: launch a notebook, open a TensorBoard from an experiment, or run a command with cairn cmd run."));
   }
   launcher.replaceChildren(launchForm(msg, load));
   await load();
@@ -92,7 +101,8 @@ async function renderTask(root, taskId) {
     const t = await get(`/tasks/${enc(taskId)}`);
     facts.dataset.state = t.state;
     facts.replaceChildren(...[
-      ["Type", t.kind], ["User", t.owner], ["State", stateBadge(t.state)], ["Command", (t.argv || []).join(" ")],
+      ["Type", t.kind], ["User", t.owner], ["State", stateBadge(t.state)],
+      t.kind === "tensorboard" ? ["Shows", shows(t)] : ["Command", (t.argv || []).join(" ")],
       ["Description", t.description], ["Pool", poolOf(t)], ["Agent", t.agent_id || "–"],
       ["Outcome", t.outcome || "–"], ["Exit code", t.exit_code ?? "–"], ["Message", t.message || "–"],
       ["Submitted", fmtTime(t.requested_at)], ["Started", fmtTime(t.started_at)], ["Ended", fmtTime(t.ended_at)],
