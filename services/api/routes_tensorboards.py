@@ -24,7 +24,7 @@ from events.domain.deciders.task import (
     decide_start_tensorboard,
 )
 from events.domain.types.task import TensorboardSource
-from services.api.access import check_read
+from services.api.access import check_experiment
 from services.api.auth import principal_of
 from services.api.errors import not_found, parse, read_json
 from services.api.routes_tasks import TaskDetail, new_task_id, submit_decided
@@ -54,7 +54,7 @@ async def _readable(
     view = seen.get(experiment_id)
     if view is None:
         view = await load_experiment(store_of(request), experiment_id, with_trials=True)
-        check_read(principal_of(request), view.owner)
+        await check_experiment(store_of(request), principal_of(request), view)
         seen[experiment_id] = view
     return view
 
