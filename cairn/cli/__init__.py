@@ -75,6 +75,26 @@ def verb_group(
     return group.add_subparsers(metavar=metavar)
 
 
+def add_verb(
+    verbs: Any,
+    name: str,
+    handler: Any,
+    text: str,
+    *positionals: str,
+    aliases: Sequence[str] = (),
+) -> argparse.ArgumentParser:
+    """Adds verb ``name`` (run by ``handler``, taking ``positionals`` and ``--json``) to a
+    group's ``verbs``; returns its parser for more flags."""
+    from cairn.cli.output import add_json_flag
+
+    verb: argparse.ArgumentParser = verbs.add_parser(name, help=text, aliases=list(aliases))
+    for positional in positionals:
+        verb.add_argument(positional)
+    add_json_flag(verb)
+    verb.set_defaults(handler=handler)
+    return verb
+
+
 def _report(exc: CairnError) -> None:
     print(f"error: {exc}", file=sys.stderr)
     errors: list[tuple[str, str]] = getattr(exc, "errors", None) or []

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
-from cairn.cli.output import add_json_flag, fields, print_json, wants_json, when
-from cairn.errors import CairnError, UsageError
+from cairn.cli.output import add_json_flag, confirmed, fields, print_json, wants_json, when
+from cairn.errors import CairnError
 from events.domain.archive import CHECKPOINT_LIMITS, extract_tar
 
 
@@ -99,15 +98,9 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     """Asks the tracker to delete checkpoints (asks first unless ``--yes``)."""
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise UsageError("deleting needs confirmation: pass --yes")
-        count = sum(len([p for p in given.split(",") if p.strip()]) for given in args.uuids)
-        answer = input(f"delete {count} checkpoint(s) and their files? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("not deleted")
-            return 1
     uuids = [part.strip() for given in args.uuids for part in given.split(",") if part.strip()]
+    if not confirmed(args, f"delete {len(uuids)} checkpoint(s) and their files?"):
+        return 1
     result = auth_store.connect(args).delete_checkpoints(uuids)
     if wants_json(args):
         print_json(result)

@@ -16,6 +16,7 @@ from cairn.cli.output import (
     add_csv_flag,
     add_json_flag,
     cell,
+    confirmed,
     fields,
     print_json,
     print_result,
@@ -550,13 +551,8 @@ def cmd_action(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     """Deletes a finished experiment (asks first unless ``--yes``)."""
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise UsageError("deleting needs confirmation: pass --yes")
-        answer = input(f"delete experiment {args.id} and all its checkpoints? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("not deleted")
-            return 1
+    if not confirmed(args, f"delete experiment {args.id} and all its checkpoints?"):
+        return 1
     result = auth_store.connect(args).delete_experiment(args.id)
     return print_result(args, result, f"experiment {args.id}: {result.get('state')}")
 

@@ -17,6 +17,15 @@ from cairn.errors import CairnError, UsageError
 
 def add_verbs(verbs: Any) -> None:
     """Adds the verbs to the ``experiment`` group's subparsers."""
+    from cairn.cli.workspace import experiment_move
+
+    move = verbs.add_parser("move", help="move an experiment to a project of a workspace")
+    move.add_argument("id", type=int)
+    move.add_argument("workspace")
+    move.add_argument("project")
+    add_json_flag(move)
+    move.set_defaults(handler=experiment_move)
+
     config = verbs.add_parser("config", help="print an experiment's config as YAML")
     config.add_argument("id", type=int)
     add_json_flag(config)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
 from cairn.cli.output import (
     add_json_flag,
+    confirmed,
     fields,
     print_json,
     print_result,
@@ -232,12 +232,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     """Deletes a model and its versions (asks first unless ``--yes``)."""
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise UsageError("deleting needs confirmation: pass --yes")
-        answer = input(f"delete model {args.name!r} and all its versions? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("not deleted")
-            return 1
+    if not confirmed(args, f"delete model {args.name!r} and all its versions?"):
+        return 1
     result = auth_store.connect(args).delete_model(args.name)
     return print_result(args, result, f"model {args.name!r} deleted")

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from cairn.errors import UsageError
+
 MISSING = "-"
 _CSV = {"on": False}
 
@@ -55,6 +57,23 @@ def wants_json(args: argparse.Namespace) -> bool:
 def print_json(data: Any) -> None:
     """Prints one JSON document."""
     print(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def confirmed(args: argparse.Namespace, question: str) -> bool:
+    """Whether a destructive verb goes ahead: ``--yes`` given, or the user answered yes to
+    ``question`` (``not deleted`` printed otherwise).
+
+    Raises:
+        UsageError: no ``--yes`` and no terminal to ask on.
+    """
+    if getattr(args, "yes", False):
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError("deleting needs confirmation: pass --yes")
+    if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    print("not deleted")
+    return False
 
 
 def print_result(args: argparse.Namespace, data: Any, line: str) -> int:

@@ -651,3 +651,44 @@ def test_the_data_dirs_cluster_config_governs_storage_and_tokens(
     other = next(t["id"] for t in tokens if not t["current"])
     assert f"revoked token {other} of admin" in ok(cluster, "token", "revoke", str(other)).stdout
     assert other not in {t["id"] for t in as_json(cluster, "token", "list")["tokens"]}
+
+
+def test_teams_workspaces_groups_and_roles(
+    cluster: Env, finished: dict[str, Any], tmp_path: Path
+) -> None:
+    """Two workspaces with a project each, users in two groups: a group's Viewer role on one
+    workspace lets its members see an experiment moved there (the other group's member is
+    refused, exit 5), my-permissions and workspace ls show it, and the experiment moves back."""
+    for name in ("vision", "speech"):
+        ok(cluster, "workspace", "create", name)
+    ok(cluster, "project", "create", "vision", "detection", "--description", "boxes")
+    ok(cluster, "p", "create", "speech", "asr")
+    for name in ("ana", "cy"):
+        ok(cluster, "user", "create", name, "--password", f"pw-{name}-123")
+    ok(cluster, "user-group", "create", "seers", "--add-user", "ana")
+    ok(cluster, "user-group", "create", "talkers")
+    ok(cluster, "user-group", "add-user", "talkers", "cy")
+    granted = ok(cluster, "rbac", "assign-role", "Viewer", "-g", "seers", "-w", "vision")
+    assert "granted" in granted.stdout
+    exp_id = str(finished["id"])
+    assert "moved" in ok(cluster, "e", "move", exp_id, "vision", "detection").stdout
+    listed = as_json(cluster, "project", "list-experiments", "vision", "detection")
+    assert [e["id"] for e in listed["experiments"]] == [finished["id"]]
+
+    ana = as_user(cluster, tmp_path / "ana", "ana", "pw-ana-123", "--json", "e", "describe", exp_id)
+    assert ana.returncode == 0, ana.stderr
+    cy = as_user(cluster, tmp_path / "cy", "cy", "pw-cy-123", "e", "describe", exp_id)
+    assert cy.returncode == 5 and "lacks permission view_experiment" in cy.stderr, cy.stderr
+    mine = as_user(
+        cluster, tmp_path / "ana", "ana", "pw-ana-123", "--json", "rbac", "my-permissions"
+    )
+    assert "view_experiment" in json.loads(mine.stdout)["workspaces"]["vision"]
+    seen = as_user(cluster, tmp_path / "ana", "ana", "pw-ana-123", "--json", "workspace", "ls")
+    assert [w["name"] for w in json.loads(seen.stdout)["workspaces"]] == [
+        "Uncategorized",
+        "vision",
+    ]
+    ok(cluster, "e", "move", exp_id, "Uncategorized", "Uncategorized")
+    ok(cluster, "rbac", "unassign-role", "Viewer", "-g", "seers", "-w", "vision")
+    again = as_user(cluster, tmp_path / "ana", "ana", "pw-ana-123", "e", "describe", exp_id)
+    assert again.returncode == 5
