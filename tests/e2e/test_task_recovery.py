@@ -172,21 +172,24 @@ async def test_notebook_outlives_a_sigkill_of_every_control_plane_service(
 
 
 async def test_agent_sigkill_loses_its_notebook_and_command_and_the_proxy_says_gone(
-    cluster: Env,
+    cluster: Env, notebook: Notebook
 ) -> None:
-    """SIGKILL the agent while a notebook and a command run: their processes outlive it, the
-    supervisor's new agent process stops them before it registers, both tasks end ``lost``
-    (agent restarted) instead of hanging in RUNNING, and the proxy answers 410 naming that."""
-    task = start_notebook(cluster)
+    """SIGKILL the agent while a notebook (with a kernel) and a command run: their processes
+    outlive it, the supervisor's new agent process stops them (the kernel too) before it
+    registers, both tasks end ``lost`` (agent restarted) instead of hanging in RUNNING, and the
+    proxy answers 410 naming that."""
+    async with notebook.channels() as ws:
+        assert (await run_cell(ws, "import os; print(os.getpid())")).strip().isdigit()
     command = ok(cluster, "cmd", "run", "-d", "python", "-c", "import time; time.sleep(600)")
     command_id = command.stdout.strip()
     await wait_until(lambda: describe(cluster, command_id)["state"] == "RUNNING", timeout=60)
-    allocations = [task_allocation_id(t) for t in (task["id"], command_id)]
+    allocations = [task_allocation_id(t) for t in (notebook.task_id, command_id)]
     assert all(run_pids(a) for a in allocations), "both tasks' processes run"
+    assert len(run_pids(allocations[0])) >= 2, "the notebook's server and its kernel"
 
     (killed,) = (await sigkill(cluster, "agent")).values()
 
-    for task_id in (task["id"], command_id):
+    for task_id in (notebook.task_id, command_id):
         await wait_until(lambda t=task_id: describe(cluster, t)["state"] == "TERMINATED", 60)
         final = describe(cluster, task_id)
         assert (final["outcome"], final["message"]) == ("lost", "agent restarted"), final
@@ -196,14 +199,9 @@ async def test_agent_sigkill_loses_its_notebook_and_command_and_the_proxy_says_g
     assert left and all(a in left[-1] for a in allocations), "the new agent found both running"
     await wait_until(lambda: not any(run_pids(a) for a in allocations), timeout=30)
 
-    async with aiohttp.ClientSession() as http:
-        token = await login(http, cluster, "nora", "pw-nora-1")
-        async with http.get(
-            f"{cluster.api_url}/proxy/{task['id']}/api/status",
-            headers={"Authorization": f"Bearer {token}"},
-        ) as answer:
-            assert answer.status == 410
-            message = (await answer.json())["error"]["message"]
+    async with notebook.http.get(notebook.base + "api/status", headers=notebook.bearer) as answer:
+        assert answer.status == 410
+        message = (await answer.json())["error"]["message"]
     assert "has ended (lost: agent restarted)" in message
 
 
