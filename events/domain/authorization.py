@@ -56,12 +56,13 @@ class Permission(StrEnum):
     UPDATE_GROUP = "update_group"
     VIEW_CLUSTER = "view_cluster"
     """Cluster operations: usage of everyone, the audit trail, agents' control."""
+    BIND_POOLS = "modify_rp_workspace_bindings"
 
 
 P = Permission
 
 CLUSTER_ONLY: frozenset[Permission] = frozenset(
-    {P.CREATE_WORKSPACE, P.ADMINISTRATE_USER, P.UPDATE_GROUP, P.VIEW_CLUSTER}
+    {P.CREATE_WORKSPACE, P.ADMINISTRATE_USER, P.UPDATE_GROUP, P.VIEW_CLUSTER, P.BIND_POOLS}
 )
 """Permissions only a cluster-wide grant can give (a role holding one is never granted on a
 workspace)."""

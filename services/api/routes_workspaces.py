@@ -40,11 +40,13 @@ from services.api.routing import USERS, RouteTable, store_of
 from services.api.teams import (
     allows,
     authorize,
+    check_pool,
     current_teams,
     decide_teams,
     project_by_ref,
     workspace_by_ref,
 )
+from services.api.views import load_experiment
 from services.tracker import read as tracker_read
 
 log = structlog.get_logger("api")
@@ -460,6 +462,8 @@ async def move_experiment(request: web.Request) -> web.Response:
     )
     if teams.project_archived(destination.project_id):
         raise ApiError(409, f"project {destination.name!r} is archived: nothing moves into it")
+    current = await load_experiment(store_of(request), experiment_id, with_trials=False)
+    check_pool(teams, current.settings.pool, destination.workspace_id, status=409)
     command = MoveExperiment(
         project_id=destination.project_id,
         actor=principal.name,

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from events.domain.aggregates.teams import Project, Teams, Workspace, apply_teams
 from events.domain.authorization import DEFAULT_PROJECT_ID, Permission, permitted
+from events.domain.config.experiment_settings import ExperimentSettings
 from events.domain.deciders import Decision
 from events.domain.types.teams import TEAMS_FACTS, TEAMS_STREAM
 from events.log.store import EventStore, Transaction
@@ -215,7 +216,27 @@ def project_for_experiment(
     )
     if teams.project_archived(project.project_id):
         raise ApiError(409, f"project {project.name!r} is archived: it takes no new experiment")
+    check_pool(teams, ExperimentSettings.of(config).pool, project.workspace_id)
     return project
+
+
+def check_pool(teams: Teams, pool: str, workspace_id: int, *, status: int = 400) -> None:
+    """Raises ``status`` (400 naming ``resources.resource_pool``) unless resource pool ``pool``
+    serves workspace ``workspace_id`` (a bound pool serves only its workspaces)."""
+    if teams.pool_serves(pool or "default", workspace_id):
+        return
+    served = ", ".join(
+        repr(teams.workspaces[w].name)
+        for w in sorted(teams.pool_bindings.get(pool, ()))
+        if w in teams.workspaces
+    )
+    workspace = teams.workspaces.get(workspace_id)
+    raise ApiError(
+        status,
+        f"resources.resource_pool: pool {pool!r} serves workspace(s) {served} only, not "
+        f"{workspace.name if workspace else workspace_id!r}",
+        path="resources.resource_pool",
+    )
 
 
 def placement(teams: Teams, project_id: int) -> dict[str, object]:
@@ -244,6 +265,7 @@ def visible_projects(teams: Teams, principal: Principal) -> list[int] | None:
 __all__ = [
     "allows",
     "authorize",
+    "check_pool",
     "current_teams",
     "decide_teams",
     "load_teams",

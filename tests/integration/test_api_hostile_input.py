@@ -195,6 +195,7 @@ async def test_a_body_of_100000_nested_brackets_is_400_on_every_route(
             "workspace": "1",
             "project": "1",
             "group": "1",
+            "pool": "gpu",
             "name": "some-model",
         }.items():
             path = path.replace("{" + name + "}", value)

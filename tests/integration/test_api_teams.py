@@ -277,3 +277,42 @@ async def test_an_editor_of_one_workspace_sees_nothing_of_another(
     mine = await api.ok("GET", "/api/v1/permissions/summary", token=viewer)
     assert "update_experiment" not in mine["workspaces"]["a"]
     assert "view_experiment" in mine["workspaces"]["a"]
+
+
+async def test_a_bound_pool_takes_only_its_workspaces_experiments(api: Api) -> None:
+    """Bound to vision, pool 'gpu' refuses an uncategorized experiment naming it (400 naming the
+    field) and a move out of vision (409), takes vision's; only admins bind (403), the default
+    pool is never bound (409), and unbinding opens it again."""
+    await created(api, "POST", "/api/v1/workspaces", api.admin, {"name": "vision"})
+    await created(api, "POST", "/api/v1/workspaces/vision/projects", api.admin, {"name": "det"})
+    path = "/api/v1/resource-pools/gpu/workspace-bindings"
+    bound = await api.ok("POST", path, token=api.admin, json={"workspace_names": ["vision"]})
+    assert bound == {"pool": "gpu", "bound": True, "workspaces": ["vision"]}
+    on_gpu = CONFIG.replace("name: mnist", "name: g\nresources: {resource_pool: gpu}")
+    status, answer = await api.call(
+        "POST", "/api/v1/experiments", token=api.admin, json={"config": on_gpu, "activate": False}
+    )
+    assert status == 400 and answer["error"]["path"] == "resources.resource_pool", answer
+    assert "'vision'" in answer["error"]["message"]
+    inside = await created(
+        api, "POST", "/api/v1/experiments", api.admin,
+        {"config": on_gpu + "workspace: vision\nproject: det\n", "activate": False},
+    )  # fmt: skip
+    status, answer = await api.call(
+        "POST", f"/api/v1/experiments/{inside['id']}/move", token=api.admin,
+        json={"destination_project_id": 1},
+    )  # fmt: skip
+    assert status == 409 and "gpu" in answer["error"]["message"], answer
+    ivy = await user(api, "ivy")
+    status, _ = await api.call("PUT", path, token=ivy, json={"workspace_names": []})
+    assert status == 403
+    status, _ = await api.call(
+        "POST", "/api/v1/resource-pools/default/workspace-bindings", token=api.admin,
+        json={"workspace_names": ["vision"]},
+    )  # fmt: skip
+    assert status == 409
+    freed = await api.ok("DELETE", path, token=api.admin, json={"workspace_names": ["vision"]})
+    assert freed["bound"] is False
+    await created(
+        api, "POST", "/api/v1/experiments", api.admin, {"config": on_gpu, "activate": False}
+    )

@@ -19,6 +19,7 @@ from events.domain.deciders import Refusal
 from events.domain.deciders.teams import (
     ArchiveProject,
     ArchiveWorkspace,
+    BindPool,
     ChangeGroup,
     ChangeRole,
     CreateGroup,
@@ -29,6 +30,7 @@ from events.domain.deciders.teams import (
     DeleteWorkspace,
     EditProject,
     RenameWorkspace,
+    decide_bindings,
     decide_group,
     decide_project,
     decide_role,
@@ -214,3 +216,23 @@ def test_usage_groups_by_project_and_sums_into_workspaces() -> None:
         ("Uncategorized", 1750),
         ("detection", 2000),
     ]
+
+
+def test_a_bound_pool_serves_only_its_workspaces() -> None:
+    """Binding 'gpu' to vision keeps it from the default workspace; adding, removing and
+    replacing compose; the default pool cannot be bound; deleting a workspace unbinds it."""
+    state = lab()
+    assert state.pool_serves("gpu", 1)
+    applied(state, decide_bindings(state, BindPool("gpu", add=(2,))))
+    assert state.pool_serves("gpu", 2) and not state.pool_serves("gpu", 1)
+    assert decide_bindings(state, BindPool("gpu", add=(2,))) == []
+    applied(state, decide_bindings(state, BindPool("gpu", replace=(1, 2))))
+    assert state.pool_serves("gpu", 1)
+    applied(state, decide_bindings(state, BindPool("gpu", remove=(1, 2))))
+    assert "gpu" not in state.pool_bindings
+    refused(decide_bindings(state, BindPool("default", add=(2,))), "conflict")
+    refused(decide_bindings(state, BindPool("gpu", add=(9,))), "not_found")
+    applied(state, decide_bindings(state, BindPool("gpu", add=(2,))))
+    applied(state, decide_project(state, DeleteProject(2, 0)))
+    applied(state, decide_workspace(state, DeleteWorkspace(2)))
+    assert not state.pool_bindings["gpu"] and state.pool_serves("gpu", 1)

@@ -24,6 +24,7 @@ from events.domain.types.teams import (
     GroupChanged,
     GroupCreated,
     GroupDeleted,
+    PoolBindingsSet,
     PrincipalKind,
     ProjectArchived,
     ProjectCreated,
@@ -110,6 +111,8 @@ class Teams:
     projects: dict[int, Project] = field(default_factory=_default_projects)
     groups: dict[int, Group] = field(default_factory=dict)
     grants: set[Grant] = field(default_factory=set)
+    pool_bindings: dict[str, set[int]] = field(default_factory=dict)
+    """Bound pools and the workspaces each serves (a pool not here serves every workspace)."""
     last_workspace_id: int = DEFAULT_WORKSPACE_ID
     last_project_id: int = DEFAULT_PROJECT_ID
     last_group_id: int = 0
@@ -182,6 +185,11 @@ class Teams:
                 out |= ROLES.get(grant.role, frozenset())
         return frozenset(out)
 
+    def pool_serves(self, pool: str, workspace_id: int) -> bool:
+        """Whether resource pool ``pool`` takes work of workspace ``workspace_id``."""
+        bound = self.pool_bindings.get(pool)
+        return not bound or workspace_id in bound
+
     def workspaces_with(self, user: str, permission: Permission) -> set[int] | None:
         """The workspaces where ``user``'s grants give ``permission`` (``None``: all of them,
         a cluster-wide grant gives it)."""
@@ -215,6 +223,8 @@ def apply_teams(state: Teams, recorded: RecordedEvent, event: Event | None = Non
     elif isinstance(fact, WorkspaceDeleted):
         state.workspaces.pop(fact.workspace_id, None)
         state.grants = {g for g in state.grants if g.workspace_id != fact.workspace_id}
+        for bound in state.pool_bindings.values():
+            bound.discard(fact.workspace_id)
     elif isinstance(fact, ProjectCreated):
         state.projects[fact.project_id] = Project(
             fact.project_id, fact.workspace_id, fact.name, fact.description, fact.owner,
@@ -255,6 +265,11 @@ def _apply_access(state: Teams, fact: Event) -> None:
         state.grants.discard(
             Grant(fact.role, fact.principal_kind, fact.principal, fact.workspace_id)
         )
+    elif isinstance(fact, PoolBindingsSet):
+        if fact.workspace_ids:
+            state.pool_bindings[fact.pool] = set(fact.workspace_ids)
+        else:
+            state.pool_bindings.pop(fact.pool, None)
 
 
 def fold_teams(events: Iterable[RecordedEvent]) -> Teams:

@@ -19,6 +19,7 @@ from events.domain.types.teams import (
     GroupChanged,
     GroupCreated,
     GroupDeleted,
+    PoolBindingsSet,
     PrincipalKind,
     ProjectArchived,
     ProjectCreated,
@@ -352,9 +353,45 @@ def decide_role(state: Teams, command: ChangeRole) -> Decision:
     ]
 
 
+DEFAULT_POOL = "default"
+"""The cluster's default pool, which serves every workspace and cannot be bound."""
+
+
+@dataclass(frozen=True)
+class BindPool:
+    """Change the workspaces pool ``pool`` serves: ``replace`` them all (when not ``None``), or
+    ``add`` and ``remove`` some."""
+
+    pool: str
+    add: tuple[int, ...] = ()
+    remove: tuple[int, ...] = ()
+    replace: tuple[int, ...] | None = None
+
+
+def decide_bindings(state: Teams, command: BindPool) -> Decision:
+    """``PoolBindingsSet`` with the pool's new workspaces, nothing when they do not change, or
+    why not (the default pool; a workspace that does not exist)."""
+    if command.pool in ("", DEFAULT_POOL):
+        return conflict("the default pool serves every workspace: it cannot be bound", "pool")
+    for workspace_id in (*command.add, *command.remove, *(command.replace or ())):
+        if workspace_id not in state.workspaces:
+            return not_found(f"no workspace {workspace_id}")
+    before = state.pool_bindings.get(command.pool, set())
+    after = (
+        set(command.replace)
+        if command.replace is not None
+        else (before | set(command.add)) - set(command.remove)
+    )
+    if after == before:
+        return []
+    return [PoolBindingsSet(pool=command.pool, workspace_ids=sorted(after))]
+
+
 __all__ = [
+    "DEFAULT_POOL",
     "ArchiveProject",
     "ArchiveWorkspace",
+    "BindPool",
     "ChangeGroup",
     "ChangeRole",
     "CreateGroup",
@@ -365,6 +402,7 @@ __all__ = [
     "DeleteWorkspace",
     "EditProject",
     "RenameWorkspace",
+    "decide_bindings",
     "decide_group",
     "decide_project",
     "decide_role",

@@ -1,4 +1,5 @@
-"""Facts on the stream of teams (``teams``): workspaces, projects, user groups and roles.
+"""Facts on the stream of teams (``teams``): workspaces, projects, user groups, roles and the
+workspaces each resource pool serves.
 
 Every such fact lives on one stream because each decision is made against all of them: a
 workspace's name is unique in the cluster, a project's within its workspace, a role is granted
@@ -171,6 +172,17 @@ class RoleUnassigned(Event):
     workspace_id: int | None = None
 
 
+@register
+class PoolBindingsSet(Event):
+    """Resource pool ``pool`` serves only these workspaces from now on (empty: every one, as an
+    unbound pool does)."""
+
+    event_type = "PoolBindingsSet"
+
+    pool: str = Field(min_length=1, max_length=200)
+    workspace_ids: list[int] = Field(default_factory=list)
+
+
 TEAMS_FACTS = (
     "WorkspaceCreated",
     "WorkspaceRenamed",
@@ -185,5 +197,6 @@ TEAMS_FACTS = (
     "GroupDeleted",
     "RoleAssigned",
     "RoleUnassigned",
+    "PoolBindingsSet",
 )
 """Every type of this module (what the teams fold reads)."""
