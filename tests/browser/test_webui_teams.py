@@ -2,7 +2,8 @@
 of processes: an admin builds a workspace and a project, moves an experiment into it, walks
 workspace → project → experiment and grants Viewer to a user; that user, in a fresh browser
 context, sees the workspace and the experiment but no control to change them; a user with no
-role does not see the workspace; and a refused action shows the API's message."""
+role does not see the workspace; a refused action shows the API's message; an admin manages
+groups and grants one a role; the user menu leads to a user's permissions and tokens."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from tests.browser.test_webui import Session, logged_in, new_session, scripted
 pytestmark = pytest.mark.timeout(240)
 
 WORKSPACE, PROJECT = "vision", "detection"
-USERS = ("vera", "nora", "eddie")  # a Viewer, a user with no role, an Editor who loses it
+# A Viewer, a user with no role, an Editor who loses it, a group's member.
+USERS = ("vera", "nora", "eddie", "gail")
 
 
 @pytest.fixture(scope="module")
@@ -235,4 +237,104 @@ def test_refused_actions_show_the_apis_message(
     ]
     assert "too-late" not in names
     session.shot("project-refused")
+    page.context.close()
+
+
+def member_names(page: Any, group: str) -> list[str]:
+    """The members the groups table shows for ``group``."""
+    row = f'#groups-table tr[data-key="{group}"] .member'
+    return list(page.eval_on_selector_all(row, "ms => ms.map(m => m.dataset.member)"))
+
+
+def test_admin_manages_a_group_and_grants_it_a_role(
+    browser: Any, live: LiveCluster, team: dict[str, Any]
+) -> None:
+    """On Groups, admin creates "labelers" with gail, adds vera, removes gail; on "vision"'s
+    page grants the group Editor (gail, no longer a member, gains nothing); deleting the group
+    withdraws its grant."""
+    api = live.api
+    session = new_session(browser, live)
+    session.login("admin", live.processes.admin_password)
+    page = session.page
+    page.wait_for_selector("#experiments-table")
+    page.click('[data-nav="groups"]')
+    page.wait_for_selector("#group-create-form")
+    page.fill("#group-name", "labelers")
+    page.fill("#group-members", "gail")
+    page.click("#group-create")
+    page.wait_for_selector('#groups-table tr[data-key="labelers"]')
+    assert member_names(page, "labelers") == ["gail"]
+    page.fill('#groups-table tr[data-key="labelers"] input.add-member', "vera")
+    page.click('#groups-table tr[data-key="labelers"] [data-action="add-member"]')
+    wait(lambda: member_names(page, "labelers") == ["gail", "vera"], 10, "vera added")
+    page.click('#groups-table tr[data-key="labelers"] [data-member="gail"] button')
+    wait(lambda: member_names(page, "labelers") == ["vera"], 10, "gail removed")
+    session.shot("groups")
+
+    session.go(f"/workspaces/{team['workspace']['id']}")
+    page.wait_for_selector("#grant-form")
+    page.select_option("#grant-role", "Editor")
+    page.select_option("#grant-kind", "group")
+    page.fill("#grant-who", "labelers")
+    page.click("#grant-submit")
+    page.wait_for_selector('#members-table tr[data-key="group:labelers:Editor"]')
+    vera = Http(live.api.url, live.api.login("vera", "vera-password"))
+    gail = Http(live.api.url, live.api.login("gail", "gail-password"))
+    assert "create_project" in vera.call("GET", "/permissions/summary")["workspaces"][WORKSPACE]
+    assert WORKSPACE not in gail.call("GET", "/permissions/summary")["workspaces"]
+
+    session.go("/groups")
+    delete = '#groups-table tr[data-key="labelers"] [data-action="delete"]'
+    page.click(delete)
+    page.click(delete)  # confirm
+    wait(lambda: page.locator('#groups-table tr[data-key="labelers"]').count() == 0, 10, "gone")
+    assert "create_project" not in vera.call("GET", "/permissions/summary")["workspaces"][WORKSPACE]
+    assert not [g for g in api.call("GET", "/roles/assignments")["assignments"] if g["group_name"]]
+    assert session.errors == [], session.errors
+    page.context.close()
+
+
+def test_user_menu_shows_permissions_and_revokes_a_token_then_logs_out(
+    browser: Any, live: LiveCluster, team: dict[str, Any]
+) -> None:
+    """vera's user menu names her and leads to her account: Viewer on "vision", its
+    permissions, and her tokens; revoking the other session's token ends it at once (the API
+    answers 401 to it); "Log out" returns to the login form."""
+    other = live.api.login("vera", "vera-password")
+    listed = live.api.call("GET", "/tokens", token=other)["tokens"]
+    other_id = next(t["id"] for t in listed if t["current"])
+    session = logged_in(browser, live, "vera")
+    page = session.page
+    assert page.inner_text("#user-menu-button").startswith("vera")
+    page.click("#user-menu-button")
+    page.click("#menu-account")
+    page.wait_for_selector("#tokens-table tbody tr")
+    assert page.inner_text("#account-username") == "vera"
+    roles = page.inner_text("#my-assignments")
+    assert "Viewer" in roles and WORKSPACE in roles
+    perms = page.inner_text(f'#my-workspace-permissions tr[data-key="{WORKSPACE}"]')
+    assert "view_experiment" in perms and "create_project" not in perms
+
+    current = page.locator("#tokens-table tbody tr:has-text('this session')")
+    assert current.count() == 1
+    mine = current.get_attribute("data-key")
+    assert mine != str(other_id)
+    revoke = page.locator(f'#tokens-table tr[data-key="{other_id}"] [data-action="revoke"]')
+    revoke.click()
+    revoke.click()  # confirm
+    gone = f'#tokens-table tr[data-key="{other_id}"]'
+    wait(lambda: page.locator(gone).count() == 0, 10, "the token revoked")
+    assert page.locator(f'#tokens-table tr[data-key="{mine}"]').count() == 1
+    session.shot("account")
+    try:
+        live.api.call("GET", "/permissions/summary", token=other)
+        answered = "200"
+    except AssertionError as exc:
+        answered = str(exc)
+    assert "-> 401" in answered, answered
+
+    page.click("#user-menu-button")
+    page.click("#logout")
+    page.wait_for_selector("#login-form")
+    assert session.errors == [], session.errors
     page.context.close()
