@@ -129,13 +129,14 @@ async function renderWorkspace(root, named) {
   const head = h("div", { class: "row" });
   const projects = h("div", {});
   const members = h("div", {});
-  root.replaceChildren(h("p", { class: "crumbs", id: "breadcrumbs" }, h("a", { href: "#/workspaces" }, "Workspaces")), head, msg, projects, members);
+  const crumbs = h("p", { class: "crumbs", id: "breadcrumbs" }, h("a", { href: "#/workspaces" }, "Workspaces"));
+  root.replaceChildren(crumbs, head, msg, projects, members);
 
   async function reload() {
     const [ws, perms] = await Promise.all([get(`/workspaces/${enc(ref)}`), permissions()]);
     ref = String(ws.id);
     const { projects: list } = await get(`/workspaces/${ws.id}/projects`);
-    root.querySelector("#breadcrumbs").replaceChildren(h("a", { href: "#/workspaces" }, "Workspaces"), " / ", ws.name);
+    crumbs.replaceChildren(h("a", { href: "#/workspaces" }, "Workspaces"), " / ", ws.name);
     head.replaceChildren(h("h1", { id: "workspace-title" }, `Workspace ${ws.name} `), archivedTag(ws.archived),
       h("span", { class: "actions", id: "workspace-actions" }, workspaceActions(ws, perms, msg, reload)));
     const card = projectsCard(ws, perms, msg, reload);
