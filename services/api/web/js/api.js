@@ -44,6 +44,8 @@ export async function api(method, path, body) {
 
 export const get = (path) => api("GET", path);
 export const post = (path, body = {}) => api("POST", path, body);
+export const patch = (path, body = {}) => api("PATCH", path, body);
+export const del = (path) => api("DELETE", path);
 
 /** Fetches a binary download with the token and hands it to the browser as a file. */
 export async function download(path, filename) {

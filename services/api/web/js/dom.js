@@ -160,3 +160,24 @@ export function perFrame(fn) {
     requestAnimationFrame(() => { queued = false; fn(); });
   };
 }
+
+/**
+ * Runs a page action: clears `msg`, awaits `fn`, and on failure shows the API's message there
+ * (a 403 names the missing permission, a 409 the conflict). Returns fn's result, or undefined.
+ */
+export async function attempt(msg, fn) {
+  msg.textContent = "";
+  try { return await fn(); } catch (err) { msg.textContent = err.message || String(err); return undefined; }
+}
+
+/** A button that asks once more before it acts: the first click turns it into "confirm …". */
+export function confirmButton(label, attrs, onConfirm) {
+  const button = h("button", { class: "small", ...attrs }, label);
+  let armed = false;
+  button.addEventListener("click", () => {
+    if (!armed) { armed = true; button.textContent = `confirm ${label}`; button.classList.add("danger"); return; }
+    armed = false; button.textContent = label; button.classList.remove("danger");
+    onConfirm();
+  });
+  return button;
+}

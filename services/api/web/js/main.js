@@ -1,4 +1,4 @@
-// The single page: a hash router over the views, login, and error pages.
+// The single page: a hash router over the views, login, error pages, and the user menu.
 import { ApiError, currentUser, login, logout, token } from "./api.js";
 import { h } from "./dom.js";
 
@@ -8,6 +8,11 @@ let cleanup = null;
 const ROUTES = [
   [/^\/experiments\/?$/, "experiments", () => import("./page_experiments.js")],
   [/^\/experiments\/([^/]+)$/, "experiments", () => import("./page_experiment.js")],
+  [/^\/workspaces\/?$/, "workspaces", () => import("./page_workspaces.js")],
+  [/^\/workspaces\/([^/]+)$/, "workspaces", () => import("./page_workspaces.js")],
+  [/^\/projects\/([^/]+)$/, "workspaces", () => import("./page_project.js")],
+  [/^\/groups\/?$/, "groups", () => import("./page_groups.js")],
+  [/^\/account\/?$/, "account", () => import("./page_account.js")],
   [/^\/trials\/([^/]+)$/, "experiments", () => import("./page_trial.js")],
   [/^\/compare\/?$/, "compare", () => import("./page_compare.js")],
   [/^\/cluster\/?$/, "cluster", () => import("./page_cluster.js")],
@@ -23,15 +28,25 @@ function parseHash() {
   return { path, query: new URLSearchParams(query) };
 }
 
+/** The user menu: the user's name, a link to their permissions and tokens, and log out. */
 function showUser() {
   const el = document.getElementById("whoami");
   const user = currentUser();
   el.replaceChildren();
-  if (token() && user) {
-    el.append(`${user.username}${user.admin ? " (admin)" : ""}`,
-      h("button", { class: "small", onclick: async () => { await logout(); location.hash = "#/login"; render(); } }, "log out"));
-  }
+  for (const a of document.querySelectorAll("[data-admin-only]")) a.hidden = !(token() && user && user.admin);
+  if (!(token() && user)) return;
+  const menu = h("div", { class: "menu", id: "user-menu", role: "menu", hidden: true },
+    h("p", { class: "muted" }, "Logged in as ", h("b", {}, user.username), user.admin ? " (admin)" : ""),
+    h("a", { href: "#/account", id: "menu-account", role: "menuitem" }, "Permissions and tokens"),
+    h("button", { class: "small", id: "logout", role: "menuitem", onclick: async () => { await logout(); location.hash = "#/login"; render(); } }, "Log out"));
+  const button = h("button", { class: "small", id: "user-menu-button", "aria-haspopup": "menu",
+    onclick: (e) => { e.stopPropagation(); menu.hidden = !menu.hidden; } }, `${user.username}${user.admin ? " (admin)" : ""} ▾`);
+  el.append(button, menu);
 }
+document.addEventListener("click", (e) => {
+  const menu = document.getElementById("user-menu");
+  if (menu && !menu.hidden && !menu.contains(e.target)) menu.hidden = true;
+});
 
 /** Shows an error as a page: not allowed, not found, or the message. */
 export function errorPage(root, err) {

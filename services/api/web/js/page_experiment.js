@@ -1,11 +1,14 @@
 // Experiment: overview, learning curves of every trial (live), trials, hyperparameter plots,
 // checkpoints, logs and config; a history slider shows the overview and trials as they were at
-// any past position of the log (GET ?at=POSITION), "now" returns to the live view.
+// any past position of the log (GET ?at=POSITION), "now" returns to the live view. Breadcrumbs
+// show its workspace and project; "Move" (for those who may) puts it in another project.
 import { currentUser, download, followEvents, get, post } from "./api.js";
 import { LineChart, curveControls } from "./charts.js";
 import { Table, h, fmtNum, fmtTime, fmtDuration, stateBadge, tabs, toYaml, trialHref, enc, perFrame } from "./dom.js";
 import { flatHparams, hparamNames } from "./hpplots.js";
 import { logViewer } from "./logs.js";
+import { breadcrumbs, mayMove, moveControl } from "./move.js";
+import { permissions } from "./perms.js";
 import { tensorboardButton } from "./tensorboard.js";
 
 const METRIC_EVENTS = { WorkloadCompleted: "training", ValidationReported: "validation" };
@@ -26,12 +29,13 @@ export async function render(root, [id]) {
   const width = Math.max(400, root.clientWidth || 1000);
   let group = "validation";
   // The experiment and its searcher metric's curves (the server's default metric) together.
-  let [exp, series] = await Promise.all([
+  let [exp, series, perms] = await Promise.all([
     get(expPath),
     get(`${expPath}/series?group=${group}&buckets=${Math.round(width / 3)}`).catch((err) => {
       if (err.status === 403 || err.status === 404) throw err;
       return null;
     }),
+    permissions(),
   ]);
   let metric = series ? series.metric : exp.searcher_metric;
   if (series && !series.trials.length && series.metrics.training && series.metrics.training.length && !(series.metrics.validation || []).length) {
@@ -49,6 +53,8 @@ export async function render(root, [id]) {
   const actionsEl = h("span", { id: "experiment-actions" });
   const actionMsg = h("span", { class: "error", id: "action-error", role: "alert" });
   const live = h("span", { class: "live off", id: "live-status" }, "live");
+  const crumbs = h("p", { class: "crumbs", id: "breadcrumbs" });
+  const move = moveControl(() => exp, perms, () => reload());
   let at = null; // the log position shown; null: the present, kept live
   const slider = h("input", { type: "range", id: "history-slider", "aria-label": "history", step: 1,
     min: exp.submitted_position || 0, max: exp.position || 0, value: exp.position || 0 });
@@ -71,9 +77,12 @@ export async function render(root, [id]) {
   }
 
   function drawHeader() {
+    crumbs.replaceChildren(...breadcrumbs(exp));
+    move.button.hidden = at !== null || !mayMove(exp, perms);
     stateEl.replaceChildren(stateBadge(exp.state), exp.archived ? " archived" : "",
       exp.unmanaged ? h("span", { class: "tag unmanaged", title: `unmanaged: reported by a script outside the cluster (external id ${exp.external_id || ""})` }, " unmanaged") : "");
-    actionsEl.replaceChildren(...(at !== null || exp.unmanaged ? [] : actionsFor(exp.state, exp.archived)).map((a) =>
+    const mayAct = at === null && !exp.unmanaged && perms.in(exp.workspace, "update_experiment", exp.owner);
+    actionsEl.replaceChildren(...(mayAct ? actionsFor(exp.state, exp.archived) : []).map((a) =>
       h("button", { class: "small", dataset: { action: a }, onclick: () => act(a) }, a)));
     const restarts = exp.trials.reduce((n, t) => n + (t.restarts || 0), 0);
     const best = exp.trials.find((t) => t.trial_id === exp.best_trial_id);
@@ -141,7 +150,9 @@ export async function render(root, [id]) {
   drawCompare();
 
   root.replaceChildren(
-    h("div", { class: "row" }, title, stateEl, actionsEl, actionMsg, live),
+    crumbs,
+    h("div", { class: "row" }, title, stateEl, actionsEl, move.button, actionMsg, live),
+    move.el,
     h("div", { class: "row", id: "experiment-tensorboard" }, tensorboardButton(() => ({ experiments: [exp.id] }))),
     h("div", { class: "row history", id: "history" }, h("span", { class: "muted" }, "History"), slider, historyLabel, nowBtn),
     h("div", { class: "row" },

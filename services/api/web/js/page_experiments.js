@@ -1,6 +1,8 @@
-// Experiments: a server-paged table with filters, sort, and the row actions.
+// Experiments: a server-paged table with filters, sort, and the row actions (offered where the
+// user may change the experiment). A project's page shows the same table for its project.
 import { currentUser, followEvents, get, post } from "./api.js";
 import { h, fmtNum, fmtTime, fmtDuration, stateBadge, experimentHref, enc } from "./dom.js";
+import { permissions } from "./perms.js";
 
 const STATES = ["ACTIVE", "PAUSED", "STOPPING_COMPLETED", "STOPPING_CANCELED", "STOPPING_KILLED",
   "STOPPING_ERROR", "COMPLETED", "CANCELED", "ERROR", "DELETING", "DELETED", "DELETE_FAILED"];
@@ -18,8 +20,24 @@ function actionsFor(e) {
   return a;
 }
 
+export const workspaceHref = (id) => `#/workspaces/${enc(id)}`;
+export const projectHref = (id) => `#/projects/${enc(id)}`;
+
 export async function render(root, _params, query) {
+  const list = h("div", {});
+  root.replaceChildren(h("h1", {}, "Experiments"), list);
+  return experimentList(list, query);
+}
+
+/**
+ * Fills `root` with the experiment table: filters, server paging, row actions, live refresh.
+ * With `projectId`, only that project's experiments (and no Project column).
+ *
+ * @returns {Promise<() => void>} stops the live refresh
+ */
+export async function experimentList(root, query, { projectId = null } = {}) {
   const user = currentUser() || {};
+  const perms = await permissions();
   const f = {
     state: query.get("state") || "", owner: query.get("owner") || "", name: query.get("name") || "",
     archived: query.get("archived") || "false", order: query.get("order") || "-id", offset: Number(query.get("offset") || 0),
@@ -41,7 +59,6 @@ export async function render(root, _params, query) {
     [["false", "not archived"], ["true", "archived"], ["all", "archived or not"]].map(([v, l]) => h("option", { value: v, selected: f.archived === v }, l)));
 
   root.replaceChildren(
-    h("h1", {}, "Experiments"),
     h("div", { class: "filters" }, stateSel, nameIn, ownerIn, archSel, status),
     msg, table, pager);
 
@@ -49,6 +66,8 @@ export async function render(root, _params, query) {
     { key: "id", label: "ID", render: (e) => h("a", { href: experimentHref(e.id) }, e.id) },
     { key: "name", label: "Name", render: (e) => h("span", {}, h("a", { href: experimentHref(e.id) }, e.name || ""),
       e.unmanaged ? h("span", { class: "tag unmanaged", title: "reported by a script outside the cluster (core_v2)" }, " unmanaged") : "") },
+    projectId === null ? { key: "project", label: "Project", value: (e) => `${e.workspace}/${e.project}`, render: (e) => h("span", {},
+      h("a", { href: workspaceHref(e.workspace_id) }, e.workspace), " / ", h("a", { href: projectHref(e.project_id) }, e.project)) } : null,
     { key: "state", label: "State", render: (e) => stateBadge(e.state) },
     { key: "progress", label: "Progress", render: (e) => e.progress === null ? "" : `${Math.round(100 * e.progress)}%` },
     { key: "searcher_name", label: "Searcher" },
@@ -59,9 +78,10 @@ export async function render(root, _params, query) {
     { key: "submitted_at", label: "Started", render: (e) => fmtTime(e.submitted_at) },
     { key: "duration", label: "Duration", value: (e) => (e.ended_at ? new Date(e.ended_at) : new Date()) - new Date(e.submitted_at), render: (e) => fmtDuration(e.submitted_at, e.ended_at) },
     { key: "resource_pool", label: "Pool" },
-    { key: "actions", label: "", sort: false, render: (e) => h("span", {}, actionsFor(e).map((a) =>
-      h("button", { class: "small", dataset: { action: a, id: e.id }, onclick: () => act(e.id, a) }, a))) },
-  ];
+    { key: "actions", label: "", sort: false, render: (e) => h("span", {},
+      (perms.in(e.workspace, "update_experiment", e.owner) ? actionsFor(e) : []).map((a) =>
+        h("button", { class: "small", dataset: { action: a, id: e.id }, onclick: () => act(e.id, a) }, a))) },
+  ].filter(Boolean);
 
   async function act(id, action) {
     msg.textContent = "";
@@ -100,6 +120,7 @@ export async function render(root, _params, query) {
     if (f.state) p.set("state", f.state);
     if (f.name) p.set("name", f.name);
     if (f.owner) p.set("owner", f.owner);
+    if (projectId !== null) p.set("project_id", projectId);
     const mine = (loading = get(`/experiments?${p}`));
     let data;
     try { data = await mine; } catch (err) { if (mine === loading) status.textContent = err.message; return; }
@@ -117,7 +138,7 @@ export async function render(root, _params, query) {
     const { position } = await get("/projections/position");
     const refresh = debounce(load, 300);
     const stream = followEvents({ after: position,
-      types: ["ExperimentSubmitted", "ExperimentStateChanged", "ExperimentArchived", "TrialRequested", "ValidationReported", "TrialStateChanged"],
+      types: ["ExperimentSubmitted", "ExperimentStateChanged", "ExperimentArchived", "ExperimentMoved", "TrialRequested", "ValidationReported", "TrialStateChanged"],
       onEvent: refresh });
     stop = () => stream.close();
   } else {
