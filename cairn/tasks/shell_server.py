@@ -13,6 +13,7 @@ DIR`` as the task's process (confined, as the task's owner) with the task's serv
   its controlling terminal, started in the work dir. When the shell exits, what it printed is
   sent, then ``{"exit": code}``, then the socket closes; when the socket closes first, the
   shell's process group is hung up (SIGHUP, SIGKILL after :data:`HANGUP_GRACE_SECONDS`).
+- At most :data:`MAX_SESSIONS` sessions are open at once (another is refused with 429).
 - The server outlives its sessions (a client reattaches with a new one) until it is stopped
   (SIGTERM or SIGINT: every session is hung up, then it exits 0). ``<prefix>api/status`` counts
   open sessions and the last input or output, which is what the agent's idle watch reads.
@@ -65,6 +66,9 @@ DRAIN_SECONDS = 2.0
 program still holds the pty open (the session then ends anyway)."""
 
 DEFAULT_ROWS, DEFAULT_COLS = 24, 80
+
+MAX_SESSIONS = 16
+"""The most sessions open at once; another is refused (429) until one closes."""
 
 _LOGIN_TTY = "import os,sys;os.login_tty(0);os.execvp(sys.argv[1],sys.argv[1:])"
 """Run between fork and the shell (a fresh interpreter, so nothing runs in a forked copy of this
@@ -255,6 +259,8 @@ class PtySession:
             code = exit_code_of(await self.process.wait())
             await ws.send_str(exit_message(code))
             return code
+        except ConnectionError:
+            return None  # the client vanished while output was sent
         finally:
             for task in (output, exit_watch, receive):
                 task.cancel()
@@ -334,28 +340,35 @@ def make_app(*, token: str, prefix: str, work: Path, argv: list[str]) -> web.App
                 {"error": f"a terminal of {request.host} may not be opened from another site"},
                 status=403,
             )
+        if activity.connections >= MAX_SESSIONS:
+            return web.json_response(
+                {"error": f"{MAX_SESSIONS} sessions are open already; close one first"},
+                status=429,
+            )
         ws = web.WebSocketResponse(max_msg_size=MAX_INPUT_FRAME, autoping=True)
-        await ws.prepare(request)
-        try:
-            session = await PtySession.start(argv, work=work, activity=activity)
-        except OSError as exc:
-            log.error("shell not started", error=str(exc))
-            await ws.close(code=1011, message=b"the shell could not be started")
-            return ws
-        sessions.add(session)
-        activity.connections += 1
+        activity.connections += 1  # counted from here: the cap holds while shells start
         activity.touch()
-        log.info("session opened", pid=session.process.pid)
         try:
-            code = await session.run(ws)
+            await ws.prepare(request)
+            try:
+                session = await PtySession.start(argv, work=work, activity=activity)
+            except OSError as exc:
+                log.error("shell not started", error=str(exc))
+                await ws.close(code=1011, message=b"the shell could not be started")
+                return ws
+            sessions.add(session)
+            log.info("session opened", pid=session.process.pid)
+            try:
+                code = await session.run(ws)
+            finally:
+                sessions.discard(session)
+                await session.hang_up()
+                await ws.close()
+            log.info("session closed", pid=session.process.pid, exit_code=code)
+            return ws
         finally:
             activity.connections -= 1
             activity.touch()
-            sessions.discard(session)
-            await session.hang_up()
-            await ws.close()
-        log.info("session closed", pid=session.process.pid, exit_code=code)
-        return ws
 
     async def hang_up_all(app: web.Application) -> None:
         await asyncio.gather(*(s.hang_up() for s in list(sessions)), return_exceptions=True)
