@@ -423,10 +423,20 @@ class Client:
     def start_notebook(self, config: dict[str, Any], context: Path | None = None) -> dict[str, Any]:
         """Starts a notebook task (JupyterLab in the uploaded ``context`` directory, if any);
         returns the task as :meth:`get_task` does."""
+        return self._start_served("/notebooks", config, context)
+
+    def start_shell(self, config: dict[str, Any], context: Path | None = None) -> dict[str, Any]:
+        """Starts a shell task (its shells start in the uploaded ``context`` directory, if any);
+        returns the task as :meth:`get_task` does."""
+        return self._start_served("/shells", config, context)
+
+    def _start_served(
+        self, path: str, config: dict[str, Any], context: Path | None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"config": config}
         if context is not None:
             body["code"] = base64.b64encode(code_tarball(context)).decode()
-        return dict(self.call("POST", "/notebooks", body))
+        return dict(self.call("POST", path, body))
 
     def start_tensorboard(
         self,

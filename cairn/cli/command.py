@@ -57,7 +57,7 @@ def add_submission_flags(parser: Any, kind: str, *, example: str) -> None:
 
     Args:
         parser: the verb's parser.
-        kind: the task's kind as the help names it (``command``, ``notebook``).
+        kind: the task's kind as the help names it (``command``, ``notebook``, ``shell``).
         example: a ``--config`` example for the help.
     """
     parser.add_argument("--config-file", type=Path, metavar="FILE", help=f"{kind} config YAML")
@@ -258,5 +258,6 @@ def cmd_kill(args: argparse.Namespace) -> int:
         print_json(result)
     else:
         already = "" if result.get("changed", True) else " (unchanged)"
-        print(f"command {args.task_id}: kill requested in state {result.get('state')}{already}")
+        kind = getattr(args, "task_kind", "command")
+        print(f"{kind} {args.task_id}: kill requested in state {result.get('state')}{already}")
     return 0

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import webbrowser
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
 from cairn.cli.command import add_submission_flags, cmd_kill, cmd_logs, submit_task
-from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.cli.output import add_json_flag, print_json, wants_json
+from cairn.cli.served import list_kind, task_to_open, wait_ready
 from cairn.client import Client
-from cairn.errors import UsageError
-
-POLL_SECONDS = 0.5
-START_TIMEOUT = 600.0
-"""How long ``notebook start`` waits for the notebook to serve (it may queue for a slot)."""
 
 CONFIG_TEMPLATE = """\
 description: my notebook      # shown by `cairn notebook list`
@@ -64,7 +59,7 @@ def register(sub: Any) -> None:
         verb = verbs.add_parser(name, help=text)
         verb.add_argument("task_id", metavar="ID")
         add_json_flag(verb)
-        verb.set_defaults(handler=handler)
+        verb.set_defaults(handler=handler, task_kind="notebook")
 
     config = verbs.add_parser("config", help="print the notebook config template")
     config.set_defaults(handler=notebook_config)
@@ -73,29 +68,6 @@ def register(sub: Any) -> None:
 def notebook_url(client: Client, task: dict[str, Any]) -> str:
     """The notebook's address through the API's proxy."""
     return f"{client.master}{task.get('proxy_path') or '/proxy/' + str(task['id']) + '/'}lab"
-
-
-def wait_ready(
-    client: Client, task_id: str, *, timeout: float = START_TIMEOUT, kind: str = "notebook"
-) -> dict[str, Any]:
-    """Polls the task (a ``kind``: its verb group's name) until it serves or ends; returns it.
-
-    Raises:
-        UsageError: it ended before serving, or did not serve within ``timeout``.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        task = client.get_task(task_id)
-        if task.get("ready"):
-            return task
-        if task.get("state") == "TERMINATED":
-            raise UsageError(
-                f"{kind} {task_id} ended before serving ({task.get('outcome')}: "
-                f"{task.get('message')}); `cairn {kind} logs {task_id}` shows why"
-            )
-        if time.monotonic() > deadline:
-            raise UsageError(f"{kind} {task_id} is still {task.get('state')} after {timeout:g}s")
-        time.sleep(POLL_SECONDS)
 
 
 def _show(args: argparse.Namespace, client: Client, task: dict[str, Any]) -> None:
@@ -118,46 +90,19 @@ def notebook_start(args: argparse.Namespace) -> int:
     client, task_id = submitted
     if not wants_json(args):
         print(f"launched notebook {task_id}; waiting until it serves", file=sys.stderr)
-    _show(args, client, wait_ready(client, task_id))
+    _show(args, client, wait_ready(client, task_id, kind="notebook"))
     return 0
 
 
 def notebook_list(args: argparse.Namespace) -> int:
     """Lists the caller's notebooks (an admin's: everyone's)."""
-    tasks = [
-        t
-        for t in auth_store.connect(args).list_tasks().get("tasks") or []
-        if t["kind"] == "notebook"
-    ]
-    if wants_json(args):
-        print_json({"tasks": tasks})
-        return 0
-    table(
-        ["id", "owner", "state", "ready", "description", "submitted"],
-        [
-            [
-                t["id"],
-                t["owner"],
-                t["state"],
-                "yes" if t.get("ready") else "",
-                t.get("description"),
-                when(t.get("requested_at")),
-            ]
-            for t in tasks
-        ],
-    )
-    return 0
+    return list_kind(args, "notebook")
 
 
 def notebook_open(args: argparse.Namespace) -> int:
     """Prints a notebook's URL and opens it in a browser (``--no-browser``: only prints)."""
     client = auth_store.connect(args)
-    task = client.get_task(args.task_id)
-    if task.get("kind") != "notebook":
-        raise UsageError(f"task {args.task_id} is a {task.get('kind')}, not a notebook")
-    if task.get("state") == "TERMINATED":
-        raise UsageError(f"notebook {args.task_id} has ended ({task.get('outcome')})")
-    _show(args, client, task)
+    _show(args, client, task_to_open(client, args.task_id, kind="notebook"))
     return 0
 
 

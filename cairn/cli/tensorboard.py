@@ -17,8 +17,8 @@ from typing import Any
 
 from cairn.cli import auth_store, verb_group
 from cairn.cli.command import cmd_kill, cmd_logs, submit_task
-from cairn.cli.notebook import wait_ready
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
+from cairn.cli.served import wait_ready
 from cairn.client import Client
 from cairn.errors import UsageError
 
@@ -87,7 +87,7 @@ def register(sub: Any) -> None:
         verb = verbs.add_parser(name, help=text)
         verb.add_argument("task_id", metavar="ID")
         add_json_flag(verb)
-        verb.set_defaults(handler=handler)
+        verb.set_defaults(handler=handler, task_kind=KIND)
 
     config = verbs.add_parser("config", help="print the TensorBoard config template")
     config.set_defaults(handler=tensorboard_config)

@@ -19,12 +19,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from cairn.tasks import SERVE_TOKEN_VARIABLE
 from events.domain.config.storage import checkpoint_root, tensorboard_experiment_dir
 
 SOURCES_FILE = "tensorboard-sources.json"
 """The sources file's name in the task's work directory."""
 
-TOKEN_VARIABLE = "CAIRN_SERVE_TOKEN"
+TOKEN_VARIABLE = SERVE_TOKEN_VARIABLE
 """The environment variable holding the token every request to the server must carry
 (``Authorization: token <t>``, which the API's proxy adds)."""
 

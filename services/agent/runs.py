@@ -34,6 +34,7 @@ from services.agent.runtime import (
 )
 from services.agent.serving import (
     notebook_argv,
+    shell_argv,
     tensorboard_argv,
     tensorboard_sources,
     wait_ready,
@@ -118,6 +119,10 @@ class RunLaunching(AgentState):
                             port=serves[1],
                             work=work,
                             sources=written,
+                        )
+                    elif run.task_kind == "shell":
+                        run.argv = shell_argv(
+                            run.task_id, address=serves[0], port=serves[1], work=work
                         )
                     else:
                         run.argv = notebook_argv(

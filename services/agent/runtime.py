@@ -132,7 +132,7 @@ class RunSpec:
     task_id: str | None = None
     """Set for a task's run (a command), which is no trial's."""
     task_kind: str | None = None
-    """A task's kind (``command``, ``notebook``)."""
+    """A task's kind (``command``, ``notebook``, ``tensorboard``, ``shell``)."""
     serve_token: str | None = None
     """The token a serving task's server requires (the spec's ``serve_token``)."""
     tensorboard_sources: list[TensorboardSpecSource] = field(default_factory=list)

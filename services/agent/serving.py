@@ -1,9 +1,10 @@
-"""Tasks that serve HTTP (a notebook, a TensorBoard): the server's command line, its readiness,
-its idling.
+"""Tasks that serve HTTP (a notebook, a TensorBoard, a shell): the server's command line, its
+readiness, its idling.
 
 The agent picks the port, starts the server bound to the agent's address and serving under
 ``/proxy/<task_id>/`` (the API's proxy forwards paths unchanged), reports ``ready`` once the
-port accepts connections, and, when a notebook has an ``idle_timeout``, polls the server's
+port accepts connections, and, when a notebook or a shell has an ``idle_timeout``, polls the
+server's
 ``/api/status`` and reports ``idle`` once it has had no activity and no open connection for
 that long (the API then decides the kill). The server requires a token of every request
 (:data:`SERVE_TOKEN_VARIABLES` names where it is in its environment: the spec's
@@ -22,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import structlog
 
-from cairn.tasks.tensorboard_sources import TOKEN_VARIABLE as TENSORBOARD_TOKEN_VARIABLE
+from cairn.tasks import SERVE_TOKEN_VARIABLE
 from cairn.tasks.tensorboard_sources import TensorboardSourceFile, source_of
 from events.domain.config.storage import checkpoint_root
 from events.domain.config.task import TaskConfig
@@ -34,7 +35,11 @@ log = structlog.get_logger("agent")
 READY_POLL_SECONDS = 0.2
 IDLE_POLL_MAX_SECONDS = 10.0
 
-SERVE_TOKEN_VARIABLES = {"notebook": "JUPYTER_TOKEN", "tensorboard": TENSORBOARD_TOKEN_VARIABLE}
+SERVE_TOKEN_VARIABLES = {
+    "notebook": "JUPYTER_TOKEN",
+    "tensorboard": SERVE_TOKEN_VARIABLE,
+    "shell": SERVE_TOKEN_VARIABLE,
+}
 """Where each serving kind's server finds its token in its environment."""
 
 TENSORBOARD_LOGDIR = "logdir"
@@ -63,6 +68,21 @@ def notebook_argv(task_id: str, *, address: str, port: int, work: Path) -> list[
         "--ServerApp.password=",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+
+
+def shell_argv(task_id: str, *, address: str, port: int, work: Path) -> list[str]:
+    """cairn's terminal server (:mod:`cairn.tasks.shell_server`) on ``address``:``port`` under
+    the proxy's prefix, starting its shells in the work dir (its token comes from its
+    environment, never its command line)."""
+    return [
+        "python",
+        "-m",
+        "cairn.tasks.shell_server",
+        f"--address={address}",
+        f"--port={port}",
+        f"--prefix={proxy_prefix(task_id)}",
+        f"--work={work}",
     ]
 
 
@@ -116,8 +136,9 @@ async def wait_ready(address: str, port: int, exited: Callable[[], bool]) -> boo
 
 
 def idle_seconds(status: dict[str, object], now: datetime) -> int:
-    """How long a Jupyter server whose ``/api/status`` answered ``status`` has been idle: 0
-    while a connection is open, else the time since its last activity."""
+    """How long a server whose ``/api/status`` answered ``status`` (Jupyter's, or a shell's in
+    the same shape) has been idle: 0 while a connection is open, else the time since its last
+    activity."""
     if int(str(status.get("connections", 0))) > 0:
         return 0
     last = datetime.fromisoformat(str(status["last_activity"]).replace("Z", "+00:00"))
@@ -132,7 +153,7 @@ async def watch_idle(
     token: str | None,
     report: Callable[[int], object],
 ) -> None:
-    """Polls the notebook's ``/api/status``; calls ``report(idle_seconds)`` (awaited) once it
+    """Polls the server's ``/api/status``; calls ``report(idle_seconds)`` (awaited) once it
     has been idle ``idle_timeout``, then returns. Returns at once without an idle_timeout."""
     timeout = config.idle_seconds
     if timeout is None:
@@ -150,10 +171,10 @@ async def watch_idle(
                     status = await answer.json()
                 idle = idle_seconds(status, datetime.now(UTC))
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
-                log.warning("notebook status unavailable", task_id=task_id, error=str(exc))
+                log.warning("task server status unavailable", task_id=task_id, error=str(exc))
                 continue
             if idle >= timeout:
-                log.info("notebook idle", task_id=task_id, idle_seconds=idle)
+                log.info("task server idle", task_id=task_id, idle_seconds=idle)
                 result = report(idle)
                 if asyncio.iscoroutine(result):
                     await result

@@ -17,6 +17,7 @@ Invariants a change must keep:
 - Bodies are streamed both ways; a request body over :data:`MAX_PROXY_BODY` is refused (413),
   and so is a WebSocket frame over :data:`MAX_WS_FRAME` (the connection is closed, code 1009).
 - A task not ready yet, or whose server refuses the connection, answers 502; an ended one 410.
+  A WebSocket handshake the task's server refuses with a 4xx is answered with that status.
 """
 
 from __future__ import annotations
@@ -226,6 +227,13 @@ async def _websocket(request: web.Request, task: TaskView) -> web.StreamResponse
             max_msg_size=MAX_WS_FRAME,
             autoping=True,
         )
+    except aiohttp.WSServerHandshakeError as exc:
+        if not 400 <= exc.status < 500:
+            log.info("proxy websocket upstream failed", task_id=task.task_id, error=str(exc))
+            raise _unreachable(task.task_id) from None
+        raise ApiError(  # the task's server refused it (e.g. a cross-site Origin): say so
+            exc.status, f"task {task.task_id}'s server refused the WebSocket ({exc.status})"
+        ) from None
     except (aiohttp.ClientError, TimeoutError) as exc:
         log.info("proxy websocket upstream failed", task_id=task.task_id, error=str(exc))
         raise _unreachable(task.task_id) from None

@@ -1,5 +1,5 @@
-"""Tasks for users: submit a command or a notebook, list, describe, kill, read its logs (a
-TensorBoard is submitted by :mod:`services.api.routes_tensorboards`).
+"""Tasks for users: submit a command, a notebook or a shell, list, describe, kill, read its logs
+(a TensorBoard is submitted by :mod:`services.api.routes_tensorboards`).
 
 Every route parses, authorizes (a task is its owner's: another user gets 403, admins see all),
 folds the task's stream and calls its decider (:mod:`events.domain.deciders.task`); the
@@ -26,9 +26,11 @@ from events.domain.deciders.task import (
     KillTask,
     RunCommand,
     StartNotebook,
+    StartShell,
     decide_kill_task,
     decide_run_command,
     decide_start_notebook,
+    decide_start_shell,
 )
 from events.domain.names import is_task_id, task_of_stream, task_stream
 from events.log.store import Transaction
@@ -68,6 +70,11 @@ class CreateNotebookBody(BaseModel):
 
     config: dict[str, Any] = Field(default_factory=dict)
     code: str | None = None
+
+
+class CreateShellBody(CreateNotebookBody):
+    """A shell to start: its ``config`` (the command config's fields and ``idle_timeout``) and
+    its context directory as a base64 tar.gz (``code``), where its shells start."""
 
 
 class TaskDetail(BaseModel):
@@ -232,6 +239,26 @@ async def create_notebook(request: web.Request) -> web.Response:
     )
     return await submit_decided(
         request, command.task_id, code, decide_start_notebook(TaskView(command.task_id), command)
+    )
+
+
+@routes.post(
+    "/api/v1/shells",
+    allow=USERS,
+    body=CreateShellBody,
+    response=TaskDetail,
+    max_body=EXPERIMENT_MAX_BODY,
+)
+async def create_shell(request: web.Request) -> web.Response:
+    """Stores the context content-addressed and appends TaskRequested (kind ``shell``)."""
+    principal = principal_of(request)
+    body = parse(CreateShellBody, await read_json(request))
+    code = decode_code(request, body.code)
+    command = StartShell(
+        task_id=new_task_id(), owner=principal.name, config=body.config, code_ref=code_ref_of(code)
+    )
+    return await submit_decided(
+        request, command.task_id, code, decide_start_shell(TaskView(command.task_id), command)
     )
 
 

@@ -147,11 +147,12 @@ class SpecResponse(BaseModel):
     """Set for a task's run (a command): the agent runs ``entrypoint`` as the owner, like a
     trial's, but gives it no token, hyperparameters or TensorBoard directory."""
     serve_token: str | None = None
-    """For a task that serves HTTP (a notebook): the token its server requires of every request
+    """For a task that serves HTTP (a notebook, a TensorBoard, a shell): the token its server requires of every request
     (the API's proxy adds it); never shown to users or written to the log."""
     task_kind: str | None = None
-    """A task's kind: ``command`` runs ``entrypoint``; ``notebook`` runs JupyterLab and
-    ``tensorboard`` TensorBoard, each on a port the agent picks, reported with
+    """A task's kind: ``command`` runs ``entrypoint``; ``notebook`` runs JupyterLab,
+    ``tensorboard`` TensorBoard and ``shell`` cairn's terminal server, each on a port the agent
+    picks, reported with
     ``POST /allocations/{id}/ready`` once it accepts connections."""
     tensorboard_sources: list[TensorboardSpecSource] = Field(default_factory=list)
     """What a ``tensorboard`` task shows (empty for any other run)."""

@@ -71,3 +71,25 @@ def test_tasks_page_lists_a_users_commands_shows_output_and_kills_one(
     carol.page.wait_for_selector("#tasks-table p.muted")
     assert carol.page.locator("#tasks-table tr[data-task]").count() == 0
     assert carol.errors == [], carol.errors
+
+
+def test_a_ready_shell_names_its_attach_command_instead_of_a_page_and_is_killed_from_it(
+    browser: Any, live: LiveCluster
+) -> None:
+    """Bob's shell is listed as a ``shell``; once it serves its row names `cairn shell open ID`
+    and offers no Open link (a shell has no page); its kill button ends it ``killed``."""
+    token = live.api.login("bob", "bob-password")
+    body = {"config": {"resources": {"slots": 0}, "description": "bob's shell"}}
+    shell = live.api.call("POST", "/shells", body, token)["id"]
+    bob = logged_in(browser, live, "bob")
+    page = bob.page
+    bob.go("/tasks")
+    row = f'#tasks-table tr[data-task="{shell}"]'
+    attach = f"{row} code.task-attach"
+    wait(lambda: page.locator(attach).count() == 1, 90, "the shell serving")
+    assert page.inner_text(attach) == f"cairn shell open {shell}"
+    assert "shell" in page.inner_text(row) and page.locator(f"{row} a.task-open").count() == 0
+    page.click(f"{row} button.task-kill")
+    wait(lambda: page.get_attribute(row, "data-state") == "TERMINATED", 60, "the kill")
+    assert "killed" in page.inner_text(row)
+    assert bob.errors == [], bob.errors

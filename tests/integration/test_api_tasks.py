@@ -3,6 +3,7 @@ field, and only the agent holding a task's allocation reads its spec and reports
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -118,3 +119,41 @@ async def test_only_the_agent_holding_a_task_runs_it_and_its_exit_and_output_rea
     logs = await api.ok("GET", f"/api/v1/tasks/{task_id}/logs", token=alice)
     assert [line["line"] for line in logs["logs"]] == ["prepared 42 shards"]
     assert logs["done"] is True
+
+
+async def test_a_shell_is_its_owners_and_its_placed_agent_alone_gets_its_serving_token(
+    api: Api, store: EventStore
+) -> None:
+    """POST /api/v1/shells records a shell (a proxy path, not ready); a bad config is a 400
+    naming the field with nothing appended; another user gets 403 on it; the placed agent's
+    spec says ``shell`` and carries a serving token, which no answer to the owner shows."""
+    alice, bob = await login(api, "alice"), await login(api, "bob")
+    status, answer = await api.call(
+        "POST", "/api/v1/shells", token=alice, json={"config": {"idle_timeout": "soon"}}
+    )
+    assert status == 400 and answer["error"]["path"] == "config.idle_timeout", answer
+    assert [e async for e in store.iter_all(0, types=["TaskRequested"])] == []
+    status, answer = await api.call("POST", "/api/v1/shells", token=alice, json={"argv": ["sh"]})
+    assert status == 400 and answer["error"]["path"] == "argv", answer
+
+    body = await api.ok(
+        "POST", "/api/v1/shells", token=alice, json={"config": {"resources": {"slots": 0}}}
+    )
+    task_id = body["id"]
+    assert (body["kind"], body["state"], body["ready"]) == ("shell", "QUEUED", False)
+    assert body["proxy_path"] == f"/proxy/{task_id}/" and body["argv"] == []
+    status, _ = await api.call("GET", f"/api/v1/tasks/{task_id}", token=bob)
+    assert status == 403
+
+    alloc = task_allocation_id(task_id)
+    await store.append(
+        task_stream(task_id),
+        [TaskAllocated(task_id=task_id, allocation_id=alloc, placements={"gpu01": []})],
+        expected_version=1,
+    )
+    agent = await api.agent_token("gpu01")
+    spec = await api.ok("GET", f"/api/v1/allocations/{alloc}/spec?agent_id=gpu01", token=agent)
+    assert spec["task_kind"] == "shell" and spec["token"] == ""
+    assert len(spec["serve_token"]) == 64
+    shown = await api.ok("GET", f"/api/v1/tasks/{task_id}", token=alice)
+    assert spec["serve_token"] not in json.dumps(shown)

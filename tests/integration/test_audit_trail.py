@@ -460,6 +460,7 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
         ),
         ("POST", "/api/v1/commands", "/api/v1/commands", bob, {"argv": ["true"]}, 200, "bob"),
         ("POST", "/api/v1/notebooks", "/api/v1/notebooks", bob, {}, 200, "bob"),
+        ("POST", "/api/v1/shells", "/api/v1/shells", bob, {}, 200, "bob"),
         (
             "POST",
             "/api/v1/tensorboards",

@@ -1,4 +1,5 @@
-"""Notebook tasks in the log: the request, the ready report the proxy reads, the idle kill."""
+"""Notebook and shell tasks in the log: the request, the ready report the proxy reads, the idle
+kill."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from events.domain.deciders.task import (
     ReportTaskIdle,
     ReportTaskReady,
     StartNotebook,
+    StartShell,
     decide_start_notebook,
+    decide_start_shell,
     decide_task_exited,
     decide_task_idle,
     decide_task_ready,
@@ -108,3 +111,41 @@ def test_idle_past_the_timeout_kills_the_notebook_and_its_exit_says_why() -> Non
     never = Log()
     started_notebook(never)
     assert decide_task_idle(folded(never), ReportTaskIdle(ALLOC, "a", 10**6)) == []
+
+
+def test_a_shell_is_a_served_task_whose_idle_kill_names_its_timeout() -> None:
+    """A shell is a task of kind ``shell`` that serves (its agent may report it ready), is
+    described as a shell by default, refuses a bad config naming it, and an idle report past
+    its idle_timeout asks for its kill naming the timeout."""
+    shell = "00000000000000bb"
+    alloc = task_allocation_id(shell)
+    log = Log()
+    append_to = task_stream(shell)
+    events = decide_start_shell(
+        fold_task(shell, []), StartShell(task_id=shell, owner="sam", config={"idle_timeout": "5s"})
+    )
+    assert not isinstance(events, Refusal)
+    for event in [
+        *events,
+        TaskAllocated(task_id=shell, allocation_id=alloc, placements={"a": []}),
+        TaskStarted(task_id=shell, allocation_id=alloc, agent_id="a"),
+    ]:
+        log.add(append_to, event)
+
+    def view() -> Any:
+        return fold_task(shell, [e for e in log.events if e.stream_id == append_to])
+
+    assert view().kind == "shell" and view().description == "Shell (00000000)"
+    for event in decide_task_ready(view(), ReportTaskReady(alloc, "a", "127.0.0.1", 4243)):
+        log.add(append_to, event)
+    assert view().ready
+    assert decide_task_idle(view(), ReportTaskIdle(alloc, "a", 4)) == []
+    (kill,) = decide_task_idle(view(), ReportTaskIdle(alloc, "a", 5))
+    assert isinstance(kill, TaskKillRequested) and "idle_timeout 5s" in kill.reason
+    refused = decide_start_shell(
+        fold_task("00000000000000cc", []),
+        StartShell(task_id="00000000000000cc", owner="sam", config={"resources": {"slots": -1}}),
+    )
+    assert isinstance(refused, Refusal) and refused.field == "config.resources.slots"
+    bad_id = decide_start_shell(fold_task("xyz", []), StartShell(task_id="xyz", owner="sam"))
+    assert isinstance(bad_id, Refusal) and bad_id.field == "task_id"

@@ -76,8 +76,9 @@ class TaskConfig(BaseModel):
     idle_timeout: str | None = Field(
         None,
         max_length=40,
-        description="a notebook with no kernel activity and no open connection for this long "
-        "(30m, 1h30m, 45s) is killed; none: never",
+        description="a notebook or shell with no activity (a notebook's kernels, a shell's "
+        "input and output) and no open connection for this long (30m, 1h30m, 45s) is killed; "
+        "none: never",
     )
 
     @field_validator("idle_timeout")

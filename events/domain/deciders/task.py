@@ -1,5 +1,5 @@
-"""Deciders of a task's stream: submit a command, a notebook or a TensorBoard, kill it, and its
-agent's started/ready/idle/exited reports.
+"""Deciders of a task's stream: submit a command, a notebook, a TensorBoard or a shell, kill it,
+and its agent's started/ready/idle/exited reports.
 
 Pure: each reads a folded :class:`~events.domain.aggregates.task.TaskView` and a command and
 returns the events to append or a :class:`~events.domain.deciders.Refusal`. A new task's id is a
@@ -74,8 +74,22 @@ class StartTensorboard:
     config: dict[str, Any] = field(default_factory=dict)
 
 
-SERVING_KINDS: frozenset[str] = frozenset({"notebook", "tensorboard"})
+@dataclass(frozen=True)
+class StartShell:
+    """Submit a shell task: a server of terminal sessions in the uploaded context ``code_ref``
+    (the agent builds its command line, as for a notebook)."""
+
+    task_id: str
+    owner: str
+    config: dict[str, Any] = field(default_factory=dict)
+    code_ref: str | None = None
+
+
+SERVING_KINDS: frozenset[str] = frozenset({"notebook", "tensorboard", "shell"})
 """Task kinds that serve HTTP, reached through the API's proxy once ready."""
+
+_SERVER_NAMES: dict[TaskKind, str] = {"notebook": "JupyterLab", "shell": "Shell"}
+"""What a served task's default description calls its server."""
 
 
 @dataclass(frozen=True)
@@ -151,11 +165,20 @@ def decide_run_command(state: TaskView, command: RunCommand) -> Decision:
 
 def decide_start_notebook(state: TaskView, command: StartNotebook) -> Decision:
     """``TaskRequested`` (kind ``notebook``) for a new notebook; refuses a bad config or id."""
+    return _served(state, command, kind="notebook")
+
+
+def decide_start_shell(state: TaskView, command: StartShell) -> Decision:
+    """``TaskRequested`` (kind ``shell``) for a new shell; refuses a bad config or id."""
+    return _served(state, command, kind="shell")
+
+
+def _served(state: TaskView, command: StartNotebook | StartShell, *, kind: TaskKind) -> Decision:
     if not is_task_id(command.task_id):
         return invalid(f"task id {command.task_id[:40]!r} is not 8-32 hex digits", "task_id")
     return _requested(
         state,
-        kind="notebook",
+        kind=kind,
         task_id=command.task_id,
         owner=command.owner,
         config=command.config,
@@ -247,7 +270,7 @@ def _requested(
         path = ".".join(str(p) for p in ("config", *error["loc"]))
         return invalid(f"{path}: {error['msg']}", path)
     default = default_description or (
-        " ".join(argv)[:200] if argv else f"JupyterLab ({task_id[:8]})"
+        " ".join(argv)[:200] if argv else f"{_SERVER_NAMES.get(kind, kind)} ({task_id[:8]})"
     )
     return [
         TaskRequested(
@@ -343,7 +366,7 @@ def decide_task_idle(state: TaskView, command: ReportTaskIdle) -> Decision:
         TaskKillRequested(
             task_id=state.task_id,
             reason=f"idle for {command.idle_seconds}s (idle_timeout {state.config.idle_timeout}): "
-            "no kernel activity and no open connection",
+            "no activity and no open connection",
             allocation_id=state.allocation_id,
             agent_ids=agents,
         )
@@ -356,7 +379,7 @@ def task_outcome(state: TaskView, exit_code: int, *, agent_shutdown: bool = Fals
     ``lost`` when its agent stopped it while shutting down (the platform ended it, not the
     command), else ``completed`` (0) or ``failed``."""
     if state.kill_requested and (exit_code != 0 or state.kind in SERVING_KINDS):
-        return "killed"  # a server (a notebook) exits 0 when stopped: it never completes
+        return "killed"  # a server (a notebook, a shell) exits 0 when stopped: it never completes
     if agent_shutdown:
         return "lost"
     return "completed" if exit_code == 0 else "failed"

@@ -1,12 +1,12 @@
 """Facts on a task's stream (``task-<id>``, see :mod:`events.domain.names`).
 
 A task is interactive or one-off work on the cluster that is not a trial: a ``command``
-(Determined's ``det cmd run``), a ``notebook`` (JupyterLab, reached through the API's proxy) or
-a ``tensorboard`` (TensorBoard over the event files of some experiments' trials, reached the
-same way); shells will be a further ``kind`` of the same events. A kind that serves HTTP
-records ``TaskReady`` with the address its agent bound once it accepts connections. A task runs
-at most once: it is never preempted and never restarted, so its stream holds one request, at
-most one allocation and one exit.
+(Determined's ``det cmd run``), a ``notebook`` (JupyterLab, reached through the API's proxy), a
+``tensorboard`` (TensorBoard over the event files of some experiments' trials, reached the same
+way) or a ``shell`` (a terminal on a pty, reached the same way). A kind that serves HTTP records
+``TaskReady`` with the address its agent bound once it accepts connections. A task runs at most
+once: it is never preempted and never restarted, so its stream holds one request, at most one
+allocation and one exit.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from events.log.envelope import Event
 from events.log.registry import register, upcaster
 
-TaskKind = Literal["command", "notebook", "tensorboard"]
-"""What a task runs (``shell`` comes later)."""
+TaskKind = Literal["command", "notebook", "tensorboard", "shell"]
+"""What a task runs. A new value needs no new schema version: every stored payload stays
+valid."""
 
 TaskOutcome = Literal["completed", "failed", "killed", "canceled", "lost"]
 """How a task ended: its process exited 0 (``completed``) or not (``failed``), it was killed

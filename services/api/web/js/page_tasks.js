@@ -1,7 +1,8 @@
 // Tasks: every task of the user (an admin: everyone's) with its state, a kill button while it
-// has not ended, an "Open" link to a served task (a notebook, a TensorBoard) once it is ready, a
-// form that launches a notebook, and one task's page with its output followed live.
-// TensorBoards are started from an experiment's page or the compare page.
+// has not ended, an "Open" link to a served task with a page (a notebook, a TensorBoard) once it
+// is ready (a shell has none: its row names the CLI verb that attaches to it), a form that
+// launches a notebook, and one task's page with its output followed live. TensorBoards are
+// started from an experiment's page or the compare page.
 //
 // "Open" is a plain link to the task's proxy path in a new tab: the browser sends the session
 // cookie the login set (path /proxy/, HttpOnly), so no token ever appears in the URL. It is
@@ -15,13 +16,17 @@ const taskHref = (id) => `#/tasks/${enc(id)}`;
 const poolOf = (t) => (t.config && t.config.resources && t.config.resources.resource_pool) || "default";
 
 /** Where a served task's page is, below its proxy path (a notebook: JupyterLab's; a
- * TensorBoard: the path itself). */
+ * TensorBoard: the path itself). A shell has no page: a terminal is reached with the CLI. */
 const SERVED_PAGE = { notebook: "lab", tensorboard: "" };
 
 function openLink(task) {
   if (!task.ready || !task.proxy_path || task.state === "TERMINATED") return "";
   if ((currentUser() || {}).username !== task.owner) return "";
-  return h("a", { class: "task-open", href: `${task.proxy_path}${SERVED_PAGE[task.kind] || ""}`,
+  if (task.kind === "shell") {
+    return h("code", { class: "task-attach", title: "attach a terminal from the CLI" }, `cairn shell open ${task.id}`);
+  }
+  if (!(task.kind in SERVED_PAGE)) return "";
+  return h("a", { class: "task-open", href: `${task.proxy_path}${SERVED_PAGE[task.kind]}`,
     target: "_blank", rel: "noopener" }, "Open");
 }
 
@@ -81,7 +86,7 @@ async function renderList(root) {
         h("td", {}, h("a", { href: taskHref(t.id) }, t.id)), h("td", {}, t.kind), h("td", {}, t.description),
         h("td", {}, stateBadge(t.state)), h("td", {}, t.outcome || ""), h("td", {}, t.owner), h("td", {}, poolOf(t)),
         h("td", {}, fmtTime(t.requested_at)), h("td", { class: "actions" }, openLink(t), killButton(t, msg, load))))))
-      : h("p", { class: "muted" }, "No tasks yet: launch a notebook, open a TensorBoard from an experiment, or run a command with cairn cmd run."));
+      : h("p", { class: "muted" }, "No tasks yet: launch a notebook, open a TensorBoard from an experiment, run a command with cairn cmd run, or start a shell with cairn shell start."));
   }
   launcher.replaceChildren(launchForm(msg, load));
   await load();

@@ -1,0 +1,80 @@
+"""What ``cairn notebook`` and ``cairn shell`` share: waiting until a served task is ready,
+finding one to open, and listing the tasks of one kind."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from cairn.cli import auth_store
+from cairn.cli.output import print_json, table, wants_json, when
+from cairn.client import Client
+from cairn.errors import UsageError
+
+POLL_SECONDS = 0.5
+START_TIMEOUT = 600.0
+"""How long ``start`` waits for the task to serve (it may queue for a slot)."""
+
+
+def wait_ready(
+    client: Client, task_id: str, *, kind: str, timeout: float = START_TIMEOUT
+) -> dict[str, Any]:
+    """Polls the task until it serves or ends; returns it.
+
+    Raises:
+        UsageError: it ended before serving, or did not serve within ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        task = client.get_task(task_id)
+        if task.get("ready"):
+            return task
+        if task.get("state") == "TERMINATED":
+            raise UsageError(
+                f"{kind} {task_id} ended before serving ({task.get('outcome')}: "
+                f"{task.get('message')}); `cairn {kind} logs {task_id}` shows why"
+            )
+        if time.monotonic() > deadline:
+            raise UsageError(f"{kind} {task_id} is still {task.get('state')} after {timeout:g}s")
+        time.sleep(POLL_SECONDS)
+
+
+def task_to_open(client: Client, task_id: str, *, kind: str) -> dict[str, Any]:
+    """The task ``task_id``, if it is a ``kind`` that has not ended.
+
+    Raises:
+        UsageError: it is of another kind, or it ended.
+    """
+    task = client.get_task(task_id)
+    if task.get("kind") != kind:
+        raise UsageError(f"task {task_id} is a {task.get('kind')}, not a {kind}")
+    if task.get("state") == "TERMINATED":
+        raise UsageError(f"{kind} {task_id} has ended ({task.get('outcome')})")
+    return task
+
+
+def list_kind(args: argparse.Namespace, kind: str) -> int:
+    """Prints the caller's tasks of ``kind`` (an admin's: everyone's; ``--json``: as the API
+    gives them)."""
+    tasks = [
+        t for t in auth_store.connect(args).list_tasks().get("tasks") or [] if t["kind"] == kind
+    ]
+    if wants_json(args):
+        print_json({"tasks": tasks})
+        return 0
+    table(
+        ["id", "owner", "state", "ready", "description", "submitted"],
+        [
+            [
+                t["id"],
+                t["owner"],
+                t["state"],
+                "yes" if t.get("ready") else "",
+                t.get("description"),
+                when(t.get("requested_at")),
+            ]
+            for t in tasks
+        ],
+    )
+    return 0
