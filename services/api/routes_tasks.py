@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from events.domain.aggregates import TASK_FACTS, TaskView, apply_task, fold_task
 from events.domain.aggregates.common import iso
+from events.domain.authorization import DEFAULT_WORKSPACE_ID, Permission
+from events.domain.config.task import TaskConfig
 from events.domain.deciders import Decision
 from events.domain.deciders.task import (
     MAX_ARGV_ITEMS,
@@ -33,6 +35,7 @@ from events.domain.deciders.task import (
     decide_start_shell,
 )
 from events.domain.names import is_task_id, task_of_stream, task_stream
+from events.domain.types import TaskRequested
 from events.log.store import Transaction
 from services.api import tables
 from services.api.auth import Principal, principal_of
@@ -42,6 +45,7 @@ from services.api.inbox import in_transaction
 from services.api.limits import EXPERIMENT_MAX_BODY
 from services.api.routes_experiment_submit import code_ref_of, decode_code, store_code
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.teams import authorize, check_pool, current_teams
 from services.api.views import Reader, read_facts
 
 log = structlog.get_logger("api")
@@ -271,9 +275,20 @@ async def submit_decided(
     request: web.Request, task_id: str, code: bytes | None, decision: Decision
 ) -> web.Response:
     """Appends a new task's decided ``TaskRequested`` with its context stored beside it (a
-    refusal is raised as its 4xx) and answers the task as it now stands."""
+    refusal is raised as its 4xx) and answers the task as it now stands. Tasks live in the
+    default workspace: the caller must be allowed to start tasks there, and a pool bound away
+    from it is refused (400 naming ``resources.resource_pool``)."""
     principal = principal_of(request)
     events = accepted(decision)
+    teams = await current_teams(store_of(request))
+    authorize(
+        teams, principal, Permission.CREATE_TASKS, workspace_id=DEFAULT_WORKSPACE_ID,
+        what="starting a task",
+    )  # fmt: skip
+    for event in events:
+        if isinstance(event, TaskRequested):
+            pool = TaskConfig.model_validate(event.config).resources.resource_pool
+            check_pool(teams, pool, DEFAULT_WORKSPACE_ID)
 
     async def work(tx: Transaction) -> dict[str, Any]:
         view = TaskView(task_id)

@@ -280,8 +280,8 @@ async def test_an_editor_of_one_workspace_sees_nothing_of_another(
 
 
 async def test_a_bound_pool_takes_only_its_workspaces_experiments(api: Api) -> None:
-    """Bound to vision, pool 'gpu' refuses an uncategorized experiment naming it (400 naming the
-    field) and a move out of vision (409), takes vision's; only admins bind (403), the default
+    """Bound to vision, pool 'gpu' refuses an uncategorized experiment and a task naming it (400
+    naming the field) and a move out of vision (409), takes vision's; only admins bind (403), the default
     pool is never bound (409), and unbinding opens it again."""
     await created(api, "POST", "/api/v1/workspaces", api.admin, {"name": "vision"})
     await created(api, "POST", "/api/v1/workspaces/vision/projects", api.admin, {"name": "det"})
@@ -294,6 +294,11 @@ async def test_a_bound_pool_takes_only_its_workspaces_experiments(api: Api) -> N
     )
     assert status == 400 and answer["error"]["path"] == "resources.resource_pool", answer
     assert "'vision'" in answer["error"]["message"]
+    status, answer = await api.call(
+        "POST", "/api/v1/commands", token=api.admin,
+        json={"argv": ["true"], "config": {"resources": {"resource_pool": "gpu"}}},
+    )  # fmt: skip
+    assert status == 400 and answer["error"]["path"] == "resources.resource_pool", answer
     inside = await created(
         api, "POST", "/api/v1/experiments", api.admin,
         {"config": on_gpu + "workspace: vision\nproject: det\n", "activate": False},
