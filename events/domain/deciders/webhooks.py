@@ -107,7 +107,9 @@ def _triggers_problem(triggers: Sequence[Trigger], mode: WebhookMode) -> str | N
         return "triggers: a webhook needs at least one trigger"
     if len(triggers) > MAX_TRIGGERS:
         return f"triggers: at most {MAX_TRIGGERS} (got {len(triggers)})"
-    if len(set(triggers)) != len(triggers):
+    if len({(t.trigger_type, tuple(sorted(t.condition.items()))) for t in triggers}) != len(
+        triggers
+    ):
         return "triggers: the same trigger is given twice"
     for index, trigger in enumerate(triggers):
         if problem := trigger_problem(index, trigger, mode):
