@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import re
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from cairn.cli import main as cli_main
 from events.domain.config.cluster import WebhookPolicy, parse_cluster_config
 from events.domain.names import experiment_stream, trial_stream
 from events.domain.types import (
@@ -31,7 +35,7 @@ from services.tracker import webhooks as tracker_webhooks
 from services.tracker.webhook_sender import WebhookSender
 from services.tracker.webhooks import WebhookConsumer
 from services.webhooks import signing
-from tests.helpers import wait_until
+from tests.helpers import ADMIN_PASSWORD, wait_until
 from tests.integration.test_api_support import CONFIG, TEST_CLUSTER, Api, running_api
 from tests.integration.test_api_teams import grant, user
 from tests.integration.webhook_receiver import HOST, Receiver, Seen, free_port
@@ -514,3 +518,51 @@ async def test_specific_webhooks_fire_only_for_experiments_that_name_them(env: E
         "title": "loss", "description": "nan", "level": "WARNING",
     }  # fmt: skip
     assert {g["event_data"]["experiment"]["id"] for g in got} == {named}
+
+
+async def test_the_cli_creates_lists_tests_and_deletes_webhooks(
+    env: Env, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``cairn webhook create|list|test|signing-key|delete`` against the real API: the key it
+    prints verifies the test delivery's signature, a bad trigger is a usage error."""
+    api, receiver = env.api, env.receiver
+    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CAIRN_MASTER", api.url)
+    monkeypatch.setenv("CAIRN_USER", "admin")
+    monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
+
+    def run(*args: str) -> tuple[int, str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = cli_main(list(args))
+        return code, out.getvalue()
+
+    code, out = await asyncio.to_thread(
+        run, "webhook", "create", "cli", receiver.url("ok", "cli"),
+        "--trigger", "trial:COMPLETED", "--trigger", "experiment:ERROR",
+    )  # fmt: skip
+    assert code == 0, out
+    found = re.search(r"webhook cli created \(id (\d+)\).* key ([0-9a-f]{64})", out)
+    assert found, out
+    webhook_id, key = found.groups()
+    [made] = (await api.ok("GET", "/api/v1/webhooks", token=api.admin))["webhooks"]
+    assert [t["trigger_type"] for t in made["triggers"]] == [
+        "TRIAL_STATE_CHANGE",
+        "EXPERIMENT_STATE_CHANGE",
+    ]
+    code, out = await asyncio.to_thread(run, "webhook", "list")
+    assert code == 0 and "cli" in out and "trial:COMPLETED" in out, out
+    code, out = await asyncio.to_thread(run, "webhook", "test", webhook_id)
+    assert code == 0 and "answered 200" in out, out
+    assert verified(receiver.seen["cli"][0], key)
+    code, out = await asyncio.to_thread(run, "webhook", "signing-key", webhook_id)
+    assert code == 0 and key in out, out
+    code, out = await asyncio.to_thread(
+        run, "webhook", "create", "x", receiver.url("ok", "x"), "--trigger", "metric:HIGH"
+    )
+    assert code != 0 and "--trigger" in out, out
+    code, out = await asyncio.to_thread(run, "webhook", "delete", webhook_id, "--yes")
+    assert code == 0, out
+    assert (await api.ok("GET", "/api/v1/webhooks", token=api.admin))["webhooks"] == []
