@@ -116,6 +116,8 @@ class WebhookSender:
         rows = await self.store.fetch(
             "SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE state = $1", PENDING
         )
+        for webhook_id in [k for k, task in self._workers.items() if task.done()]:
+            self._workers.pop(webhook_id)
         for row in rows:
             webhook_id = int(row["webhook_id"])
             worker = self._workers.get(webhook_id)

@@ -335,7 +335,7 @@ class WebhookConsumer(PageConsumer):
         if isinstance(fact, ExperimentStateChanged):
             view = await page.experiment_at(fact.experiment_id, event.position - 1)
             before = view.state
-            if not apply_experiment(view, event, fact) or view.state == before:
+            if not view.exists or not apply_experiment(view, event, fact) or view.state == before:
                 return None
             facts = await page.experiment_facts(view, event.position)
             return replace(base, state=view.state, experiment=facts)

@@ -97,6 +97,8 @@ class Poster:
             refused = _refused(exc)
             error = describe(exc)
             return Attempt(False, error=f"refused: {error}" if refused else error, final=refused)
+        except (OSError, ValueError) as exc:  # a socket or TLS error outside aiohttp's own
+            return Attempt(False, error=describe(exc))
         if 200 <= status < 300:
             return Attempt(True, status)
         if status >= 500 or status in RETRYABLE:

@@ -240,7 +240,8 @@ def test_firing_follows_scope_mode_opt_in_and_exclude() -> None:
 
 def test_payloads_have_determineds_shapes() -> None:
     """The default body carries the delivery id as event_id and the experiment's fields; the
-    Slack body has a status line and a coloured attachment; an alert's level is spelled out."""
+    Slack body has a status line and a coloured attachment; an alert's level is spelled out and
+    its text cannot make a Slack link or mention."""
     did = delivery_id("e1", 3)
     assert did == delivery_id("e1", 3) != delivery_id("e1", 4)
     body = default_body(did, happening())
@@ -259,6 +260,12 @@ def test_payloads_have_determineds_shapes() -> None:
     )  # fmt: skip
     assert default_body(did, alert)["event_data"]["custom_data"]["level"] == "WARNING"
     assert slack_body(alert)["blocks"][0]["fields"][0]["text"] == "*Level*: WARNING"
+    hostile = Happening(
+        **{**alert.__dict__, "alert": Alert("<!channel> <https://evil|x>", "&", "info")}
+    )
+    fields = slack_body(hostile)["blocks"][0]["fields"]
+    assert fields[1]["text"] == "*Title*: &lt;!channel&gt; &lt;https://evil|x&gt;"
+    assert fields[2]["text"] == "*Description*: &amp;"
 
 
 def test_a_signature_verifies_only_for_its_key_timestamp_and_body() -> None:

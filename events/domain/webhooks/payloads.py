@@ -105,6 +105,12 @@ def _status_line(happening: Happening) -> str:
     return f"Experiment {name} is now {happening.state}"
 
 
+def _mrkdwn(text: str) -> str:
+    """``text`` safe in Slack's mrkdwn: ``&``, ``<`` and ``>`` escaped, so a name cannot make a
+    link or a mention."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _hours(seconds: int) -> str:
     return f"{seconds // 3600}h {seconds % 3600 // 60}min"
 
@@ -118,23 +124,23 @@ def slack_body(happening: Happening, base_url: str | None = None) -> dict[str, A
         alert = happening.alert
         blocks[0]["fields"] = [
             {"type": "mrkdwn", "text": f"*Level*: {LEVELS.get(alert.level, alert.level)}"},
-            {"type": "mrkdwn", "text": f"*Title*: {alert.title}"},
-            {"type": "mrkdwn", "text": f"*Description*: {alert.description}"},
+            {"type": "mrkdwn", "text": f"*Title*: {_mrkdwn(alert.title)}"},
+            {"type": "mrkdwn", "text": f"*Description*: {_mrkdwn(alert.description)}"},
         ]
     experiment = happening.experiment
     if experiment is None:
         return {"blocks": blocks}
     state = experiment.state if happening.trigger_type != "TRIAL_STATE_CHANGE" else happening.state
     mark = {"COMPLETED": "✅ ", "ERROR": "❌ "}.get(state or "", "")
-    title = f"{experiment.name} (#{experiment.experiment_id})"
+    title = f"{_mrkdwn(experiment.name)} (#{experiment.experiment_id})"
     if base_url:
         link = f"{base_url.rstrip('/')}/#/experiments/{experiment.experiment_id}"
         title = f"<{link}|{title}>"
     fields = [
         {"type": "mrkdwn", "text": f"*Status*: {state}"},
         {"type": "mrkdwn", "text": f"*Duration*: {_hours(experiment.duration)}"},
-        {"type": "mrkdwn", "text": f"*Workspace*: {experiment.workspace}"},
-        {"type": "mrkdwn", "text": f"*Project*: {experiment.project}"},
+        {"type": "mrkdwn", "text": f"*Workspace*: {_mrkdwn(experiment.workspace)}"},
+        {"type": "mrkdwn", "text": f"*Project*: {_mrkdwn(experiment.project)}"},
     ]
     if happening.trial_id is not None:
         fields.append({"type": "mrkdwn", "text": f"*Trial ID*: {happening.trial_id}"})
