@@ -10,6 +10,7 @@ sends webhook deliveries (:mod:`services.tracker.webhook_sender`).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 
@@ -58,6 +59,12 @@ async def run(ctx: ServiceContext) -> None:
         log.info("rebuild done", events=applied, audited=audited, usage_events=billed)
         return
     root = default_checkpoint_root(ctx.args.checkpoint_root)
+    endpoints = await asyncio.to_thread(
+        cluster_endpoints,
+        db=ctx.args.db,
+        nats=ctx.args.nats,
+        api=[("0.0.0.0", settings.API_PORT.get())],
+    )
     ctx.ready()
     log.info("tracking", checkpoint_root=str(root))
     consumers = run_consumers(
@@ -67,9 +74,7 @@ async def run(ctx: ServiceContext) -> None:
         checkpoint_root=root,
         storage_policy=ctx.cluster.checkpoint_storage,
         webhook_policy=ctx.cluster.webhooks,
-        endpoints=cluster_endpoints(
-            db=ctx.args.db, nats=ctx.args.nats, api=[("0.0.0.0", settings.API_PORT.get())]
-        ),
+        endpoints=endpoints,
     )
     await run_until_stopped(ctx, consumers)
 
