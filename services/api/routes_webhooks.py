@@ -454,12 +454,13 @@ async def create_webhook(request: web.Request) -> web.Response:
         )
     policy = cluster_of(request).webhooks
     teams_now = await current_teams(store_of(request))
-    workspace_id = (
-        None
-        if body.workspace is None
-        else workspace_by_ref(teams_now, str(body.workspace)).workspace_id
-    )
     principal = principal_of(request)
+    workspace_id = None
+    if body.workspace is not None:
+        ref = str(body.workspace)
+        workspace_id = workspace_by_ref(teams_now, ref).workspace_id
+        if not allows(teams_now, principal, Permission.VIEW_WORKSPACE, workspace_id=workspace_id):
+            raise not_found(f"no workspace {ref[:100]!r}")  # one it cannot see is not shown
     if not may_edit(teams_now, principal, workspace_id):
         raise forbidden(
             f"{principal.name} lacks permission {Permission.EDIT_WEBHOOKS.value} "
