@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
     p.add_argument("--to", dest="end", metavar="D", help="last day, included (default: today)")
     p.add_argument(
         "--by",
-        choices=("user", "pool", "experiment", "day"),
+        choices=("user", "pool", "experiment", "project", "workspace", "day"),
         default="user",
         help="group by (default: %(default)s); rows are split by slot type too",
     )
@@ -48,7 +48,8 @@ def cmd_usage(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     rows = [
-        [r.get(args.by), r.get("slot_type"), _seconds(r.get("slot_ms", 0))] for r in data["rows"]
+        [r.get("name") or r.get(args.by), r.get("slot_type"), _seconds(r.get("slot_ms", 0))]
+        for r in data["rows"]
     ]
     table([args.by.upper(), "SLOT TYPE", "SLOT-SECONDS"], rows)
     print(

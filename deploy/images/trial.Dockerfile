@@ -1,6 +1,6 @@
 # cairn's trial image: Python 3.11, torch (CPU), numpy and the cairn package trials import
-# (`cairn.core`) with its core dependencies only: no PostgreSQL, nats-server, boto3, optuna or
-# docker SDK (those are cairn[server]'s). Built FROM the offline base image by build.sh, from
+# (`cairn.core`) with its core dependencies, and JupyterLab for notebook tasks: no PostgreSQL,
+# nats-server, boto3, optuna or docker SDK (those are cairn[server]'s). Built FROM the offline base image by build.sh, from
 # wheels gathered on the host (every one is installed). torch comes in its own layer, so a change
 # to cairn alone rebuilds only the last one.
 ARG BASE

@@ -16,7 +16,10 @@ by a later incarnation if need be.
 Trial processes lead their own sessions, so they outlive an agent that is SIGKILLed. Each run's
 process groups are recorded on disk (:mod:`services.agent.leftovers`) until its exit is reported,
 and a new agent process SIGKILLs what is left of them before anything else, so a restarted run
-never trains beside its predecessor. When the agent itself shuts down (SIGTERM, ``cairn down``)
+never trains beside its predecessor. Tasks are no exception: a new agent process never re-attaches
+a command or a notebook an earlier one started (a notebook's kernels exit with their server); its
+registration ends them ``lost`` and the proxy answers 410 for them (docs/tasks.md, "Faults and
+restarts"). When the agent itself shuts down (SIGTERM, ``cairn down``)
 it first records that it is leaving (``AgentLeaving``: the scheduler places nothing more on it
 until it registers anew), then stops its runs and says so in their exit reports
 (``agent_shutdown``): the platform stopped them, so their ends do not count as the trials'

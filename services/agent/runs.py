@@ -1,6 +1,7 @@
 """One run on the agent, from its spec to its exit: the work directory, the confinement,
-the rendezvous of a run placed on several agents, the processes or containers, and the
-watch that stops this agent's part of a gang when another part ended.
+the rendezvous of a run placed on several agents, the processes or containers, the
+watch that stops this agent's part of a gang when another part ended, and the one that stops a
+task's run once the log says the task ended (recorded lost while it still ran here).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ log = structlog.get_logger("agent")
 KILLED_BEFORE_START = 137  # reported when a kill arrives before the process was launched
 RENDEZVOUS_FAILED = 1  # reported when the agents of a gang did not all join in time
 GANG_POLL_SECONDS = 10.0
+TASK_POLL_SECONDS = 5.0
+"""How often a task's run asks whether its task is still current (:meth:`RunLaunching._watch_task`)."""
 
 
 class RunLaunching(AgentState):
@@ -211,10 +214,12 @@ class RunLaunching(AgentState):
                 )
             )
             gang = self._spawn(self._watch_gang(alloc)) if run.num_nodes > 1 else None
+            watch = self._spawn(self._watch_task(alloc)) if run.task_id is not None else None
             serving = self._spawn(self._serve(alloc, run, serves)) if serves else None
             status = await procs.wait()
-            if serving is not None:
-                serving.cancel()
+            for helper in (serving, watch):
+                if helper is not None:
+                    helper.cancel()
             if gang is not None:
                 if status == 0 and run.node_rank > 0 and not alloc.kill_requested:
                     # A worker part that finished waits for the chief's part to end the run:
@@ -308,6 +313,25 @@ class RunLaunching(AgentState):
                     f"agent(s) {', '.join(missing)} never joined"
                 )
             answer = await self.client.rendezvous(aid, self.id, min(left, GANG_POLL_SECONDS))
+
+    async def _watch_task(self, alloc: Allocation) -> None:
+        """Stops a task's run once its task has ended in the log while it still runs here (it
+        was recorded lost: its agent was judged silent, or never listed it in time). The log's
+        verdict stands, so the process must not serve on unseen. Returns once the run ended or
+        was stopped; an API that does not answer is asked again later."""
+        aid = alloc.allocation_id
+        while alloc.active:
+            await asyncio.sleep(TASK_POLL_SECONDS)
+            try:
+                answer = await self.client.preemption(aid, 0)
+            except ApiError as exc:
+                log.warning("task watch failing", allocation_id=aid, error=str(exc))
+                continue
+            if not answer.current:
+                if alloc.procs is not None and not alloc.procs.done:
+                    log.warning("the task ended in the log; stopping its run", allocation_id=aid)
+                    self._kill(alloc, "the task ended while it ran (recorded lost)")
+                return
 
     async def _watch_gang(self, alloc: Allocation) -> None:
         """Stops this agent's part of a gang once the run is no longer current (another agent's

@@ -8,8 +8,8 @@
   validation so far, see :func:`searcher_readable_experiment`);
 - the agent token reads what the routes open to agents (agents run every user's trials).
 
-Registered models follow their own rule, :func:`check_model_access`, the one place that
-decides who may read or change a model and its versions.
+Registered models ask :func:`check_model_access`, the one place that decides who may read or
+change a model and its versions.
 
 Routes ask here (never compare owners themselves), so a new read route cannot forget a case.
 Agents, slots, config templates and the user's own identity are shared or personal by design
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from events.domain.authorization import Permission
+from events.domain.authorization import DEFAULT_WORKSPACE_ID, Permission
 from events.domain.names import parse_trial_id, trial_label
 from services.api import projections_read as pr
 from services.api.auth import Principal, check_trial, principal_of
@@ -139,28 +139,51 @@ async def readable_checkpoint(
 
 
 ModelAction = Literal["read", "create", "change"]
+
+_MODEL_PERMISSIONS: dict[str, Permission] = {
+    "read": Permission.VIEW_MODEL_REGISTRY,
+    "create": Permission.CREATE_MODEL_REGISTRY,
+    "change": Permission.EDIT_MODEL_REGISTRY,
+}
 """What a caller does to the registry: read models and versions, create a model, or change one
 (edit, archive, delete it, and register, edit or delete its versions)."""
 
 
-def check_model_access(
-    principal: Principal, action: ModelAction, *, owner: str = "", creator: str = ""
+async def check_model_access(
+    reader: Reader,
+    principal: Principal,
+    action: ModelAction,
+    *,
+    owner: str = "",
+    creator: str = "",
+    workspace_id: int = DEFAULT_WORKSPACE_ID,
 ) -> None:
     """Raises 403 unless ``principal`` may ``action`` a model owned by ``owner`` (for a
-    version, created by ``creator``).
+    version, created by ``creator``) in workspace ``workspace_id``.
 
-    Today's rule, in this one place: every user reads every model and may create one; the
-    model's owner or an admin changes it (a version's creator may also change that version).
-    Registering a version also needs the checkpoint to be readable by the caller
-    (:func:`readable_checkpoint`), which its route asks separately.
+    The roles' rule (:func:`events.domain.authorization.permitted`): in the default workspace,
+    where every model lives today, every user reads every model and may create one; the model's
+    owner (a version's creator, for that version), an admin, or a role granting
+    ``edit_model_registry`` there changes it. Registering a version also needs the checkpoint to
+    be readable by the caller (:func:`readable_checkpoint`), which its route asks separately.
     """
     if principal.kind != "user":
         raise forbidden("only users use the model registry")
-    if action in ("read", "create") or principal.is_admin:
+    if principal.is_admin:
         return
-    if principal.name == owner or (creator and principal.name == creator):
+    permission = _MODEL_PERMISSIONS[action]
+    mine = principal.name in (owner, creator) and action == "change"
+    if mine or (action != "change" and workspace_id == DEFAULT_WORKSPACE_ID):
         return
-    raise forbidden(f"only {owner!r}, who owns this model, or an admin may change it")
+    teams = await teams_for(reader)
+    authorize(
+        teams,
+        principal,
+        permission,
+        workspace_id=workspace_id,
+        owner=owner,
+        what=f"the model is {owner}'s" if owner else "",
+    )
 
 
 def allocation_of_path(request: web.Request) -> tuple[str, int]:

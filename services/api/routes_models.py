@@ -241,7 +241,7 @@ async def _change(
         await lock_registry(tx)
         view = await model_of_path(tx, ref)
         creator = version_of_path(view, version_ref).creator if version_ref is not None else ""
-        check_model_access(principal, "change", owner=view.owner, creator=creator)
+        await check_model_access(tx, principal, "change", owner=view.owner, creator=creator)
         events = await append_accepted(
             tx,
             model_stream(view.model_id),
@@ -279,7 +279,7 @@ _SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
 @routes.get("/api/v1/models", allow=USERS, query=ModelsQuery, response=ModelsResponse)
 async def list_models(request: web.Request) -> web.Response:
     """Every model (any user reads them all), filtered and ordered."""
-    check_model_access(principal_of(request), "read")
+    await check_model_access(store_of(request), principal_of(request), "read")
     query = parse(ModelsQuery, dict(request.query))
     models = [describe_model(v) for v in await all_models(store_of(request))]
     if query.name:
@@ -302,7 +302,7 @@ async def create_model(request: web.Request) -> web.Response:
     """Creates a model owned by the caller (400 for a name that breaks the rules or a field
     over its bound, 409 when a model of that name exists)."""
     principal = principal_of(request)
-    check_model_access(principal, "create")
+    await check_model_access(store_of(request), principal, "create")
     body = parse(CreateModelBody, await read_json(request))
     workspace = _check_workspace(body.workspace_name)
 
@@ -337,7 +337,7 @@ async def create_model(request: web.Request) -> web.Response:
 @routes.get("/api/v1/models/{name}", allow=USERS, response=Model)
 async def get_model(request: web.Request) -> web.Response:
     """One model, by name or number (404 when there is none)."""
-    check_model_access(principal_of(request), "read")
+    await check_model_access(store_of(request), principal_of(request), "read")
     view = await model_of_path(store_of(request), request.match_info["name"])
     return web.json_response(describe_model(view))
 
@@ -362,7 +362,7 @@ async def patch_model(request: web.Request) -> web.Response:
     async def work(tx: Transaction) -> int:
         await lock_registry(tx)
         view = await model_of_path(tx, ref)
-        check_model_access(principal, "change", owner=view.owner)
+        await check_model_access(tx, principal, "change", owner=view.owner)
         taken_by = await model_named(tx, body.name) if body.name is not None else None
         await append_accepted(
             tx,
@@ -418,7 +418,7 @@ async def delete_model(request: web.Request) -> web.Response:
 @routes.get("/api/v1/models/{name}/versions", allow=USERS, response=ModelVersionsResponse)
 async def get_model_versions(request: web.Request) -> web.Response:
     """A model and its versions, oldest first."""
-    check_model_access(principal_of(request), "read")
+    await check_model_access(store_of(request), principal_of(request), "read")
     view = await model_of_path(store_of(request), request.match_info["name"])
     return web.json_response(
         {"model": describe_model(view), "model_versions": await _versions(request, view)}
@@ -458,7 +458,7 @@ async def register_version(request: web.Request) -> web.Response:
     async def work(tx: Transaction) -> tuple[int, int]:
         await lock_registry(tx)
         view = await model_of_path(tx, ref)
-        check_model_access(principal, "change", owner=view.owner)
+        await check_model_access(tx, principal, "change", owner=view.owner)
         row, _ = await readable_checkpoint(request, body.checkpoint_uuid)
         uuid, experiment_id = str(row["uuid"]), int(row["experiment_id"])
         command = RegisterVersion(
@@ -497,7 +497,7 @@ async def _one_version(request: web.Request, view: ModelView, number: int) -> di
 @routes.get("/api/v1/models/{name}/versions/{version}", allow=USERS, response=ModelVersion)
 async def get_model_version(request: web.Request) -> web.Response:
     """One version of a model (``-1``: the latest)."""
-    check_model_access(principal_of(request), "read")
+    await check_model_access(store_of(request), principal_of(request), "read")
     view = await model_of_path(store_of(request), request.match_info["name"])
     version = version_of_path(view, request.match_info["version"])
     return web.json_response(await _one_version(request, view, version.version))

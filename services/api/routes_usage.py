@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import defaultdict
 from datetime import UTC, date, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, Field
 
+from events.domain.aggregates.teams import Teams
 from events.log.errors import StatementError
 from services.api.auth import principal_of
 from services.api.errors import bad_request, forbidden, parse
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.teams import current_teams
 from services.tracker import read as tracker_read
 
 routes = RouteTable("usage")
@@ -33,7 +36,7 @@ class UsageQuery(BaseModel):
 
     from_: str | None = Field(None, alias="from", max_length=40)
     to: str | None = Field(None, max_length=40)
-    by: Literal["user", "pool", "experiment", "day"] = "user"
+    by: Literal["user", "pool", "experiment", "project", "workspace", "day"] = "user"
     format: Literal["json", "csv"] = "json"
     user: str | None = Field(None, max_length=200)
 
@@ -47,6 +50,9 @@ class UsageRow(BaseModel):
     user: str | None = None
     pool: str | None = None
     experiment: int | None = None
+    project: int | None = None
+    workspace: int | None = None
+    name: str | None = Field(None, description="the project's or workspace's name")
     day: str | None = None
 
 
@@ -94,10 +100,31 @@ def window(query: UsageQuery, now: datetime) -> tuple[datetime, datetime]:
     return start, end
 
 
+def placed(teams: Teams, rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
+    """Rows by project named, or summed into their workspaces (``by`` ``workspace``), by the
+    projects' place now (a deleted project's usage counts as the default one's)."""
+    totals: dict[tuple[int, str], int] = defaultdict(int)
+    for row in rows:
+        project = teams.project_or_default(int(row["project"]))
+        key = project.project_id if by == "project" else project.workspace_id
+        totals[(key, str(row["slot_type"]))] += int(row["slot_ms"])
+    out = []
+    for (key, kind), ms in sorted(totals.items()):
+        if by == "project":
+            name = teams.projects[key].name
+        else:
+            workspace = teams.workspaces.get(key)
+            name = workspace.name if workspace else str(key)
+        out.append(
+            {by: key, "name": name, "slot_type": kind, "slot_ms": ms, "slot_seconds": ms / 1000}
+        )
+    return out
+
+
 @routes.get("/api/v1/usage", allow=USERS, query=UsageQuery, response=UsageResponse)
 async def get_usage(request: web.Request) -> web.Response:
-    """Slot-seconds per user, pool, experiment or day (and slot type) in a window, as JSON or
-    CSV; a non-admin gets only their own usage."""
+    """Slot-seconds per user, pool, experiment, project, workspace or day (and slot type) in a
+    window, as JSON or CSV; a non-admin gets only their own usage."""
     query = parse(UsageQuery, dict(request.query))
     principal = principal_of(request)
     owner = query.user
@@ -111,16 +138,27 @@ async def get_usage(request: web.Request) -> web.Response:
     try:
         async with store_of(request).connection() as conn:
             rows = await tracker_read.usage_report(
-                conn, start_ms, end_ms, query.by, owner=owner, now_ms=tracker_read.epoch_ms(now)
+                conn,
+                start_ms,
+                end_ms,
+                "project" if query.by == "workspace" else query.by,
+                owner=owner,
+                now_ms=tracker_read.epoch_ms(now),
             )
     except StatementError as exc:
         if not exc.undefined_table:
             raise
         rows = []  # the tracker has not created its tables yet: nothing billed
+    if query.by in ("project", "workspace"):
+        rows = placed(await current_teams(store_of(request)), rows, query.by)
     if query.format == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(tracker_read.USAGE_CSV_COLUMNS[query.by])
+        writer.writerow(
+            (query.by, "slot_type", "slot_seconds", "slot_ms")
+            if query.by == "workspace"
+            else tracker_read.USAGE_CSV_COLUMNS[query.by]
+        )
         for row in rows:
             writer.writerow(
                 [

@@ -18,6 +18,7 @@ async def run(ctx: ServiceContext) -> None:
         default_pool=ctx.args.default_pool,
         preemption=ctx.args.preemption,
         scheduler=ctx.args.policy,
+        task_start_timeout=ctx.args.task_start_timeout,
     )
 
     async def lead(consumer: SchedulerConsumer, lease: LeaderLease, term: asyncio.Event) -> None:
@@ -39,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--preemption", action="store_true", default=True)
     parser.add_argument("--no-preemption", dest="preemption", action="store_false")
     parser.add_argument("--agent-timeout", type=float, default=15.0)
+    parser.add_argument(
+        "--task-start-timeout",
+        type=float,
+        default=Settings().task_start_timeout,
+        help="seconds after a task's placement by which its agent must list it in its "
+        "heartbeats; past them a task its agent never received is recorded lost",
+    )
     return parser
 
 

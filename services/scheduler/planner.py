@@ -67,6 +67,9 @@ class Settings:
     default_pool: str = "default"
     preemption: bool = True
     scheduler: SchedulerType = "priority"
+    task_start_timeout: float = 60.0
+    """Seconds after a task's placement by which its agent's heartbeats must list it (see
+    :func:`_unlisted`)."""
 
 
 @dataclass(frozen=True)
@@ -76,15 +79,19 @@ class Report:
     incarnation: str
     seq: int
     running: frozenset[str]
+    at: float | None = None
+    """When the heartbeat was recorded (seconds since the epoch, the database's clock, as the
+    log's ``recorded_at``); ``None``: unknown."""
 
 
 @dataclass(frozen=True)
 class Reports:
     """What agents report, read in the scheduler's transaction alongside the folded state.
 
-    ``exits_unfolded`` holds the allocations whose ``TrialExited`` is in the log beyond the
-    folded state: an agent drops a run from its heartbeats only after its exit report was
-    committed, so such a run is absent from the heartbeats and must not be declared lost.
+    ``exits_unfolded`` holds the allocations whose ``TrialExited`` or ``TaskExited`` is in the
+    log beyond the folded state: an agent drops a run from its heartbeats only after its exit
+    report was committed, so such a run is absent from the heartbeats and must not be declared
+    lost.
     """
 
     agents: Mapping[str, Report] = field(default_factory=dict)
@@ -130,6 +137,8 @@ def plan(state: ClusterState, settings: Settings, reports: Reports | None = None
                 waiting.append(task)
         elif _placed_orphaned(state, task.placements, task.allocated_position):
             decisions.append(_task_exit(task, "lost", "agent restarted"))
+        elif (unlisted := _unlisted(state, task, reports, settings.task_start_timeout)) is not None:
+            decisions.append(_task_exit(task, "lost", unlisted))
     decisions.extend(_allocate(state, pending, settings, waiting))
     decisions.extend(_finish_experiments(state))
     return decisions
@@ -140,6 +149,44 @@ def _task_exit(task: Task, outcome: TaskOutcome, message: str) -> Decision:
         task_id=task.task_id, allocation_id=task.allocation_id, outcome=outcome, message=message
     )
     return task_stream(task.task_id), event
+
+
+def _unlisted(
+    state: ClusterState, task: Task, reports: Reports | None, timeout: float
+) -> str | None:
+    """Why a task its agent does not list, ``timeout`` seconds after its placement, is lost, or
+    ``None`` while it may still start or run.
+
+    An agent lists an allocation in each heartbeat from the moment it receives the start
+    command until the run's exit report is committed. So a heartbeat of the very process that
+    was registered when the task was placed (a restarted one orphans it instead), recorded
+    ``timeout`` seconds or more after the placement, that does not list the task, means the
+    agent never received the start (the command was lost) or no longer runs it (its exit
+    report was refused). Without this verdict such a task would hold its allocation, ASSIGNED
+    or RUNNING, for ever. It is a ``TaskExited`` in the log, decided once: a replay folds it and
+    judges nothing again, whatever the heartbeats say then.
+    """
+    if reports is None or task.allocated_at is None or task.allocation_id in reports.exits_unfolded:
+        return None
+    placed_at = task.allocated_at.timestamp()
+    for agent_id in sorted(task.placements):
+        agent = state.agents.get(agent_id)
+        report = reports.agents.get(agent_id)
+        if agent is None or agent.lost or report is None or report.at is None:
+            continue
+        if (
+            report.incarnation != agent.incarnation
+            or report.at - placed_at < timeout
+            or task.allocation_id in report.running
+        ):
+            continue
+        if task.started_at is None:
+            return (
+                f"never started: agent {agent_id} did not receive its start command "
+                f"({timeout:g}s after the placement its heartbeat {report.seq} does not list it)"
+            )
+        return f"agent {agent_id} no longer runs it (heartbeat {report.seq} does not list it)"
+    return None
 
 
 def _state(trial: Trial, state: str, reason: str) -> Decision:

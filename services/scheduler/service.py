@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from events.domain.types import TrialExited
+from events.domain.types import TaskExited, TrialExited
 from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent
 from events.log.store import EventStore, Transaction
@@ -111,9 +111,11 @@ async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
     beats = await api_read.heartbeats(tx.conn)
     if beats is None:
         return None
-    exits = await tx.read_types(["TrialExited"], after=folded)
+    exits = await tx.read_types(["TrialExited", "TaskExited"], after=folded)
     agents = {
-        agent_id: Report(incarnation=beat.incarnation, seq=beat.seq, running=beat.running)
+        agent_id: Report(
+            incarnation=beat.incarnation, seq=beat.seq, running=beat.running, at=beat.at
+        )
         for agent_id, beat in beats.agents.items()
     }
     return Heartbeats(
@@ -121,6 +123,14 @@ async def _heartbeats(tx: Transaction, folded: int) -> Heartbeats | None:
         last_beat={agent_id: beat.at for agent_id, beat in beats.agents.items()},
         reports=Reports(
             agents=agents,
-            exits_unfolded=frozenset(e.decode_as(TrialExited).allocation_id for e in exits),
+            exits_unfolded=frozenset(a for e in exits if (a := _exit_allocation(e)) is not None),
         ),
     )
+
+
+def _exit_allocation(recorded: RecordedEvent) -> str | None:
+    """The allocation a ``TrialExited`` or ``TaskExited`` ends (``None``: a task that ended
+    before it was placed)."""
+    if recorded.type == "TaskExited":
+        return recorded.decode_as(TaskExited).allocation_id
+    return recorded.decode_as(TrialExited).allocation_id

@@ -310,7 +310,7 @@ async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
 # ------------------------------------------------------------------------------------ reports
 
 By = Literal["user", "pool", "experiment", "day"]
-BY_CHOICES: tuple[str, ...] = ("user", "pool", "experiment", "day")
+BY_CHOICES: tuple[str, ...] = ("user", "pool", "experiment", "project", "day")
 
 
 @dataclass(frozen=True)
@@ -325,6 +325,8 @@ class Span:
     slots: int
     started_ms: int
     ended_ms: int | None
+    project_id: int = 1
+    """The project its experiment is in now (a task's: the default project)."""
 
 
 def _key(span: Span, by: str) -> str | int | None:
@@ -332,6 +334,8 @@ def _key(span: Span, by: str) -> str | int | None:
         return span.owner
     if by == "pool":
         return span.resource_pool
+    if by == "project":
+        return span.project_id
     return span.experiment_id
 
 
@@ -377,11 +381,12 @@ async def spans(
 ) -> list[Span]:
     """The ``tr_usage`` rows that may overlap ``[start_ms, end_ms)`` (``owner``: only theirs)."""
     rows = await conn.fetch(
-        """SELECT owner, experiment_id, resource_pool, slot_type, slots, started_ms, ended_ms
-           FROM tr_usage
-           WHERE started_ms < $2 AND (ended_ms IS NULL OR ended_ms > $1)
-             AND ($3::text IS NULL OR owner = $3)
-           ORDER BY allocation_id, resource_pool, slot_type""",
+        """SELECT u.owner, u.experiment_id, u.resource_pool, u.slot_type, u.slots,
+                  u.started_ms, u.ended_ms, coalesce(e.project_id, 1) AS project_id
+           FROM tr_usage u LEFT JOIN tr_experiments e ON e.experiment_id = u.experiment_id
+           WHERE u.started_ms < $2 AND (u.ended_ms IS NULL OR u.ended_ms > $1)
+             AND ($3::text IS NULL OR u.owner = $3)
+           ORDER BY u.allocation_id, u.resource_pool, u.slot_type""",
         start_ms,
         end_ms,
         owner,
@@ -395,6 +400,7 @@ async def spans(
             slots=int(r["slots"]),
             started_ms=int(r["started_ms"]),
             ended_ms=None if r["ended_ms"] is None else int(r["ended_ms"]),
+            project_id=int(r["project_id"]),
         )
         for r in rows
     ]

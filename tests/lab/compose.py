@@ -82,7 +82,7 @@ class Lab:
 
     def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """One REST call as the admin: its status and JSON answer."""
-        headers = {"Content-Type": "application/json", **self._auth()}
+        headers = {"Content-Type": "application/json", **self.auth_headers()}
         request = urllib.request.Request(
             f"{self.url}/api/v1{path}",
             data=None if body is None else json.dumps(body).encode(),
@@ -95,7 +95,8 @@ class Lab:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
 
-    def _auth(self) -> dict[str, str]:
+    def auth_headers(self) -> dict[str, str]:
+        """A fresh login of the admin, as an ``Authorization`` header."""
         body = json.dumps({"username": "admin", "password": self.admin_password}).encode()
         request = urllib.request.Request(
             f"{self.url}/api/v1/auth/login",

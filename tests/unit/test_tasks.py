@@ -20,13 +20,16 @@ from events.domain.deciders.task import (
 )
 from events.domain.names import task_allocation_id, task_of_allocation, task_stream
 from events.domain.types import (
+    AgentRegistered,
     TaskAllocated,
     TaskExited,
     TaskRequested,
     TaskStarted,
 )
+from events.domain.types.agent import Slot
 from events.log.envelope import Event
-from services.scheduler.planner import Settings, plan, reap
+from services.scheduler.planner import Report, Reports, Settings, plan, reap
+from services.scheduler.state import ClusterState
 from tests.unit.test_planner import Log, agent, experiment, types
 
 TASK = "0123456789abcdef"
@@ -209,6 +212,67 @@ def test_a_task_on_an_agent_that_stops_heartbeating_is_lost() -> None:
     decisions = reap(log.state, {"a": 0.0}, now=100.0, timeout=15.0)
     assert [type(e).__name__ for _, e in decisions] == ["AgentLost", "TaskExited"]
     assert decisions[1][1].outcome == "lost"  # type: ignore[attr-defined]
+
+
+def placed_on_i1(log: Log) -> float:
+    """Registers agent ``a`` (incarnation i1, one slot), places the task there, and returns
+    when the placement was recorded (seconds since the epoch)."""
+    log.add("agent-a", AgentRegistered(agent_id="a", slots=[Slot(slot_id="0")], incarnation="i1"))
+    request(log)
+    assert types(log.step()) == ["TaskAllocated"]
+    return log.events[-1].recorded_at.timestamp()
+
+
+def heard(
+    at: float, *running: str, incarnation: str = "i1", exits: frozenset[str] = frozenset()
+) -> Reports:
+    """Agent ``a``'s heartbeat 7 of ``incarnation``, recorded at ``at``, listing ``running``."""
+    report = Report(incarnation=incarnation, seq=7, running=frozenset(running), at=at)
+    return Reports(agents={"a": report}, exits_unfolded=exits)
+
+
+def lost_verdicts(state: ClusterState, reports: Reports) -> list[TaskExited]:
+    return [
+        e
+        for _, e in plan(state, Settings(task_start_timeout=60.0), reports)
+        if isinstance(e, TaskExited)
+    ]
+
+
+def test_a_task_its_agent_never_lists_is_lost_once_after_the_start_timeout() -> None:
+    """A task whose start command never reached its (live) agent is not judged before the
+    start timeout, nor while the agent lists it, nor on another process's heartbeat, nor with
+    its exit in the log unfolded; past the timeout it is lost, once: folded (or replayed from
+    the log) the verdict is never decided again."""
+    log = Log()
+    placed_at = placed_on_i1(log)
+    assert lost_verdicts(log.state, heard(placed_at + 59)) == []
+    assert lost_verdicts(log.state, heard(placed_at + 600, ALLOC)) == []
+    assert lost_verdicts(log.state, heard(placed_at + 600, incarnation="i2")) == []
+    assert lost_verdicts(log.state, heard(placed_at + 600, exits=frozenset({ALLOC}))) == []
+    assert fold_task(TASK, task_events(log)).state == ASSIGNED
+
+    (verdict,) = lost_verdicts(log.state, heard(placed_at + 61))
+    assert (verdict.outcome, verdict.allocation_id) == ("lost", ALLOC)
+    assert verdict.message.startswith("never started: agent a did not receive its start command")
+    log.add(task_stream(TASK), verdict)
+    assert log.state.slot_use == {}
+    assert lost_verdicts(log.state, heard(placed_at + 61)) == []
+    replayed = ClusterState()
+    for recorded in log.events:
+        replayed.apply(recorded)
+    assert lost_verdicts(replayed, heard(placed_at + 61)) == []
+
+
+def test_a_started_task_its_agent_stops_listing_is_lost() -> None:
+    """A started task that its agent's process no longer lists (its exit report was refused)
+    is lost past the start timeout, saying the agent no longer runs it."""
+    log = Log()
+    placed_at = placed_on_i1(log)
+    log.add(task_stream(TASK), TaskStarted(task_id=TASK, allocation_id=ALLOC, agent_id="a"))
+    assert lost_verdicts(log.state, heard(placed_at + 120, ALLOC)) == []
+    (verdict,) = lost_verdicts(log.state, heard(placed_at + 120))
+    assert verdict.message == "agent a no longer runs it (heartbeat 7 does not list it)"
 
 
 def test_agent_commands_derived_from_task_allocation_and_kill() -> None:

@@ -61,6 +61,7 @@ class TaskView:
     placements: dict[str, list[str]] = field(default_factory=dict)
     run_id: int = 0
     allocated_position: int = 0
+    allocated_at: datetime | None = None
     agent_id: str | None = None
     started_at: datetime | None = None
     address: str | None = None
@@ -125,6 +126,7 @@ def apply_task(view: TaskView, recorded: RecordedEvent, event: Event | None = No
             view.placements = {a: list(s) for a, s in event.placements.items()}
             view.run_id = event.run_id
             view.allocated_position = recorded.position
+            view.allocated_at = recorded.recorded_at
             view.state = ASSIGNED
     elif isinstance(event, TaskStarted):
         if event.allocation_id == view.allocation_id:
