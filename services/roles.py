@@ -28,6 +28,7 @@ from services.api import read as api_read
 from services.api import tables as api_tables
 from services.tracker import audit as tracker_audit
 from services.tracker import schema as tracker_schema
+from services.tracker import webhooks as tracker_webhooks
 
 OWNERS: dict[str, tuple[str, ...]] = {
     "events": migrations.OWNED_TABLES,
@@ -45,6 +46,7 @@ MIGRATION_HOMES: dict[str, tuple[tuple[str, Migrations], ...]] = {
     "services.tracker": (
         (tracker_schema.NAMESPACE, tracker_schema.MIGRATIONS),
         (tracker_audit.NAMESPACE, tracker_audit.MIGRATIONS),
+        (tracker_webhooks.NAMESPACE, tracker_webhooks.MIGRATIONS),
     ),
 }
 """Owning package -> its migrations, as ``(namespace, list)``, in the order they are applied."""

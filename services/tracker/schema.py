@@ -16,6 +16,7 @@ from services.tracker.audit import TABLES as AUDIT_TABLES
 from services.tracker.usage import MIGRATION as USAGE_MIGRATION
 from services.tracker.usage import TABLES as USAGE_TABLES
 from services.tracker.usage import TASKS_MIGRATION as USAGE_TASKS_MIGRATION
+from services.tracker.webhooks import TABLES as WEBHOOK_TABLES
 
 NAMESPACE = "tracker"
 
@@ -31,8 +32,8 @@ TABLES: tuple[str, ...] = (
 )
 """Every projection table, in a stable order."""
 
-OWNED_TABLES: tuple[str, ...] = TABLES + USAGE_TABLES + AUDIT_TABLES
-"""Every table of the tracker (projections, usage, audit trail): only modules of
+OWNED_TABLES: tuple[str, ...] = TABLES + USAGE_TABLES + AUDIT_TABLES + WEBHOOK_TABLES
+"""Every table of the tracker (projections, usage, audit trail, webhook deliveries): only modules of
 ``services.tracker`` hold SQL naming them; the gateway reads them through
 :mod:`services.tracker.read`."""
 

@@ -108,13 +108,19 @@ def wait(predicate: Callable[[], Any], timeout: float = 60.0, what: str = "condi
     return wait_until_sync(predicate, timeout, every=0.2, detail=lambda: f"waiting for {what}")
 
 
-def start_cluster(pg_server: ServerProcess, workdir: Path, slots: int = 3) -> Iterator[LiveCluster]:
+def start_cluster(
+    pg_server: ServerProcess, workdir: Path, slots: int = 3, cluster_config: str = ""
+) -> Iterator[LiveCluster]:
     """Relay, searcher, scheduler, tracker, API and one agent as processes on a fresh database
-    and NATS server; yields once the admin is logged in, kills everything afterwards."""
+    and NATS server; yields once the admin is logged in, kills everything afterwards
+    (``cluster_config``: YAML sections added to the cluster config the services read)."""
     workdir.mkdir(parents=True, exist_ok=True)
     nats = start_nats(workdir / "nats")
     cluster = ProcessCluster(create_database(pg_server, "web"), nats.url, workdir)
     cluster.allow_checkpoints_under(workdir)
+    if cluster_config and cluster.cluster_config is not None:
+        with cluster.cluster_config.open("a") as config:
+            config.write(cluster_config)
     try:
         cluster.start_services("--agent-timeout", "15", timeout=60)
         cluster.start("tracker", "services.tracker")

@@ -109,9 +109,11 @@ async def running_api(
     store: EventStore,
     checkpoint_root: Path | None = None,
     cluster: ClusterConfig = TEST_CLUSTER,
+    port: int = 0,
 ) -> AsyncIterator[Api]:
     """Starts the gateway on 127.0.0.1:<free port> and yields a client logged in as admin
-    (``checkpoint_root``: its default checkpoint root; ``cluster``: its cluster config)."""
+    (``checkpoint_root``: its default checkpoint root; ``cluster``: its cluster config;
+    ``port``: a port of the caller's choosing, for a test that names it in that config)."""
     secret = await cluster_secret(store)
     app = create_app(
         store,
@@ -123,7 +125,7 @@ async def running_api(
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     host, port = runner.addresses[0][:2]
     try:

@@ -15,24 +15,39 @@ from typing import Any
 
 import pytest
 
+from events.domain.config.cluster import parse_cluster_config
 from events.domain.types import CheckpointSaved
 from events.log.store import EventStore
 from services.api.app import all_routes
 from services.api.audit_trail import PER_CALLER
 from services.tracker import audit
+from services.tracker import webhooks as tracker_webhooks
 from services.tracker.service import catch_up
 from tests.helpers import ADMIN_PASSWORD
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_queries import end_trial, set_state, submit, user
-from tests.integration.test_api_support import CONFIG, Api, allocate, running_api
+from tests.integration.test_api_support import CONFIG, TEST_CLUSTER, Api, allocate, running_api
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 _ids = itertools.count(1)
 
 
+HOOK = "http://127.0.0.2:9/hook"
+"""A webhook URL the fixture's cluster config allows (nothing listens there: a test delivery
+is answered with its failure)."""
+HOOK_CLUSTER = TEST_CLUSTER.model_copy(
+    update={
+        "webhooks": parse_cluster_config(
+            {"webhooks": {"allowed_urls": [HOOK], "allowed_networks": ["127.0.0.2/32"]}}
+        ).webhooks
+    }
+)
+
+
 @pytest.fixture
 async def api(store: EventStore, tmp_path: Path) -> AsyncIterator[Api]:
-    async with running_api(store, tmp_path / "checkpoints") as client:
+    await tracker_webhooks.migrate(store)
+    async with running_api(store, tmp_path / "checkpoints", cluster=HOOK_CLUSTER) as client:
         yield client
 
 
@@ -649,6 +664,47 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
             "POST",
             "/api/v1/workspaces/{workspace}/unarchive",
             "/api/v1/workspaces/lab/unarchive",
+            admin,
+            None,
+            200,
+            "admin",
+        ),
+        (
+            "POST",
+            "/api/v1/webhooks",
+            "/api/v1/webhooks",
+            admin,
+            {
+                "name": "ops",
+                "url": HOOK,
+                "triggers": [{"trigger_type": "CUSTOM"}],
+                "mode": "specific",
+            },
+            200,
+            "admin",
+        ),
+        (
+            "PATCH",
+            "/api/v1/webhooks/{webhook_id}",
+            "/api/v1/webhooks/1",
+            admin,
+            {"url": HOOK + "/v2"},
+            200,
+            "admin",
+        ),
+        (
+            "POST",
+            "/api/v1/webhooks/{webhook_id}/test",
+            "/api/v1/webhooks/1/test",
+            admin,
+            {},
+            200,
+            "admin",
+        ),
+        (
+            "DELETE",
+            "/api/v1/webhooks/{webhook_id}",
+            "/api/v1/webhooks/1",
             admin,
             None,
             200,

@@ -30,6 +30,7 @@ SHARED_IMPORTS: dict[tuple[str, str], str] = {
     ("services.roles", "services.api.tables"): "the gateway's owned tables and migrations",
     ("services.roles", "services.tracker.schema"): "the tracker's owned tables and migrations",
     ("services.roles", "services.tracker.audit"): "the audit tables' owner and migrations",
+    ("services.roles", "services.tracker.webhooks"): "the webhook tables' owner and migrations",
 }
 """Shared modules that import a service's own module: ``services.roles`` derives every role's
 grants and the migration list from the owners' declarations (see ``test_table_ownership``)."""

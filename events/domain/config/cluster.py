@@ -25,10 +25,14 @@ Example::
     accounts:
       token_lifetime: 7d
       min_password_length: 12
+    webhooks:
+      allowed_urls: ["https://hooks.slack.com/services/", "https://*.example.com/hooks/"]
+      allowed_networks: [10.20.0.0/16]
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -40,6 +44,7 @@ from events.domain.config.common import ConfigModel
 from events.domain.config.errors import ConfigError, from_validation_error, show
 from events.domain.config.models import AbsPath
 from events.domain.config.safe_yaml import load_yaml
+from events.domain.webhooks.urls import UrlError, parse_prefix
 
 CLUSTER_CONFIG_FILE = "cluster.yaml"
 """The cluster config's file name in an embedded cluster's data directory."""
@@ -209,6 +214,64 @@ class UnmanagedPolicy(ConfigModel):
     heartbeat_timeout: Duration = timedelta(minutes=5)
 
 
+def _url_prefix(value: str) -> str:
+    try:
+        parse_prefix(value)
+    except UrlError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+def _network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(
+            f"must be an address or network such as '10.1.2.3' or '10.1.0.0/16', got {show(value)}"
+        ) from None
+    return value
+
+
+UrlPrefixText = Annotated[str, AfterValidator(_url_prefix)]
+"""An allowed webhook URL prefix (``https://hooks.slack.com/services/``, ``https://*.corp/``)."""
+NetworkText = Annotated[str, AfterValidator(_network)]
+"""An IP address or network in CIDR notation."""
+
+
+class WebhookPolicy(ConfigModel):
+    """Where webhooks may post, and how deliveries are retried (``docs/webhooks.md``).
+
+    Attributes:
+        allowed_urls: URL prefixes a webhook's URL must lie under (see
+            :mod:`events.domain.webhooks.urls`); none (the default) allows no webhook.
+        allowed_networks: networks outside the public internet (private, loopback,
+            link-local, ...) that deliveries may connect to; none (the default) allows only
+            public addresses. The cluster's own services are refused whatever this allows.
+        timeout: how long one attempt waits for the receiver's answer.
+        max_attempts: attempts per delivery before it is given up as failed.
+        retry_delay: the wait before the second attempt; it doubles after each failure.
+        max_retry_delay: the longest wait between two attempts.
+        base_url: the web UI's address, for links in Slack messages (``None``: no links).
+    """
+
+    allowed_urls: list[UrlPrefixText] = Field(default_factory=list, max_length=1000)
+    allowed_networks: list[NetworkText] = Field(default_factory=list, max_length=1000)
+    timeout: Duration = timedelta(seconds=10)
+    max_attempts: int = Field(5, ge=1, le=50)
+    retry_delay: Duration = timedelta(seconds=1)
+    max_retry_delay: Duration = timedelta(minutes=1)
+    base_url: str | None = Field(None, max_length=2048)
+
+    def networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """:attr:`allowed_networks` parsed."""
+        return [ipaddress.ip_network(n, strict=False) for n in self.allowed_networks]
+
+    def retry_after(self, attempts: int) -> float:
+        """Seconds to wait after the ``attempts``-th failed attempt (doubling, bounded)."""
+        delay = self.retry_delay.total_seconds() * float(2 ** max(0, attempts - 1))
+        return min(delay, self.max_retry_delay.total_seconds())
+
+
 class ClusterConfig(ConfigModel):
     """The whole cluster config (every section optional).
 
@@ -217,12 +280,14 @@ class ClusterConfig(ConfigModel):
         tasks: host paths, devices and capabilities trials may ask for.
         accounts: token lifetime, password length and login throttling.
         unmanaged: unmanaged runs' heartbeat timeout.
+        webhooks: the URLs and networks webhooks may reach, and their retries.
     """
 
     checkpoint_storage: CheckpointStoragePolicy = Field(default_factory=CheckpointStoragePolicy)
     tasks: TaskPolicy = Field(default_factory=TaskPolicy)
     accounts: AccountPolicy = Field(default_factory=AccountPolicy)
     unmanaged: UnmanagedPolicy = Field(default_factory=UnmanagedPolicy)
+    webhooks: WebhookPolicy = Field(default_factory=WebhookPolicy)
 
 
 class ClusterConfigError(ConfigError):
@@ -294,6 +359,7 @@ def _vocabulary() -> frozenset[str]:
         TaskImages,
         AccountPolicy,
         LoginThrottle,
+        WebhookPolicy,
     ):
         names.update(model.model_fields)
     return frozenset(names)

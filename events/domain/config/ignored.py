@@ -45,7 +45,6 @@ _TOP_LEVEL: dict[str, str] = {
     "debug": "cairn has no debug mode for trials",
     "log_policies": "cairn does not match trial logs against log policies",
     "retention_policy": "trial logs are kept as long as the experiment",
-    "integrations": "cairn has no Pachyderm or webhook integration",
     "tensorboard_storage": (
         "deprecated in Determined; TensorBoard files go to the checkpoint storage"
     ),
@@ -128,6 +127,14 @@ def _storage(config: ExperimentConfig) -> Iterator[ConfigWarning]:
         yield from _section(storage, "checkpoint_storage.", _SHARED_FS)
 
 
+def _integrations(config: ExperimentConfig) -> Iterator[ConfigWarning]:
+    """``integrations.pachyderm`` is ignored; ``integrations.webhooks`` is acted on."""
+    if config.integrations is not None and config.integrations.pachyderm is not None:
+        yield ConfigWarning(
+            path="integrations.pachyderm", message="ignored: cairn has no Pachyderm integration"
+        )
+
+
 def ignored_fields(config: ExperimentConfig) -> list[ConfigWarning]:
     """Every setting of ``config`` that cairn accepts but does not act on, one per path.
 
@@ -143,4 +150,5 @@ def ignored_fields(config: ExperimentConfig) -> list[ConfigWarning]:
     out += _device_maps(config)
     out += _section(config.searcher, "searcher.", _SEARCHER)
     out += _storage(config)
+    out += _integrations(config)
     return out

@@ -83,6 +83,7 @@ from events.domain.types.trial import (
     ValidationReported,
     WorkloadCompleted,
 )
+from events.domain.types.webhooks import WebhookCreated, WebhookDeleted, WebhookUrlChanged
 
 __all__ = [
     "AgentLeaving",
@@ -152,6 +153,9 @@ __all__ = [
     "TrialStateChanged",
     "TrialStopRequested",
     "ValidationReported",
+    "WebhookCreated",
+    "WebhookDeleted",
+    "WebhookUrlChanged",
     "WorkloadCompleted",
     "WorkspaceArchived",
     "WorkspaceCreated",

@@ -60,6 +60,11 @@ from services.tracker.read.experiments import (
     trial,
     trial_metrics,
 )
+from services.tracker.read.webhooks import (
+    DeliveryRecord,
+    delivery_records,
+    webhook_signing_secret,
+)
 
 __all__ = [
     "USAGE_CSV_COLUMNS",
@@ -69,6 +74,7 @@ __all__ = [
     "AuditRow",
     "CheckpointRow",
     "CheckpointState",
+    "DeliveryRecord",
     "ExperimentRow",
     "LiveAllocationRow",
     "MetricRow",
@@ -81,6 +87,7 @@ __all__ = [
     "allocations_of",
     "audit_page",
     "checkpoint",
+    "delivery_records",
     "enabled_slots",
     "epoch_ms",
     "experiment",
@@ -103,4 +110,5 @@ __all__ = [
     "trial_series",
     "usage_report",
     "waiting_trials",
+    "webhook_signing_secret",
 ]

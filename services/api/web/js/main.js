@@ -20,6 +20,7 @@ const ROUTES = [
   [/^\/tasks\/([^/]+)$/, "tasks", () => import("./page_tasks.js")],
   [/^\/models\/?$/, "models", () => import("./page_models.js")],
   [/^\/models\/(.+)$/, "models", () => import("./page_models.js")],
+  [/^\/webhooks\/?$/, "webhooks", () => import("./page_webhooks.js")],
 ];
 
 function parseHash() {
