@@ -422,6 +422,11 @@ TASK_ID: Setting[str | None] = Setting(
     "CAIRN_TASK_ID", "str", _text, None, TRIAL, "the task this process belongs to",
     default_doc="the trial id",
 )  # fmt: skip
+SERVE_TOKEN: Setting[str | None] = Setting(
+    "CAIRN_SERVE_TOKEN", "str", _text, None, "a shell's or TensorBoard's server",
+    "the token every request to the task's server must carry (the API's proxy adds it)",
+    secret=True,
+)  # fmt: skip
 TASK_TYPE: Setting[str] = Setting(
     "CAIRN_TASK_TYPE", "str", _text, "TRIAL", TRIAL,
     "what the process runs for: `TRIAL`, or a task's kind (`COMMAND`, `NOTEBOOK`)",

@@ -328,6 +328,7 @@ async def test_projections_follow_a_realistic_log_and_rebuild_exactly(
         "best_metric": 0.3,
         "position": exp["position"],
         "unmanaged": False,
+        "project_id": 1,
     }
     assert exp["config"]["searcher"]["metric"] == "loss"
     trial = await row(store, "SELECT * FROM tr_trials WHERE trial_id = 11")
