@@ -361,11 +361,15 @@ class Client:
         activate: bool = True,
         template: str | None = None,
         includes: Sequence[Path] = (),
+        project_id: int | None = None,
     ) -> dict[str, Any]:
         """Like :meth:`create_experiment`, but returns the whole answer: ``id``, ``code_ref``
         and ``warnings`` (``{path, message}`` for each setting accepted but ignored). Without
-        a code directory or includes, no code is sent (the entrypoint must be in the image)."""
+        a code directory or includes, no code is sent (the entrypoint must be in the image);
+        ``project_id`` puts it in that project (over the config's workspace/project)."""
         body: dict[str, Any] = {"config": config, "activate": activate}
+        if project_id is not None:
+            body["project_id"] = project_id
         if code_dir is not None or includes:
             body["code"] = base64.b64encode(code_tarball(code_dir, includes)).decode()
         if template is not None:

@@ -356,20 +356,32 @@ async def get_project(request: web.Request) -> web.Response:
     return web.json_response(describe_project(teams, project))
 
 
+CHECKED_LIVE = 50
+"""How many of a project's projected experiments deletion checks against their streams."""
+
+
 async def _count_experiments(request: web.Request, project_id: int) -> int:
-    _, total = await pr.read_page(
-        store_of(request),
+    """How many experiments project ``project_id`` holds: the projection's, each of the first
+    :data:`CHECKED_LIVE` confirmed by its stream (one just moved out no longer counts; one just
+    moved in and not projected yet is read as uncategorized if the project goes)."""
+    store = store_of(request)
+    rows, total = await pr.read_page(
+        store,
         tracker_read.list_experiments,
         states=None,
         owner=None,
         archived=None,
         name=None,
         descending=False,
-        limit=1,
+        limit=CHECKED_LIVE,
         offset=0,
         projects=[project_id],
     )
-    return total
+    still = 0
+    for row in rows:
+        view = await load_experiment(store, int(row["id"]), with_trials=False)
+        still += view.project_id == project_id
+    return still + max(0, total - len(rows))
 
 
 async def _project_change(

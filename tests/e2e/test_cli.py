@@ -692,3 +692,43 @@ def test_teams_workspaces_groups_and_roles(
     ok(cluster, "rbac", "unassign-role", "Viewer", "-g", "seers", "-w", "vision")
     again = as_user(cluster, tmp_path / "ana", "ana", "pw-ana-123", "e", "describe", exp_id)
     assert again.returncode == 5
+
+
+SDK_WORKSPACES = """
+import json
+import sys
+from cairn.experimental import client
+
+exp_id = int(sys.argv[1])
+ws = client.create_workspace("sdk-ws")
+project = ws.create_project("sdk-project", "from the SDK")
+exp = client.get_experiment(exp_id)
+exp.move_to_project("sdk-ws", "sdk-project")
+assert exp.project_id == project.id and exp.workspace_id == ws.id, (exp.project_id, project)
+listed = [e.id for e in client.get_workspace("sdk-ws").get_project("sdk-project").list_experiments()]
+by_filter = [e.id for e in client.list_experiments(project_id=project.id)]
+exp.move_to_project("Uncategorized", "Uncategorized")
+ws.delete_project("sdk-project")
+client.delete_workspace("sdk-ws")
+names = [w.name for w in client.list_workspaces()]
+print(json.dumps([listed, by_filter, names]))
+"""
+
+
+def test_sdk_workspaces_projects_and_moves(cluster: Env, finished: dict[str, Any]) -> None:
+    """The SDK creates a workspace and a project, moves an experiment there (its project and
+    workspace ids follow), lists it by project, moves it back and deletes both."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAIRN_", "DET_"))}
+    env.update({"PYTHONPATH": str(ROOT), "CAIRN_HOME": str(cluster.home)})
+    sdk = subprocess.run(
+        [sys.executable, "-c", SDK_WORKSPACES, str(finished["id"])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert sdk.returncode == 0, sdk.stderr
+    listed, by_filter, names = json.loads(sdk.stdout)
+    assert listed == by_filter == [finished["id"]]
+    assert "sdk-ws" not in names and "Uncategorized" in names

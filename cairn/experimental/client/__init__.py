@@ -53,6 +53,7 @@ from cairn.experimental.client._states import (
     TrialState,
 )
 from cairn.experimental.client._trials import Trial
+from cairn.experimental.client._workspaces import Project, Workspace
 
 _determined: Determined | None = None
 
@@ -203,6 +204,26 @@ def logout() -> None:
     _determined = None
 
 
+def get_workspace(name: str) -> Workspace:
+    """The workspace named ``name`` (see :meth:`Determined.get_workspace`)."""
+    return _client().get_workspace(name)
+
+
+def list_workspaces() -> list[Workspace]:
+    """The workspaces you may see."""
+    return _client().list_workspaces()
+
+
+def create_workspace(name: str) -> Workspace:
+    """Creates a workspace (see :meth:`Determined.create_workspace`)."""
+    return _client().create_workspace(name)
+
+
+def delete_workspace(name: str) -> None:
+    """Deletes an empty workspace."""
+    _client().delete_workspace(name)
+
+
 __all__ = [
     "Agent",
     "Checkpoint",
@@ -217,13 +238,17 @@ __all__ = [
     "ModelSortBy",
     "ModelVersion",
     "OrderBy",
+    "Project",
     "Trial",
     "TrialMetrics",
     "TrialState",
     "User",
+    "Workspace",
     "create_experiment",
     "create_model",
     "create_user",
+    "create_workspace",
+    "delete_workspace",
     "get_checkpoint",
     "get_experiment",
     "get_model",
@@ -231,10 +256,12 @@ __all__ = [
     "get_models",
     "get_session_username",
     "get_trial",
+    "get_workspace",
     "iter_trials_metrics",
     "list_agents",
     "list_experiments",
     "list_users",
+    "list_workspaces",
     "login",
     "logout",
     "whoami",

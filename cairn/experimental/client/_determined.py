@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from cairn.auth import session
 from cairn.errors import UsageError
@@ -17,6 +18,7 @@ from cairn.experimental.client._models import Model
 from cairn.experimental.client._records import Agent, TrialMetrics, User
 from cairn.experimental.client._states import ExperimentState, ModelSortBy, OrderBy
 from cairn.experimental.client._trials import Trial
+from cairn.experimental.client._workspaces import Workspace
 
 log = logging.getLogger("cairn.client")
 
@@ -81,7 +83,7 @@ class Determined:
             config: the config: a YAML file's path, or a mapping.
             model_dir: the code directory (``None``: no code; the entrypoint is in the image).
             includes: files or directories added to the code under their own names.
-            project_id: accepted for Determined's SDK; cairn has no projects.
+            project_id: the project to create it in (over the config's workspace/project).
             template: a template the config is merged over.
 
         Returns:
@@ -91,13 +93,12 @@ class Determined:
             UsageError: the config file cannot be read.
             ApiError: the master refused the config (``errors`` lists every problem).
         """
-        if project_id is not None:
-            log.warning("project_id ignored: cairn has no projects")
         answer = self._session.submit_experiment(
             _read_config(config),
             Path(model_dir) if model_dir is not None else None,
             template=template,
             includes=[Path(p) for p in includes or ()],
+            project_id=project_id,
         )
         for warning in answer.get("warnings") or []:
             log.warning("config %s: %s", warning.get("path"), warning.get("message"))
@@ -123,7 +124,7 @@ class Determined:
         project_id: int | None = None,
     ) -> list[Experiment]:
         """The experiments you may read (archived ones too), newest first, filtered by ids,
-        labels (all of them), owners, states and a substring of the name."""
+        labels (all of them), owners, states, a substring of the name and a project."""
         owner = users[0] if users is not None and len(users) == 1 else None
         state = ",".join(s.value for s in states) if states else None
         rows = self._session.list_experiments(
@@ -131,6 +132,7 @@ class Determined:
             owner=owner,
             state=state,
             name=name,
+            project_id=project_id,
             order_by="id" if order_by in (OrderBy.ASC, OrderBy.ASCENDING) else None,
         )["experiments"]
         out = []
@@ -247,6 +249,28 @@ class Determined:
     def get_session_username(self) -> str:
         """The name of the user this connection acts as."""
         return self.whoami().username
+
+    def get_workspace(self, name: str) -> Workspace:
+        """The workspace named ``name`` (one you may see).
+
+        Raises:
+            ApiError: no such workspace (status 404).
+        """
+        return Workspace(self._session, name)
+
+    def list_workspaces(self) -> list[Workspace]:
+        """The workspaces you may see, by id."""
+        rows = self._session.get("/workspaces")["workspaces"]
+        return [Workspace(self._session, str(row["name"]), row) for row in rows]
+
+    def create_workspace(self, name: str) -> Workspace:
+        """Creates a workspace (admins and WorkspaceCreators); you administer it."""
+        row = self._session.post("/workspaces", {"name": name})
+        return Workspace(self._session, str(row["name"]), row)
+
+    def delete_workspace(self, name: str) -> None:
+        """Deletes the (empty) workspace named ``name``."""
+        self._session.call("DELETE", f"/workspaces/{quote(name, safe='')}")
 
     def list_users(self, active: bool | None = None) -> list[User]:
         """Every user (admins only), or only the active (or inactive) ones."""

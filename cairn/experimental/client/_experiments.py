@@ -6,6 +6,7 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from cairn.client import Client
 from cairn.errors import CairnError, UsageError
@@ -39,6 +40,8 @@ class Experiment(_MasterObject):
         archived: whether it is archived.
         progress: 0..1, or ``None``.
         owner: the user who submitted it.
+        project_id: the project it is in.
+        workspace_id: that project's workspace.
     """
 
     def __init__(
@@ -57,6 +60,8 @@ class Experiment(_MasterObject):
         progress = data.get("progress")
         self.progress = float(progress) if isinstance(progress, int | float) else None
         self.owner = data.get("owner")
+        self.project_id = int(data.get("project_id") or 1)
+        self.workspace_id = int(data.get("workspace_id") or 1)
         self._trials = [dict(t) for t in data.get("trials") or []]
 
     @property
@@ -104,6 +109,22 @@ class Experiment(_MasterObject):
     def delete(self) -> None:
         """Starts deleting the ended experiment and its checkpoints."""
         self._session.delete_experiment(self.id)
+
+    def move_to_project(self, workspace_name: str, project_name: str) -> None:
+        """Moves the experiment to project ``project_name`` of workspace ``workspace_name``.
+
+        Raises:
+            ValueError: the workspace has no such project.
+        """
+        projects = self._session.get(f"/workspaces/{quote(workspace_name, safe='')}/projects")
+        for project in projects["projects"]:
+            if project["name"] == project_name:
+                self._session.post(
+                    f"/experiments/{self.id}/move", {"destination_project_id": project["id"]}
+                )
+                self.reload()
+                return
+        raise ValueError(f"workspace {workspace_name!r} has no project {project_name!r}")
 
     def set_name(self, name: str) -> None:
         """Renames the experiment."""
