@@ -427,7 +427,7 @@ def start_directory(work: Path, work_dir: str | None) -> Path:
     if not path.is_dir():
         raise ValueError(
             f"work_dir: {work_dir!r} is not a directory of the task's context "
-            "(the directory given with --context)"
+            "(the directory given with --context; a directory holding no file is not uploaded)"
         )
     return work / path.relative_to(root)  # the path a container sees the context at, too
 
