@@ -1,4 +1,5 @@
-"""``cairn cmd`` (alias ``command``): run a command on the cluster, list, describe, kill, logs.
+"""``cairn cmd`` (alias ``command``): run a command on the cluster, list, describe, kill, logs,
+print the config template.
 
 ``cairn cmd run [--config-file F] [--config key=value ...] [--context DIR] CMD...`` submits a
 command task, prints its output as it is shipped, and exits with the command's exit code (as
