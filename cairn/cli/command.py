@@ -1,4 +1,5 @@
-"""``cairn cmd`` (alias ``command``): run a command on the cluster, list, describe, kill, logs.
+"""``cairn cmd`` (alias ``command``): run a command on the cluster, list, describe, kill, logs,
+print the config template.
 
 ``cairn cmd run [--config-file F] [--config key=value ...] [--context DIR] CMD...`` submits a
 command task, prints its output as it is shipped, and exits with the command's exit code (as
@@ -24,6 +25,19 @@ POLL_SECONDS = 0.5
 NO_EXIT_CODE = 1
 """What ``cmd run`` exits with when the command ended without an exit code of its own."""
 
+CONFIG_TEMPLATE = """\
+description: prepare data     # shown by `cairn cmd list` (default: the command line)
+resources:
+  slots: 1                    # 0: a command holding no slot
+  priority: 42                # 1 is the most important
+  resource_pool: ""           # "": the default pool
+environment:
+  environment_variables: []   # ["NAME=value", ...]
+bind_mounts: []               # [{host_path: /datasets, container_path: /datasets, read_only: true}]:
+                              #   in the task's container only, under the cluster's allowed roots
+work_dir: null                # e.g. scripts: a directory of the context the command runs in
+"""
+
 
 def register(sub: Any) -> None:
     """Adds the ``cmd`` verb group."""
@@ -39,6 +53,9 @@ def register(sub: Any) -> None:
     listing = verbs.add_parser("list", aliases=["ls"], help="list your commands")
     add_json_flag(listing)
     listing.set_defaults(handler=cmd_list)
+
+    config = verbs.add_parser("config", help="print the command config template")
+    config.set_defaults(handler=cmd_config)
 
     for name, handler, text in (
         ("describe", cmd_describe, "show a command"),
@@ -175,11 +192,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
+    message = final.get("message") or ""
     if wants_json(args):
         print_json(final)
-    elif final.get("outcome") not in ("completed", "failed"):
-        print(f"command {task_id} {final.get('outcome')}: {final.get('message')}", file=sys.stderr)
+    elif final.get("outcome") != "completed" and (final.get("outcome") != "failed" or message):
+        print(f"command {task_id} {final.get('outcome')}: {message}", file=sys.stderr)
     return exit_code_of(final)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Prints the command config template (the fields ``--config-file`` accepts)."""
+    print(CONFIG_TEMPLATE, end="")
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

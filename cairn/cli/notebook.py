@@ -27,6 +27,10 @@ resources:
   resource_pool: ""           # "": the default pool
 environment:
   environment_variables: []   # ["NAME=value", ...]
+bind_mounts: []               # [{host_path: /datasets, container_path: /datasets, read_only: true}]:
+                              #   in the task's container only, under the cluster's allowed roots
+work_dir: null                # e.g. src: a directory of the context to start in
+                              #   (the file browser's root stays the context)
 idle_timeout: null            # e.g. 30m: killed after that long without kernel activity
 """
 

@@ -32,6 +32,9 @@ resources:
   resource_pool: ""           # "": the default pool
 environment:
   environment_variables: []   # ["NAME=value", ...]
+bind_mounts: []               # [{host_path: /datasets, container_path: /datasets, read_only: true}]:
+                              #   in the task's container only, under the cluster's allowed roots
+                              # (work_dir: none; a TensorBoard has no context)
 """
 
 

@@ -182,6 +182,7 @@ def plan_containers(
     agent_id: str,
     work: Path,
     gpu_slots: Mapping[str, str],
+    start: Path | None = None,
     share_from: str | None = None,
     shared_mounts: Mapping[str, dict[str, str]] | None = None,
     user: str | None = None,
@@ -193,8 +194,10 @@ def plan_containers(
         image: the image (see :func:`run_image`).
         envs: each rank's environment, from ``trial_environment``.
         agent_id: this agent (labelled on every container).
-        work: the run's work directory (the entrypoint's working directory).
+        work: the run's work directory (mounted at the same path).
         gpu_slots: slot id -> CUDA device id of this agent's GPUs.
+        start: the entrypoint's working directory, in ``work`` (a task's ``work_dir``;
+            ``None``: ``work`` itself).
         share_from: the agent's own container, when it runs in one.
         shared_mounts: with ``share_from``, its mounts that hold the work and checkpoint
             directories (see :func:`mounts_holding`).
@@ -224,7 +227,7 @@ def plan_containers(
             ContainerPlan(
                 image=image,
                 command=list(run.argv),
-                working_dir=str(work),
+                working_dir=str(start or work),
                 environment=container_environment(env, run, work),
                 labels={
                     LABEL_AGENT: agent_id,
@@ -489,10 +492,12 @@ async def launch(
     share_from: str | None,
     identity: Identity | None,
     policy: HostPolicy,
+    start: Path | None = None,
 ) -> tuple[TrialContainers, Any]:
     """Starts ``run`` in containers of ``image``, connecting to the engine first if need be.
 
     Args:
+        start: where the entrypoint starts, in ``work`` (``None``: ``work``).
         identity: who the containers run as (see :func:`container_user`).
         policy: what the cluster allows trials of the host (checked again here).
 
@@ -521,6 +526,7 @@ async def launch(
         agent_id=agent_id,
         work=work,
         gpu_slots=gpu_slots,
+        start=start,
         share_from=share_from,
         shared_mounts=shared,
         user=user,

@@ -30,6 +30,7 @@ from services.agent.runtime import (
     free_port,
     prepare_work_dir,
     reachable_address,
+    start_directory,
     trial_environment,
 )
 from services.agent.serving import (
@@ -103,6 +104,10 @@ class RunLaunching(AgentState):
                 work = prepare_work_dir(self.config.work_dir, aid)
                 if run.code_ref:
                     await self.code.unpack(run.code_ref, work)
+                start = work
+                if run.task_id is not None:
+                    task_config = TaskConfig.model_validate(run.config)
+                    start = start_directory(work, task_config.work_dir)
                 serves: tuple[str, int] | None = None
                 reads: list[Path] = []
                 if run.task_id is not None and run.task_kind in SERVING_KINDS:
@@ -122,11 +127,11 @@ class RunLaunching(AgentState):
                         )
                     elif run.task_kind == "shell":
                         run.argv = shell_argv(
-                            run.task_id, address=serves[0], port=serves[1], work=work
+                            run.task_id, address=serves[0], port=serves[1], work=start
                         )
                     else:
                         run.argv = notebook_argv(
-                            run.task_id, address=serves[0], port=serves[1], work=work
+                            run.task_id, address=serves[0], port=serves[1], work=work, start=start
                         )
                 device = "cuda" if any(s in self.gpu_slots for s in run.slot_ids) else "cpu"
                 image = run_image(run.config, device, self.config.default_image)
@@ -165,6 +170,7 @@ class RunLaunching(AgentState):
                         shipper,
                         agent_id=self.id,
                         work=work,
+                        start=start,
                         gpu_slots=self.gpu_slots,
                         kill_grace=self.config.kill_grace,
                         share_from=self.config.docker_share_from,
@@ -174,7 +180,7 @@ class RunLaunching(AgentState):
                 else:
                     procs = TrialProcesses(aid, shipper, self.config.kill_grace)
                     argv = self.confinement.argv(run.argv, identity, places)
-                    await procs.launch(argv, work, envs)
+                    await procs.launch(argv, start, envs)
                 try:
                     record = record_of(aid, procs.pids)
                     await asyncio.to_thread(self.run_processes.keep, record)

@@ -404,6 +404,34 @@ class CodeCache:
             raise
 
 
+def start_directory(work: Path, work_dir: str | None) -> Path:
+    """Where a run whose context is unpacked in ``work`` starts: ``work``, or its directory
+    ``work_dir`` (a task's ``config.work_dir``, relative to the context).
+
+    Judged as the host resolves it (symbolic links followed), so a link in the context cannot
+    take the start outside it.
+
+    Raises:
+        ValueError: ``work_dir`` is no directory inside the context (the message names the
+            field and the value, for the task's exit message).
+    """
+    if work_dir is None:
+        return work
+    try:
+        root = work.resolve()
+        path = (work / work_dir).resolve()
+    except (OSError, RuntimeError) as exc:  # a loop of links
+        raise ValueError(f"work_dir: {work_dir!r} cannot be resolved: {exc}") from None
+    if path != root and root not in path.parents:
+        raise ValueError(f"work_dir: {work_dir!r} leads outside the task's context directory")
+    if not path.is_dir():
+        raise ValueError(
+            f"work_dir: {work_dir!r} is not a directory of the task's context "
+            "(the directory given with --context; a directory holding no file is not uploaded)"
+        )
+    return work / path.relative_to(root)  # the path a container sees the context at, too
+
+
 def prepare_work_dir(root: Path, allocation_id: str) -> Path:
     """A fresh, empty ``<root>/allocations/<allocation_id>/``."""
     path = root / "allocations" / safe_name(allocation_id)

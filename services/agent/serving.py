@@ -51,9 +51,16 @@ def proxy_prefix(task_id: str) -> str:
     return f"/proxy/{task_id}/"
 
 
-def notebook_argv(task_id: str, *, address: str, port: int, work: Path) -> list[str]:
+def notebook_argv(
+    task_id: str, *, address: str, port: int, work: Path, start: Path | None = None
+) -> list[str]:
     """JupyterLab on ``address``:``port`` under the proxy's prefix, rooted at the work dir (its
-    token comes from ``JUPYTER_TOKEN`` in its environment, never its command line)."""
+    token comes from ``JUPYTER_TOKEN`` in its environment, never its command line).
+
+    With ``start`` (a directory under ``work``: the task's ``work_dir``), its file browser opens
+    there; the root stays ``work``, so the whole context can still be browsed.
+    """
+    opens = [] if start is None or start == work else [start.relative_to(work).as_posix()]
     return [
         "python",
         "-m",
@@ -68,13 +75,14 @@ def notebook_argv(task_id: str, *, address: str, port: int, work: Path) -> list[
         "--ServerApp.password=",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        *(f"--ContentsManager.preferred_dir={path}" for path in opens),
     ]
 
 
 def shell_argv(task_id: str, *, address: str, port: int, work: Path) -> list[str]:
     """cairn's terminal server (:mod:`cairn.tasks.shell_server`) on ``address``:``port`` under
-    the proxy's prefix, starting its shells in the work dir (its token comes from its
-    environment, never its command line)."""
+    the proxy's prefix, starting its shells in ``work`` (the task's start directory: its context,
+    or the ``work_dir`` in it; its token comes from its environment, never its command line)."""
     return [
         "python",
         "-m",

@@ -41,6 +41,7 @@ from services.api import tables
 from services.api.auth import Principal, principal_of
 from services.api.decided import accepted, append_decided
 from services.api.errors import forbidden, not_found, parse, read_json
+from services.api.host_access import check_host_requests
 from services.api.inbox import in_transaction
 from services.api.limits import EXPERIMENT_MAX_BODY
 from services.api.routes_experiment_submit import code_ref_of, decode_code, store_code
@@ -56,8 +57,8 @@ MAX_LOG_LINES = 10_000
 
 class CreateCommandBody(BaseModel):
     """A command to run: ``argv``, its ``config`` (Determined's command config: ``description``,
-    ``resources.slots``/``priority``/``resource_pool``, ``environment.environment_variables``)
-    and its context directory as a base64 tar.gz (``code``)."""
+    ``resources.slots``/``priority``/``resource_pool``, ``environment.environment_variables``,
+    ``bind_mounts``, ``work_dir``) and its context directory as a base64 tar.gz (``code``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -277,7 +278,8 @@ async def submit_decided(
     """Appends a new task's decided ``TaskRequested`` with its context stored beside it (a
     refusal is raised as its 4xx) and answers the task as it now stands. Tasks live in the
     default workspace: the caller must be allowed to start tasks there, and a pool bound away
-    from it is refused (400 naming ``resources.resource_pool``)."""
+    from it is refused (400 naming ``resources.resource_pool``), as is a bind mount the cluster
+    does not allow (400 naming ``bind_mounts[i].host_path``, as for an experiment)."""
     principal = principal_of(request)
     events = accepted(decision)
     teams = await current_teams(store_of(request))
@@ -289,6 +291,7 @@ async def submit_decided(
         if isinstance(event, TaskRequested):
             pool = TaskConfig.model_validate(event.config).resources.resource_pool
             check_pool(teams, pool, DEFAULT_WORKSPACE_ID)
+            check_host_requests(request, event.config)
 
     async def work(tx: Transaction) -> dict[str, Any]:
         view = TaskView(task_id)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from events.domain.config.cluster import CLUSTER_CONFIG_FILE
 from tests.helpers import wait_until_sync
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -95,13 +96,17 @@ def cluster() -> Iterator[Env]:
 
 
 @contextlib.contextmanager
-def embedded_cluster(prefix: str, *, slots: int = 1) -> Iterator[Env]:
+def embedded_cluster(
+    prefix: str, *, slots: int = 1, cluster_config: str | None = None
+) -> Iterator[Env]:
     """``cairn up`` with ``slots`` CPU slots on a fresh home under the system temp dir (see
     :func:`cluster`), ``cairn down`` and the directory removed after; ``Env.shared`` is the
-    scratch directory around the home."""
+    scratch directory around the home. ``cluster_config``: the YAML of its ``cluster.yaml``."""
     scratch = Path(tempfile.mkdtemp(prefix=prefix))
     home = scratch / "home"
     home.mkdir()
+    if cluster_config is not None:
+        (home / CLUSTER_CONFIG_FILE).write_text(cluster_config, encoding="utf-8")
     started = run_cli(
         "up", "--slots", str(slots), "--api-port", "0", "--stop-timeout", "3", home=home,
         timeout=150,

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,11 +32,15 @@ def cluster() -> Iterator[Env]:
         yield env
 
 
-def start_notebook(env: Env, *config: str) -> dict[str, Any]:
-    """Starts a zero-slot notebook as nora with the CLI and waits until it serves."""
+def start_notebook(env: Env, *config: str, dirs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Starts a zero-slot notebook as nora with the CLI (its context holds ``data.txt`` and the
+    directories ``dirs``) and waits until it serves."""
     context = env.shared / f"ctx-{uuid.uuid4().hex[:6]}"
     context.mkdir()
     (context / "data.txt").write_text("shards: 42\n")
+    for name in dirs:  # each with a file: a context is uploaded file by file
+        (context / name).mkdir(parents=True)
+        (context / name / "README.md").write_text(f"# {name}\n")
     overrides = [a for c in ("resources.slots=0", *config) for a in ("--config", c)]
     done = as_user(
         env, env.shared / "nora", "nora", "pw-nora-1",
@@ -46,15 +52,20 @@ def start_notebook(env: Env, *config: str) -> dict[str, Any]:
     return dict(task)
 
 
+def server_process(task_id: str) -> psutil.Process:
+    """The notebook server of ``task_id`` (found by its command line)."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if f"--ServerApp.base_url=/proxy/{task_id}/" in (proc.info["cmdline"] or []):
+            return proc
+    raise AssertionError(f"no server process of task {task_id}")
+
+
 def server_address(task_id: str) -> str:
     """``http://address:port`` the notebook of ``task_id`` listens on, as a process on the
     agent's host finds it (from the server's command line)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        argv = proc.info["cmdline"] or []
-        if f"--ServerApp.base_url=/proxy/{task_id}/" in argv:
-            flags = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-            return f"http://{flags['ServerApp.ip']}:{flags['ServerApp.port']}"
-    raise AssertionError(f"no server process of task {task_id}")
+    argv = server_process(task_id).cmdline()
+    flags = dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    return f"http://{flags['ServerApp.ip']}:{flags['ServerApp.port']}"
 
 
 async def login(http: aiohttp.ClientSession, env: Env, user: str, password: str) -> str:
@@ -204,3 +215,26 @@ def test_idle_notebook_is_killed_by_its_idle_timeout(cluster: Env) -> None:
 
     final = wait_until_sync(ended, timeout=60)
     assert final["outcome"] == "killed" and "idle_timeout 3s" in final["message"]
+
+
+async def test_a_notebook_opens_at_its_work_dir_with_the_whole_context_browsable(
+    cluster: Env,
+) -> None:
+    """With ``work_dir: nb``, JupyterLab's server runs in the context's ``nb`` and its file
+    browser opens there (the page's ``preferredPath``), while its root is still the context:
+    the contents API lists ``data.txt`` beside ``nb``."""
+    task = start_notebook(cluster, "work_dir=nb", dirs=("nb",))
+    base = f"{cluster.api_url}/proxy/{task['id']}/"
+    server = server_process(task["id"])
+    assert Path(server.cwd()).name == "nb"
+    async with aiohttp.ClientSession() as http:
+        bearer = {"Authorization": f"Bearer {await login(http, cluster, 'nora', 'pw-nora-1')}"}
+        async with http.get(base + "lab", headers=bearer) as answer:
+            page = await answer.text()
+        found = re.search(r'<script id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S)
+        assert found is not None, page[:500]
+        assert json.loads(found.group(1))["preferredPath"] == "nb"
+        async with http.get(base + "api/contents", headers=bearer) as answer:
+            root = await answer.json()
+        assert sorted(e["name"] for e in root["content"]) == ["data.txt", "nb"]
+    ok(cluster, "notebook", "kill", task["id"])

@@ -399,3 +399,31 @@ def test_an_unknown_or_other_kind_of_task_is_refused_by_shell_open(cluster: Env)
     argv, env = cli_argv(cluster, "shell", "open", command)
     other = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
     assert other.returncode == 2 and "is a command, not a shell" in other.stderr
+
+
+def test_a_shells_sessions_start_in_its_work_dir(cluster: Env) -> None:
+    """`shell start --context DIR --config work_dir=src` opens its session in the context's
+    `src` (a piped `pwd` and `ls` show it), and the context's other files are one level up."""
+    context = cluster.shared / f"ctx-{uuid.uuid4().hex[:6]}"
+    (context / "src").mkdir(parents=True)
+    (context / "src" / "train.py").write_text("print('x')\n")
+    (context / "data.txt").write_text("shards: 42\n")
+    argv, env = cli_argv(
+        cluster, "shell", "start", "--context", str(context),
+        "--config", "resources.slots=0", "--config", "work_dir=src",
+    )  # fmt: skip
+    done = subprocess.run(
+        argv,
+        input="echo in=$(basename $PWD) has=$(ls) up=$(ls ..)\nexit 0\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert "in=src has=train.py up=data.txt src" in done.stdout
+    task_id = re.search(r"launched shell ([0-9a-f]+)", done.stderr)
+    assert task_id is not None, done.stderr
+    ok(cluster, "shell", "kill", task_id.group(1))

@@ -47,6 +47,8 @@ finite, so sampling never produces an infinity."""
 MAX_ID = 2**63 - 1
 """Largest id (``source_trial_id``): a PostgreSQL bigint."""
 MAX_PORT = 65535
+MAX_PATH_CHARS = 4096
+"""Longest path a config may name (Linux's ``PATH_MAX``)."""
 
 
 def _size(doc: Any) -> tuple[int, int]:

@@ -34,6 +34,7 @@ from events.domain.config.hyperparameters import (
 )
 from events.domain.config.ignored import ConfigWarning, ignored_fields
 from events.domain.config.limits import (
+    MAX_PATH_CHARS,
     MAX_PORT,
     MAX_RESTARTS,
     MAX_SLOTS,
@@ -60,13 +61,27 @@ def _shm_text(value: str) -> str:
     return value
 
 
-def _absolute(value: str) -> str:
-    if not value.startswith("/"):
-        raise ValueError(f"must be an absolute path, got {value!r}")
+def path_text(value: str) -> str:
+    """``value`` if it can name a file: no NUL character, at most :data:`MAX_PATH_CHARS`.
+
+    Raises:
+        ValueError: saying which (the value shown cut short).
+    """
+    if "\x00" in value:
+        raise ValueError(f"must not contain a NUL character, got {value[:60]!r}")
+    if len(value) > MAX_PATH_CHARS:
+        raise ValueError(f"must be at most {MAX_PATH_CHARS} characters, got {len(value)}")
     return value
 
 
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path, got {value[:60]!r}")
+    return path_text(value)
+
+
 AbsPath = Annotated[str, AfterValidator(_absolute)]
+PathText = Annotated[str, Field(min_length=1), AfterValidator(path_text)]
 EnvVar = Annotated[str, AfterValidator(_env_var)]
 
 Entrypoint = Annotated[
@@ -301,10 +316,12 @@ class ReproducibilityConfig(ConfigModel):
 
 
 class BindMount(ConfigModel):
-    """A host directory mounted into trial containers."""
+    """A host directory mounted into the containers of a trial or a task (``host_path`` must lie
+    under the cluster's ``allowed_bind_mount_roots``: see
+    :mod:`events.domain.config.host_requests`)."""
 
     host_path: AbsPath
-    container_path: str = Field(min_length=1)
+    container_path: PathText
     read_only: bool = False
     propagation: str = "rprivate"
 

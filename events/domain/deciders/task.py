@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from events.domain.aggregates.task import TaskView
+from events.domain.config.errors import join_path
 from events.domain.config.task import TENSORBOARD_SLOTS, TaskConfig
 from events.domain.deciders import Decision, conflict, invalid, not_found
 from events.domain.names import is_task_id
@@ -218,6 +219,11 @@ def decide_start_tensorboard(state: TaskView, command: StartTensorboard) -> Deci
             "config.idle_timeout: a TensorBoard has no idle timeout (kill it when done)",
             "config.idle_timeout",
         )
+    if config.get("work_dir") is not None:
+        return invalid(
+            "config.work_dir: a TensorBoard has no context directory to start in",
+            "config.work_dir",
+        )
     resources = config.get("resources")
     if resources is None:
         config["resources"] = {"slots": TENSORBOARD_SLOTS}
@@ -267,8 +273,14 @@ def _requested(
         valid = TaskConfig.model_validate(config)
     except ValidationError as exc:
         error = exc.errors()[0]
-        path = ".".join(str(p) for p in ("config", *error["loc"]))
+        path = join_path(["config", *error["loc"]])
         return invalid(f"{path}: {error['msg']}", path)
+    if valid.work_dir is not None and code_ref is None:
+        return invalid(
+            f"config.work_dir: {valid.work_dir!r} is a directory of the context, and this "
+            f"{kind} has none (give one with --context)",
+            "config.work_dir",
+        )
     default = default_description or (
         " ".join(argv)[:200] if argv else f"{_SERVER_NAMES.get(kind, kind)} ({task_id[:8]})"
     )
