@@ -14,9 +14,9 @@ import webbrowser
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
-from cairn.cli.command import add_submission_flags, cmd_kill, cmd_logs, submit_task
+from cairn.cli.command import add_submission_flags, submit_task
 from cairn.cli.output import add_json_flag, print_json, wants_json
-from cairn.cli.served import list_kind, task_to_open, wait_ready
+from cairn.cli.served import add_task_verbs, list_kind, task_to_open, wait_ready
 from cairn.client import Client
 
 CONFIG_TEMPLATE = """\
@@ -46,27 +46,11 @@ def register(sub: Any) -> None:
     add_json_flag(start)
     start.set_defaults(handler=notebook_start)
 
-    listing = verbs.add_parser("list", aliases=["ls"], help="list your notebooks")
-    add_json_flag(listing)
-    listing.set_defaults(handler=notebook_list)
-
-    opening = verbs.add_parser("open", help="print a notebook's URL and open a browser")
-    opening.add_argument("task_id", metavar="ID")
-    opening.add_argument("--no-browser", action="store_true", help="only print the URL")
-    add_json_flag(opening)
-    opening.set_defaults(handler=notebook_open)
-
-    for name, handler, text in (
-        ("logs", cmd_logs, "print a notebook's output"),
-        ("kill", cmd_kill, "kill a notebook"),
-    ):
-        verb = verbs.add_parser(name, help=text)
-        verb.add_argument("task_id", metavar="ID")
-        add_json_flag(verb)
-        verb.set_defaults(handler=handler, task_kind="notebook")
-
-    config = verbs.add_parser("config", help="print the notebook config template")
-    config.set_defaults(handler=notebook_config)
+    add_task_verbs(
+        verbs, "notebook", "notebook",
+        list_handler=notebook_list, open_handler=notebook_open, config_handler=notebook_config,
+        open_help="print a notebook's URL and open a browser",
+    )  # fmt: skip
 
 
 def notebook_url(client: Client, task: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
-"""What ``cairn notebook`` and ``cairn shell`` share: waiting until a served task is ready,
-finding one to open, and listing the tasks of one kind."""
+"""What ``cairn notebook``, ``cairn shell`` and ``cairn tensorboard`` share: their common verbs,
+waiting until a served task is ready, finding one to open, and listing the tasks of one kind."""
 
 from __future__ import annotations
 
@@ -15,6 +15,47 @@ from cairn.errors import UsageError
 POLL_SECONDS = 0.5
 START_TIMEOUT = 600.0
 """How long ``start`` waits for the task to serve (it may queue for a slot)."""
+
+
+def add_task_verbs(
+    verbs: Any,
+    kind: str,
+    label: str,
+    *,
+    list_handler: Any,
+    open_handler: Any,
+    config_handler: Any,
+    open_help: str,
+    browser: bool = True,
+) -> None:
+    """Adds the verbs every served task kind has: ``list``/``ls``, ``open ID``, ``logs ID``,
+    ``kill ID`` and ``config`` (``label``: the kind as help texts name it, e.g. ``notebook``;
+    ``browser``: ``open`` takes ``--no-browser`` and ``--json``)."""
+    from cairn.cli.command import cmd_kill, cmd_logs
+    from cairn.cli.output import add_json_flag
+
+    listing = verbs.add_parser("list", aliases=["ls"], help=f"list your {label}s")
+    add_json_flag(listing)
+    listing.set_defaults(handler=list_handler)
+
+    opening = verbs.add_parser("open", help=open_help)
+    opening.add_argument("task_id", metavar="ID")
+    if browser:
+        opening.add_argument("--no-browser", action="store_true", help="only print the URL")
+        add_json_flag(opening)
+    opening.set_defaults(handler=open_handler)
+
+    for name, handler, text in (
+        ("logs", cmd_logs, f"print a {label}'s output"),
+        ("kill", cmd_kill, f"kill a {label}"),
+    ):
+        verb = verbs.add_parser(name, help=text)
+        verb.add_argument("task_id", metavar="ID")
+        add_json_flag(verb)
+        verb.set_defaults(handler=handler, task_kind=kind)
+
+    config = verbs.add_parser("config", help=f"print the {label} config template")
+    config.set_defaults(handler=config_handler)
 
 
 def wait_ready(

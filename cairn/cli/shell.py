@@ -16,9 +16,9 @@ import sys
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
-from cairn.cli.command import add_submission_flags, cmd_kill, cmd_logs, submit_task
+from cairn.cli.command import add_submission_flags, submit_task
 from cairn.cli.output import add_json_flag
-from cairn.cli.served import list_kind, task_to_open, wait_ready
+from cairn.cli.served import add_task_verbs, list_kind, task_to_open, wait_ready
 from cairn.client import Client
 
 CONFIG_TEMPLATE = """\
@@ -46,25 +46,11 @@ def register(sub: Any) -> None:
     add_json_flag(start)
     start.set_defaults(handler=shell_start)
 
-    opening = verbs.add_parser("open", help="attach this terminal to a new session of a shell")
-    opening.add_argument("task_id", metavar="ID")
-    opening.set_defaults(handler=shell_open)
-
-    listing = verbs.add_parser("list", aliases=["ls"], help="list your shells")
-    add_json_flag(listing)
-    listing.set_defaults(handler=shell_list)
-
-    for name, handler, text in (
-        ("logs", cmd_logs, "print a shell's server output"),
-        ("kill", cmd_kill, "kill a shell"),
-    ):
-        verb = verbs.add_parser(name, help=text)
-        verb.add_argument("task_id", metavar="ID")
-        add_json_flag(verb)
-        verb.set_defaults(handler=handler, task_kind="shell")
-
-    config = verbs.add_parser("config", help="print the shell config template")
-    config.set_defaults(handler=shell_config)
+    add_task_verbs(
+        verbs, "shell", "shell",
+        list_handler=shell_list, open_handler=shell_open, config_handler=shell_config,
+        open_help="attach this terminal to a new session of a shell", browser=False,
+    )  # fmt: skip
 
 
 def _attach(client: Client, task_id: str) -> int:

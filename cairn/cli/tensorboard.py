@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
-from cairn.cli.command import cmd_kill, cmd_logs, submit_task
+from cairn.cli.command import submit_task
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
-from cairn.cli.served import wait_ready
+from cairn.cli.served import add_task_verbs, wait_ready
 from cairn.client import Client
 from cairn.errors import UsageError
 
@@ -73,27 +73,12 @@ def register(sub: Any) -> None:
     add_json_flag(start)
     start.set_defaults(handler=tensorboard_start, context=None)
 
-    listing = verbs.add_parser("list", aliases=["ls"], help="list your TensorBoards")
-    add_json_flag(listing)
-    listing.set_defaults(handler=tensorboard_list)
-
-    opening = verbs.add_parser("open", help="print a TensorBoard's URL and open a browser")
-    opening.add_argument("task_id", metavar="ID")
-    opening.add_argument("--no-browser", action="store_true", help="only print the URL")
-    add_json_flag(opening)
-    opening.set_defaults(handler=tensorboard_open)
-
-    for name, handler, text in (
-        ("logs", cmd_logs, "print a TensorBoard's output"),
-        ("kill", cmd_kill, "kill a TensorBoard"),
-    ):
-        verb = verbs.add_parser(name, help=text)
-        verb.add_argument("task_id", metavar="ID")
-        add_json_flag(verb)
-        verb.set_defaults(handler=handler, task_kind=KIND)
-
-    config = verbs.add_parser("config", help="print the TensorBoard config template")
-    config.set_defaults(handler=tensorboard_config)
+    add_task_verbs(
+        verbs, KIND, "TensorBoard",
+        list_handler=tensorboard_list, open_handler=tensorboard_open,
+        config_handler=tensorboard_config,
+        open_help="print a TensorBoard's URL and open a browser",
+    )  # fmt: skip
 
 
 def tensorboard_url(client: Client, task: dict[str, Any]) -> str:
