@@ -196,6 +196,7 @@ async def test_a_body_of_100000_nested_brackets_is_400_on_every_route(
             "project": "1",
             "group": "1",
             "pool": "gpu",
+            "webhook_id": "1",
             "name": "some-model",
         }.items():
             path = path.replace("{" + name + "}", value)
