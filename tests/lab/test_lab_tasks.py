@@ -107,7 +107,10 @@ def _serving(lab: Lab, task_id: str) -> bool:
     """Whether the task serves (failing at once if it ended first)."""
     status, task = lab.api("GET", f"/tasks/{task_id}")
     assert status == 200, task
-    assert task["state"] != "TERMINATED", task
+    if task["state"] == "TERMINATED":
+        _, logs = lab.api("GET", f"/tasks/{task_id}/logs")
+        lines = "\n".join(e["line"] for e in (logs or {}).get("logs", []))
+        raise AssertionError(f"{task['outcome']}: {task.get('message')}\n{lines}")
     return bool(task["ready"])
 
 
