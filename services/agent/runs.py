@@ -176,6 +176,7 @@ class RunLaunching(AgentState):
                         share_from=self.config.docker_share_from,
                         identity=identity,
                         policy=self.config.host_policy,
+                        reads=places.reads,
                     )
                 else:
                     procs = TrialProcesses(aid, shipper, self.config.kill_grace)

@@ -2,7 +2,8 @@
 (the core and every extra) and requirements-ml.txt has a pin in requirements.lock that satisfies
 it, so a dependency added or re-pinned without `make lock` fails here instead of drifting; and the
 Core API imports nothing outside the core dependencies, so a trial environment (the trial image:
-the core and torch) can import it."""
+the core and torch) can import it; and each of cairn's task servers imports only the core and its
+own extra's packages, so a task in a container of the trial image can run it."""
 
 from __future__ import annotations
 
@@ -112,4 +113,29 @@ def test_the_core_api_imports_nothing_from_the_server_extras() -> None:
     assert done.stdout.strip() == "[]", (
         f"the Core API imports server-only packages {done.stdout.strip()}: a trial image has only "
         "the core dependencies (pyproject.toml); import them where they are used"
+    )
+
+
+TASK_SERVERS = {
+    "cairn.tasks.shell_server": ["aiohttp"],
+    "cairn.tasks.tensorboard_server": [],
+}
+"""Each task server the agent starts in the task's environment, and what of :data:`SERVER_ONLY`
+its extra (``shell``, ``tensorboard``) brings."""
+
+
+@pytest.mark.parametrize(("module", "extra"), sorted(TASK_SERVERS.items()))
+def test_a_task_server_imports_only_the_core_and_its_extra(module: str, extra: list[str]) -> None:
+    """A task server imports no server-only package beyond its own extra's (a container of the
+    trial image has only those)."""
+    script = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({SERVER_ONLY!r})))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == repr(extra), (
+        f"{module} imports {done.stdout.strip()}; its task's image has only {extra} of them"
     )

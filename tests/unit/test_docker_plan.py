@@ -139,6 +139,38 @@ def test_plan_in_an_agent_container_shares_its_volumes_and_network() -> None:
     assert plan.volumes == shared  # never the agent's Docker socket
 
 
+def test_storage_a_run_only_reads_is_mounted_read_only() -> None:
+    """A TensorBoard's experiments' storage directories (``reads``) are mounted read-only at
+    their paths: bound from the host by an agent on the host, and from the agent container's
+    mount holding them by an agent in a container (a mount that also holds the work or
+    checkpoint directory keeps its mode)."""
+    run = _run({})
+    envs = trial_environment(run, agent_id="a1", api_url="http://x", gpu_slots={}, base={})
+    work = Path("/w/allocations/x")
+    elsewhere = Path("/srv/exp-storage")
+    (plan,) = plan_containers(
+        run, "img", envs, agent_id="a1", work=work, gpu_slots={}, reads=[elsewhere]
+    )
+    assert plan.volumes[str(elsewhere)] == {"bind": str(elsewhere), "mode": "ro"}
+    assert plan.volumes[str(run.checkpoint_dir)]["mode"] == "rw"
+
+    attrs = {
+        "Mounts": [
+            {"Type": "volume", "Name": "c_work1", "Destination": "/w", "RW": True},
+            {"Type": "volume", "Name": "c_ckpt", "Destination": "/var/lib/cairn", "RW": True},
+            {"Type": "bind", "Source": "/nfs/exp", "Destination": "/srv", "RW": True},
+            {"Type": "volume", "Name": "c_other", "Destination": "/other", "RW": True},
+        ]
+    }
+    reads = [elsewhere, run.checkpoint_dir / "tensorboard"]
+    shared = mounts_holding(attrs, [work, run.checkpoint_dir], reads=reads)
+    assert shared == {
+        "c_work1": {"bind": "/w", "mode": "rw"},
+        "c_ckpt": {"bind": "/var/lib/cairn", "mode": "rw"},
+        "/nfs/exp": {"bind": "/srv", "mode": "ro"},
+    }
+
+
 def test_plan_per_rank_gpus_and_devices() -> None:
     """Two local ranks give two containers (distinct names, ranks); GPUs become device requests;
     devices, shared memory and added capabilities pass through, every other capability is
