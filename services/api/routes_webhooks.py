@@ -23,8 +23,6 @@ import json
 import secrets
 import socket
 import time
-import weakref
-from dataclasses import dataclass, field
 from typing import Any, cast, get_args
 
 import structlog
@@ -62,8 +60,9 @@ from services.api.decided import append_accepted
 from services.api.errors import ApiError, bad_request, forbidden, not_found, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.routing import USERS, RouteTable, cluster_of, store_of
+from services.api.stream_folds import StreamFold
 from services.api.teams import allows, current_teams, load_teams, workspace_by_ref
-from services.api.views import Reader, read_facts
+from services.api.views import Reader
 from services.tracker import read as tracker_read
 from services.webhooks import signing
 from services.webhooks.addresses import cluster_endpoints, literal_problem
@@ -193,37 +192,23 @@ class EmptyBody(BaseModel):
 # --- the fold ------------------------------------------------------------------------------
 
 
-@dataclass
-class _Cached:
-    state: Webhooks = field(default_factory=Webhooks)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-_CACHE: weakref.WeakKeyDictionary[EventStore, _Cached] = weakref.WeakKeyDictionary()
+WEBHOOK_FOLD: StreamFold[Webhooks] = StreamFold(
+    WEBHOOKS_STREAM,
+    WEBHOOK_FACTS,
+    Webhooks,
+    lambda state, recorded: apply_webhooks(state, recorded),
+)
+"""Stream ``webhooks`` as the gateway folds it."""
 
 
 async def load_webhooks(reader: Reader) -> Webhooks:
     """Stream ``webhooks`` folded afresh; its version is the stream's head."""
-    events, head = await read_facts(reader, WEBHOOKS_STREAM, WEBHOOK_FACTS)
-    state = Webhooks()
-    for recorded in events:
-        apply_webhooks(state, recorded)
-    state.version = head
-    return state
+    return await WEBHOOK_FOLD.load(reader)
 
 
 async def current_webhooks(store: EventStore) -> Webhooks:
-    """The webhooks as of now, from the store's cached fold plus what was appended since (read
-    only; never mutate it)."""
-    cached = _CACHE.setdefault(store, _Cached())
-    async with cached.lock:
-        events, head = await read_facts(
-            store, WEBHOOKS_STREAM, WEBHOOK_FACTS, after_version=cached.state.version
-        )
-        for recorded in events:
-            apply_webhooks(cached.state, recorded)
-        cached.state.version = max(cached.state.version, head)
-        return cached.state
+    """The webhooks as of now (read only; never mutate it)."""
+    return await WEBHOOK_FOLD.current(store)
 
 
 # --- access -------------------------------------------------------------------------------

@@ -7,10 +7,7 @@ indexed query per request that needs it); a decision folds afresh in its transac
 
 from __future__ import annotations
 
-import asyncio
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -26,49 +23,28 @@ from services.api.decided import append_accepted
 from services.api.errors import ApiError, bad_request, forbidden, not_found
 from services.api.inbox import in_transaction
 from services.api.routing import store_of
-from services.api.views import Reader, read_facts
+from services.api.stream_folds import StreamFold
+from services.api.views import Reader
 
-
-@dataclass
-class _Cached:
-    state: Teams = field(default_factory=Teams)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-_CACHE: weakref.WeakKeyDictionary[EventStore, _Cached] = weakref.WeakKeyDictionary()
+TEAMS: StreamFold[Teams] = StreamFold(TEAMS_STREAM, TEAMS_FACTS, Teams, apply_teams)
+"""Stream ``teams`` as the gateway folds it."""
 
 
 async def load_teams(reader: Reader, *, at: int | None = None) -> Teams:
     """Stream ``teams`` folded afresh (at log position ``at``, when given); its version is the
     stream's head, the version a decision appends at."""
-    events, head = await read_facts(reader, TEAMS_STREAM, TEAMS_FACTS, at=at)
-    state = Teams()
-    for recorded in events:
-        apply_teams(state, recorded)
-    state.version = head
-    return state
+    return await TEAMS.load(reader, at=at)
 
 
 async def current_teams(store: EventStore) -> Teams:
-    """The teams as of now, from the store's cached fold plus what was appended since (read
-    only; never mutate it)."""
-    cached = _CACHE.setdefault(store, _Cached())
-    async with cached.lock:
-        events, head = await read_facts(
-            store, TEAMS_STREAM, TEAMS_FACTS, after_version=cached.state.version
-        )
-        for recorded in events:
-            apply_teams(cached.state, recorded)
-        cached.state.version = max(cached.state.version, head)
-        return cached.state
+    """The teams as of now (read only; never mutate it)."""
+    return await TEAMS.current(store)
 
 
 async def teams_for(reader: Reader) -> Teams:
     """:func:`current_teams` of a store; folded afresh in a transaction (what it will decide
     on)."""
-    if isinstance(reader, EventStore):
-        return await current_teams(reader)
-    return await load_teams(reader)
+    return await TEAMS.for_reader(reader)
 
 
 async def decide_teams(
