@@ -39,7 +39,9 @@ def register(sub: Any) -> None:
     create = verbs.add_parser("create", help="create a template from a YAML file (not replace)")
     create.add_argument("name", metavar="template_name")
     create.add_argument("template_file", metavar="FILE", type=Path, help="partial config YAML")
-    create.add_argument("--workspace", "-w", help="accepted; cairn has no workspaces")
+    create.add_argument(
+        "--workspace", "-w", help="accepted; templates are shared by the whole cluster"
+    )
     add_json_flag(create)
     create.set_defaults(handler=cmd_set, must_be="new")
 

@@ -114,8 +114,9 @@ class Config:
         data: free-form data (``core_v2.info.user_data``).
         description: the experiment's description.
         labels: the experiment's labels.
-        workspace: accepted for Determined's API (cairn has no workspaces).
-        project: accepted for Determined's API (cairn has no projects).
+        workspace: the workspace of the experiment's project (with ``project``; neither: the
+            default one).
+        project: the project the experiment is created in.
         checkpoint_storage: a directory, ``file://`` or ``s3://bucket/prefix`` URL, or a
             checkpoint storage config mapping.
         searcher: the searcher section (default ``{name: single, metric: unmanaged}``).
@@ -145,7 +146,7 @@ class Config:
         }
         if self.hparams:
             config["hyperparameters"] = dict(self.hparams)
-        for key in ("data", "description", "labels"):
+        for key in ("data", "description", "labels", "workspace", "project"):
             value = getattr(self, key)
             if value is not None:
                 config[key] = value

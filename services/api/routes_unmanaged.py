@@ -43,6 +43,7 @@ from services.api.inbox import in_transaction
 from services.api.routes_experiment_submit import validate_config
 from services.api.routing import STATE, USERS, Access, RouteTable, state_of, store_of
 from services.api.runs import not_current
+from services.api.teams import current_teams, project_for_experiment
 from services.api.views import experiment_of, load_experiment, load_trial
 
 log = structlog.get_logger("api")
@@ -153,6 +154,7 @@ async def open_unmanaged_run(request: web.Request) -> web.Response:
     state = state_of(request)
     store = state.store
     owner = principal.name
+    project = project_for_experiment(await current_teams(store), principal, config)
 
     async def work(tx: Transaction) -> dict[str, Any]:
         await _lock(tx, owner, body.external_experiment_id)
@@ -168,6 +170,7 @@ async def open_unmanaged_run(request: web.Request) -> web.Response:
                     warnings=tuple(warnings),
                     unmanaged=True,
                     external_id=body.external_experiment_id,
+                    project_id=project.project_id,
                 )
             )
             await append_decided(

@@ -321,3 +321,23 @@ async def test_a_bound_pool_takes_only_its_workspaces_experiments(api: Api) -> N
     await created(
         api, "POST", "/api/v1/experiments", api.admin, {"config": on_gpu, "activate": False}
     )
+
+
+async def test_an_unmanaged_run_lands_in_its_configs_project(api: Api) -> None:
+    """core_v2's workspace/project create the unmanaged experiment in that project; an unknown
+    one is a 400 naming the field."""
+    await created(api, "POST", "/api/v1/workspaces", api.admin, {"name": "laptops"})
+    await created(api, "POST", "/api/v1/workspaces/laptops/projects", api.admin, {"name": "runs"})
+    config = {
+        "name": "laptop-run",
+        "searcher": {"name": "single", "metric": "unmanaged"},
+        "workspace": "laptops",
+        "project": "runs",
+    }
+    body = {"external_experiment_id": "e1", "external_trial_id": "t1", "config": config}
+    opened = await api.ok("POST", "/api/v1/unmanaged/trials", token=api.admin, json=body)
+    detail = await api.ok("GET", f"/api/v1/experiments/{opened['experiment_id']}", token=api.admin)
+    assert (detail["workspace"], detail["project"]) == ("laptops", "runs")
+    wrong = body | {"external_experiment_id": "e2", "config": config | {"project": "nope"}}
+    status, answer = await api.call("POST", "/api/v1/unmanaged/trials", token=api.admin, json=wrong)
+    assert status == 400 and answer["error"]["path"] == "project", answer
