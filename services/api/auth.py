@@ -157,7 +157,7 @@ def verify_trial_token(secret: bytes, token: str) -> tuple[str, int] | None:
         return None
     signed, sep, _ = token[len(TRIAL_PREFIX) :].rpartition(":")
     label, sep2, run = signed.rpartition(":")
-    if not sep or not sep2 or not label or not run.isdigit() or len(run) > 18:
+    if not sep or not sep2 or not label or not (run.isascii() and run.isdigit()) or len(run) > 18:
         return None
     expected = _sign(secret, signed)
     if not hmac.compare_digest(expected.encode(), token.encode()):

@@ -20,7 +20,7 @@ from events.domain.deciders import Decision
 from events.domain.deciders.teams import BindPool, decide_bindings
 from events.domain.types.teams import MAX_NAME
 from services.api.auth import Principal
-from services.api.errors import parse, read_json
+from services.api.errors import bad_request, parse, read_json
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.teams import authorize, current_teams, decide_teams, workspace_by_ref
 
@@ -48,6 +48,25 @@ class BindingsResponse(BaseModel):
     workspaces: list[str]
 
 
+MAX_POOL_NAME = 200
+"""The longest pool name a path may give."""
+
+
+def pool_of(request: web.Request) -> str:
+    """The pool the path names; a 400 for one no config could name (empty, too long, control
+    characters, not encodable text)."""
+    pool = request.match_info["pool"]
+    try:
+        pool.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("pool: not a valid name", path="pool") from None
+    if not pool or len(pool) > MAX_POOL_NAME or not pool.isprintable():
+        raise bad_request(
+            f"pool: a pool name is 1 to {MAX_POOL_NAME} printable characters", path="pool"
+        )
+    return pool
+
+
 def _answer(teams: Teams, pool: str) -> dict[str, Any]:
     bound = sorted(teams.pool_bindings.get(pool, ()))
     names = [teams.workspaces[w].name for w in bound if w in teams.workspaces]
@@ -60,11 +79,11 @@ def _answer(teams: Teams, pool: str) -> dict[str, Any]:
 async def list_bindings(request: web.Request) -> web.Response:
     """The workspaces a pool serves."""
     teams = await current_teams(store_of(request))
-    return web.json_response(_answer(teams, request.match_info["pool"]))
+    return web.json_response(_answer(teams, pool_of(request)))
 
 
 async def _change(request: web.Request, mode: str) -> web.Response:
-    pool = request.match_info["pool"]
+    pool = pool_of(request)
     body = parse(BindingsBody, await read_json(request))
 
     def act(teams: Teams, principal: Principal) -> Decision:

@@ -132,7 +132,9 @@ class PermissionsResponse(BaseModel):
 
 
 def _assignment(teams: Teams, role: str, kind: str, who: str, ws: int | None) -> dict[str, Any]:
-    group = teams.groups.get(int(who)) if kind == "group" and who.isdigit() else None
+    group = (
+        teams.groups.get(int(who)) if kind == "group" and who.isascii() and who.isdigit() else None
+    )
     workspace = teams.workspaces.get(ws) if ws is not None else None
     return {
         "role": role,
@@ -321,7 +323,7 @@ async def create_group(request: web.Request) -> web.Response:
 
 
 def _group_of(teams: Teams, ref: str) -> Group:
-    if ref.isdigit() and int(ref) in teams.groups:
+    if ref.isascii() and ref.isdigit() and int(ref) in teams.groups:
         return teams.groups[int(ref)]
     group = teams.group_named(ref)
     if group is None:

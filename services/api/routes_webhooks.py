@@ -250,7 +250,7 @@ def _editable(teams: Teams, principal: Principal, hook: Webhook) -> Webhook:
 
 def _webhook_id(request: web.Request) -> int:
     raw = request.match_info["webhook_id"]
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise bad_request(f"webhook id must be a positive integer, got {raw[:40]!r}", path="id")
     return int(raw)
 

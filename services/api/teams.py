@@ -122,7 +122,7 @@ def _name(teams: Teams, workspace_id: int) -> str:
 
 def workspace_by_ref(teams: Teams, ref: str) -> Workspace:
     """The workspace ``ref`` names (its id, or its name); 404 otherwise."""
-    if ref.isdigit() and int(ref) in teams.workspaces:
+    if ref.isascii() and ref.isdigit() and int(ref) in teams.workspaces:
         return teams.workspaces[int(ref)]
     found = teams.workspace_named(ref)
     if found is None:
@@ -132,7 +132,7 @@ def workspace_by_ref(teams: Teams, ref: str) -> Workspace:
 
 def project_by_ref(teams: Teams, ref: str, workspace: Workspace | None = None) -> Project:
     """The project ``ref`` names (its id; or its name in ``workspace``); 404 otherwise."""
-    if ref.isdigit() and int(ref) in teams.projects:
+    if ref.isascii() and ref.isdigit() and int(ref) in teams.projects:
         project = teams.projects[int(ref)]
         if workspace is None or project.workspace_id == workspace.workspace_id:
             return project

@@ -113,8 +113,11 @@ async def test_rank_sigkill_restarts_gang_from_checkpoint_to_fault_free_accuracy
 
     await wait_for(cluster, completed, timeout=180)
     events = await store.read_stream(stream)
-    exits = [(e.payload["run_id"], e.payload["outcome"]) for e in events if e.type == "TrialExited"]
-    assert exits == [(1, "failed"), (2, "completed")], "the SIGKILL failed run 1 mid-run"
+    exited = [e.payload for e in events if e.type == "TrialExited"]
+    exits = [(p["run_id"], p["outcome"]) for p in exited]
+    assert exits == [(1, "failed"), (2, "completed")], (
+        f"the SIGKILL failed run 1 mid-run; exits: {exited}\n{cluster.logs()}"
+    )
     allocated = [e.payload["placements"] for e in events if e.type == "SlotsAllocated"]
     assert [sorted(p) for p in allocated] == [list(GANG_AGENTS)] * 2, "one rank on each agent"
     [restarted] = [e.payload for e in events if e.type == "TrialRestarted"]

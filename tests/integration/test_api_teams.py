@@ -134,6 +134,18 @@ async def test_hostile_team_requests_are_clear_4xx(api: Api) -> None:
         "POST", "/api/v1/groups", token=api.admin, json={"name": "g", "add_users": ["ghost"]}
     )
     assert status == 400 and "ghost" in answer["error"]["message"]
+    for method, path, body in (
+        ("GET", "/api/v1/workspaces/\u00b9", None),  # a digit to str.isdigit, not to int()
+        ("GET", "/api/v1/groups/\u00b2", None),
+        ("POST", "/api/v1/resource-pools/gpu/workspace-bindings", {"workspace_names": ["\u00b9"]}),
+    ):
+        status, answer = await api.call(method, path, token=api.admin, json=body)
+        assert status == 404, (path, status, answer)
+    status, answer = await api.call(
+        "PUT", "/api/v1/resource-pools/a%07b/workspace-bindings", token=api.admin,
+        json={"workspace_names": []},
+    )  # fmt: skip
+    assert status == 400 and answer["error"]["path"] == "pool", answer
     half = CONFIG.replace("name: mnist", "name: half\nworkspace: nlp")
     status, answer = await api.call(
         "POST", "/api/v1/experiments", token=api.admin, json={"config": half}

@@ -330,7 +330,8 @@ def decide_role(state: Teams, command: ChangeRole) -> Decision:
                 "workspace_name",
             )
     if command.principal_kind == "group" and (
-        not command.principal.isdigit() or int(command.principal) not in state.groups
+        not (command.principal.isascii() and command.principal.isdigit())
+        or int(command.principal) not in state.groups
     ):
         return not_found(f"no group {command.principal}")
     held = any(
