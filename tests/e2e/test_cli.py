@@ -677,8 +677,12 @@ def test_teams_workspaces_groups_and_roles(
     assert "granted" in granted.stdout
     exp_id = str(finished["id"])
     assert "moved" in ok(cluster, "e", "move", exp_id, "vision", "detection").stdout
-    listed = as_json(cluster, "project", "list-experiments", "vision", "detection")
-    assert [e["id"] for e in listed["experiments"]] == [finished["id"]]
+    listed = wait_until_sync(  # the list reads the projection, which follows the move
+        lambda: as_json(cluster, "project", "list-experiments", "vision", "detection")[
+            "experiments"
+        ]
+    )
+    assert [e["id"] for e in listed] == [finished["id"]]
 
     ana = as_user(cluster, tmp_path / "ana", "ana", "pw-ana-123", "--json", "e", "describe", exp_id)
     assert ana.returncode == 0, ana.stderr
@@ -702,6 +706,7 @@ def test_teams_workspaces_groups_and_roles(
 SDK_WORKSPACES = """
 import json
 import sys
+import time
 from cairn.experimental import client
 
 exp_id = int(sys.argv[1])
@@ -710,8 +715,14 @@ project = ws.create_project("sdk-project", "from the SDK")
 exp = client.get_experiment(exp_id)
 exp.move_to_project("sdk-ws", "sdk-project")
 assert exp.project_id == project.id and exp.workspace_id == ws.id, (exp.project_id, project)
-listed = [e.id for e in client.get_workspace("sdk-ws").get_project("sdk-project").list_experiments()]
-by_filter = [e.id for e in client.list_experiments(project_id=project.id)]
+deadline = time.monotonic() + 60
+while True:  # lists read the tracker's projection, which follows the move a moment later
+    found = client.get_workspace("sdk-ws").get_project("sdk-project")
+    listed = [e.id for e in found.list_experiments()]
+    by_filter = [e.id for e in client.list_experiments(project_id=project.id)]
+    if (listed and by_filter) or time.monotonic() > deadline:
+        break
+    time.sleep(0.2)
 exp.move_to_project("Uncategorized", "Uncategorized")
 ws.delete_project("sdk-project")
 client.delete_workspace("sdk-ws")
