@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import webbrowser
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
 from cairn.cli.command import add_submission_flags, submit_task
-from cairn.cli.output import add_json_flag, print_json, wants_json
-from cairn.cli.served import add_task_verbs, list_kind, task_to_open, wait_ready
+from cairn.cli.output import add_json_flag, wants_json
+from cairn.cli.served import (
+    add_task_verbs,
+    list_kind,
+    proxy_url,
+    show_url,
+    task_to_open,
+    wait_ready,
+)
 from cairn.client import Client
 
 CONFIG_TEMPLATE = """\
@@ -55,17 +61,11 @@ def register(sub: Any) -> None:
 
 def notebook_url(client: Client, task: dict[str, Any]) -> str:
     """The notebook's address through the API's proxy."""
-    return f"{client.master}{task.get('proxy_path') or '/proxy/' + str(task['id']) + '/'}lab"
+    return proxy_url(client, task, "lab")
 
 
 def _show(args: argparse.Namespace, client: Client, task: dict[str, Any]) -> None:
-    url = notebook_url(client, task)
-    if wants_json(args):
-        print_json({**task, "url": url})
-        return
-    print(url)
-    if not args.no_browser:
-        webbrowser.open(url)
+    show_url(args, task, notebook_url(client, task))
 
 
 def notebook_start(args: argparse.Namespace) -> int:

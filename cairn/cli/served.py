@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import webbrowser
 from typing import Any
 
 from cairn.cli import auth_store
@@ -56,6 +57,22 @@ def add_task_verbs(
 
     config = verbs.add_parser("config", help=f"print the {label} config template")
     config.set_defaults(handler=config_handler)
+
+
+def proxy_url(client: Client, task: dict[str, Any], page: str = "") -> str:
+    """A served task's address through the API's proxy (``page``: a path under it)."""
+    return f"{client.master}{task.get('proxy_path') or '/proxy/' + str(task['id']) + '/'}{page}"
+
+
+def show_url(args: argparse.Namespace, task: dict[str, Any], url: str) -> None:
+    """Prints a served task's ``url`` (with the task, under ``--json``) and opens a browser on
+    it unless ``--no-browser``."""
+    if wants_json(args):
+        print_json({**task, "url": url})
+        return
+    print(url)
+    if not args.no_browser:
+        webbrowser.open(url)
 
 
 def wait_ready(

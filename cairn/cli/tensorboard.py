@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import webbrowser
 from pathlib import Path
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
 from cairn.cli.command import submit_task
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
-from cairn.cli.served import add_task_verbs, wait_ready
+from cairn.cli.served import add_task_verbs, proxy_url, show_url, wait_ready
 from cairn.client import Client
 from cairn.errors import UsageError
 
@@ -83,17 +82,11 @@ def register(sub: Any) -> None:
 
 def tensorboard_url(client: Client, task: dict[str, Any]) -> str:
     """The TensorBoard's address through the API's proxy."""
-    return f"{client.master}{task.get('proxy_path') or '/proxy/' + str(task['id']) + '/'}"
+    return proxy_url(client, task)
 
 
 def _show(args: argparse.Namespace, client: Client, task: dict[str, Any]) -> None:
-    url = tensorboard_url(client, task)
-    if wants_json(args):
-        print_json({**task, "url": url})
-        return
-    print(url)
-    if not args.no_browser:
-        webbrowser.open(url)
+    show_url(args, task, tensorboard_url(client, task))
 
 
 def _shown(task: dict[str, Any]) -> str:
