@@ -32,10 +32,12 @@ from events.domain.deciders.teams import (
     decide_workspace,
 )
 from events.domain.types.teams import MAX_NAME
+from events.log.store import Transaction
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
 from services.api.errors import ApiError, parse, read_json
 from services.api.experiment_commands import act_on_experiment, experiment_id_of
+from services.api.model_views import models_by_workspace
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.teams import (
     allows,
@@ -293,15 +295,29 @@ routes.post(
 
 @routes.add("DELETE", "/api/v1/workspaces/{workspace}", allow=USERS, response=DeletedResponse)
 async def delete_workspace(request: web.Request) -> web.Response:
-    """Deletes an empty workspace (409 naming what it still holds)."""
+    """Deletes an empty workspace (409 naming what it still holds: projects, models)."""
     seen: list[int] = []
+    models: dict[int, list[str]] = {}
+
+    async def count_models(tx: Transaction) -> None:
+        models.clear()
+        models.update(await models_by_workspace(tx))
 
     def make(workspace: Workspace) -> DeleteWorkspace:
         seen.append(workspace.workspace_id)
-        return DeleteWorkspace(workspace.workspace_id)
+        names = sorted(models.get(workspace.workspace_id, []))
+        holds = (
+            f"{len(names)} model(s) ({', '.join(repr(n) for n in names[:5])}): move or delete "
+            "them first"
+            if names
+            else ""
+        )
+        return DeleteWorkspace(workspace.workspace_id, holds=holds)
 
     _, events = await decide_teams(
-        request, _workspace_change(request, make, Permission.DELETE_WORKSPACE)
+        request,
+        _workspace_change(request, make, Permission.DELETE_WORKSPACE),
+        before=count_models,
     )
     return web.json_response({"id": seen[-1], "deleted": bool(events)})
 
