@@ -168,6 +168,12 @@ ACTIONS: list[tuple[str, Permission]] = [
     ("grant a role in the workspace", P.ASSIGN_ROLES),
     ("create a workspace", P.CREATE_WORKSPACE),
     ("create a group", P.UPDATE_GROUP),
+    ("read the owner's model", P.VIEW_MODEL_REGISTRY),
+    ("list the owner's model", P.VIEW_MODEL_REGISTRY),
+    ("read the owner's model's versions", P.VIEW_MODEL_REGISTRY),
+    ("create a model in the workspace", P.CREATE_MODEL_REGISTRY),
+    ("edit the owner's model", P.EDIT_MODEL_REGISTRY),
+    ("move the owner's model (to where it is)", P.DELETE_MODEL_REGISTRY),
 ]
 """What each row of the matrix does, and the permission it needs."""
 
@@ -198,10 +204,26 @@ async def act(api: Api, action: str, token: str, who: str, ids: dict[str, int]) 
         ),
         "create a workspace": ("POST", "/api/v1/workspaces", {"name": f"ws-{who}"}),
         "create a group": ("POST", "/api/v1/groups", {"name": f"group-{who}"}),
+        "read the owner's model": ("GET", "/api/v1/models/owned", None),
+        "read the owner's model's versions": ("GET", "/api/v1/models/owned/versions", None),
+        "create a model in the workspace": (
+            "POST",
+            "/api/v1/models",
+            {"name": f"model-{who}", "workspace_name": "alpha"},
+        ),
+        "edit the owner's model": ("PATCH", "/api/v1/models/owned", {"notes": who}),
+        "move the owner's model (to where it is)": (
+            "POST",
+            "/api/v1/models/owned/move",
+            {"workspace_name": "alpha"},
+        ),
     }
     if action == "list the owner's experiment":
         listed = await api.ok("GET", "/api/v1/experiments?archived=all", token=token)
         return exp in {e["id"] for e in listed["experiments"]}
+    if action == "list the owner's model":
+        listed = await api.ok("GET", "/api/v1/models", token=token)
+        return "owned" in {m["name"] for m in listed["models"]}
     method, path, body = requests[action]
     status, answer = await api.call(method, path, token=token, json=body)
     assert status in (200, 201, 403, 404, 409), (action, who, status, answer)
@@ -223,6 +245,9 @@ async def test_generated_role_matrix(api: Api, store: EventStore) -> None:
     await grant(api, "Editor", "owner", "alpha")
     exp = await created(
         api, "POST", "/api/v1/experiments", owner, {"config": in_project("alpha", "main")}
+    )
+    await created(
+        api, "POST", "/api/v1/models", owner, {"name": "owned", "workspace_name": "alpha"}
     )
     await catch_up(store)
     ids = {"experiment": exp["id"], "project": project["id"]}
