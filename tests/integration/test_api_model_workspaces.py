@@ -6,12 +6,19 @@ before workspaces) is in the default one."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
+import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cairn.cli import main as cli_main
+from cairn.experimental.client import Determined
 from events.log.store import EventStore
 from tests.integration.test_api_models import alices_experiment, status_of
 from tests.integration.test_api_support import Api, running_api, types_of
@@ -194,3 +201,70 @@ async def test_a_model_of_the_old_log_is_in_the_default_workspace_and_moves(
     assert await names(api, ana) == []
     new = await api.ok("POST", "/api/v1/models", token=ana, json={"name": "next"})
     assert new["id"] == 2 and new["workspace_id"] == 1
+
+
+SERVER_LOG = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
+"""A line the gateway (serving in this process) logs while the CLI's output is captured."""
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    """Runs ``cairn ARGS`` in this process; its exit code and what it printed (without the
+    gateway's log lines)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = cli_main(list(args))
+    lines = out.getvalue().splitlines(keepends=True)
+    return code, "".join(line for line in lines if not SERVER_LOG.match(line))
+
+
+def sdk_moves(url: str, password: str) -> list[Any]:
+    """What the SDK sees as ``edna`` creating a model in ``a`` and moving it to ``b``."""
+    client = Determined(master=url, user="edna", password=password)
+    model = client.create_model("sdk model", description="by the SDK", workspace_name="a")
+    seen: list[Any] = [model.workspace_id, model.workspace]
+    seen.append([m.name for m in client.get_models(workspace_names=["a"])])
+    model.move_to_workspace("b")
+    seen += [model.workspace_id, model.workspace]
+    seen.append([m.name for m in client.get_models(workspace_names=["a"])])
+    seen.append(client.get_model("sdk model").workspace_id)
+    return seen
+
+
+async def test_the_cli_and_the_sdk_create_list_and_move_models_between_workspaces(
+    api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cairn model create --workspace-name``, ``model list --workspace-names`` (with a
+    WORKSPACE column) and ``model move``; a refused move exits non-zero naming the permission;
+    the SDK's ``create_model(workspace_name=)``, ``get_models(workspace_names=)``,
+    ``Model.move_to_workspace`` and ``Model.workspace_id`` do the same."""
+    a, b = await workspace(api, "a"), await workspace(api, "b")
+    await user(api, "edna")
+    await grant(api, "Editor", "edna", "a")
+    await grant(api, "Editor", "edna", "b")
+    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CAIRN_MASTER", api.url)
+    monkeypatch.setenv("CAIRN_USER", "edna")
+    monkeypatch.setenv("CAIRN_PASSWORD", "edna-password-1")
+
+    code, out = await asyncio.to_thread(
+        run_cli, "model", "create", "cli model", "--workspace-name", "a", "--json"
+    )
+    assert code == 0 and json.loads(out)["workspace_id"] == a, out
+    code, out = await asyncio.to_thread(run_cli, "model", "list", "--workspace-names", "a")
+    assert code == 0 and "WORKSPACE" in out and "cli model" in out, out
+    code, out = await asyncio.to_thread(run_cli, "model", "move", "cli model", "-w", "b")
+    assert code == 0 and "is in workspace 'b'" in out, out
+    code, out = await asyncio.to_thread(run_cli, "m", "ls", "-w", "a", "--json")
+    assert code == 0 and json.loads(out)["models"] == [], out
+    code, out = await asyncio.to_thread(run_cli, "m", "ls", "-w", "b", "--json")
+    assert [m["workspace"] for m in json.loads(out)["models"]] == ["b"], out
+    await api.ok("POST", "/api/v1/roles/remove-assignments", token=api.admin,
+                 json={"role_name": "Editor", "username": "edna", "workspace": "a"})  # fmt: skip
+    code, out = await asyncio.to_thread(run_cli, "model", "move", "cli model", "-w", "a")
+    assert code != 0 and "create_model_registry" in out, out
+    await grant(api, "Editor", "edna", "a")
+
+    seen = await asyncio.to_thread(sdk_moves, api.url, "edna-password-1")
+    assert seen == [a, "a", ["sdk model"], b, "b", [], b]

@@ -171,7 +171,9 @@ def test_a_model_is_created_in_its_workspace_and_moves_between_workspaces() -> N
             workspace_archived=True,
         ),
     )
-    assert isinstance(refused, Refusal) and refused.reason == "conflict" and "'old'" in refused.message
+    assert (
+        isinstance(refused, Refusal) and refused.reason == "conflict" and "'old'" in refused.message
+    )
     stream = created(workspace_id=2, workspace_name="vision")
     assert stream.view.workspace_id == 2
     move = MoveModel(workspace_id=3, workspace_name="speech", actor="bob")
