@@ -144,6 +144,21 @@ def _port(raw: str) -> int:
     return value
 
 
+def _address(raw: str) -> tuple[str, int]:
+    host, sep, port = raw.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError("not HOST:PORT (e.g. 127.0.0.1:9464 or 0.0.0.0:9464)")
+    return host, int(port)
+
+
+def _count(raw: str) -> int:
+    value = _integer(raw)
+    if value < 0:
+        raise ValueError("not a count (0 or more)")
+    return value
+
+
 def _seconds(raw: str) -> float:
     try:
         value = float(raw.strip())
@@ -257,6 +272,23 @@ FAULTS: Setting[dict[str, float]] = Setting(
 LEASE_TIMEOUT: Setting[float] = Setting(
     "CAIRN_LEASE_TIMEOUT", "seconds > 0", _seconds, 1.5, f"{SERVICES} (deciders)",
     "after this long a paused leader's session ends and a standby takes over",
+)  # fmt: skip
+METRICS_ADDRESS: Setting[tuple[str, int] | None] = Setting(
+    "CAIRN_METRICS_ADDRESS", "HOST:PORT", _address, None, f"{SERVICES} but api, {AGENT}",
+    "where the process serves /metrics, /healthz and /readyz (`--metrics-address`; "
+    "docs/operations.md); for the internal network only",
+    default_doc="none: no listener",
+)  # fmt: skip
+METRICS_TOKEN_FILE: Setting[Path | None] = Setting(
+    "CAIRN_METRICS_TOKEN_FILE", "path", _path, None, API,
+    "file (mode 0600) with the bearer token a scraper presents for the gateway's /metrics "
+    "(`--metrics-token-file`); admins' tokens are accepted too",
+    default_doc="none: admins' tokens only",
+    secret_file=True,
+)  # fmt: skip
+READY_MAX_LAG: Setting[int] = Setting(
+    "CAIRN_READY_MAX_LAG", "events", _count, 10_000, f"{SERVICES} but api",
+    "a leading consumer further behind the log's head than this is not ready (/readyz)",
 )  # fmt: skip
 API_PORT: Setting[int] = Setting(
     "CAIRN_API_PORT", "port", _port, 8080, API,

@@ -10,7 +10,9 @@ started by hand, though a command line and an environment are readable by others
 (:mod:`events.domain.config.cluster`), read once here and handed to the service. Before it reads its
 credentials, the process makes itself undumpable. When the launcher sets ``CAIRN_READY_FILE``,
 the service writes that file once it is connected and serving, which is how ``cairn up`` knows
-it is healthy.
+it is healthy. With ``--metrics-address HOST:PORT`` (``CAIRN_METRICS_ADDRESS``) a service other
+than the API also serves ``/metrics``, ``/healthz`` and ``/readyz`` there
+(:mod:`services.observability.listener`); the API serves them on its own port.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from events.log.errors import EventsError, FencedError
 from events.log.lease import LeaderLease, lease_timeout
 from events.log.store import EventStore
 from services import credentials
+from services.observability import health
+from services.observability.listener import start as start_listener
+from services.observability.process import ProcessMetrics
 
 
 @dataclass
@@ -48,6 +53,9 @@ class ServiceContext:
     bus: Bus | None
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    metrics: ProcessMetrics = field(default_factory=ProcessMetrics)
+    announced: bool = False
+    role: str | None = None
 
     def ready(self, role: str | None = None) -> None:
         """Announces that the service is up (writes ``CAIRN_READY_FILE`` when set).
@@ -56,6 +64,8 @@ class ServiceContext:
             role: for a replicated decider, ``leader`` (holds the lease and has rebuilt its
                 state) or ``standby`` (another replica holds the lease).
         """
+        self.announced = True
+        self.role = role
         path = settings.READY_FILE.get()
         if path is not None:
             path.write_text(str(os.getpid()))
@@ -87,7 +97,41 @@ def base_parser(name: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default=settings.LOG_LEVEL.get())
     add_cluster_config_flag(parser)
+    if name != "api":  # the gateway serves /metrics and the probes on its own port
+        add_metrics_flags(parser)
     return parser
+
+
+def add_metrics_flags(parser: argparse.ArgumentParser, *, consumers: bool = True) -> None:
+    """Adds ``--metrics-address HOST:PORT`` and, for a process that runs consumers,
+    ``--ready-max-lag EVENTS``."""
+    parser.add_argument(
+        "--metrics-address",
+        type=metrics_address,
+        default=settings.METRICS_ADDRESS.raw(),
+        help="serve /metrics, /healthz and /readyz on HOST:PORT, for the internal network "
+        "(CAIRN_METRICS_ADDRESS; default: no listener)",
+    )
+    if not consumers:
+        return
+    parser.add_argument(
+        "--ready-max-lag",
+        type=int,
+        default=settings.READY_MAX_LAG.get(),
+        help="a leader whose consumers are further behind the log than this many events is "
+        "not ready (CAIRN_READY_MAX_LAG)",
+    )
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` parsed for ``--metrics-address`` (argparse names the flag on error)."""
+    try:
+        address = settings.METRICS_ADDRESS.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is {exc}") from None
+    if address is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return address
 
 
 def add_cluster_config_flag(parser: argparse.ArgumentParser) -> None:
@@ -115,11 +159,14 @@ def main(
     parser: argparse.ArgumentParser | None = None,
     needs_bus: bool | None = True,
     decider: bool = False,
+    consumers: tuple[str, ...] = (),
 ) -> None:
     """Parses flags, connects, runs ``run`` until SIGTERM/SIGINT, and exits non-zero on failure.
 
     ``needs_bus``: connect to NATS (``None``: only when a NATS URL was given). ``decider``: the
     service leads by lease (its paused transactions end sooner; see :func:`session_settings`).
+    ``consumers``: the checkpoint names the service runs, whose lag its ``/metrics`` shows and
+    its ``/readyz`` bounds.
     """
     credentials.make_undumpable()
     args = (parser or base_parser(name)).parse_args()
@@ -138,7 +185,7 @@ def main(
     cluster = cluster_config_of(args, log)
     try:
         bus = bool(args.nats) if needs_bus is None else needs_bus
-        asyncio.run(_serve(name, args, run, bus, decider, cluster))
+        asyncio.run(_serve(name, args, run, bus, decider, cluster, consumers))
     except EventsError as exc:
         log.error("service failed", error=str(exc))
         sys.exit(1)
@@ -170,20 +217,67 @@ async def _serve(
     needs_bus: bool,
     decider: bool,
     cluster: ClusterConfig,
+    consumers: tuple[str, ...],
 ) -> None:
     settings = session_settings(decider=decider)
     store = await _retry(lambda: EventStore.connect(args.db, settings=settings))
     bus = await _retry(lambda: Bus.connect(args.nats, name=name)) if needs_bus else None
-    ctx = ServiceContext(name=name, args=args, store=store, bus=bus, cluster=cluster)
+    ctx = ServiceContext(
+        name=name,
+        args=args,
+        store=store,
+        bus=bus,
+        cluster=cluster,
+        metrics=ProcessMetrics(consumers),
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, ctx.stop.set)
+    address = getattr(args, "metrics_address", None)
+    listener = None
     try:
+        if address is not None:
+            listener = await start_listener(
+                address, checks=lambda: readiness(ctx), exposition=lambda: exposition(ctx)
+            )
         await run(ctx)
     finally:
+        if listener is not None:
+            await listener.cleanup()
+        ctx.metrics.close()
         if bus is not None:
             await bus.close()
         await store.close()
+
+
+async def readiness(ctx: ServiceContext) -> dict[str, str]:
+    """The service's readiness checks: it announced itself ready, the database answers, the
+    bus is connected, and (unless it stands by) its consumers are within ``--ready-max-lag``."""
+    checks = {
+        "started": health.OK if ctx.announced else "the service has not finished starting",
+        "database": await health.database(ctx.store),
+        "bus": health.bus(ctx.bus),
+    }
+    if ctx.metrics.consumers and checks["database"] == health.OK:
+        try:
+            head, checkpoints = await asyncio.wait_for(
+                ctx.metrics.refresh_lag(ctx.store), health.CHECK_TIMEOUT
+            )
+        except (EventsError, TimeoutError) as exc:
+            checks["caught_up"] = f"could not read the checkpoints: {exc}"
+        else:
+            if ctx.role != "standby":  # a standby's checkpoints are its leader's
+                checks["caught_up"] = health.caught_up(
+                    head, checkpoints, ctx.metrics.consumers, ctx.args.ready_max_lag
+                )
+    ctx.metrics.ready.set(all(result == health.OK for result in checks.values()))
+    return checks
+
+
+async def exposition(ctx: ServiceContext) -> bytes:
+    """Refreshes the scrape-time gauges (readiness, consumer lag) and returns ``/metrics``."""
+    await readiness(ctx)
+    return ctx.metrics.exposition()
 
 
 async def _retry(connect: Callable[[], Awaitable[T]], attempts: int = 30) -> T:

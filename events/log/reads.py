@@ -147,6 +147,19 @@ class LogReads:
             value = await conn.fetchval("SELECT coalesce(max(position), 0) FROM events")
         return int(value)
 
+    async def consumer_positions(self) -> tuple[int, dict[str, int]]:
+        """The head of the log and every consumer's checkpoint, read in one statement (so a
+        consumer's lag, head minus checkpoint, is never negative from two moments' reads)."""
+        async with self._reading() as conn:
+            rows = await conn.fetch(
+                """SELECT (SELECT coalesce(max(position), 0) FROM events) AS head,
+                          name, position FROM checkpoints
+                   UNION ALL SELECT (SELECT coalesce(max(position), 0) FROM events), NULL, NULL
+                   ORDER BY name NULLS FIRST"""
+            )
+        head = int(rows[0]["head"])
+        return head, {str(r["name"]): int(r["position"]) for r in rows if r["name"] is not None}
+
     async def position_at(self, moment: datetime) -> int:
         """The last position recorded at or before ``moment`` (0 if none was).
 

@@ -13,11 +13,12 @@ that run as :data:`events.log.migrations.LOG_WRITER`: a service's role may execu
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from events.log import faults, migrations, origin
+from events.log import append_timing, faults, migrations, origin
 from events.log.db import Connection, Pool, acquire, create_pool, translate_errors
 from events.log.envelope import (
     Event,
@@ -179,6 +180,7 @@ class Transaction(LogReads):
                     stream_id, item.event.event_type, size, self.max_event_bytes, part, part_size
                 )
         check = fence if fence is not None and fence != self._fenced else None
+        started = time.perf_counter()
         with translate_errors(stream_id):
             rows = await self.conn.fetch(
                 _APPEND,
@@ -221,6 +223,7 @@ class Transaction(LogReads):
             for v, item, payload, meta in zip(versions, items, payloads, metas, strict=True)
         ]
         origin.count_appended(len(recorded))
+        append_timing.appended(time.perf_counter() - started, len(recorded))
         if self._in_transaction:
             await faults.point("store.before_commit")
         return recorded

@@ -2,7 +2,9 @@
 
 The agent has no database: it talks to the API gateway over HTTP and receives commands from NATS.
 It writes ``CAIRN_READY_FILE`` (when set) once registered and subscribed, and shuts down cleanly
-on SIGTERM/SIGINT: it stops taking commands, stops its runs and reports their exits.
+on SIGTERM/SIGINT: it stops taking commands, stops its runs and reports their exits. With
+``--metrics-address HOST:PORT`` it serves ``/metrics``, ``/healthz`` and ``/readyz`` there
+(:mod:`services.observability.agent`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from services.agent.agent import Agent
 from services.agent.config import AgentConfig
 from services.agent.credential import CredentialError
 from services.agent.runtime import safe_name
-from services.runtime import add_cluster_config_flag, cluster_config_of
+from services.observability.agent import AgentMetrics
+from services.observability.listener import start as start_listener
+from services.runtime import add_cluster_config_flag, add_metrics_flags, cluster_config_of
 
 
 def parser() -> argparse.ArgumentParser:
@@ -110,6 +114,7 @@ def parser() -> argparse.ArgumentParser:
         "are hidden)",
     )
     add_cluster_config_flag(p)
+    add_metrics_flags(p, consumers=False)
     p.add_argument("--log-level", default=settings.LOG_LEVEL.get())
     p.add_argument("--db", default=None, help=argparse.SUPPRESS)  # accepted, unused: no database
     return p
@@ -165,19 +170,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(config))
+            asyncio.run(_serve(config, args.metrics_address))
     except CredentialError as exc:
         log.error("no credential", error=str(exc))
         return 1
     return 0
 
 
-async def _serve(config: AgentConfig) -> None:
+async def _serve(config: AgentConfig, metrics_address: tuple[str, int] | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await Agent(config).run(stop)
+    agent = Agent(config)
+    listener = None
+    if metrics_address is not None:
+        metrics = AgentMetrics(agent)
+        listener = await start_listener(
+            metrics_address, checks=metrics.checks, exposition=metrics.exposition
+        )
+    try:
+        await agent.run(stop)
+    finally:
+        if listener is not None:
+            await listener.cleanup()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -95,6 +96,8 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
         self._registrations = 0
         self._registered = False
         self._heartbeats = 0
+        self.last_heartbeat: float | None = None
+        """When (``time.monotonic()``) the gateway last took a heartbeat of this process."""
         self._bus: Bus | None = None
         self._sub: Any = None
         self.credential: Credential | None = None
@@ -225,6 +228,16 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
             "registered", agent_id=self.id, slots=len(self.slots), incarnation=self.incarnation
         )
 
+    @property
+    def registered(self) -> bool:
+        """Whether this process has registered with the gateway."""
+        return self._registered
+
+    @property
+    def bus_connected(self) -> bool:
+        """Whether the agent's NATS connection is up."""
+        return self._bus is not None and self._bus.nc.is_connected
+
     def running(self) -> list[str]:
         """Ids of the allocations this agent is starting or running."""
         return sorted(a.allocation_id for a in self.allocations.values() if a.active)
@@ -243,6 +256,7 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
                     seq,
                     f"heartbeat:{self.id}:{self.incarnation}:{seq}",
                 )
+                self.last_heartbeat = time.monotonic()
                 if not answer.registered:
                     log.warning("the API no longer knows this agent; registering again")
                     await self.register()

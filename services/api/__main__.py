@@ -5,7 +5,8 @@ Checks its migrations, creates the initial admin user (password from
 needed, serves HTTP, announces readiness and runs until SIGTERM/SIGINT. NATS is optional
 (connected when a URL is given). ``--join-token-file`` names the cluster's join token and
 ``--nats-authority-file`` the bus's signing authority (both mode 0600; only the gateway reads the
-latter), with which it gives each joining agent its own NATS user.
+latter), with which it gives each joining agent its own NATS user. ``--metrics-token-file``
+names the bearer token a Prometheus scraper presents for ``/metrics`` (admins' tokens work too).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ async def run(ctx: ServiceContext) -> None:
         nats_authority=authority,
         cluster=ctx.cluster,
         admin_password=credentials.secret("CAIRN_ADMIN_PASSWORD"),
+        metrics_token=(
+            credentials.secret("CAIRN_METRICS_TOKEN", ctx.args.metrics_token_file)
+            if ctx.args.metrics_token_file
+            else None
+        ),
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -71,6 +77,12 @@ def parser() -> argparse.ArgumentParser:
         "--nats-authority-file",
         default=settings.NATS_AUTHORITY_FILE.raw(),
         help="the bus's signing authority, to issue agents NATS users (CAIRN_NATS_AUTHORITY_FILE)",
+    )
+    p.add_argument(
+        "--metrics-token-file",
+        default=settings.METRICS_TOKEN_FILE.raw(),
+        help="file (mode 0600) with the bearer token a scraper presents for /metrics, "
+        "besides an admin's (CAIRN_METRICS_TOKEN_FILE)",
     )
     return p
 

@@ -28,6 +28,7 @@ from services.api import (
     routes_experiments,
     routes_master,
     routes_models,
+    routes_observability,
     routes_pool_bindings,
     routes_rbac,
     routes_rendezvous,
@@ -86,6 +87,7 @@ ROUTE_TABLES: tuple[RouteTable, ...] = (
     routes_unmanaged.routes,
     routes_tasks.routes,
     routes_tensorboards.routes,
+    routes_observability.routes,
 )
 
 
@@ -104,6 +106,7 @@ def create_app(
     nats_authority: Authority | None = None,
     cluster: ClusterConfig | None = None,
     admin_password: str | None = None,
+    metrics_token: str | None = None,
 ) -> web.Application:
     """Builds the gateway application.
 
@@ -123,12 +126,20 @@ def create_app(
         cluster: the cluster config (``None``: every default).
         admin_password: the initial admin's password (see
             :func:`services.api.auth.ensure_admin`); without one no admin is created.
+        metrics_token: the bearer token a scraper may present for ``/metrics`` besides an
+            admin's (:mod:`services.api.routes_observability`).
 
     Returns:
         The application, ready for an ``AppRunner``.
     """
     app = web.Application(
-        middlewares=[audit_middleware, error_middleware, auth_middleware, body_limit_middleware],
+        middlewares=[
+            routes_observability.request_metrics_middleware,
+            audit_middleware,
+            error_middleware,
+            auth_middleware,
+            body_limit_middleware,
+        ],
         client_max_size=DEFAULT_MAX_BODY,
     )
     state = ApiState(
@@ -149,6 +160,7 @@ def create_app(
         state.routes[route.handler] = route
     app.on_startup.append(functools.partial(_startup, admin_password=admin_password))
     routes_unmanaged.install(app)
+    routes_observability.install(app, metrics_token=metrics_token)
     proxy.install(app)
     return app
 

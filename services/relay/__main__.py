@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from events.log.relay import Relay
+from events.log.relay import CHECKPOINT, Relay
 from services.runtime import ServiceContext, main, run_until_stopped
 
 
@@ -21,4 +21,4 @@ async def run(ctx: ServiceContext) -> None:
 
 
 if __name__ == "__main__":
-    main("relay", run, decider=True)
+    main("relay", run, decider=True, consumers=(CHECKPOINT,))

@@ -51,4 +51,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    main("scheduler", run, parser=_parser(), decider=True)
+    main(
+        "scheduler",
+        run,
+        parser=_parser(),
+        decider=True,
+        consumers=(SchedulerConsumer.name,),
+    )

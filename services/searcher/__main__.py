@@ -33,4 +33,4 @@ async def run(ctx: ServiceContext) -> None:
 
 
 if __name__ == "__main__":
-    main("searcher", run, decider=True)
+    main("searcher", run, decider=True, consumers=(SearcherConsumer.name,))

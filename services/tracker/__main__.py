@@ -19,7 +19,7 @@ import structlog
 from events import settings
 from events.domain.config.storage import default_checkpoint_root
 from services.runtime import ServiceContext, base_parser, main, run_until_stopped
-from services.tracker import audit, schema, webhooks
+from services.tracker import audit, gc, projections, schema, usage, webhooks
 from services.tracker.projections import rebuild
 from services.tracker.service import run_consumers
 from services.tracker.usage import rebuild as rebuild_usage
@@ -80,4 +80,10 @@ async def run(ctx: ServiceContext) -> None:
 
 
 if __name__ == "__main__":
-    main("tracker", run, parser=parser(), needs_bus="--rebuild" not in sys.argv[1:])
+    main(
+        "tracker",
+        run,
+        parser=parser(),
+        needs_bus="--rebuild" not in sys.argv[1:],
+        consumers=(projections.NAME, gc.NAME, audit.NAME, usage.NAME, webhooks.NAME),
+    )
