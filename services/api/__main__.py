@@ -44,7 +44,7 @@ async def run(ctx: ServiceContext) -> None:
         cluster=ctx.cluster,
         admin_password=credentials.secret("CAIRN_ADMIN_PASSWORD"),
         metrics_token=(
-            credentials.secret("CAIRN_METRICS_TOKEN", ctx.args.metrics_token_file)
+            read_private(Path(ctx.args.metrics_token_file), what="metrics token").strip()
             if ctx.args.metrics_token_file
             else None
         ),

@@ -110,10 +110,12 @@ async def running_api(
     checkpoint_root: Path | None = None,
     cluster: ClusterConfig = TEST_CLUSTER,
     port: int = 0,
+    metrics_token: str | None = None,
 ) -> AsyncIterator[Api]:
     """Starts the gateway on 127.0.0.1:<free port> and yields a client logged in as admin
     (``checkpoint_root``: its default checkpoint root; ``cluster``: its cluster config;
-    ``port``: a port of the caller's choosing, for a test that names it in that config)."""
+    ``port``: a port of the caller's choosing, for a test that names it in that config;
+    ``metrics_token``: the token a scraper may present for ``/metrics``)."""
     secret = await cluster_secret(store)
     app = create_app(
         store,
@@ -122,6 +124,7 @@ async def running_api(
         checkpoint_root=checkpoint_root,
         cluster=cluster,
         admin_password=ADMIN_PASSWORD,
+        metrics_token=metrics_token,
     )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
