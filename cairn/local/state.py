@@ -88,7 +88,9 @@ class ClusterState:
         dsn: PostgreSQL DSN of the ``cairn`` database, with its password.
         nats_url: the NATS URL, with its password.
         api_url: the API gateway's URL.
-        ports: ``postgres``, ``nats`` and ``api`` TCP ports on 127.0.0.1.
+        ports: ``postgres``, ``nats`` and ``api`` TCP ports on 127.0.0.1, and
+            ``<process>-metrics``: where each other service and agent serves ``/metrics``,
+            ``/healthz`` and ``/readyz`` (loopback only).
         slots: the artificial slot count given to the agent, if any.
         error: why start-up failed (status ``failed``).
         started_at: when the supervisor started (Unix time).

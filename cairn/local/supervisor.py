@@ -36,7 +36,7 @@ from cairn.local.layout import cluster_config_path, run_dir
 from cairn.local.logs import indent, logs_dir, tail
 from cairn.local.options import ClusterOptions
 from cairn.local.ports import api_port
-from cairn.local.servers import ServerStartError, start_nats, start_postgres
+from cairn.local.servers import ServerStartError, free_port, start_nats, start_postgres
 from cairn.local.state import (
     DEGRADED,
     FAILED,
@@ -62,6 +62,11 @@ POLL_INTERVAL = 0.2
 
 log = structlog.get_logger("supervisor")
 
+
+
+def metrics_port_name(process: str) -> str:
+    """The key of process ``process``'s metrics port in the cluster state's ``ports``."""
+    return f"{process}-metrics"
 
 class ClusterStartError(CairnError):
     """The embedded cluster did not come up (the message says which part and why)."""
@@ -237,6 +242,8 @@ class Supervisor:
         service_credentials.ensure_admin_password(self.data_dir, settings.ADMIN_PASSWORD.get())
         for service in service_names(self.options.agents):
             for name in replica_names(service, self.options.replicas):
+                if name != "api":  # the gateway serves /metrics on its own port
+                    self.state.ports.setdefault(metrics_port_name(name), free_port())
                 log_path = logs_dir(self.data_dir) / f"{name}.log"
                 child = self._add(ProcessState(name=name, kind="service", log=str(log_path)))
                 child.ready_file = run_dir(self.data_dir) / f"{name}.ready"
@@ -284,6 +291,7 @@ class Supervisor:
                     "CAIRN_HOME": str(self.data_dir),
                     "CAIRN_AGENT_WORK_DIR": str(self.data_dir / "agent"),
                     "CAIRN_CLUSTER_CONFIG": str(config_file) if config_file.exists() else "",
+                    "CAIRN_METRICS_ADDRESS": self._metrics_address(name),
                     **bus,
                 }
             ),
@@ -302,6 +310,12 @@ class Supervisor:
         child.started(child.proc)
         child.record.state = STARTING
         log.info("service started", name=name, pid=child.proc.pid)
+
+    def _metrics_address(self, name: str) -> str:
+        """Where process ``name`` serves /metrics and its probes: loopback only ('' for the
+        gateway, which serves them on its own port)."""
+        port = self.state.ports.get(metrics_port_name(name))
+        return f"127.0.0.1:{port}" if port else ""
 
     def _wait_ready(self) -> None:
         services = [c for c in self.children.values() if c.record.kind == "service"]

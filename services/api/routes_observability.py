@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import Histogram
+from pydantic import BaseModel
 
 from services.api.auth import authenticate, bearer
 from services.api.errors import forbidden, unauthorized
@@ -33,6 +34,19 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 """Methods labelled by name; any other is ``other`` (the method is the client's text)."""
 UNMATCHED = "unmatched"
 """The route label of a request no route matched (a 404 or 405)."""
+
+
+class LiveResponse(BaseModel):
+    """The gateway's process answers."""
+
+    status: str
+
+
+class ReadyResponse(BaseModel):
+    """Whether the gateway can serve, and each check's result (``ok`` or what is wrong)."""
+
+    ready: bool
+    checks: dict[str, str]
 
 
 @dataclass
@@ -126,7 +140,13 @@ async def check_scraper(request: web.Request) -> None:
         raise forbidden(f"a {principal.kind} token that is not an admin's may not read /metrics")
 
 
-@routes.get("/metrics", allow=PUBLIC, audit=False, raw_response="text/plain")
+@routes.get(
+    "/metrics",
+    allow=PUBLIC,
+    audit=False,
+    raw_response="text/plain",
+    more_errors={"403": "the token is neither an admin's nor the metrics token"},
+)
 async def metrics(request: web.Request) -> web.Response:
     """The gateway's and the cluster's metrics in Prometheus's text format (an admin's token or
     the metrics token)."""
@@ -136,13 +156,19 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=observed.process.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
 
-@routes.get("/healthz", allow=PUBLIC, audit=False)
+@routes.get("/healthz", allow=PUBLIC, audit=False, response=LiveResponse)
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the gateway's process answers."""
     return web.json_response({"status": "ok"})
 
 
-@routes.get("/readyz", allow=PUBLIC, audit=False)
+@routes.get(
+    "/readyz",
+    allow=PUBLIC,
+    audit=False,
+    response=ReadyResponse,
+    more_errors={"503": "not ready: the body's checks name what failed"},
+)
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: the database answers and the bus (when configured) is connected; 503 naming
     the checks that failed otherwise."""

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import nats
 import nats.errors
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cairn.local.topology import SERVICES
 from events.domain.types import ExperimentSubmitted
@@ -173,6 +175,32 @@ def test_killed_service_is_reported_and_restarted(cluster_dir: Path) -> None:
     assert relay["exit_code"] == -signal.SIGKILL
     log = (cluster_dir / "logs" / "supervisor.log").read_text()
     assert "process died; restarting" in log and str(victim["pid"]) in log
+
+
+def test_every_process_of_cairn_up_serves_its_probes_on_loopback(cluster_dir: Path) -> None:
+    """``cairn up`` gives every service but the gateway, and the agent, a loopback metrics port
+    (in ``status``): each turns ready on /readyz and serves /metrics in Prometheus's format."""
+    _, report = status(cluster_dir)
+    ports = {
+        name.removesuffix("-metrics"): port
+        for name, port in report["ports"].items()
+        if name.endswith("-metrics")
+    }
+    assert set(ports) == set(SERVICES) - {"api"}
+
+    def ready(name: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[name]}/readyz", timeout=5):
+                return True
+        except OSError:
+            return False
+
+    for name in ports:
+        wait_until_sync(lambda name=name: ready(name), 30, every=0.2)
+        url = f"http://127.0.0.1:{ports[name]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            families = {f.name for f in text_string_to_metric_families(answer.read().decode())}
+        assert "cairn_ready" in families, name
 
 
 async def connect_without_credentials(state: dict[str, Any]) -> list[str]:
