@@ -7,6 +7,7 @@ the host needs neither cairn's Python packages nor root. It fills ``DIR``::
     DIR/                       0700, the operator's (UID:GID): what a person needs
       admin.password           the initial admin's password (``cairn user login admin``)
       join.token               the join token, for agents on other machines
+      metrics.token            the bearer token Prometheus presents for the API's /metrics
       nats-auth/               authority.json (the bus's signing key), admin.creds (a NATS
                                user that may do anything: tools, the lab tests)
     DIR/<holder>/              0700, the services image's user (uid 1000): one per container
@@ -16,7 +17,7 @@ the host needs neither cairn's Python packages nor root. It fills ``DIR``::
       relay/, searcher/,       nats (the NATS URL, naming the creds file),
       scheduler/, tracker/     <service>.creds                             -> that service
       api/                     nats, api.creds, authority.json, join.token,
-                               admin.password                              -> the API
+                               admin.password, metrics.token               -> the API
       agent/join.token                                                     -> every agent
       nats/nats.conf           nats-server's config (operator mode: JWTs, no seed) -> nats
 
@@ -67,6 +68,7 @@ BUS_SERVICES = ("relay", "searcher", "scheduler", "tracker", "api")
 """The services with a NATS user of their own (agents join for theirs)."""
 ADMIN_PASSWORD = "admin.password"
 JOIN_TOKEN = "join.token"
+METRICS_TOKEN = "metrics.token"
 LEGACY_KEYS = ("POSTGRES_PASSWORD", "CAIRN_ADMIN_PASSWORD")
 """The secrets an older ``.env`` held that a cluster's volumes still depend on."""
 
@@ -142,6 +144,7 @@ def fill(
         root / ADMIN_PASSWORD, old.get("CAIRN_ADMIN_PASSWORD") or _token(), operator
     )
     join_token = _kept(root / JOIN_TOKEN, _token(), operator)
+    metrics_token = _kept(root / METRICS_TOKEN, _token(), operator)
     auth_dir = _private_dir(root / "nats-auth", operator)
     authority_file = auth_dir / AUTHORITY_FILE
     if authority_file.exists():
@@ -178,6 +181,7 @@ def fill(
     _write(api / AUTHORITY_FILE, authority.to_json(), service)
     _write(api / JOIN_TOKEN, join_token + "\n", service)
     _write(api / ADMIN_PASSWORD, admin_password + "\n", service)
+    _write(api / METRICS_TOKEN, metrics_token + "\n", service)
     _write(_private_dir(root / "agent", service) / JOIN_TOKEN, join_token + "\n", service)
     _write(_private_dir(root / "nats", service) / "nats.conf", server_config(authority), service)
 

@@ -25,8 +25,9 @@ def test_every_file_is_private_and_each_holder_has_its_own_directory(tmp_path: P
     assert {p.name for p in (root / "agent").iterdir()} == {"join.token"}
     assert {p.name for p in (root / "postgres").iterdir()} == {"password"}
     assert {p.name for p in (root / "api").iterdir()} == {
-        "nats", "api.creds", "authority.json", "join.token", "admin.password",
+        "nats", "api.creds", "authority.json", "join.token", "admin.password", "metrics.token",
     }  # fmt: skip
+    assert (root / "api" / "metrics.token").read_text() == (root / "metrics.token").read_text()
     assert {p.name for p in (root / "relay").iterdir()} == {"nats", "relay.creds"}
     assert (root / "relay" / "nats").read_text() == (
         f"nats://nats:4222?creds={MOUNT}/relay.creds\n"
