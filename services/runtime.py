@@ -39,6 +39,7 @@ from events.log.lease import LeaderLease, lease_timeout
 from events.log.store import EventStore
 from services import credentials
 from services.observability import health
+from services.observability.listener import ListenerError
 from services.observability.listener import start as start_listener
 from services.observability.process import ProcessMetrics
 
@@ -189,6 +190,9 @@ def main(
     except EventsError as exc:
         log.error("service failed", error=str(exc))
         sys.exit(1)
+    except ListenerError as exc:
+        log.error("cannot start", error=str(exc))
+        sys.exit(2)
     except KeyboardInterrupt:
         pass
 

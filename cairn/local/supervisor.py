@@ -63,10 +63,10 @@ POLL_INTERVAL = 0.2
 log = structlog.get_logger("supervisor")
 
 
-
 def metrics_port_name(process: str) -> str:
     """The key of process ``process``'s metrics port in the cluster state's ``ports``."""
     return f"{process}-metrics"
+
 
 class ClusterStartError(CairnError):
     """The embedded cluster did not come up (the message says which part and why)."""

@@ -28,6 +28,7 @@ from services.agent.config import AgentConfig
 from services.agent.credential import CredentialError
 from services.agent.runtime import safe_name
 from services.observability.agent import AgentMetrics
+from services.observability.listener import ListenerError
 from services.observability.listener import start as start_listener
 from services.runtime import add_cluster_config_flag, add_metrics_flags, cluster_config_of
 
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     except CredentialError as exc:
         log.error("no credential", error=str(exc))
         return 1
+    except ListenerError as exc:
+        log.error("cannot start", error=str(exc))
+        return 2
     return 0
 
 

@@ -12,6 +12,7 @@ path asked for) and status code, so its series are bounded by the route table.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from dataclasses import dataclass
@@ -102,7 +103,8 @@ def route_label(request: web.Request) -> str:
 
 @web.middleware
 async def request_metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Observes each request's latency under its method, route template and status code."""
+    """Observes each request's latency under its method, route template and status code
+    (499 for a request its client gave up on, as nginx counts it)."""
     started = time.perf_counter()
     code = 500
     try:
@@ -111,6 +113,9 @@ async def request_metrics_middleware(request: web.Request, handler: Handler) -> 
         return response
     except web.HTTPException as exc:
         code = exc.status
+        raise
+    except asyncio.CancelledError:
+        code = 499
         raise
     finally:
         observed = request.app.get(OBSERVED)

@@ -8,6 +8,8 @@ fails sets ``cairn_cluster_gauges_up`` to 0 and leaves the last values in place.
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Gauge
 
 from events.log.errors import EventsError
@@ -15,6 +17,9 @@ from events.log.store import EventStore
 from services.api import read as api_read
 from services.observability.process import LagGauges
 from services.tracker.read import gauges
+
+READ_TIMEOUT = 5.0
+"""Seconds a scrape's reads may take before the scrape answers with ``up`` 0."""
 
 
 class ClusterGauges:
@@ -77,7 +82,7 @@ class ClusterGauges:
     async def refresh(self, store: EventStore) -> None:
         """Reads the cluster's state and sets every gauge (``up`` 0 if the read failed)."""
         try:
-            await self._read(store)
+            await asyncio.wait_for(self._read(store), READ_TIMEOUT)
         except (EventsError, TimeoutError):
             self.up.set(0)
             return

@@ -29,6 +29,10 @@ Exposition = Callable[[], Awaitable[bytes]]
 """Refreshes the scrape-time gauges and returns the exposition."""
 
 
+class ListenerError(Exception):
+    """The metrics address cannot be served (the message names it and the flag)."""
+
+
 def application(*, checks: Checks, exposition: Exposition) -> web.Application:
     """The listener's aiohttp application."""
 
@@ -56,14 +60,17 @@ async def start(
     """Serves the listener on ``address`` until the returned runner is cleaned up.
 
     Raises:
-        OSError: the address cannot be bound (in use, or not this host's).
+        ListenerError: the address cannot be bound (in use, or not this host's).
     """
     runner = web.AppRunner(application(checks=checks, exposition=exposition), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, address[0], address[1]).start()
-    except OSError:
+    except OSError as exc:
         await runner.cleanup()
-        raise
+        raise ListenerError(
+            f"cannot serve metrics on {address[0]}:{address[1]} (--metrics-address, "
+            f"CAIRN_METRICS_ADDRESS): {exc.strerror or exc}"
+        ) from exc
     log.info("serving metrics", host=address[0], port=address[1])
     return runner
