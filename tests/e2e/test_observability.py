@@ -152,7 +152,10 @@ async def test_a_killed_agent_shows_a_growing_heartbeat_age_then_is_lost(
 
     async def beating() -> bool:
         scrape = await cluster.scrape("api")
-        return scrape.value("cairn_agents", pool="default", state="active") == 1
+        return (
+            scrape.value("cairn_agents", pool="default", state="active") == 1
+            and scrape.value("cairn_agent_heartbeat_age_seconds", agent="agent-a") is not None
+        )
 
     await wait_for(cluster, beating)
     cluster.kill("agent-a")
