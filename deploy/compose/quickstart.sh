@@ -115,6 +115,7 @@ up() {
   for _ in $(seq 1 300); do
     if python3 -c "import urllib.request; urllib.request.urlopen('$url/api/v1/health')" 2>/dev/null; then
       echo "cairn is up: $url  (user admin, password in $(secrets_dir)/admin.password)"
+      echo "Prometheus: $url/metrics with the bearer token in $(secrets_dir)/metrics.token (docs/operations.md)"
       return 0
     fi
     sleep 1
