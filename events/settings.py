@@ -159,6 +159,13 @@ def _count(raw: str) -> int:
     return value
 
 
+def _replicas(raw: str) -> int:
+    value = _integer(raw)
+    if not 1 <= value <= 5:
+        raise ValueError("not a replica count (1-5)")
+    return value
+
+
 def _seconds(raw: str) -> float:
     try:
         value = float(raw.strip())
@@ -243,13 +250,20 @@ DB_FILE: Setting[Path | None] = Setting(
 )  # fmt: skip
 NATS: Setting[str | None] = Setting(
     "CAIRN_NATS", "str", _text, None, f"{SERVICES}, {AGENT}",
-    "NATS URL by value (`--nats`); visible to other processes, prefer CAIRN_NATS_FILE",
+    "NATS URL by value (`--nats`; a cluster's servers comma-separated); visible to other "
+    "processes, prefer CAIRN_NATS_FILE",
     secret=True,
 )  # fmt: skip
 NATS_FILE: Setting[Path | None] = Setting(
     "CAIRN_NATS_FILE", "path", _path, None, f"{SERVICES}, {AGENT}",
     "file (mode 0600) holding the NATS URL (`--nats-file`)",
     secret_file=True,
+)  # fmt: skip
+NATS_REPLICAS: Setting[int | None] = Setting(
+    "CAIRN_NATS_REPLICAS", "1-5", _replicas, None, f"{SERVICES}, {AGENT}",
+    "copies of each JetStream stream (3 on a cluster of three NATS servers); the servers "
+    "of the NATS URL are comma-separated",
+    default_doc="the servers the NATS URL names, at most 3",
 )  # fmt: skip
 LOG_LEVEL: Setting[str] = Setting(
     "CAIRN_LOG_LEVEL", "log level", _log_level, "INFO", f"{SERVICES}, {AGENT}",

@@ -33,7 +33,7 @@ from events import settings
 from events.domain.config.cluster import ClusterConfig, ClusterConfigError, load_cluster_config
 from events.log import logging as cairn_logging
 from events.log import origin
-from events.log.bus import Bus
+from events.log.bus import Bus, BusUrlError, server_urls
 from events.log.errors import EventsError, FencedError
 from events.log.lease import LeaderLease, lease_timeout
 from events.log.store import EventStore
@@ -183,6 +183,13 @@ def main(
     if not args.db:
         log.error("no database: pass --db-file or set CAIRN_DB_FILE (or CAIRN_DB)")
         sys.exit(2)
+    try:
+        args.nats_replicas = settings.NATS_REPLICAS.get()
+        if args.nats:
+            server_urls(args.nats)
+    except (settings.SettingError, BusUrlError) as exc:
+        log.error("invalid NATS setting", error=str(exc))
+        sys.exit(2)
     cluster = cluster_config_of(args, log)
     try:
         bus = bool(args.nats) if needs_bus is None else needs_bus
@@ -225,7 +232,11 @@ async def _serve(
 ) -> None:
     settings = session_settings(decider=decider)
     store = await _retry(lambda: EventStore.connect(args.db, settings=settings))
-    bus = await _retry(lambda: Bus.connect(args.nats, name=name)) if needs_bus else None
+    bus = (
+        await _retry(lambda: Bus.connect(args.nats, name=name, replicas=args.nats_replicas))
+        if needs_bus
+        else None
+    )
     ctx = ServiceContext(
         name=name,
         args=args,

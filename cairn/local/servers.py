@@ -19,6 +19,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -385,21 +387,80 @@ def nats_creds(auth_dir: Path, user: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class NatsRoutes:
+    """What makes one nats-server a member of a JetStream cluster.
+
+    Attributes:
+        server_name: this server's name in the cluster (unique; JetStream names leaders by it).
+        cluster_name: the cluster's name (the same on every member).
+        cluster_port: where this server accepts routes from the others (127.0.0.1).
+        route_ports: every member's ``cluster_port`` (its own included: a server ignores the
+            route to itself).
+        route_password: the secret every route presents (user :data:`ROUTE_USER`); a process
+            that does not know it cannot join the cluster.
+        http_port: the monitoring port (``/healthz``, ``/jsz``) on 127.0.0.1.
+    """
+
+    server_name: str
+    cluster_name: str
+    cluster_port: int
+    route_ports: tuple[int, ...]
+    route_password: str
+    http_port: int
+
+    def server_config(self) -> str:
+        """The ``server_name``, ``http`` and ``cluster`` lines of a member's config."""
+        routes = ", ".join(
+            f'"nats-route://{ROUTE_USER}:{self.route_password}@127.0.0.1:{port}"'
+            for port in self.route_ports
+        )
+        return (
+            f"server_name: {self.server_name}\n"
+            f'http: "127.0.0.1:{self.http_port}"\n'
+            "cluster {\n"
+            f"  name: {self.cluster_name}\n"
+            f'  listen: "127.0.0.1:{self.cluster_port}"\n'
+            f'  authorization {{ user: {ROUTE_USER}, password: "{self.route_password}" }}\n'
+            f"  routes: [{routes}]\n"
+            "}\n"
+        )
+
+
+ROUTE_USER = "route"
+"""The user a cluster's servers present to each other on their routes."""
+
+
 def start_nats(
-    store_dir: Path, *, port: int | None = None, sync_always: bool = True, timeout: float = 30.0
+    store_dir: Path,
+    *,
+    port: int | None = None,
+    sync_always: bool = True,
+    timeout: float = 30.0,
+    auth_dir: Path | None = None,
+    routes: NatsRoutes | None = None,
 ) -> ServerProcess:
     """Starts nats-server with JetStream storing under ``store_dir`` on a loopback port.
 
     The server runs in operator mode (:mod:`events.log.bus_auth`): it refuses anonymous clients
     and accepts users signed by the cluster's account signing key, kept with every service's
-    credentials under :func:`nats_auth_dir` (created at the first start). :attr:`ServerProcess.url`
-    names the ``admin`` user's credentials file (``?creds=PATH``); a service connects with
-    :func:`nats_creds` of its own name instead.
+    credentials under ``auth_dir`` (default :func:`nats_auth_dir`; created at the first start).
+    :attr:`ServerProcess.url` names the ``admin`` user's credentials file (``?creds=PATH``); a
+    service connects with :func:`nats_creds` of its own name instead.
+
+    Args:
+        store_dir: JetStream's store; it survives restarts.
+        port: the client port; a free one when omitted.
+        sync_always: fsync every write (a lone server's only copy of the stream).
+        timeout: seconds to wait for the server to listen.
+        auth_dir: the bus's keys and users, shared by every member of a cluster.
+        routes: this server's membership of a cluster (see :func:`start_nats_cluster`).
     """
     store_dir = store_dir.resolve()
     store_dir.mkdir(parents=True, exist_ok=True)
-    authority = nats_authority(nats_auth_dir(store_dir))
-    admin = nats_creds(nats_auth_dir(store_dir), "admin")
+    auth_dir = auth_dir or nats_auth_dir(store_dir)
+    authority = nats_authority(auth_dir)
+    admin = nats_creds(auth_dir, "admin")
     port = port or free_port()
     conf = store_dir.parent / f"{store_dir.name}.conf"
     sync = "sync_interval: always" if sync_always else ""
@@ -407,6 +468,7 @@ def start_nats(
         conf,
         f'listen: "127.0.0.1:{port}"\nmax_payload: {BUS_MAX_PAYLOAD}\n'
         f"{authority.server_config()}"
+        f"{routes.server_config() if routes else ''}"
         f'jetstream {{\n  store_dir: "{store_dir}"\n  {sync}\n}}\n',
     )
     log_path = store_dir.parent / f"{store_dir.name}.log"
@@ -417,12 +479,130 @@ def start_nats(
         )  # fmt: skip
     url = with_creds(f"nats://127.0.0.1:{port}", admin)
     server = ServerProcess("nats", port, url, proc, store_dir, log_path)
+    if routes is not None:
+        server.name = routes.server_name
+        server.extra["http_port"] = str(routes.http_port)
     try:
         wait_for_port(port, timeout, proc)
     except ServerStartError as exc:
         server.kill()
         raise ServerStartError(f"nats-server did not start ({exc}); see {log_path}") from exc
     return server
+
+
+@dataclass
+class NatsCluster:
+    """nats-servers routed into one JetStream cluster, each with its own store.
+
+    ``url`` names every member, comma-separated, and the admin's credentials; a client given it
+    reconnects to another member when the one it talks to dies.
+    """
+
+    servers: list[ServerProcess]
+    routes: list[NatsRoutes]
+    auth_dir: Path
+
+    @property
+    def url(self) -> str:
+        """Every member's address and the admin's credentials file."""
+        bare = ",".join(bare_nats_url(server.url) for server in self.servers)
+        return with_creds(bare, nats_creds(self.auth_dir, "admin"))
+
+    def member(self, server_name: str) -> ServerProcess:
+        """The member named ``server_name`` (as JetStream names a stream's leader).
+
+        Raises:
+            KeyError: no member has that name.
+        """
+        for server in self.servers:
+            if server.name == server_name:
+                return server
+        raise KeyError(f"no nats-server named {server_name!r} in the cluster")
+
+    def restart(self, server_name: str, *, timeout: float = 30.0) -> ServerProcess:
+        """Starts a (killed or stopped) member again on its port, store and routes."""
+        index = next(i for i, r in enumerate(self.routes) if r.server_name == server_name)
+        old = self.servers[index]
+        old.stop()
+        self.servers[index] = start_nats(
+            old.data_dir, port=old.port, timeout=timeout, auth_dir=self.auth_dir,
+            routes=self.routes[index],
+        )  # fmt: skip
+        return self.servers[index]
+
+    def stop(self) -> None:
+        """Stops every member."""
+        for server in self.servers:
+            server.stop()
+
+
+def start_nats_cluster(
+    base_dir: Path, *, size: int = 3, name: str = "cairn", timeout: float = 30.0
+) -> NatsCluster:
+    """Starts ``size`` nats-servers under ``base_dir`` as one JetStream cluster on loopback.
+
+    Member ``i`` stores under ``base_dir/nats-i``; all share the bus's keys and users in
+    ``base_dir/nats-auth`` and a route password (mode 0600) there, so every member accepts the
+    same credentials and routes only from each other. Returns once every member reports healthy
+    (JetStream's meta group has a leader), so streams can be created at once. Members write
+    without an fsync per message: a stream's copies on the other members are what survives one
+    member's crash (and PostgreSQL holds the truth; see :mod:`events.log.bus`).
+
+    Raises:
+        ServerStartError: a member did not start or the cluster did not form within ``timeout``.
+    """
+    base_dir = base_dir.resolve()
+    auth_dir = base_dir / "nats-auth"
+    auth_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        password = read_or_create_secret(auth_dir / "route.password")
+    except SecretFileError as exc:
+        raise ServerStartError(str(exc)) from exc
+    cluster_ports = tuple(free_port() for _ in range(size))
+    routes = [
+        NatsRoutes(
+            server_name=f"nats-{i + 1}",
+            cluster_name=name,
+            cluster_port=cluster_ports[i],
+            route_ports=cluster_ports,
+            route_password=password,
+            http_port=free_port(),
+        )
+        for i in range(size)
+    ]
+    servers: list[ServerProcess] = []
+    cluster = NatsCluster(servers, routes, auth_dir)
+    try:
+        for member in routes:
+            store = base_dir / member.server_name
+            server = start_nats(
+                store, timeout=timeout, auth_dir=auth_dir, routes=member, sync_always=False
+            )
+            servers.append(server)
+        deadline = time.monotonic() + timeout
+        for server in servers:
+            _wait_healthy(server, deadline)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait_healthy(server: ServerProcess, deadline: float) -> None:
+    """Waits until ``server``'s ``/healthz`` answers 200 (JetStream current with its cluster)."""
+    url = f"http://127.0.0.1:{server.extra['http_port']}/healthz"
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise ServerStartError(f"{server.name} exited; see {server.log_path}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (OSError, urllib.error.URLError) as exc:
+            last = str(exc)
+        time.sleep(0.1)
+    raise ServerStartError(f"{server.name} did not become healthy ({last}); see {server.log_path}")
 
 
 def nats_auth_dir_of(url: str) -> Path | None:

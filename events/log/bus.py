@@ -84,9 +84,38 @@ CREDS_PARAM = "creds"
 secret itself), as a PostgreSQL DSN's ``sslkey`` names a key file:
 ``nats://127.0.0.1:4222?creds=/data/nats-auth/relay.creds``."""
 
+MAX_REPLICAS = 5
+"""The most copies of a stream JetStream keeps (one per server of a cluster)."""
+CLUSTER_REPLICAS = 3
+"""The copies of each stream a bus of several servers keeps unless configured otherwise: one
+server of three may die and the stream still has a quorum."""
 
-def split_url(url: str) -> tuple[str, Path | None]:
-    """``url`` without its :data:`CREDS_PARAM`, and the credentials path it named (if any)."""
+
+class BusUrlError(ValueError):
+    """A NATS URL that names no server, or two different credentials files."""
+
+
+def server_urls(url: str) -> list[str]:
+    """The servers a NATS URL names, in order, without credentials.
+
+    A URL names one server (``nats://a:4222``) or a cluster's servers separated by commas
+    (``nats://a:4222,nats://b:4222,nats://c:4222``); the client connects to one of them and
+    reconnects to another when it dies. Blanks around the commas are ignored.
+
+    Raises:
+        BusUrlError: the URL names no server.
+    """
+    servers = [split_url(part)[0] for part in _parts(url)]
+    if not servers:
+        raise BusUrlError(f"the NATS URL {url!r} names no server")
+    return servers
+
+
+def _parts(url: str) -> list[str]:
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
+def _split_one(url: str) -> tuple[str, Path | None]:
     parts = urlsplit(url)
     query = parse_qs(parts.query)
     creds = query.pop(CREDS_PARAM, [None])[-1]
@@ -95,18 +124,52 @@ def split_url(url: str) -> tuple[str, Path | None]:
     return bare, Path(creds) if creds else None
 
 
+def split_url(url: str) -> tuple[str, Path | None]:
+    """``url`` without its :data:`CREDS_PARAM`, and the credentials path it named (if any).
+
+    A cluster's URL (servers separated by commas) may name the credentials file on any one of
+    its servers, conventionally the last; every server of a cluster knows the same users, so
+    the one file logs in to whichever the client reaches.
+
+    Raises:
+        BusUrlError: two servers of the URL name different credentials files.
+    """
+    bares: list[str] = []
+    named: Path | None = None
+    for part in _parts(url) or [url]:
+        bare, creds = _split_one(part)
+        bares.append(bare)
+        if creds is not None and named is not None and creds != named:
+            raise BusUrlError(
+                f"the NATS URL names two credentials files ({named} and {creds}); the servers "
+                "of a cluster share their users: name one file once, after the last server"
+            )
+        named = creds or named
+    return ",".join(bares), named
+
+
 def with_creds(url: str, creds: Path | str) -> str:
-    """``url`` naming ``creds`` as its credentials file (replacing any it named)."""
+    """``url`` naming ``creds`` as its credentials file (replacing any it named), after its
+    last server."""
     bare, _ = split_url(url)
-    return f"{bare}{'&' if '?' in bare else '?'}{CREDS_PARAM}={os.fspath(creds)}"
+    last = bare.rsplit(",", 1)[-1]
+    return f"{bare}{'&' if '?' in last else '?'}{CREDS_PARAM}={os.fspath(creds)}"
+
+
+def default_replicas(url: str) -> int:
+    """The copies of each stream a bus reached at ``url`` keeps when none are configured: one
+    for a single server, :data:`CLUSTER_REPLICAS` for a cluster of that many servers or more
+    (fewer when the URL names only two)."""
+    return min(len(server_urls(url)), CLUSTER_REPLICAS)
 
 
 def connect_options(url: str, *, creds: Path | None = None) -> dict[str, Any]:
-    """The ``nats.connect`` keyword arguments for ``url``: its server and, when ``url`` (or
-    ``creds``, which wins) names one, the credentials file to log in with."""
-    bare, named = split_url(url)
+    """The ``nats.connect`` keyword arguments for ``url``: its servers (one, or a cluster's,
+    separated by commas) and, when ``url`` (or ``creds``, which wins) names one, the
+    credentials file to log in with."""
+    _, named = split_url(url)
     path = creds or named
-    options: dict[str, Any] = {"servers": [bare]}
+    options: dict[str, Any] = {"servers": server_urls(url)}
     if path is not None:
         options["user_credentials"] = os.fspath(path)
     return options
@@ -136,9 +199,11 @@ def stub_body(event: RecordedEvent, size: int) -> bytes:
 class Bus:
     """A NATS connection with JetStream, plus the few operations cairn needs on it."""
 
-    def __init__(self, nc: NatsClient, js: JetStreamContext) -> None:
+    def __init__(self, nc: NatsClient, js: JetStreamContext, *, replicas: int = 1) -> None:
         self.nc = nc
         self.js = js
+        self.replicas = replicas
+        """The copies of each stream :meth:`ensure_streams` asks JetStream to keep."""
         self.stubbed = 0
         self.inbox_prefix: str | None = None
         """Where replies reach this connection (set by :meth:`connect`)."""
@@ -158,19 +223,34 @@ class Bus:
         creds: Path | None = None,
         inbox_prefix: str | None = None,
         manage_streams: bool = True,
+        replicas: int | None = None,
     ) -> Bus:
         """Connects (retrying forever on later disconnects) and makes sure the streams exist.
 
+        On a cluster the client connects to one server of ``url`` and, when that one dies or
+        leaves, reconnects to another (those ``url`` names and those the cluster announced).
+
         Args:
-            url: the server, optionally naming a credentials file (:data:`CREDS_PARAM`).
+            url: the server, or a cluster's servers separated by commas, optionally naming a
+                credentials file (:data:`CREDS_PARAM`).
             name: the connection's name in the server's lists.
             timeout: seconds for the connection and each JetStream request.
             creds: a credentials file that overrides the one ``url`` names.
             inbox_prefix: where replies reach this connection (an agent's user may subscribe
                 only below its own prefix; see :mod:`events.log.bus_auth`).
             manage_streams: create or update the streams (an agent may not).
+            replicas: the copies of each stream JetStream keeps, 1 to :data:`MAX_REPLICAS`
+                (``None``: :func:`default_replicas` of ``url``); at most the cluster's servers.
+
+        Raises:
+            BusUrlError: ``url`` names no server, or ``replicas`` is out of range (final).
+            BusUnavailableError: no server answered, or the streams cannot be set up
+                (retryable).
         """
         options = connect_options(url, creds=creds)
+        copies = default_replicas(url) if replicas is None else replicas
+        if not 1 <= copies <= MAX_REPLICAS:
+            raise BusUrlError(f"NATS stream replicas must be 1 to {MAX_REPLICAS}, not {copies}")
         if inbox_prefix is not None:
             options["inbox_prefix"] = inbox_prefix
         try:
@@ -189,7 +269,7 @@ class Bus:
             raise BusUnavailableError(
                 f"cannot connect to NATS at {redact_url(url)}: {exc}"
             ) from exc
-        bus = cls(nc, nc.jetstream(timeout=timeout))
+        bus = cls(nc, nc.jetstream(timeout=timeout), replicas=copies)
         bus.inbox_prefix = inbox_prefix
         if manage_streams:
             try:
@@ -200,7 +280,8 @@ class Bus:
         return bus
 
     async def ensure_streams(self) -> None:
-        """Creates (or updates) the event and command streams."""
+        """Creates (or updates) the event and command streams, each with :attr:`replicas`
+        copies (an existing stream is scaled to that many)."""
         configs = [
             StreamConfig(
                 name=EVENTS_STREAM,
@@ -211,6 +292,7 @@ class Bus:
                 max_age=7 * 24 * 3600.0,
                 duplicate_window=120.0,
                 deny_delete=True,
+                num_replicas=self.replicas,
             ),
             StreamConfig(
                 name=COMMANDS_STREAM,
@@ -219,6 +301,7 @@ class Bus:
                 retention=RetentionPolicy.LIMITS,
                 max_age=24 * 3600.0,
                 duplicate_window=600.0,
+                num_replicas=self.replicas,
             ),
         ]
         try:

@@ -22,6 +22,7 @@ import structlog
 
 from events import settings
 from events.log import logging as cairn_logging
+from events.log.bus import BusUrlError, server_urls
 from services import credentials
 from services.agent.agent import Agent
 from services.agent.config import AgentConfig
@@ -136,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.api_url or not args.nats:
         log.error("need --api-url and --nats-file (or CAIRN_API_URL / CAIRN_NATS_FILE)")
         return 2
+    try:
+        server_urls(args.nats)
+        nats_replicas = settings.NATS_REPLICAS.get()
+    except (settings.SettingError, BusUrlError) as exc:
+        log.error("invalid NATS setting", error=str(exc))
+        return 2
     if args.artificial_slots is not None and args.artificial_slots < 1:
         log.error("--artificial-slots must be at least 1")
         return 2
@@ -149,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         agent_id=args.agent_id,
         api_url=args.api_url,
         nats_url=args.nats,
+        nats_replicas=nats_replicas,
         token=args.agent_token,
         join_token_file=args.join_token_file,
         resource_pool=args.resource_pool,

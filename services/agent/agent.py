@@ -169,6 +169,7 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
                 inbox_prefix=credential.inbox_prefix if credential else None,
                 # An agent's own NATS user may not manage streams; the relay makes them.
                 manage_streams=credential is None or credential.nats_creds is None,
+                replicas=self.config.nats_replicas,
             ),
             stop,
             unavailable="NATS unavailable; retrying",

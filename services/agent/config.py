@@ -17,6 +17,10 @@ class AgentConfig:
     agent_id: str
     api_url: str
     nats_url: str
+    """The NATS server, or a cluster's servers separated by commas."""
+    nats_replicas: int | None = None
+    """Copies of each JetStream stream, when the agent makes them (a bus without credentials);
+    ``None``: as many as ``nats_url`` names servers, at most 3."""
     token: str = ""
     """A join token given by value (``CAIRN_AGENT_TOKEN``, for clusters configured that way);
     ``join_token_file`` is preferred."""
