@@ -1,5 +1,5 @@
 """Fixtures that start real servers: one PostgreSQL per test session (a fresh database per test)
-and one nats-server per test, both on free loopback ports."""
+and one nats-server (or a cluster of three) per test, all on free loopback ports."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from typing import Any
 
 import pytest
 
-from cairn.local.servers import ServerProcess, start_nats, start_postgres
+from cairn.local.servers import (
+    NatsCluster,
+    ServerProcess,
+    start_nats,
+    start_nats_cluster,
+    start_postgres,
+)
 from events.log.bus import Bus
 from events.log.store import EventStore
 from tests.helpers import create_database
@@ -53,6 +59,15 @@ def nats_server(tmp_path: Path) -> Iterator[ServerProcess]:
     server = start_nats(tmp_path / "nats")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """Three real nats-servers routed into one JetStream cluster (each its own store) for one
+    test; its ``url`` names all three."""
+    cluster = start_nats_cluster(tmp_path / "nats-cluster")
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture
