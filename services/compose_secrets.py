@@ -9,7 +9,8 @@ the host needs neither cairn's Python packages nor root. It fills ``DIR``::
       join.token               the join token, for agents on other machines
       metrics.token            the bearer token Prometheus presents for the API's /metrics
       nats-auth/               authority.json (the bus's signing key), admin.creds (a NATS
-                               user that may do anything: tools, the lab tests)
+                               user that may do anything: tools, the lab tests),
+                               route.password (what the NATS servers present to each other)
     DIR/<holder>/              0700, the services image's user (uid 1000): one per container
       postgres/password        the PostgreSQL superuser's password       -> postgres
       migrate/db               the superuser's DSN                         -> the migrate job
@@ -19,7 +20,8 @@ the host needs neither cairn's Python packages nor root. It fills ``DIR``::
       api/                     nats, api.creds, authority.json, join.token,
                                admin.password, metrics.token               -> the API
       agent/join.token                                                     -> every agent
-      nats/nats.conf           nats-server's config (operator mode: JWTs, no seed) -> nats
+      nats/nats.conf           the NATS servers' config (operator mode: JWTs, no seed; the
+                               cluster's routes)               -> nats-1, nats-2, nats-3
 
 Each container bind-mounts only its own directories, read-only, at :data:`MOUNT` (and the
 database login at :data:`DB_MOUNT`); no secret is ever in an environment, a command line or an
@@ -61,7 +63,13 @@ MOUNT = "/run/secrets/cairn"
 DB_MOUNT = "/run/secrets/db"
 """Where a service finds its database login (``DIR/db/<service>``)."""
 POSTGRES_HOST = "postgres:5432"
-NATS_URL = "nats://nats:4222"
+NATS_SERVERS = ("nats-1", "nats-2", "nats-3")
+"""The compose services of the NATS cluster (each its own JetStream store; streams keep a copy
+on each, so any one may die)."""
+NATS_URL = ",".join(f"nats://{server}:4222" for server in NATS_SERVERS)
+"""Every NATS server's address: a client reconnects to another when its server dies."""
+ROUTE_USER = "route"
+"""The user the NATS servers present to each other on their routes."""
 SUPERUSER = "cairn"
 DATABASE = "cairn"
 BUS_SERVICES = ("relay", "searcher", "scheduler", "tracker", "api")
@@ -106,14 +114,25 @@ def _token() -> str:
     return secrets.token_urlsafe(32)
 
 
-def server_config(authority: Authority) -> str:
-    """nats-server's config: operator mode, JetStream in ``/data``, monitoring (health checks)
+def server_config(authority: Authority, route_password: str) -> str:
+    """The config every NATS server of the cluster shares (each is named by ``--name`` on its
+    command line): operator mode, JetStream in ``/data``, routes to every member (a server
+    ignores the one to itself) that present ``route_password``, and monitoring (health checks)
     on the container's loopback only."""
+    routes = ", ".join(
+        f'"nats-route://{ROUTE_USER}:{route_password}@{server}:6222"' for server in NATS_SERVERS
+    )
     return (
         'listen: "0.0.0.0:4222"\n'
         f"max_payload: {BUS_MAX_PAYLOAD}\n"
         'http: "127.0.0.1:8222"\n'
         f"{authority.server_config()}"
+        "cluster {\n"
+        "  name: cairn\n"
+        '  listen: "0.0.0.0:6222"\n'
+        f'  authorization {{ user: {ROUTE_USER}, password: "{route_password}" }}\n'
+        f"  routes: [{routes}]\n"
+        "}\n"
         'jetstream {\n  store_dir: "/data"\n}\n'
     )
 
@@ -155,6 +174,7 @@ def fill(
     else:
         authority = Authority.create()
         _write(authority_file, authority.to_json(), operator)
+    route_password = _kept(auth_dir / "route.password", _token(), operator)
     if not (auth_dir / "admin.creds").exists():
         _write(auth_dir / "admin.creds", authority.user_creds("cairn-admin", "admin"), operator)
 
@@ -183,7 +203,8 @@ def fill(
     _write(api / ADMIN_PASSWORD, admin_password + "\n", service)
     _write(api / METRICS_TOKEN, metrics_token + "\n", service)
     _write(_private_dir(root / "agent", service) / JOIN_TOKEN, join_token + "\n", service)
-    _write(_private_dir(root / "nats", service) / "nats.conf", server_config(authority), service)
+    nats_conf = server_config(authority, route_password)
+    _write(_private_dir(root / "nats", service) / "nats.conf", nats_conf, service)
 
 
 def _owner(text: str) -> tuple[int, int]:

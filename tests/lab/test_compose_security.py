@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from services.agent.docker_runtime import LABEL_AGENT, LABEL_ALLOCATION, LABEL_TRIAL
+from services.compose_secrets import NATS_SERVERS, NATS_URL
 from tests.helpers import wait_until_sync as wait_until
 from tests.lab.compose import PROJECT, Lab
 
@@ -131,7 +132,7 @@ def test_commands_forged_with_a_services_or_an_agents_credentials_are_refused(
     with the probe's own agent's user are refused by the server: no stream grows, and the probe
     trial keeps running."""
     admin = f"{lab.secrets_dir / 'nats-auth' / 'admin.creds'}:/admin.creds:ro"
-    url = "nats://nats:4222"
+    url = NATS_URL
     before = lab.bus_probe(lab.in_network(admin), "count", url, "/admin.creds")
     agent = probe.container.labels[LABEL_AGENT]
     allocation = probe.container.labels[LABEL_ALLOCATION]
@@ -157,17 +158,20 @@ def test_commands_forged_with_a_services_or_an_agents_credentials_are_refused(
 
 
 def test_nats_refuses_anonymous_clients_and_is_not_published(docker_engine: Any, lab: Lab) -> None:
-    """NATS publishes no port on the host, and a client without credentials inside the compose
-    network is refused at connect time (the same probe with the admin's credentials gets in)."""
-    (nats,) = lab.containers(docker_engine, "nats")
-    assert not nats.attrs["HostConfig"]["PortBindings"]
-    assert not any(nats.attrs["NetworkSettings"]["Ports"].values())
-    refused = lab.bus_probe(lab.in_network(), "connect", "nats://nats:4222")
-    assert refused["connected"] is False, refused
-    assert "authorization" in (refused["error"] + " ".join(refused["errors"])).lower(), refused
+    """No NATS server of the cluster publishes a port on the host, and a client without
+    credentials inside the compose network is refused at connect time by each of them (the same
+    probe with the admin's credentials gets in)."""
     admin = f"{lab.secrets_dir / 'nats-auth' / 'admin.creds'}:/admin.creds:ro"
-    counted = lab.bus_probe(lab.in_network(admin), "count", "nats://nats:4222", "/admin.creds")
-    assert counted  # the control: a client with a credential connects
+    for server in NATS_SERVERS:
+        (nats,) = lab.containers(docker_engine, server)
+        assert not nats.attrs["HostConfig"]["PortBindings"]
+        assert not any(nats.attrs["NetworkSettings"]["Ports"].values())
+        url = f"nats://{server}:4222"
+        refused = lab.bus_probe(lab.in_network(), "connect", url)
+        assert refused["connected"] is False, refused
+        assert "authorization" in (refused["error"] + " ".join(refused["errors"])).lower(), refused
+        counted = lab.bus_probe(lab.in_network(admin), "count", url, "/admin.creds")
+        assert counted  # the control: a client with a credential connects
 
 
 def test_a_bind_mount_outside_the_allowed_roots_is_a_400(lab: Lab) -> None:

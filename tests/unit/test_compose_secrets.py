@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from events.log.bus_auth import Authority, grants_current
-from services.compose_secrets import MOUNT, fill
+from services.compose_secrets import MOUNT, NATS_SERVERS, fill
 
 ME = (os.getuid(), os.getgid())
 HOLDERS = ("postgres", "migrate", "relay", "searcher", "scheduler", "tracker", "api", "agent")
@@ -30,7 +30,7 @@ def test_every_file_is_private_and_each_holder_has_its_own_directory(tmp_path: P
     assert (root / "api" / "metrics.token").read_text() == (root / "metrics.token").read_text()
     assert {p.name for p in (root / "relay").iterdir()} == {"nats", "relay.creds"}
     assert (root / "relay" / "nats").read_text() == (
-        f"nats://nats:4222?creds={MOUNT}/relay.creds\n"
+        f"nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222?creds={MOUNT}/relay.creds\n"
     )
     password = (root / "postgres" / "password").read_text().strip()
     assert f":{password}@postgres:5432/cairn" in (root / "migrate" / "db").read_text()
@@ -39,6 +39,19 @@ def test_every_file_is_private_and_each_holder_has_its_own_directory(tmp_path: P
     assert "operator:" in conf and "resolver_preload" in conf
     authority = Authority.from_json((root / "nats-auth" / "authority.json").read_text())
     assert authority.signing_seed not in conf  # the server's config holds no seed
+
+
+def test_the_nats_servers_route_to_each_other_with_the_route_password(tmp_path: Path) -> None:
+    """The servers' shared config routes to all three members, each route presenting the
+    route password kept (0600) in the operator's nats-auth directory, and asks the same of
+    every server that routes to it."""
+    root = tmp_path / "secrets"
+    fill(root, operator=ME, services=ME)
+    password = (root / "nats-auth" / "route.password").read_text().strip()
+    conf = (root / "nats" / "nats.conf").read_text()
+    for server in NATS_SERVERS:
+        assert f"nats-route://route:{password}@{server}:6222" in conf
+    assert f'authorization {{ user: route, password: "{password}" }}' in conf
 
 
 def test_a_second_run_keeps_every_secret(tmp_path: Path) -> None:
