@@ -13,8 +13,12 @@ def redact_url(url: str) -> str:
     ``postgresql://postgres:s3cret@127.0.0.1:5432/cairn`` becomes
     ``postgresql://postgres:***@127.0.0.1:5432/cairn``; a URL without a password (or one that
     does not parse) comes back unchanged. For NATS a lone user part is a token
-    (``nats://TOKEN@host``) and is masked too.
+    (``nats://TOKEN@host``) and is masked too. A NATS cluster's URL (servers separated by commas,
+    each with its scheme) has each server's part masked.
     """
+    servers = url.split(",")
+    if len(servers) > 1 and all("://" in server for server in servers):
+        return ",".join(redact_url(server) for server in servers)
     try:
         parts = urlsplit(url)
     except ValueError:

@@ -21,6 +21,14 @@ from events.log.redact import redact_url
             "postgresql://postgres@127.0.0.1:5432/cairn",
         ),
         ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+        (
+            "nats://u:pw@a:4222,nats://T0KEN@b:4222,nats://c:4222?creds=/x.creds",
+            "nats://u:***@a:4222,nats://***@b:4222,nats://c:4222?creds=/x.creds",
+        ),
+        (
+            "postgresql://postgres:s3cret@h1:5432,h2:5432/cairn",
+            "postgresql://postgres:***@h1:5432,h2:5432/cairn",
+        ),
         ("", ""),
     ],
 )
