@@ -199,11 +199,12 @@ def stub_body(event: RecordedEvent, size: int) -> bytes:
 class Bus:
     """A NATS connection with JetStream, plus the few operations cairn needs on it."""
 
-    def __init__(self, nc: NatsClient, js: JetStreamContext, *, replicas: int = 1) -> None:
+    def __init__(self, nc: NatsClient, js: JetStreamContext) -> None:
         self.nc = nc
         self.js = js
-        self.replicas = replicas
-        """The copies of each stream :meth:`ensure_streams` asks JetStream to keep."""
+        self.replicas = 1
+        """The copies of each stream :meth:`ensure_streams` asks JetStream to keep (set by
+        :meth:`connect`)."""
         self.stubbed = 0
         self.inbox_prefix: str | None = None
         """Where replies reach this connection (set by :meth:`connect`)."""
@@ -269,7 +270,8 @@ class Bus:
             raise BusUnavailableError(
                 f"cannot connect to NATS at {redact_url(url)}: {exc}"
             ) from exc
-        bus = cls(nc, nc.jetstream(timeout=timeout), replicas=copies)
+        bus = cls(nc, nc.jetstream(timeout=timeout))
+        bus.replicas = copies
         bus.inbox_prefix = inbox_prefix
         if manage_streams:
             try:
