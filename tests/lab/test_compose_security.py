@@ -35,7 +35,14 @@ OWN_SECRETS = {
     },
     "tracker": {"tracker": {"nats", "tracker.creds"}, "db/tracker": {"db", "db.password"}},
     "api": {
-        "api": {"nats", "api.creds", "authority.json", "join.token", "admin.password"},
+        "api": {
+            "nats",
+            "api.creds",
+            "authority.json",
+            "join.token",
+            "admin.password",
+            "metrics.token",
+        },
         "db/api": {"db", "db.password"},
     },
     "agent": {"agent": {"join.token"}},
