@@ -36,6 +36,7 @@ from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
 from services.api.errors import ApiError, parse, read_json
 from services.api.experiment_commands import act_on_experiment, experiment_id_of
+from services.api.routes_tasks import live_tasks_in
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.teams import (
     allows,
@@ -291,14 +292,29 @@ routes.post(
 )(_archiving(False))
 
 
+async def _what_it_holds(request: web.Request, workspace_id: int) -> str:
+    """What workspace ``workspace_id`` holds besides its projects, as a refusal to delete it
+    names it (``""``: nothing): its tasks that have not ended."""
+    tasks = await live_tasks_in(store_of(request), workspace_id)
+    if not tasks:
+        return ""
+    shown = ", ".join(f"{t.kind} {t.task_id}" for t in tasks[:5])
+    return f"{len(tasks)} task(s) that have not ended ({shown}): kill them first"
+
+
 @routes.add("DELETE", "/api/v1/workspaces/{workspace}", allow=USERS, response=DeletedResponse)
 async def delete_workspace(request: web.Request) -> web.Response:
-    """Deletes an empty workspace (409 naming what it still holds)."""
+    """Deletes an empty workspace (409 naming what it still holds: projects, tasks that have
+    not ended)."""
+    teams = await current_teams(store_of(request))
+    found = _visible_workspace(teams, principal_of(request), request.match_info["workspace"])
+    holds = await _what_it_holds(request, found.workspace_id)
     seen: list[int] = []
 
     def make(workspace: Workspace) -> DeleteWorkspace:
         seen.append(workspace.workspace_id)
-        return DeleteWorkspace(workspace.workspace_id)
+        counted = workspace.workspace_id == found.workspace_id
+        return DeleteWorkspace(workspace.workspace_id, holds if counted else "")
 
     _, events = await decide_teams(
         request, _workspace_change(request, make, Permission.DELETE_WORKSPACE)
