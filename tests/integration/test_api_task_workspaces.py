@@ -5,18 +5,28 @@ is in the default one."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
+import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cairn.cli import main as cli_main
 from events.domain.names import task_stream
 from events.domain.types import TaskExited
 from events.log.store import EventStore
+from tests.helpers import ADMIN_PASSWORD
 from tests.integration.test_api_support import Api, running_api
 from tests.integration.test_api_teams import created, grant, user
 from tests.integration.test_legacy_trial_ids import fixture, insert
+
+API_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
+"""A line the API running in the test's process logs (structlog's console format)."""
 
 
 @pytest.fixture
@@ -186,3 +196,61 @@ async def test_a_task_requested_before_workspaces_is_in_the_default_one(
     ids = [old_command[2]["task_id"], old_board[2]["task_id"]]
     assert await listed(api, alice, "?workspace_id=1") == ids
     assert await listed(api, vic) == []
+
+
+async def test_the_cli_starts_tasks_in_a_workspace_and_lists_by_workspace(
+    api: Api, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``cairn cmd run -w``, ``notebook start -w`` and ``tensorboard start -w`` (detached) put
+    the task in that workspace; ``cmd list``, ``notebook list`` and ``task list`` show a
+    workspace column and take ``-w``; an unknown workspace is a clear error."""
+    await created(api, "POST", "/api/v1/workspaces", api.admin, {"name": "vision"})
+    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CAIRN_MASTER", api.url)
+    monkeypatch.setenv("CAIRN_USER", "admin")
+    monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
+
+    def run(*args: str) -> tuple[int, str]:
+        """Runs the CLI; its exit code and what it printed (without the in-process API's log
+        lines)."""
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = cli_main(list(args))
+        lines = out.getvalue().splitlines()
+        return code, "\n".join(line for line in lines if not API_LOG_LINE.match(line))
+
+    code, out = await asyncio.to_thread(
+        run, "cmd", "run", "-d", "-w", "vision", "--config", "resources.slots=0", "true"
+    )
+    assert code == 0, out
+    command = out.strip()
+    code, out = await asyncio.to_thread(run, "notebook", "start", "-d", "--workspace", "vision")
+    assert code == 0, out
+    notebook = out.strip()
+    code, out = await asyncio.to_thread(run, "notebook", "start", "-d")
+    assert code == 0, out
+    uncategorized = out.strip()
+    for task_id in (command, notebook):
+        assert (await api.ok("GET", f"/api/v1/tasks/{task_id}", token=api.admin))[
+            "workspace"
+        ] == "vision"
+
+    code, out = await asyncio.to_thread(run, "task", "list", "-w", "vision")
+    assert code == 0 and "workspace" in out.strip().splitlines()[0], out
+    assert command in out and notebook in out and uncategorized not in out, out
+    code, out = await asyncio.to_thread(run, "notebook", "list")
+    assert code == 0 and notebook in out and uncategorized in out and command not in out, out
+    assert "vision" in out and "Uncategorized" in out, out
+    code, out = await asyncio.to_thread(run, "--json", "cmd", "list", "-w", "Uncategorized")
+    assert code == 0 and [t["id"] for t in json.loads(out)["tasks"]] == [uncategorized], out
+    code, out = await asyncio.to_thread(run, "cmd", "describe", command)
+    assert code == 0 and "vision" in out, out
+
+    code, out = await asyncio.to_thread(run, "notebook", "start", "-d", "-w", "atlantis")
+    assert code != 0 and "no workspace 'atlantis'" in out, out
+    code, out = await asyncio.to_thread(run, "tensorboard", "start", "-d", "-w", "atlantis", "1")
+    assert code != 0 and "no workspace 'atlantis'" in out, out
+    code, out = await asyncio.to_thread(run, "task", "list", "-w", "atlantis")
+    assert code != 0 and "atlantis" in out, out
