@@ -104,7 +104,8 @@ _SERVER_NAMES: dict[TaskKind, str] = {"notebook": "JupyterLab", "shell": "Shell"
 
 @dataclass(frozen=True)
 class KillTask:
-    """Kill a task (its owner or an admin, checked by the caller)."""
+    """Kill a task (its owner, an admin or a role granting ``update_nsc`` in its workspace,
+    checked by the caller)."""
 
     actor: str
 

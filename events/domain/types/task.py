@@ -124,8 +124,9 @@ class TaskReady(Event):
 
 @register
 class TaskKillRequested(Event):
-    """The owner (or an admin) asked to kill the task; ``agent_ids`` are the agents running it
-    (none when it was not allocated yet: the scheduler then cancels it)."""
+    """The owner (or an admin, or a user whose role in the task's workspace allows it) asked
+    to kill the task; ``agent_ids`` are the agents running it (none when it was not allocated
+    yet: the scheduler then cancels it)."""
 
     event_type = "TaskKillRequested"
     schema_version = 1
