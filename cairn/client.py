@@ -550,12 +550,13 @@ class Client:
 
     def list_models(self, **query: Any) -> dict[str, Any]:
         """``{"models": [...]}`` (``name``, ``label``, ``archived``, ``workspace_names``,
-        ``sort_by``, ``order_by`` filter and order them)."""
+        ``workspace_ids`` (comma-separated), ``sort_by``, ``order_by`` filter and order them)."""
         return dict(self.get("/models", **query))
 
     def create_model(self, name: str, **fields: Any) -> dict[str, Any]:
-        """Creates a model (``description``, ``labels``, ``metadata``, ``notes``,
-        ``workspace_name``); returns it."""
+        """Creates a model (``description``, ``labels``, ``metadata``, ``notes``, and its
+        workspace: ``workspace_name`` or ``workspace_id``, neither for Uncategorized); returns
+        it."""
         body = {"name": name, **{k: v for k, v in fields.items() if v is not None}}
         return dict(self.post("/models", body))
 
@@ -566,6 +567,22 @@ class Client:
     def patch_model(self, name: str, changes: dict[str, Any]) -> dict[str, Any]:
         """Changes a model's name, description, labels, metadata or notes; returns it."""
         return dict(self.call("PATCH", f"/models/{_quote(name)}", changes))
+
+    def move_model(
+        self,
+        name: str,
+        *,
+        workspace_name: str | None = None,
+        workspace_id: int | None = None,
+    ) -> dict[str, Any]:
+        """Moves a model, with its versions, to another workspace (by name or id); returns
+        it."""
+        body: dict[str, Any] = {}
+        if workspace_name is not None:
+            body["workspace_name"] = workspace_name
+        if workspace_id is not None:
+            body["destination_workspace_id"] = int(workspace_id)
+        return dict(self.post(f"/models/{_quote(name)}/move", body))
 
     def set_model_archived(self, name: str, archived: bool) -> dict[str, Any]:
         """Archives or unarchives a model; returns it."""

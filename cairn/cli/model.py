@@ -30,9 +30,7 @@ def register(sub: Any) -> None:
     verbs = verb_group(group, default_verb="list")
 
     ls = verbs.add_parser("list", aliases=["ls"], help="list models")
-    ls.add_argument(
-        "-w", "--workspace-names", help="comma-separated workspaces (cairn's: Uncategorized)"
-    )
+    ls.add_argument("-w", "--workspace-names", help="only these workspaces (comma-separated)")
     ls.add_argument(
         "--sort-by",
         choices=("name", "description", "creation_time", "last_updated_time"),
@@ -45,7 +43,7 @@ def register(sub: Any) -> None:
 
     create = verbs.add_parser("create", help="create a model")
     create.add_argument("name")
-    create.add_argument("-w", "--workspace-name", help="its workspace (only Uncategorized)")
+    create.add_argument("-w", "--workspace-name", help="its workspace (default: Uncategorized)")
     create.add_argument("--description", default="", help="what the model is")
     add_json_flag(create)
     create.set_defaults(handler=cmd_create)
@@ -84,6 +82,12 @@ def register(sub: Any) -> None:
         action.add_argument("name")
         add_json_flag(action)
         action.set_defaults(handler=cmd_archive, archived=archived)
+
+    move = verbs.add_parser("move", help="move a model and its versions to another workspace")
+    move.add_argument("name")
+    move.add_argument("-w", "--workspace-name", required=True, help="the workspace it goes to")
+    add_json_flag(move)
+    move.set_defaults(handler=cmd_move)
 
     delete = verbs.add_parser("delete", help="delete a model and all its versions")
     delete.add_argument("name")
@@ -140,13 +144,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     table(
-        ["ID", "NAME", "DESCRIPTION", "OWNER", "VERSIONS", "ARCHIVED", "UPDATED"],
+        ["ID", "NAME", "DESCRIPTION", "OWNER", "WORKSPACE", "VERSIONS", "ARCHIVED", "UPDATED"],
         [
             [
                 m.get("id"),
                 m.get("name"),
                 m.get("description"),
                 m.get("username"),
+                m.get("workspace"),
                 m.get("num_versions"),
                 m.get("archived"),
                 when(m.get("last_updated_time")),
@@ -228,6 +233,13 @@ def cmd_archive(args: argparse.Namespace) -> int:
     model = auth_store.connect(args).set_model_archived(args.name, args.archived)
     state = "archived" if model.get("archived") else "unarchived"
     return print_result(args, model, f"model {model.get('name')!r} {state}")
+
+
+def cmd_move(args: argparse.Namespace) -> int:
+    """Moves a model to another workspace (Determined's ``det model move``)."""
+    model = auth_store.connect(args).move_model(args.name, workspace_name=args.workspace_name)
+    line = f"model {model.get('name')!r} is in workspace {model.get('workspace')!r}"
+    return print_result(args, model, line)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:

@@ -29,13 +29,14 @@ from typing import Any, Literal
 from aiohttp import web
 
 from events.domain.aggregates import TaskView
-from events.domain.authorization import DEFAULT_WORKSPACE_ID, Permission
+from events.domain.aggregates.teams import Teams
+from events.domain.authorization import Permission
 from events.domain.names import parse_trial_id, trial_label
 from services.api import projections_read as pr
 from services.api.auth import Principal, check_trial, principal_of
 from services.api.errors import forbidden, not_found
 from services.api.routing import store_of
-from services.api.teams import authorize, teams_for
+from services.api.teams import allows, authorize, teams_for
 from services.api.views import (
     ExperimentView,
     Reader,
@@ -168,15 +169,29 @@ async def readable_checkpoint(
     return row, view
 
 
-ModelAction = Literal["read", "create", "change"]
+ModelAction = Literal["read", "create", "change", "delete"]
 
 _MODEL_PERMISSIONS: dict[str, Permission] = {
     "read": Permission.VIEW_MODEL_REGISTRY,
     "create": Permission.CREATE_MODEL_REGISTRY,
     "change": Permission.EDIT_MODEL_REGISTRY,
+    "delete": Permission.DELETE_MODEL_REGISTRY,
 }
-"""What a caller does to the registry: read models and versions, create a model, or change one
-(edit, archive, delete it, and register, edit or delete its versions)."""
+"""What a caller does to the registry: read models and versions, create a model, change one
+(edit, archive, delete it, and register, edit or delete its versions), or take it out of its
+workspace (the source side of a move)."""
+
+
+def model_visible(teams: Teams, principal: Principal, *, workspace_id: int, owner: str) -> bool:
+    """Whether ``principal`` may read a model of ``owner`` in workspace ``workspace_id`` (what
+    the model list keeps; :func:`check_model_access` with ``"read"`` says the same)."""
+    return allows(
+        teams,
+        principal,
+        Permission.VIEW_MODEL_REGISTRY,
+        workspace_id=workspace_id,
+        owner=owner or None,
+    )
 
 
 async def check_model_access(
@@ -184,34 +199,34 @@ async def check_model_access(
     principal: Principal,
     action: ModelAction,
     *,
+    workspace_id: int,
     owner: str = "",
     creator: str = "",
-    workspace_id: int = DEFAULT_WORKSPACE_ID,
 ) -> None:
     """Raises 403 unless ``principal`` may ``action`` a model owned by ``owner`` (for a
     version, created by ``creator``) in workspace ``workspace_id``.
 
-    The roles' rule (:func:`events.domain.authorization.permitted`): in the default workspace,
-    where every model lives today, every user reads every model and may create one; the model's
-    owner (a version's creator, for that version), an admin, or a role granting
-    ``edit_model_registry`` there changes it. Registering a version also needs the checkpoint to
-    be readable by the caller (:func:`readable_checkpoint`), which its route asks separately.
+    The roles' rule (:func:`events.domain.authorization.permitted`) in the model's workspace:
+    an admin may do everything; the model's owner reads, changes and deletes it wherever it is;
+    every user reads the default workspace's models and may create one there; elsewhere a role
+    granting the action's permission there is needed (a Viewer reads, an Editor also creates,
+    changes and deletes). A version's creator changes that version. Registering a version also
+    needs the checkpoint to be readable by the caller (:func:`readable_checkpoint`), which its
+    route asks separately.
     """
     if principal.kind != "user":
         raise forbidden("only users use the model registry")
     if principal.is_admin:
         return
-    permission = _MODEL_PERMISSIONS[action]
-    mine = principal.name in (owner, creator) and action == "change"
-    if mine or (action != "change" and workspace_id == DEFAULT_WORKSPACE_ID):
+    if action == "change" and creator and principal.name == creator:
         return
     teams = await teams_for(reader)
     authorize(
         teams,
         principal,
-        permission,
+        _MODEL_PERMISSIONS[action],
         workspace_id=workspace_id,
-        owner=owner,
+        owner=owner or None,
         what=f"the model is {owner}'s" if owner else "",
     )
 

@@ -11,10 +11,12 @@ from collections import defaultdict
 from typing import Any
 
 from events.domain.aggregates import MODEL_FACTS, ModelVersionView, ModelView, fold_model, iso
+from events.domain.aggregates.teams import Teams
 from events.domain.deciders.model import LATEST
-from events.domain.model_registry import load_model, model_named, model_names
+from events.domain.model_registry import load_model, lock_registry, model_named, model_names
 from events.domain.names import model_of_stream, model_stream
 from events.log.reads import LogReads
+from events.log.store import Transaction
 from services.api.errors import not_found
 
 MAX_MODEL_ID = 10**18
@@ -71,8 +73,22 @@ async def all_models(reader: LogReads) -> list[ModelView]:
     return out
 
 
-def describe_model(view: ModelView) -> dict[str, Any]:
-    """A model as the API shows it."""
+async def models_by_workspace(tx: Transaction) -> dict[int, list[str]]:
+    """The names of the existing models of each workspace that holds one, read under the
+    registry lock (taken here): a model created in or moved to a workspace either commits before
+    this reads, and is counted, or reads the teams after the caller's transaction commits (see
+    :mod:`services.api.routes_models`)."""
+    await lock_registry(tx)
+    out: dict[int, list[str]] = defaultdict(list)
+    for view in await all_models(tx):
+        out[view.workspace_id].append(view.name)
+    return dict(out)
+
+
+def describe_model(view: ModelView, teams: Teams) -> dict[str, Any]:
+    """A model as the API shows it, with its workspace's id and name (``teams``: the
+    workspaces as read)."""
+    workspace = teams.workspaces.get(view.workspace_id)
     return {
         "id": view.model_id,
         "name": view.name,
@@ -81,7 +97,8 @@ def describe_model(view: ModelView) -> dict[str, Any]:
         "metadata": dict(view.metadata),
         "notes": view.notes,
         "username": view.owner,
-        "workspace": view.workspace,
+        "workspace_id": view.workspace_id,
+        "workspace": workspace.name if workspace is not None else "",
         "archived": view.archived,
         "num_versions": len(view.versions),
         "creation_time": iso(view.created_at),

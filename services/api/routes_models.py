@@ -1,9 +1,14 @@
-"""The model registry: models (create, list, read, edit, archive, delete) and their numbered
-versions, each pointing at a COMPLETED checkpoint (register, list, read, edit, delete).
+"""The model registry: models (create, list, read, edit, archive, move, delete) and their
+numbered versions, each pointing at a COMPLETED checkpoint (register, list, read, edit, delete).
 
-Every change is decided by :mod:`events.domain.deciders.model` under the registry lock
-(:mod:`events.domain.model_registry`), which orders registrations against checkpoint
-deletions; who may do what is :func:`services.api.access.check_model_access`.
+Every model lives in a workspace, and every route decides with that workspace's roles
+(:func:`services.api.access.check_model_access`): a model in a workspace the caller may not read
+is left out of the list and refused (403) by the other routes, as experiments are. Every change
+is decided by :mod:`events.domain.deciders.model` under the registry lock
+(:mod:`events.domain.model_registry`), which orders registrations against checkpoint deletions
+and a model's create or move into a workspace against that workspace's deletion: the teams a
+create or move decides on are folded in its transaction after the lock, and a workspace's
+deletion counts its models under the same lock.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from events.domain.aggregates import ModelView
+from events.domain.aggregates.teams import Teams, Workspace
+from events.domain.authorization import DEFAULT_WORKSPACE_ID, Permission
 from events.domain.deciders import Decision
 from events.domain.deciders.model import (
     CreateModel,
@@ -23,6 +30,7 @@ from events.domain.deciders.model import (
     DeleteVersion,
     EditModel,
     EditVersion,
+    MoveModel,
     RegisterVersion,
     SetModelArchived,
     decide_create_model,
@@ -31,6 +39,7 @@ from events.domain.deciders.model import (
     decide_edit_model,
     decide_edit_version,
     decide_model_archived,
+    decide_move_model,
     decide_register_version,
 )
 from events.domain.lifecycle import DELETED, DELETING
@@ -42,14 +51,13 @@ from events.domain.model_registry import (
 )
 from events.domain.names import experiment_stream, model_stream
 from events.domain.types import CheckpointsDeleted
-from events.domain.types.model import DEFAULT_WORKSPACE
 from events.log.envelope import Event
 from events.log.store import Transaction
 from services.api import projections_read as pr
-from services.api.access import check_model_access, readable_checkpoint
+from services.api.access import check_model_access, model_visible, readable_checkpoint
 from services.api.auth import principal_of
 from services.api.decided import append_accepted
-from services.api.errors import bad_request, parse, read_json
+from services.api.errors import bad_request, forbidden, parse, read_json
 from services.api.inbox import in_transaction
 from services.api.model_views import (
     all_models,
@@ -60,6 +68,7 @@ from services.api.model_views import (
     version_of_path,
 )
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.teams import authorize, current_teams, load_teams
 from services.api.views import load_experiment
 from services.tracker import read as tracker_read
 
@@ -79,7 +88,8 @@ class Model(BaseModel):
     metadata: dict[str, Any]
     notes: str
     username: str = Field(description="who created it (its owner)")
-    workspace: str
+    workspace_id: int
+    workspace: str = Field(description="its workspace's name")
     archived: bool
     num_versions: int
     creation_time: str | None
@@ -100,6 +110,9 @@ class ModelsQuery(BaseModel):
     archived: Literal["true", "false", "all"] = "all"
     workspace_names: str | None = Field(
         None, max_length=10_000, description="comma-separated workspace names"
+    )
+    workspace_ids: str | None = Field(
+        None, max_length=10_000, description="comma-separated workspace ids"
     )
     sort_by: Literal["name", "description", "creation_time", "last_updated_time"] = (
         "last_updated_time"
@@ -160,8 +173,18 @@ class CreateModelBody(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     notes: str = Text
     workspace_name: str | None = Field(
-        None, max_length=1000, description=f"only {DEFAULT_WORKSPACE!r} for now"
+        None, max_length=1000, description="its workspace, by name (neither: Uncategorized)"
     )
+    workspace_id: int | None = Field(None, ge=1, le=2**31, description="or by id")
+
+
+class MoveModelBody(BaseModel):
+    """Where the model goes: a workspace by id (Determined's field) or by name, not both."""
+
+    model_config = {"extra": "forbid"}
+
+    destination_workspace_id: int | None = Field(None, ge=1, le=2**31)
+    workspace_name: str | None = Field(None, max_length=1000)
 
 
 class PatchModelBody(BaseModel):
@@ -217,13 +240,40 @@ class DeletedResponse(BaseModel):
     version: int | None = None
 
 
-def _check_workspace(name: str | None) -> str:
-    if name is None or name == DEFAULT_WORKSPACE:
-        return DEFAULT_WORKSPACE
-    raise bad_request(
-        f"workspace_name: no workspace {name[:100]!r}; models are in {DEFAULT_WORKSPACE!r}",
-        path="workspace_name",
-    )
+def _workspace_of_body(
+    teams: Teams, name: str | None, workspace_id: int | None, *, id_field: str
+) -> Workspace:
+    """The workspace a body names by ``workspace_name`` or by id (field ``id_field``); the
+    default one for neither; 400 naming the field for an unknown one or for both."""
+    if name is not None and workspace_id is not None:
+        raise bad_request(
+            f"workspace_name, {id_field}: name the workspace once, by name or by id",
+            path="workspace_name",
+        )
+    if name is not None:
+        found = teams.workspace_named(name)
+        if found is None:
+            raise bad_request(f"workspace_name: no workspace {name[:100]!r}", path="workspace_name")
+        return found
+    if workspace_id is not None:
+        if workspace_id not in teams.workspaces:
+            raise bad_request(f"{id_field}: no workspace {workspace_id}", path=id_field)
+        return teams.workspaces[workspace_id]
+    return teams.workspaces[DEFAULT_WORKSPACE_ID]
+
+
+def _ids_of(text: str) -> set[int]:
+    """The ids of a comma-separated ``workspace_ids`` query; 400 for a part not digits."""
+    ids = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not (part.isascii() and part.isdigit() and len(part) <= 18):
+            raise bad_request(
+                f"workspace_ids: {part[:40]!r} is not a workspace id", path="workspace_ids"
+            )
+        ids.add(int(part))
+    return ids
 
 
 async def _change(
@@ -241,7 +291,14 @@ async def _change(
         await lock_registry(tx)
         view = await model_of_path(tx, ref)
         creator = version_of_path(view, version_ref).creator if version_ref is not None else ""
-        await check_model_access(tx, principal, "change", owner=view.owner, creator=creator)
+        await check_model_access(
+            tx,
+            principal,
+            "change",
+            workspace_id=view.workspace_id,
+            owner=view.owner,
+            creator=creator,
+        )
         events = await append_accepted(
             tx,
             model_stream(view.model_id),
@@ -255,7 +312,19 @@ async def _change(
 
 
 async def _described(request: web.Request, model_id: int) -> dict[str, Any]:
-    return describe_model(await load_model(store_of(request), model_id))
+    store = store_of(request)
+    return describe_model(await load_model(store, model_id), await current_teams(store))
+
+
+async def _readable_model(request: web.Request) -> ModelView:
+    """The model of the path, if the caller may read it (404 unknown, 403 in a workspace where
+    the caller may not read models)."""
+    store = store_of(request)
+    view = await model_of_path(store, request.match_info["name"])
+    await check_model_access(
+        store, principal_of(request), "read", workspace_id=view.workspace_id, owner=view.owner
+    )
+    return view
 
 
 async def _versions(request: web.Request, view: ModelView) -> list[dict[str, Any]]:
@@ -278,10 +347,19 @@ _SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
 
 @routes.get("/api/v1/models", allow=USERS, query=ModelsQuery, response=ModelsResponse)
 async def list_models(request: web.Request) -> web.Response:
-    """Every model (any user reads them all), filtered and ordered."""
-    await check_model_access(store_of(request), principal_of(request), "read")
+    """The models the caller may read (those of the workspaces where a role lets them, and
+    their own), filtered and ordered."""
+    principal = principal_of(request)
+    if principal.kind != "user":
+        raise forbidden("only users use the model registry")
     query = parse(ModelsQuery, dict(request.query))
-    models = [describe_model(v) for v in await all_models(store_of(request))]
+    store = store_of(request)
+    teams = await current_teams(store)
+    models = [
+        describe_model(v, teams)
+        for v in await all_models(store)
+        if model_visible(teams, principal, workspace_id=v.workspace_id, owner=v.owner)
+    ]
     if query.name:
         models = [m for m in models if query.name in m["name"]]
     if query.label:
@@ -291,6 +369,9 @@ async def list_models(request: web.Request) -> web.Response:
     if query.workspace_names:
         wanted = {w.strip() for w in query.workspace_names.split(",") if w.strip()}
         models = [m for m in models if m["workspace"] in wanted]
+    if query.workspace_ids:
+        ids = _ids_of(query.workspace_ids)
+        models = [m for m in models if m["workspace_id"] in ids]
     models.sort(key=lambda m: (_SORT_KEYS[query.sort_by](m), m["id"]))
     if query.order_by == "desc":
         models.reverse()
@@ -299,15 +380,23 @@ async def list_models(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/models", allow=USERS, body=CreateModelBody, response=Model)
 async def create_model(request: web.Request) -> web.Response:
-    """Creates a model owned by the caller (400 for a name that breaks the rules or a field
-    over its bound, 409 when a model of that name exists)."""
+    """Creates a model owned by the caller in a workspace (``workspace_name`` or
+    ``workspace_id``; neither: Uncategorized) where the caller may create models (400 for an
+    unknown workspace, a name that breaks the rules or a field over its bound; 403 without
+    ``create_model_registry`` there; 409 when the workspace is archived or a model of that name
+    exists)."""
     principal = principal_of(request)
-    await check_model_access(store_of(request), principal, "create")
+    if principal.kind != "user":
+        raise forbidden("only users use the model registry")
     body = parse(CreateModelBody, await read_json(request))
-    workspace = _check_workspace(body.workspace_name)
 
     async def work(tx: Transaction) -> int:
         await lock_registry(tx)
+        teams = await load_teams(tx)
+        workspace = _workspace_of_body(
+            teams, body.workspace_name, body.workspace_id, id_field="workspace_id"
+        )
+        await check_model_access(tx, principal, "create", workspace_id=workspace.workspace_id)
         taken = await model_named(tx, body.name)
         model_id = await next_model_id(tx)
         command = CreateModel(
@@ -318,7 +407,9 @@ async def create_model(request: web.Request) -> web.Response:
             labels=tuple(body.labels),
             metadata=body.metadata,
             notes=body.notes,
-            workspace=workspace,
+            workspace_id=workspace.workspace_id,
+            workspace_name=workspace.name,
+            workspace_archived=workspace.archived,
         )
         await append_accepted(
             tx,
@@ -336,10 +427,10 @@ async def create_model(request: web.Request) -> web.Response:
 
 @routes.get("/api/v1/models/{name}", allow=USERS, response=Model)
 async def get_model(request: web.Request) -> web.Response:
-    """One model, by name or number (404 when there is none)."""
-    await check_model_access(store_of(request), principal_of(request), "read")
-    view = await model_of_path(store_of(request), request.match_info["name"])
-    return web.json_response(describe_model(view))
+    """One model, by name or number (404 when there is none, 403 when the caller may not read
+    its workspace's models)."""
+    view = await _readable_model(request)
+    return web.json_response(describe_model(view, await current_teams(store_of(request))))
 
 
 @routes.add("PATCH", "/api/v1/models/{name}", allow=USERS, body=PatchModelBody, response=Model)
@@ -362,7 +453,9 @@ async def patch_model(request: web.Request) -> web.Response:
     async def work(tx: Transaction) -> int:
         await lock_registry(tx)
         view = await model_of_path(tx, ref)
-        await check_model_access(tx, principal, "change", owner=view.owner)
+        await check_model_access(
+            tx, principal, "change", workspace_id=view.workspace_id, owner=view.owner
+        )
         taken_by = await model_named(tx, body.name) if body.name is not None else None
         await append_accepted(
             tx,
@@ -405,6 +498,62 @@ for _archived in (True, False):
     )(_archive_handler(_archived))
 
 
+@routes.post("/api/v1/models/{name}/move", allow=USERS, body=MoveModelBody, response=Model)
+async def move_model(request: web.Request) -> web.Response:
+    """Moves a model, with its versions, to another workspace (``destination_workspace_id``
+    or ``workspace_name``): the caller may delete it where it is and create models where it
+    goes (400 for an unknown workspace, 403 without either right, 409 when the workspace it
+    goes to is archived)."""
+    principal = principal_of(request)
+    body = parse(MoveModelBody, await read_json(request))
+    if body.workspace_name is None and body.destination_workspace_id is None:
+        raise bad_request(
+            "destination_workspace_id: name the workspace the model goes to (or workspace_name)",
+            path="destination_workspace_id",
+        )
+    ref = request.match_info["name"]
+
+    async def work(tx: Transaction) -> tuple[ModelView, list[Event]]:
+        await lock_registry(tx)
+        view = await model_of_path(tx, ref)
+        await check_model_access(
+            tx, principal, "delete", workspace_id=view.workspace_id, owner=view.owner
+        )
+        teams = await load_teams(tx)
+        target = _workspace_of_body(
+            teams,
+            body.workspace_name,
+            body.destination_workspace_id,
+            id_field="destination_workspace_id",
+        )
+        authorize(
+            teams,
+            principal,
+            Permission.CREATE_MODEL_REGISTRY,
+            workspace_id=target.workspace_id,
+            what=f"moving model {view.name!r} into workspace {target.name!r}",
+        )
+        command = MoveModel(
+            workspace_id=target.workspace_id,
+            workspace_name=target.name,
+            actor=principal.name,
+            workspace_archived=target.archived,
+        )
+        events = await append_accepted(
+            tx,
+            model_stream(view.model_id),
+            decide_move_model(view, command),
+            expected_version=view.version,
+            actor=principal.name,
+        )
+        return view, events
+
+    view, events = await in_transaction(store_of(request), work)
+    if events:
+        log.info("model moved", model_id=view.model_id, by=principal.name)
+    return web.json_response(await _described(request, view.model_id))
+
+
 @routes.add("DELETE", "/api/v1/models/{name}", allow=USERS, response=DeletedResponse)
 async def delete_model(request: web.Request) -> web.Response:
     """Deletes a model and its versions (its owner or an admin); their checkpoints are no
@@ -418,10 +567,10 @@ async def delete_model(request: web.Request) -> web.Response:
 @routes.get("/api/v1/models/{name}/versions", allow=USERS, response=ModelVersionsResponse)
 async def get_model_versions(request: web.Request) -> web.Response:
     """A model and its versions, oldest first."""
-    await check_model_access(store_of(request), principal_of(request), "read")
-    view = await model_of_path(store_of(request), request.match_info["name"])
+    view = await _readable_model(request)
+    teams = await current_teams(store_of(request))
     return web.json_response(
-        {"model": describe_model(view), "model_versions": await _versions(request, view)}
+        {"model": describe_model(view, teams), "model_versions": await _versions(request, view)}
     )
 
 
@@ -458,7 +607,9 @@ async def register_version(request: web.Request) -> web.Response:
     async def work(tx: Transaction) -> tuple[int, int]:
         await lock_registry(tx)
         view = await model_of_path(tx, ref)
-        await check_model_access(tx, principal, "change", owner=view.owner)
+        await check_model_access(
+            tx, principal, "change", workspace_id=view.workspace_id, owner=view.owner
+        )
         row, _ = await readable_checkpoint(request, body.checkpoint_uuid)
         uuid, experiment_id = str(row["uuid"]), int(row["experiment_id"])
         command = RegisterVersion(
@@ -497,8 +648,7 @@ async def _one_version(request: web.Request, view: ModelView, number: int) -> di
 @routes.get("/api/v1/models/{name}/versions/{version}", allow=USERS, response=ModelVersion)
 async def get_model_version(request: web.Request) -> web.Response:
     """One version of a model (``-1``: the latest)."""
-    await check_model_access(store_of(request), principal_of(request), "read")
-    view = await model_of_path(store_of(request), request.match_info["name"])
+    view = await _readable_model(request)
     version = version_of_path(view, request.match_info["version"])
     return web.json_response(await _one_version(request, view, version.version))
 

@@ -32,10 +32,12 @@ from events.domain.deciders.teams import (
     decide_workspace,
 )
 from events.domain.types.teams import MAX_NAME
+from events.log.store import Transaction
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
 from services.api.errors import ApiError, parse, read_json
 from services.api.experiment_commands import act_on_experiment, experiment_id_of
+from services.api.model_views import models_by_workspace
 from services.api.routes_tasks import live_tasks_in
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.teams import (
@@ -292,9 +294,9 @@ routes.post(
 )(_archiving(False))
 
 
-async def _what_it_holds(request: web.Request, workspace_id: int) -> str:
-    """What workspace ``workspace_id`` holds besides its projects, as a refusal to delete it
-    names it (``""``: nothing): its tasks that have not ended."""
+async def _live_tasks(request: web.Request, workspace_id: int) -> str:
+    """The tasks of workspace ``workspace_id`` that have not ended, as a refusal to delete it
+    names them (``""``: none)."""
     tasks = await live_tasks_in(store_of(request), workspace_id)
     if not tasks:
         return ""
@@ -304,20 +306,33 @@ async def _what_it_holds(request: web.Request, workspace_id: int) -> str:
 
 @routes.add("DELETE", "/api/v1/workspaces/{workspace}", allow=USERS, response=DeletedResponse)
 async def delete_workspace(request: web.Request) -> web.Response:
-    """Deletes an empty workspace (409 naming what it still holds: projects, tasks that have
-    not ended)."""
+    """Deletes an empty workspace (409 naming what it still holds: projects, models, tasks that
+    have not ended)."""
     teams = await current_teams(store_of(request))
     found = _visible_workspace(teams, principal_of(request), request.match_info["workspace"])
-    holds = await _what_it_holds(request, found.workspace_id)
+    tasks = await _live_tasks(request, found.workspace_id)
     seen: list[int] = []
+    models: dict[int, list[str]] = {}
+
+    async def count_models(tx: Transaction) -> None:
+        models.clear()
+        models.update(await models_by_workspace(tx))
 
     def make(workspace: Workspace) -> DeleteWorkspace:
         seen.append(workspace.workspace_id)
-        counted = workspace.workspace_id == found.workspace_id
-        return DeleteWorkspace(workspace.workspace_id, holds if counted else "")
+        names = sorted(models.get(workspace.workspace_id, []))
+        held = []
+        if names:
+            shown = ", ".join(repr(n) for n in names[:5])
+            held.append(f"{len(names)} model(s) ({shown}): move or delete them first")
+        if tasks and workspace.workspace_id == found.workspace_id:
+            held.append(tasks)
+        return DeleteWorkspace(workspace.workspace_id, holds="; ".join(held))
 
     _, events = await decide_teams(
-        request, _workspace_change(request, make, Permission.DELETE_WORKSPACE)
+        request,
+        _workspace_change(request, make, Permission.DELETE_WORKSPACE),
+        before=count_models,
     )
     return web.json_response({"id": seen[-1], "deleted": bool(events)})
 

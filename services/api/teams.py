@@ -7,7 +7,7 @@ indexed query per request that needs it); a decision folds afresh in its transac
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -48,11 +48,20 @@ async def teams_for(reader: Reader) -> Teams:
 
 
 async def decide_teams(
-    request: web.Request, decide: Callable[[Teams, Principal], Decision]
+    request: web.Request,
+    decide: Callable[[Teams, Principal], Decision],
+    *,
+    before: Callable[[Transaction], Awaitable[None]] | None = None,
 ) -> tuple[Teams, list[Any]]:
     """Folds the teams in a transaction, lets ``decide`` authorize the caller (raising its
     ``ApiError``) and decide, and appends its events at the folded version, decided again
     after a concurrent append (:func:`services.api.inbox.in_transaction`).
+
+    Args:
+        request: the request whose caller acts.
+        decide: the decision, from the teams and the caller.
+        before: run first in the transaction, before the teams are read (to take a lock and
+            read what ``decide`` needs besides the teams).
 
     Returns:
         The teams as folded before the change, and the events appended (none: no change).
@@ -60,6 +69,8 @@ async def decide_teams(
     principal = principal_of(request)
 
     async def work(tx: Transaction) -> tuple[Teams, list[Any]]:
+        if before is not None:
+            await before(tx)
         teams = await load_teams(tx)
         events = await append_accepted(
             tx,

@@ -1,6 +1,7 @@
 """The web UI's model registry in a real headless Chromium against a real cluster of processes:
 a checkpoint of a finished trial is registered from the trial's page (the model is made on the
-way), the Models page lists the model, and its page lists the version linking to its trial."""
+way), the Models page lists the model with its workspace, its page lists the version linking to
+its trial, and a model moves to another workspace from its page."""
 
 from __future__ import annotations
 
@@ -72,5 +73,42 @@ def test_register_a_checkpoint_from_the_trial_page_and_browse_the_model(
     page.click('#model-versions tr[data-key="1"] a.version-trial')
     page.wait_for_selector("#trial-info")
     assert page.url.endswith(f"#/trials/{trial}")
+    assert session.errors == [], session.errors
+    page.context.close()
+
+
+def test_the_models_page_shows_workspaces_and_a_model_moves_from_its_page(
+    browser: Any, live: LiveCluster
+) -> None:
+    """The Models page shows each model's workspace; on the model's page "Move" offers the
+    workspaces where the user may create models, and moving there shows the new workspace on
+    the page and in the list."""
+    live.api.call("POST", "/workspaces", {"name": "lab"})
+    live.api.call("POST", "/models", {"name": "moving model"})
+    session = new_session(browser, live)
+    session.login("admin", live.processes.admin_password)
+    page = session.page
+    page.wait_for_selector("#experiments-table")
+    session.go("/models")
+    row = '#models-table tr[data-key="moving model"]'
+    page.wait_for_selector(row)
+    assert "Uncategorized" in page.inner_text(row)
+
+    session.go("/models/moving%20model")
+    page.wait_for_selector("#model-workspace")
+    assert page.inner_text("#model-workspace") == "Uncategorized"
+    assert not page.is_visible("#model-move-form")
+    page.click("#model-move")
+    page.wait_for_selector("#model-move-form", state="visible")
+    page.select_option("#model-move-workspace", label="lab")
+    page.click("#model-move-submit")
+    wait(lambda: page.inner_text("#model-workspace") == "lab", 30, "the move")
+    session.shot("model-moved")
+    assert page.inner_text("#model-move-error") == ""
+    assert not page.is_visible("#model-move-form")
+
+    session.go("/models")
+    page.wait_for_selector(row)
+    wait(lambda: "lab" in page.inner_text(row), 30, "the list to show the new workspace")
     assert session.errors == [], session.errors
     page.context.close()

@@ -400,6 +400,28 @@ def test_model_registry_create_register_describe_and_download(
     assert cli(cluster, "model", "describe", "cli model").returncode == 4
 
 
+def test_models_live_in_workspaces_and_move_between_them(cluster: Env, tmp_path: Path) -> None:
+    """model create -w puts a model in a workspace; list shows its WORKSPACE and filters by
+    -w; a user without a role there neither lists nor reads it (exit 5); workspace delete is
+    refused while it holds the model; model move takes it out and the workspace goes."""
+    ok(cluster, "workspace", "create", "registry-ws")
+    created = as_json(cluster, "model", "create", "ws model", "-w", "registry-ws")
+    assert created["workspace"] == "registry-ws"
+    listed = ok(cluster, "model", "ls", "--workspace-names", "registry-ws").stdout
+    assert "WORKSPACE" in listed and "ws model" in listed and "registry-ws" in listed
+    ok(cluster, "user", "create", "dee", "--password", "pw-dee-123")
+    seen = as_user(cluster, tmp_path / "dee", "dee", "pw-dee-123", "--json", "model", "ls")
+    assert seen.returncode == 0 and "ws model" not in seen.stdout, seen.stderr
+    read = as_user(cluster, tmp_path / "dee", "dee", "pw-dee-123", "model", "describe", "ws model")
+    assert read.returncode == 5 and "view_model_registry" in read.stderr, read.stderr
+    refused = cli(cluster, "workspace", "delete", "registry-ws", "--yes")
+    assert refused.returncode != 0 and "'ws model'" in refused.stderr, refused.stderr
+    moved = ok(cluster, "model", "move", "ws model", "--workspace-name", "Uncategorized")
+    assert "is in workspace 'Uncategorized'" in moved.stdout
+    ok(cluster, "workspace", "delete", "registry-ws", "--yes")
+    ok(cluster, "model", "delete", "ws model", "--yes")
+
+
 def test_archive_and_unarchive(cluster: Env, finished: dict[str, Any]) -> None:
     """An archived experiment leaves the default list, shows with --all, and comes back."""
     exp_id = str(finished["id"])

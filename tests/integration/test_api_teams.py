@@ -174,6 +174,12 @@ ACTIONS: list[tuple[str, Permission]] = [
     ("open the owner's notebook", P.UPDATE_TASKS),
     ("kill the owner's notebook", P.UPDATE_TASKS),
     ("start a task in the workspace", P.CREATE_TASKS),
+    ("read the owner's model", P.VIEW_MODEL_REGISTRY),
+    ("list the owner's model", P.VIEW_MODEL_REGISTRY),
+    ("read the owner's model's versions", P.VIEW_MODEL_REGISTRY),
+    ("create a model in the workspace", P.CREATE_MODEL_REGISTRY),
+    ("edit the owner's model", P.EDIT_MODEL_REGISTRY),
+    ("move the owner's model (to where it is)", P.DELETE_MODEL_REGISTRY),
 ]
 """What each row of the matrix does, and the permission it needs."""
 
@@ -214,6 +220,19 @@ async def act(api: Api, action: str, token: str, who: str, ids: dict[str, Any]) 
             "/api/v1/commands",
             {"argv": ["true"], "workspace": "alpha", "config": {"description": who}},
         ),
+        "read the owner's model": ("GET", "/api/v1/models/owned", None),
+        "read the owner's model's versions": ("GET", "/api/v1/models/owned/versions", None),
+        "create a model in the workspace": (
+            "POST",
+            "/api/v1/models",
+            {"name": f"model-{who}", "workspace_name": "alpha"},
+        ),
+        "edit the owner's model": ("PATCH", "/api/v1/models/owned", {"notes": who}),
+        "move the owner's model (to where it is)": (
+            "POST",
+            "/api/v1/models/owned/move",
+            {"workspace_name": "alpha"},
+        ),
     }
     if action == "list the owner's experiment":
         listed = await api.ok("GET", "/api/v1/experiments?archived=all", token=token)
@@ -221,6 +240,9 @@ async def act(api: Api, action: str, token: str, who: str, ids: dict[str, Any]) 
     if action == "list the owner's notebook":
         tasks = await api.ok("GET", "/api/v1/tasks", token=token)
         return task in {t["id"] for t in tasks["tasks"]}
+    if action == "list the owner's model":
+        listed = await api.ok("GET", "/api/v1/models", token=token)
+        return "owned" in {m["name"] for m in listed["models"]}
     method, path, body = requests[action]
     status, answer = await api.call(method, path, token=token, json=body)
     if action == "open the owner's notebook" and status == 502:
@@ -246,6 +268,9 @@ async def test_generated_role_matrix(api: Api, store: EventStore) -> None:
         api, "POST", "/api/v1/experiments", owner, {"config": in_project("alpha", "main")}
     )
     notebook = await created(api, "POST", "/api/v1/notebooks", owner, {"workspace": "alpha"})
+    await created(
+        api, "POST", "/api/v1/models", owner, {"name": "owned", "workspace_name": "alpha"}
+    )
     await catch_up(store)
     ids = {"experiment": exp["id"], "project": project["id"], "task": notebook["id"]}
 

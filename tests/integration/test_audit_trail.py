@@ -428,6 +428,15 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
         ),
         (
             "POST",
+            "/api/v1/models/{name}/move",
+            "/api/v1/models/audited/move",
+            bob,
+            {"workspace_name": "no-such-workspace"},
+            400,
+            "bob",
+        ),
+        (
+            "POST",
             "/api/v1/models/{name}/versions",
             "/api/v1/models/audited/versions",
             bob,

@@ -22,6 +22,7 @@ from events.domain.deciders.model import (
     DeleteVersion,
     EditModel,
     EditVersion,
+    MoveModel,
     RegisterVersion,
     SetModelArchived,
     decide_create_model,
@@ -30,6 +31,7 @@ from events.domain.deciders.model import (
     decide_edit_model,
     decide_edit_version,
     decide_model_archived,
+    decide_move_model,
     decide_register_version,
     model_name_problem,
 )
@@ -152,6 +154,38 @@ def test_a_version_never_repoints_and_an_archived_model_refuses_changes() -> Non
     ):
         assert isinstance(refusal, Refusal) and refusal.reason == "conflict"
         assert "archived" in refusal.message
+
+
+def test_a_model_is_created_in_its_workspace_and_moves_between_workspaces() -> None:
+    """A model is created in the command's workspace (not in an archived one), moves with
+    ModelMoved (the fold follows; a move where it is appends nothing), and never moves into an
+    archived workspace."""
+    refused = decide_create_model(
+        None,
+        CreateModel(
+            model_id=1,
+            name="m",
+            actor="a",
+            workspace_id=3,
+            workspace_name="old",
+            workspace_archived=True,
+        ),
+    )
+    assert (
+        isinstance(refused, Refusal) and refused.reason == "conflict" and "'old'" in refused.message
+    )
+    stream = created(workspace_id=2, workspace_name="vision")
+    assert stream.view.workspace_id == 2
+    move = MoveModel(workspace_id=3, workspace_name="speech", actor="bob")
+    view = stream.add(decide_move_model(stream.view, move))
+    assert view.workspace_id == 3 and stream.events[-1].model_dump()["from_workspace_id"] == 2
+    assert decide_move_model(view, move) == []
+    back = MoveModel(workspace_id=2, workspace_name="vision", actor="b", workspace_archived=True)
+    refused = decide_move_model(view, back)
+    assert isinstance(refused, Refusal) and refused.reason == "conflict"
+    stream.add(decide_delete_model(view, DeleteModelCommand(actor="a")))
+    gone = decide_move_model(stream.view, back)
+    assert isinstance(gone, Refusal) and gone.reason == "not_found"
 
 
 def test_a_deleted_model_stays_deleted_in_the_fold() -> None:

@@ -65,6 +65,16 @@ def test_old_task_requested_is_upcast_into_the_default_workspace() -> None:
     assert upcast("TaskRequested", 2, {"task_id": "ab"}) == {"task_id": "ab", "workspace_id": 1}
 
 
+def test_v1_model_created_is_upcast_to_the_default_workspace_id() -> None:
+    """A version 1 ModelCreated named its workspace "Uncategorized"; it decodes in workspace 1."""
+    payload = fixture("ModelCreated", 1)
+    assert payload["workspace"] == "Uncategorized"
+    event = decode("ModelCreated", 1, payload)
+    assert event.schema_version == 2
+    assert event.model_dump()["workspace_id"] == 1
+    assert "workspace" not in event.model_dump()
+
+
 def test_future_version_is_refused() -> None:
     """A payload from a newer schema version than this code knows is refused, not guessed at."""
     with pytest.raises(UnknownEventError, match="newer"):

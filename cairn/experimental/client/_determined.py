@@ -165,10 +165,13 @@ class Determined:
         labels: Sequence[str] | None = None,
         workspace_name: str | None = None,
     ) -> Model:
-        """Creates a model owned by this connection's user.
+        """Creates a model owned by this connection's user, in workspace ``workspace_name``
+        (``None``: Uncategorized).
 
         Raises:
-            ApiError: the name breaks a rule (400) or is taken (409).
+            ApiError: the name breaks a rule or the workspace is unknown (400), you may not
+                create models in that workspace (403), or the name is taken or the workspace
+                archived (409).
         """
         data = self._session.create_model(
             name,

@@ -110,6 +110,7 @@ class Model(_MasterObject):
         metadata: its metadata.
         notes: its notes.
         username: who created it (its owner).
+        workspace_id: its workspace's id.
         workspace: its workspace's name.
         archived: whether it is archived (no edits, no new versions).
         creation_time: when it was created.
@@ -128,6 +129,7 @@ class Model(_MasterObject):
         self.metadata: dict[str, Any] = dict(data.get("metadata") or {})
         self.notes: str = str(data.get("notes") or "")
         self.username = str(data.get("username") or "")
+        self.workspace_id = int(data.get("workspace_id") or 1)
         self.workspace = str(data.get("workspace") or "")
         self.archived = bool(data.get("archived"))
         self.creation_time: datetime | None = _time(data.get("creation_time"))
@@ -199,6 +201,15 @@ class Model(_MasterObject):
         """Removes top-level keys from the model's metadata."""
         gone = set(keys)
         self._patch({"metadata": {k: v for k, v in self.metadata.items() if k not in gone}})
+
+    def move_to_workspace(self, workspace_name: str) -> None:
+        """Moves the model, with its versions, to workspace ``workspace_name``.
+
+        Raises:
+            ApiError: no such workspace (400), you may not take the model out of its workspace
+                or create models in that one (403), or that one is archived (409).
+        """
+        self._hydrate(self._session.move_model(self._ref, workspace_name=workspace_name))
 
     def archive(self) -> None:
         """Archives the model (no edits and no new versions until unarchived)."""

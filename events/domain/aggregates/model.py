@@ -1,7 +1,7 @@
 """The registered model fold: a model's fields, archive flag and numbered versions.
 
-A model exists from ``ModelCreated`` until ``ModelDeleted``; nothing after the deletion changes
-it (a new model of the same name is another stream). ``next_version`` is one more than the
+A model exists from ``ModelCreated`` until ``ModelDeleted``, in the workspace it was created in
+or last moved to (``ModelMoved``); nothing after the deletion changes it (a new model of the same name is another stream). ``next_version`` is one more than the
 highest version ever registered, so a deleted version's number is never given again.
 """
 
@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from events.domain.authorization import DEFAULT_WORKSPACE_ID
 from events.domain.types import (
     ModelArchived,
     ModelCreated,
     ModelDeleted,
     ModelEdited,
+    ModelMoved,
     ModelVersionDeleted,
     ModelVersionEdited,
     ModelVersionRegistered,
@@ -28,6 +30,7 @@ MODEL_FACTS = (
     "ModelEdited",
     "ModelArchived",
     "ModelDeleted",
+    "ModelMoved",
     "ModelVersionRegistered",
     "ModelVersionEdited",
     "ModelVersionDeleted",
@@ -67,7 +70,7 @@ class ModelView:
     metadata: dict[str, Any] = field(default_factory=dict)
     notes: str = ""
     owner: str = ""
-    workspace: str = ""
+    workspace_id: int = DEFAULT_WORKSPACE_ID
     archived: bool = False
     created_at: datetime | None = None
     updated_at: datetime | None = None
@@ -93,7 +96,7 @@ def apply_model(view: ModelView, recorded: RecordedEvent, event: Event | None = 
         view.metadata = dict(event.metadata)
         view.notes = event.notes
         view.owner = event.owner
-        view.workspace = event.workspace
+        view.workspace_id = event.workspace_id
         view.created_at = view.updated_at = at
         return
     if not view.exists:
@@ -107,6 +110,8 @@ def apply_model(view: ModelView, recorded: RecordedEvent, event: Event | None = 
         view.notes = event.notes
     elif isinstance(event, ModelArchived):
         view.archived = event.archived
+    elif isinstance(event, ModelMoved):
+        view.workspace_id = event.to_workspace_id
     elif isinstance(event, ModelDeleted):
         view.exists = False
         view.deleted = True

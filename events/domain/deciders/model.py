@@ -1,5 +1,5 @@
-"""The model registry's deciders: create, edit, archive and delete a model; register, edit and
-delete its versions.
+"""The model registry's deciders: create, edit, archive, move (between workspaces) and delete a
+model; register, edit and delete its versions.
 
 Each ``decide_*`` is pure over the model's folded stream
 (:class:`~events.domain.aggregates.ModelView`) and a command. What a decider cannot see in the
@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from events.domain.aggregates import ModelVersionView, ModelView
+from events.domain.authorization import DEFAULT_NAME, DEFAULT_WORKSPACE_ID
 from events.domain.deciders import Decision, Refusal, conflict, invalid, not_found
 from events.domain.types import (
     ModelArchived,
     ModelCreated,
     ModelDeleted,
     ModelEdited,
+    ModelMoved,
     ModelVersionDeleted,
     ModelVersionEdited,
     ModelVersionRegistered,
@@ -121,12 +123,21 @@ class CreateModel:
     labels: tuple[str, ...] = ()
     metadata: Mapping[str, Any] | None = None
     notes: str = ""
-    workspace: str = ""
+    workspace_id: int = DEFAULT_WORKSPACE_ID
+    workspace_name: str = DEFAULT_NAME
+    workspace_archived: bool = False
+
+
+def _archived_workspace(name: str, archived: bool) -> Refusal | None:
+    if archived:
+        return conflict(f"workspace {name!r} is archived: it takes no models", "workspace_name")
+    return None
 
 
 def decide_create_model(taken_by: int | None, command: CreateModel) -> Decision:
-    """``ModelCreated``; refused when the name breaks a rule or a field is over its bound
-    (invalid), or when model ``taken_by`` holds the name already (conflict).
+    """``ModelCreated`` in the command's workspace; refused when the name breaks a rule or a
+    field is over its bound (invalid), or when model ``taken_by`` holds the name already or the
+    workspace is archived (conflict).
 
     Args:
         taken_by: the existing model named ``command.name``, if there is one.
@@ -144,6 +155,9 @@ def decide_create_model(taken_by: int | None, command: CreateModel) -> Decision:
         return refused
     if taken_by is not None:
         return conflict(f"name: a model named {command.name!r} exists already", "name")
+    refused = _archived_workspace(command.workspace_name, command.workspace_archived)
+    if refused is not None:
+        return refused
     return [
         ModelCreated(
             model_id=command.model_id,
@@ -153,7 +167,7 @@ def decide_create_model(taken_by: int | None, command: CreateModel) -> Decision:
             metadata=metadata,
             notes=command.notes,
             owner=command.actor,
-            workspace=command.workspace,
+            workspace_id=command.workspace_id,
             actor=command.actor,
         )
     ]
@@ -232,6 +246,39 @@ def decide_model_archived(view: ModelView, command: SetModelArchived) -> Decisio
     if view.archived == command.archived:
         return []
     return [ModelArchived(model_id=view.model_id, archived=command.archived, actor=command.actor)]
+
+
+@dataclass(frozen=True)
+class MoveModel:
+    """Move a model to workspace ``workspace_id`` (named ``workspace_name``; ``archived``: the
+    caller read it archived)."""
+
+    workspace_id: int
+    workspace_name: str
+    actor: str
+    workspace_archived: bool = False
+
+
+def decide_move_model(view: ModelView, command: MoveModel) -> Decision:
+    """``ModelMoved``; ``[]`` when the model is there already; refused when the model is gone
+    (not found) or the workspace it goes to is archived (conflict). An archived model moves:
+    moving changes where it is, none of its fields."""
+    refused = _missing(view)
+    if refused is not None:
+        return refused
+    if view.workspace_id == command.workspace_id:
+        return []
+    refused = _archived_workspace(command.workspace_name, command.workspace_archived)
+    if refused is not None:
+        return refused
+    return [
+        ModelMoved(
+            model_id=view.model_id,
+            from_workspace_id=view.workspace_id,
+            to_workspace_id=command.workspace_id,
+            actor=command.actor,
+        )
+    ]
 
 
 @dataclass(frozen=True)

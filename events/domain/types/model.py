@@ -14,18 +14,25 @@ from typing import Any
 
 from pydantic import Field
 
+from events.domain.authorization import DEFAULT_WORKSPACE_ID
 from events.log.envelope import Event
-from events.log.registry import register
+from events.log.registry import register, upcaster
 
 DEFAULT_WORKSPACE = "Uncategorized"
-"""The workspace every model is in until workspaces exist."""
+"""The name of the default workspace, where version 1 of ``ModelCreated`` put every model."""
 
 
 @register
 class ModelCreated(Event):
-    """Model ``name`` was created by ``owner``, as number ``model_id``."""
+    """Model ``name`` was created by ``owner``, as number ``model_id``, in workspace
+    ``workspace_id``.
+
+    Version 2 names the workspace by id; version 1 named it (``workspace``), and the name was
+    always the default workspace's, so it upcasts to id 1. ``ModelMoved`` moves it later.
+    """
 
     event_type = "ModelCreated"
+    schema_version = 2
 
     model_id: int
     name: str
@@ -34,7 +41,29 @@ class ModelCreated(Event):
     metadata: dict[str, Any] = Field(default_factory=dict)
     notes: str = ""
     owner: str
-    workspace: str = DEFAULT_WORKSPACE
+    workspace_id: int = DEFAULT_WORKSPACE_ID
+    actor: str = ""
+
+
+@upcaster("ModelCreated", 1)
+def _model_created_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 1's workspace name (only ever the default workspace's) becomes its id."""
+    out = {k: v for k, v in payload.items() if k != "workspace"}
+    out["workspace_id"] = DEFAULT_WORKSPACE_ID
+    return out
+
+
+@register
+class ModelMoved(Event):
+    """The model moved from workspace ``from_workspace_id`` to ``to_workspace_id``; its
+    versions go with it, and from now on the roles of the new workspace decide who may read or
+    change it."""
+
+    event_type = "ModelMoved"
+
+    model_id: int
+    from_workspace_id: int
+    to_workspace_id: int
     actor: str = ""
 
 
