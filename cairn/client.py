@@ -415,31 +415,58 @@ class Client:
     # ------------------------------------------------------------------ trials and checkpoints
 
     def run_command(
-        self, argv: Sequence[str], config: dict[str, Any], context: Path | None = None
+        self,
+        argv: Sequence[str],
+        config: dict[str, Any],
+        context: Path | None = None,
+        *,
+        workspace: str | int | None = None,
     ) -> dict[str, Any]:
-        """Submits a command task (``argv`` run in the uploaded ``context`` directory, if any);
-        returns the task as :meth:`get_task` does."""
+        """Submits a command task (``argv`` run in the uploaded ``context`` directory, if any)
+        in ``workspace`` (its name or id; ``None``: the default workspace); returns the task as
+        :meth:`get_task` does."""
         body: dict[str, Any] = {"argv": list(argv), "config": config}
         if context is not None:
             body["code"] = base64.b64encode(code_tarball(context)).decode()
+        if workspace is not None:
+            body["workspace"] = workspace
         return dict(self.call("POST", "/commands", body))
 
-    def start_notebook(self, config: dict[str, Any], context: Path | None = None) -> dict[str, Any]:
-        """Starts a notebook task (JupyterLab in the uploaded ``context`` directory, if any);
-        returns the task as :meth:`get_task` does."""
-        return self._start_served("/notebooks", config, context)
+    def start_notebook(
+        self,
+        config: dict[str, Any],
+        context: Path | None = None,
+        *,
+        workspace: str | int | None = None,
+    ) -> dict[str, Any]:
+        """Starts a notebook task (JupyterLab in the uploaded ``context`` directory, if any) in
+        ``workspace`` (``None``: the default one); returns the task as :meth:`get_task` does."""
+        return self._start_served("/notebooks", config, context, workspace)
 
-    def start_shell(self, config: dict[str, Any], context: Path | None = None) -> dict[str, Any]:
-        """Starts a shell task (its shells start in the uploaded ``context`` directory, if any);
-        returns the task as :meth:`get_task` does."""
-        return self._start_served("/shells", config, context)
+    def start_shell(
+        self,
+        config: dict[str, Any],
+        context: Path | None = None,
+        *,
+        workspace: str | int | None = None,
+    ) -> dict[str, Any]:
+        """Starts a shell task (its shells start in the uploaded ``context`` directory, if any)
+        in ``workspace`` (``None``: the default one); returns the task as :meth:`get_task`
+        does."""
+        return self._start_served("/shells", config, context, workspace)
 
     def _start_served(
-        self, path: str, config: dict[str, Any], context: Path | None
+        self,
+        path: str,
+        config: dict[str, Any],
+        context: Path | None,
+        workspace: str | int | None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"config": config}
         if context is not None:
             body["code"] = base64.b64encode(code_tarball(context)).decode()
+        if workspace is not None:
+            body["workspace"] = workspace
         return dict(self.call("POST", path, body))
 
     def start_tensorboard(
@@ -447,19 +474,31 @@ class Client:
         experiment_ids: Sequence[int],
         trial_ids: Sequence[int] = (),
         config: dict[str, Any] | None = None,
+        *,
+        workspace: str | int | None = None,
     ) -> dict[str, Any]:
         """Starts a TensorBoard over every trial of ``experiment_ids`` and the trials
-        ``trial_ids``; returns the task as :meth:`get_task` does."""
-        body = {
+        ``trial_ids`` in ``workspace`` (``None``: the default one); returns the task as
+        :meth:`get_task` does."""
+        body: dict[str, Any] = {
             "experiment_ids": list(experiment_ids),
             "trial_ids": list(trial_ids),
             "config": config or {},
         }
+        if workspace is not None:
+            body["workspace"] = workspace
         return dict(self.call("POST", "/tensorboards", body))
 
-    def list_tasks(self) -> dict[str, Any]:
-        """The caller's tasks (an admin's: everyone's): ``{"tasks": [...]}``."""
-        return dict(self.get("/tasks"))
+    def list_tasks(self, *, workspace: str | int | None = None) -> dict[str, Any]:
+        """The tasks the caller may see (their own, those of workspaces where a role lets them
+        see tasks; an admin's: everyone's), of ``workspace`` (its name or id) when given:
+        ``{"tasks": [...]}``."""
+        if workspace is None:
+            return dict(self.get("/tasks"))
+        if isinstance(workspace, str):
+            ref = urllib.parse.quote(workspace, safe="")
+            workspace = int(self.get(f"/workspaces/{ref}")["id"])
+        return dict(self.get("/tasks", workspace_id=workspace))
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         """One task: state, argv, config, allocation, outcome and exit code."""

@@ -1,9 +1,9 @@
 """``cairn cmd`` (alias ``command``): run a command on the cluster, list, describe, kill, logs,
 print the config template.
 
-``cairn cmd run [--config-file F] [--config key=value ...] [--context DIR] CMD...`` submits a
-command task, prints its output as it is shipped, and exits with the command's exit code (as
-Determined's ``det cmd run``). Ctrl-C detaches: the command keeps running
+``cairn cmd run [--config-file F] [--config key=value ...] [--context DIR] [-w WORKSPACE] CMD...``
+submits a command task (in that workspace; the default one without ``-w``), prints its output as
+it is shipped, and exits with the command's exit code (as Determined's ``det cmd run``). Ctrl-C detaches: the command keeps running
 (``cairn cmd kill ID`` stops it). A command that never ran (canceled, lost) exits 1.
 """
 
@@ -50,7 +50,8 @@ def register(sub: Any) -> None:
     add_json_flag(run)
     run.set_defaults(handler=cmd_run)
 
-    listing = verbs.add_parser("list", aliases=["ls"], help="list your commands")
+    listing = verbs.add_parser("list", aliases=["ls"], help="list the commands you may see")
+    add_workspace_filter(listing)
     add_json_flag(listing)
     listing.set_defaults(handler=cmd_list)
 
@@ -68,9 +69,16 @@ def register(sub: Any) -> None:
         verb.set_defaults(handler=handler)
 
 
+def add_workspace_filter(parser: Any) -> None:
+    """``-w/--workspace NAME`` on a list verb: only that workspace's tasks."""
+    parser.add_argument(
+        "-w", "--workspace", metavar="NAME", help="only this workspace's tasks (its name or id)"
+    )
+
+
 def add_submission_flags(parser: Any, kind: str, *, example: str) -> None:
     """The flags every task submission takes: ``--config-file``, ``--config KEY=VALUE``,
-    ``--context DIR`` and ``--detach``.
+    ``--context DIR``, ``--workspace NAME`` and ``--detach``.
 
     Args:
         parser: the verb's parser.
@@ -89,9 +97,26 @@ def add_submission_flags(parser: Any, kind: str, *, example: str) -> None:
     parser.add_argument(
         "-c", "--context", type=Path, metavar="DIR", help="directory to upload as the work dir"
     )
+    add_workspace_flag(parser, kind)
     parser.add_argument(
         "-d", "--detach", action="store_true", help="print the task id and return at once"
     )
+
+
+def add_workspace_flag(parser: Any, kind: str) -> None:
+    """``-w/--workspace NAME`` on a submission: the workspace the task goes in."""
+    parser.add_argument(
+        "-w",
+        "--workspace",
+        metavar="NAME",
+        help=f"the workspace the {kind} goes in (its name or id; default: Uncategorized)",
+    )
+
+
+def list_tasks_of(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The tasks the caller may see, of ``--workspace`` when given."""
+    answer = auth_store.connect(args).list_tasks(workspace=getattr(args, "workspace", None))
+    return list(answer.get("tasks") or [])
 
 
 def load_task_config(path: Path | None, overrides: list[str]) -> dict[str, Any]:
@@ -177,7 +202,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not argv:
         raise UsageError("give the command to run, e.g. cairn cmd run python prep.py")
     submitted = submit_task(
-        args, lambda client, config: client.run_command(argv, config, args.context)
+        args,
+        lambda client, config: client.run_command(
+            argv, config, args.context, workspace=args.workspace
+        ),
     )
     if submitted is None:
         return 0
@@ -207,23 +235,24 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Lists the caller's commands (an admin's: everyone's)."""
-    answer = auth_store.connect(args).list_tasks()
+    """Lists the tasks the caller may see (an admin's: everyone's; ``-w``: one workspace's)."""
+    tasks = list_tasks_of(args)
     if wants_json(args):
-        print_json(answer)
+        print_json({"tasks": tasks})
         return 0
     table(
-        ["id", "owner", "state", "exit", "description", "submitted"],
+        ["id", "owner", "workspace", "state", "exit", "description", "submitted"],
         [
             [
                 t["id"],
                 t["owner"],
+                t.get("workspace"),
                 t["state"],
                 t.get("exit_code"),
                 t.get("description"),
                 when(t.get("requested_at")),
             ]
-            for t in answer.get("tasks") or []
+            for t in tasks
         ],
     )
     return 0
@@ -240,6 +269,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
             ("id", task["id"]),
             ("kind", task["kind"]),
             ("owner", task["owner"]),
+            ("workspace", task.get("workspace")),
             ("state", task["state"]),
             ("command", " ".join(task.get("argv") or [])),
             ("description", task.get("description")),

@@ -1,9 +1,10 @@
 """``cairn notebook``: JupyterLab on the cluster, reached through the API's proxy.
 
-``cairn notebook start [--config-file F] [--config key=value ...] [--context DIR]`` starts one
-and waits until it serves (``-d``: print the id and return); ``open ID`` prints its URL and opens
+``cairn notebook start [--config-file F] [--config key=value ...] [--context DIR] [-w WORKSPACE]``
+starts one (in that workspace; the default one without ``-w``) and waits until it serves (``-d``: print the id and return); ``open ID`` prints its URL and opens
 a browser where there is one (a browser logged in to the web UI carries the session cookie the
-proxy accepts); ``list``, ``logs ID``, ``kill ID``; ``config`` prints the config it accepts.
+proxy accepts); ``list [-w WORKSPACE]``, ``logs ID``, ``kill ID``; ``config`` prints the config
+it accepts.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def _show(args: argparse.Namespace, client: Client, task: dict[str, Any]) -> Non
 def notebook_start(args: argparse.Namespace) -> int:
     """Starts a notebook; waits until it serves and shows its URL (``-d``: prints the id)."""
     submitted = submit_task(
-        args, lambda client, config: client.start_notebook(config, args.context)
+        args,
+        lambda client, config: client.start_notebook(
+            config, args.context, workspace=args.workspace
+        ),
     )
     if submitted is None:
         return 0
@@ -83,7 +87,7 @@ def notebook_start(args: argparse.Namespace) -> int:
 
 
 def notebook_list(args: argparse.Namespace) -> int:
-    """Lists the caller's notebooks (an admin's: everyone's)."""
+    """Lists the notebooks the caller may see (an admin's: everyone's)."""
     return list_kind(args, "notebook")
 
 

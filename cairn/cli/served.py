@@ -8,7 +8,6 @@ import time
 import webbrowser
 from typing import Any
 
-from cairn.cli import auth_store
 from cairn.cli.output import print_json, table, wants_json, when
 from cairn.client import Client
 from cairn.errors import UsageError
@@ -32,10 +31,11 @@ def add_task_verbs(
     """Adds the verbs every served task kind has: ``list``/``ls``, ``open ID``, ``logs ID``,
     ``kill ID`` and ``config`` (``label``: the kind as help texts name it, e.g. ``notebook``;
     ``browser``: ``open`` takes ``--no-browser`` and ``--json``)."""
-    from cairn.cli.command import cmd_kill, cmd_logs
+    from cairn.cli.command import add_workspace_filter, cmd_kill, cmd_logs
     from cairn.cli.output import add_json_flag
 
-    listing = verbs.add_parser("list", aliases=["ls"], help=f"list your {label}s")
+    listing = verbs.add_parser("list", aliases=["ls"], help=f"list the {label}s you may see")
+    add_workspace_filter(listing)
     add_json_flag(listing)
     listing.set_defaults(handler=list_handler)
 
@@ -112,21 +112,27 @@ def task_to_open(client: Client, task_id: str, *, kind: str) -> dict[str, Any]:
     return task
 
 
+def tasks_of_kind(args: argparse.Namespace, kind: str) -> list[dict[str, Any]]:
+    """The tasks of ``kind`` the caller may see (of ``--workspace`` when given)."""
+    from cairn.cli.command import list_tasks_of
+
+    return [t for t in list_tasks_of(args) if t["kind"] == kind]
+
+
 def list_kind(args: argparse.Namespace, kind: str) -> int:
-    """Prints the caller's tasks of ``kind`` (an admin's: everyone's; ``--json``: as the API
-    gives them)."""
-    tasks = [
-        t for t in auth_store.connect(args).list_tasks().get("tasks") or [] if t["kind"] == kind
-    ]
+    """Prints the tasks of ``kind`` the caller may see (an admin's: everyone's; ``-w``: one
+    workspace's; ``--json``: as the API gives them)."""
+    tasks = tasks_of_kind(args, kind)
     if wants_json(args):
         print_json({"tasks": tasks})
         return 0
     table(
-        ["id", "owner", "state", "ready", "description", "submitted"],
+        ["id", "owner", "workspace", "state", "ready", "description", "submitted"],
         [
             [
                 t["id"],
                 t["owner"],
+                t.get("workspace"),
                 t["state"],
                 "yes" if t.get("ready") else "",
                 t.get("description"),

@@ -1,7 +1,7 @@
 """``cairn shell``: a terminal on the cluster, reached through the API's proxy.
 
-``cairn shell start [--config-file F] [--config key=value ...] [--context DIR]`` starts a shell
-task, waits until it serves, attaches this terminal to a new session and exits with the remote
+``cairn shell start [--config-file F] [--config key=value ...] [--context DIR] [-w WORKSPACE]``
+starts a shell task (in that workspace; the default one without ``-w``), waits until it serves, attaches this terminal to a new session and exits with the remote
 shell's exit code (``-d``: print the id and return at once). The task keeps running after its
 session ends, until it is killed or idle past its ``idle_timeout``: ``open ID`` attaches a new
 session; ``list``, ``logs ID``, ``kill ID``; ``config`` prints the config it accepts. How the
@@ -68,7 +68,10 @@ def _attach(client: Client, task_id: str) -> int:
 def shell_start(args: argparse.Namespace) -> int:
     """Starts a shell, waits until it serves and attaches to it; exits with the remote shell's
     exit code (``-d``: prints the id and returns)."""
-    submitted = submit_task(args, lambda client, config: client.start_shell(config, args.context))
+    submitted = submit_task(
+        args,
+        lambda client, config: client.start_shell(config, args.context, workspace=args.workspace),
+    )
     if submitted is None:
         return 0
     client, task_id = submitted
@@ -87,7 +90,7 @@ def shell_open(args: argparse.Namespace) -> int:
 
 
 def shell_list(args: argparse.Namespace) -> int:
-    """Lists the caller's shells (an admin's: everyone's)."""
+    """Lists the shells the caller may see (an admin's: everyone's)."""
     return list_kind(args, "shell")
 
 

@@ -1,4 +1,4 @@
-"""``cairn task``: every task of the caller (an admin's: everyone's), and a task's output.
+"""``cairn task``: every task the caller may see (an admin: everyone's), and a task's output.
 
 ``cairn task list`` shows commands and every later task kind in one table (Determined's
 ``det task list``); ``cairn task logs ID [-f]`` prints a task's output, and with ``-f`` keeps
@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from cairn.cli import auth_store
-from cairn.cli.command import cmd_logs, stream_output
+from cairn.cli.command import add_workspace_filter, cmd_logs, list_tasks_of, stream_output
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
 
 
@@ -21,7 +21,10 @@ def register(sub: Any) -> None:
     group.set_defaults(group_parser=group, default_verb="list")
     verbs = group.add_subparsers(metavar="VERB")
 
-    listing = verbs.add_parser("list", aliases=["ls"], help="list your tasks (admins: all)")
+    listing = verbs.add_parser(
+        "list", aliases=["ls"], help="list the tasks you may see (admins: all)"
+    )
+    add_workspace_filter(listing)
     add_json_flag(listing)
     listing.set_defaults(handler=task_list)
 
@@ -41,13 +44,14 @@ def resource_pool_of(task: dict[str, Any]) -> str:
 
 
 def task_list(args: argparse.Namespace) -> int:
-    """Prints the caller's tasks, oldest first (``--json``: the API's answer)."""
-    answer = auth_store.connect(args).list_tasks()
+    """Prints the tasks the caller may see, oldest first (``-w``: one workspace's; ``--json``:
+    the API's answer)."""
+    tasks = list_tasks_of(args)
     if wants_json(args):
-        print_json(answer)
+        print_json({"tasks": tasks})
         return 0
     table(
-        ["id", "type", "description", "state", "owner", "resource pool", "submitted"],
+        ["id", "type", "description", "state", "owner", "workspace", "resource pool", "submitted"],
         [
             [
                 t["id"],
@@ -55,10 +59,11 @@ def task_list(args: argparse.Namespace) -> int:
                 t.get("description"),
                 t["state"],
                 t["owner"],
+                t.get("workspace"),
                 resource_pool_of(t),
                 when(t.get("requested_at")),
             ]
-            for t in answer.get("tasks") or []
+            for t in tasks
         ],
     )
     return 0

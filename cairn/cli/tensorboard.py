@@ -1,8 +1,9 @@
 """``cairn tensorboard``: TensorBoard over experiments' and trials' TensorBoard files, reached
 through the API's proxy.
 
-``cairn tensorboard start EXP_ID... [-t TRIAL_ID ...] [--config-file F] [--config key=value]``
-starts one over every trial of the experiments and the named trials, waits until it serves and
+``cairn tensorboard start EXP_ID... [-t TRIAL_ID ...] [--config-file F] [--config key=value]
+[-w WORKSPACE]`` starts one (in that workspace; the default one without ``-w``) over every trial
+of the experiments and the named trials, waits until it serves and
 prints its URL (opening a browser where there is one; ``-d``: print the id and return);
 ``list``, ``open ID``, ``logs ID``, ``kill ID``; ``config`` prints the config it accepts.
 """
@@ -15,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from cairn.cli import auth_store, verb_group
-from cairn.cli.command import submit_task
+from cairn.cli.command import add_workspace_flag, submit_task
 from cairn.cli.output import add_json_flag, print_json, table, wants_json, when
-from cairn.cli.served import add_task_verbs, proxy_url, show_url, wait_ready
+from cairn.cli.served import add_task_verbs, proxy_url, show_url, tasks_of_kind, wait_ready
 from cairn.client import Client
 from cairn.errors import UsageError
 
@@ -65,6 +66,7 @@ def register(sub: Any) -> None:
         metavar="KEY=VALUE",
         help="set a config field by dotted path, e.g. resources.slots=1 (repeatable)",
     )
+    add_workspace_flag(start, "TensorBoard")
     start.add_argument(
         "-d", "--detach", action="store_true", help="print the task id and return at once"
     )
@@ -104,7 +106,7 @@ def tensorboard_start(args: argparse.Namespace) -> int:
     submitted = submit_task(
         args,
         lambda client, config: client.start_tensorboard(
-            args.experiment_ids, args.trial_ids, config
+            args.experiment_ids, args.trial_ids, config, workspace=args.workspace
         ),
     )
     if submitted is None:
@@ -117,19 +119,19 @@ def tensorboard_start(args: argparse.Namespace) -> int:
 
 
 def tensorboard_list(args: argparse.Namespace) -> int:
-    """Lists the caller's TensorBoards (an admin's: everyone's)."""
-    tasks = [
-        t for t in auth_store.connect(args).list_tasks().get("tasks") or [] if t["kind"] == KIND
-    ]
+    """Lists the TensorBoards the caller may see (an admin's: everyone's; ``-w``: one
+    workspace's)."""
+    tasks = tasks_of_kind(args, KIND)
     if wants_json(args):
         print_json({"tasks": tasks})
         return 0
     table(
-        ["id", "owner", "state", "ready", "shows", "submitted"],
+        ["id", "owner", "workspace", "state", "ready", "shows", "submitted"],
         [
             [
                 t["id"],
                 t["owner"],
+                t.get("workspace"),
                 t["state"],
                 "yes" if t.get("ready") else "",
                 _shown(t),

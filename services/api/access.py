@@ -8,6 +8,10 @@
   validation so far, see :func:`searcher_readable_experiment`);
 - the agent token reads what the routes open to agents (agents run every user's trials).
 
+A task (a command, notebook, shell or TensorBoard) asks :func:`check_task`: its owner and admins
+may do everything to it, others what a role grants in its workspace (``view_nsc`` to read it,
+``update_nsc`` to kill or open it; 403 otherwise).
+
 Registered models ask :func:`check_model_access`, the one place that decides who may read or
 change a model and its versions.
 
@@ -24,6 +28,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from events.domain.aggregates import TaskView
 from events.domain.aggregates.teams import Teams
 from events.domain.authorization import Permission
 from events.domain.names import parse_trial_id, trial_label
@@ -78,6 +83,31 @@ async def check_experiment(
         workspace_id=teams.workspace_of_project(view.project_id),
         owner=view.owner,
         what=f"experiment {view.experiment_id} is {view.owner}'s",
+    )
+
+
+async def check_task(
+    reader: Reader,
+    principal: Principal,
+    task: TaskView,
+    permission: Permission = Permission.VIEW_TASKS,
+) -> None:
+    """Raises 403 unless user ``principal`` may act with ``permission`` on ``task``: its owner
+    and admins without reading the teams, others by :func:`services.api.teams.authorize` in the
+    task's workspace (``view_nsc`` reads it; ``update_nsc`` kills it or opens it through the
+    proxy, which runs code as its owner)."""
+    if principal.kind != "user":
+        raise forbidden("only the task's owner, an admin or a role in its workspace may do this")
+    if principal.is_admin or principal.name == task.owner:
+        return
+    teams = await teams_for(reader)
+    authorize(
+        teams,
+        principal,
+        permission,
+        workspace_id=task.workspace_id,
+        owner=task.owner,
+        what=f"task {task.task_id} is {task.owner}'s",
     )
 
 

@@ -7,9 +7,11 @@ Invariants a change must keep:
   ended, folded from the log on every request; nothing in the request (path, query, headers)
   picks the host or port. The path is forwarded unchanged (the task serves under
   ``/proxy/<task_id>/``).
-- Only the task's owner or an admin passes (403 otherwise; 404 for an unknown task), and an
-  admin only with a bearer token, never with the browser's session cookie: a task's pages are
-  its owner's code on this origin, which must not run where an admin's token lives. The
+- Only the task's owner, an admin, or a user whose role grants ``update_nsc`` in the task's
+  workspace passes (403 otherwise, a mere viewer included: a notebook or a shell runs code as
+  its owner; 404 for an unknown task), and anyone but the owner only with a bearer token, never
+  with the browser's session cookie: a task's pages are its owner's code on this origin, which
+  must not run where another user's token lives. The
   caller's cairn credentials never travel on: the ``Authorization`` header and the session
   cookie are stripped, and the upstream client keeps no cookies of its own. What goes upstream
   carries instead the task server's own token (``sign_serve_token``), which only the proxy and
@@ -33,9 +35,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from events.domain.aggregates import TaskView
+from events.domain.authorization import Permission
+from services.api.access import check_task
 from services.api.auth import SESSION_COOKIE, principal_of, sign_serve_token
 from services.api.errors import ApiError
-from services.api.routes_tasks import check_task_owner, load_task
+from services.api.routes_tasks import load_task
 from services.api.routing import USERS, RouteTable, state_of, store_of
 
 log = structlog.get_logger("api")
@@ -119,16 +123,17 @@ def _target(task: TaskView, request: web.Request) -> URL:
 
 async def _live_task(request: web.Request) -> TaskView:
     task_id = request.match_info["task_id"]
-    task = await load_task(store_of(request), task_id)
+    store = store_of(request)
+    task = await load_task(store, task_id)
     principal = principal_of(request)
-    check_task_owner(principal, task)
+    await check_task(store, principal, task, Permission.UPDATE_TASKS)
     if principal.name != task.owner and "Authorization" not in request.headers:
         # The task's pages run on this origin, where a browser keeps its cairn token: its
         # owner's code must never run in another user's (an admin's) logged-in browser.
         raise ApiError(
             403,
-            f"task {task_id} is {task.owner}'s: an admin reaches it through the proxy with a "
-            "bearer token (the API, the CLI), never in a browser",
+            f"task {task_id} is {task.owner}'s: another user reaches it through the proxy with "
+            "a bearer token (the API, the CLI), never in a browser",
         )
     if task.ended:
         raise ApiError(
@@ -160,7 +165,8 @@ def _unreachable(task_id: str) -> ApiError:
     max_body=MAX_PROXY_BODY,
 )
 async def forward(request: web.Request) -> web.StreamResponse:
-    """Forwards one request (or a WebSocket) to the task's server (owner or admin)."""
+    """Forwards one request (or a WebSocket) to the task's server (its owner, an admin, or
+    ``update_nsc`` in its workspace)."""
     task = await _live_task(request)
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _websocket(request, task)

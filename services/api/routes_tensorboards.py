@@ -27,8 +27,16 @@ from events.domain.types.task import TensorboardSource
 from services.api.access import check_experiment
 from services.api.auth import principal_of
 from services.api.errors import not_found, parse, read_json
-from services.api.routes_tasks import TaskDetail, new_task_id, submit_decided
+from services.api.routes_tasks import (
+    WORKSPACE_FIELD,
+    TaskDetail,
+    WorkspaceRef,
+    new_task_id,
+    submit_decided,
+    task_workspace,
+)
 from services.api.routing import USERS, RouteTable, store_of
+from services.api.teams import current_teams
 from services.api.views import ExperimentView, experiment_of, load_experiment
 
 log = structlog.get_logger("api")
@@ -37,14 +45,15 @@ routes = RouteTable("tensorboards")
 
 class CreateTensorboardBody(BaseModel):
     """A TensorBoard to start: every trial of ``experiment_ids`` and the trials ``trial_ids``
-    (of any experiment the caller may read), and its ``config`` (the command config's fields;
-    no slots unless ``resources.slots`` asks for some)."""
+    (of any experiment the caller may read), its ``config`` (the command config's fields; no
+    slots unless ``resources.slots`` asks for some) and the ``workspace`` it goes in."""
 
     model_config = ConfigDict(extra="forbid")
 
     experiment_ids: list[int] = Field(default_factory=list, max_length=MAX_TENSORBOARD_EXPERIMENTS)
     trial_ids: list[int] = Field(default_factory=list, max_length=MAX_TENSORBOARD_TRIALS)
     config: dict[str, Any] = Field(default_factory=dict)
+    workspace: WorkspaceRef | None = WORKSPACE_FIELD
 
 
 async def _readable(
@@ -99,13 +108,18 @@ async def resolve_sources(
 
 @routes.post("/api/v1/tensorboards", allow=USERS, body=CreateTensorboardBody, response=TaskDetail)
 async def create_tensorboard(request: web.Request) -> web.Response:
-    """Appends TaskRequested (kind ``tensorboard``) over experiments and trials the caller may
-    read (404 unknown, 403 another user's; 400 for none or too many)."""
+    """Appends TaskRequested (kind ``tensorboard``) in ``workspace`` over experiments and trials
+    the caller may read (404 unknown, 403 another user's; 400 for none or too many)."""
     principal = principal_of(request)
     body = parse(CreateTensorboardBody, await read_json(request))
+    workspace_id = task_workspace(await current_teams(store_of(request)), body.workspace)
     sources = await resolve_sources(request, body.experiment_ids, body.trial_ids)
     command = StartTensorboard(
-        task_id=new_task_id(), owner=principal.name, sources=sources, config=body.config
+        task_id=new_task_id(),
+        owner=principal.name,
+        sources=sources,
+        config=body.config,
+        workspace_id=workspace_id,
     )
     decision = decide_start_tensorboard(TaskView(command.task_id), command)
     return await submit_decided(request, command.task_id, None, decision)

@@ -38,6 +38,7 @@ from services.api.auth import Principal, principal_of
 from services.api.errors import ApiError, parse, read_json
 from services.api.experiment_commands import act_on_experiment, experiment_id_of
 from services.api.model_views import models_by_workspace
+from services.api.routes_tasks import live_tasks_in
 from services.api.routing import USERS, RouteTable, store_of
 from services.api.teams import (
     allows,
@@ -293,9 +294,23 @@ routes.post(
 )(_archiving(False))
 
 
+async def _live_tasks(request: web.Request, workspace_id: int) -> str:
+    """The tasks of workspace ``workspace_id`` that have not ended, as a refusal to delete it
+    names them (``""``: none)."""
+    tasks = await live_tasks_in(store_of(request), workspace_id)
+    if not tasks:
+        return ""
+    shown = ", ".join(f"{t.kind} {t.task_id}" for t in tasks[:5])
+    return f"{len(tasks)} task(s) that have not ended ({shown}): kill them first"
+
+
 @routes.add("DELETE", "/api/v1/workspaces/{workspace}", allow=USERS, response=DeletedResponse)
 async def delete_workspace(request: web.Request) -> web.Response:
-    """Deletes an empty workspace (409 naming what it still holds: projects, models)."""
+    """Deletes an empty workspace (409 naming what it still holds: projects, models, tasks that
+    have not ended)."""
+    teams = await current_teams(store_of(request))
+    found = _visible_workspace(teams, principal_of(request), request.match_info["workspace"])
+    tasks = await _live_tasks(request, found.workspace_id)
     seen: list[int] = []
     models: dict[int, list[str]] = {}
 
@@ -306,13 +321,13 @@ async def delete_workspace(request: web.Request) -> web.Response:
     def make(workspace: Workspace) -> DeleteWorkspace:
         seen.append(workspace.workspace_id)
         names = sorted(models.get(workspace.workspace_id, []))
-        holds = (
-            f"{len(names)} model(s) ({', '.join(repr(n) for n in names[:5])}): move or delete "
-            "them first"
-            if names
-            else ""
-        )
-        return DeleteWorkspace(workspace.workspace_id, holds=holds)
+        held = []
+        if names:
+            shown = ", ".join(repr(n) for n in names[:5])
+            held.append(f"{len(names)} model(s) ({shown}): move or delete them first")
+        if tasks and workspace.workspace_id == found.workspace_id:
+            held.append(tasks)
+        return DeleteWorkspace(workspace.workspace_id, holds="; ".join(held))
 
     _, events = await decide_teams(
         request,

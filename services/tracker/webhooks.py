@@ -387,6 +387,7 @@ class WebhookConsumer(PageConsumer):
             owner=task.owner,
             state=task.state,
             outcome=task.outcome,
+            workspace_id=task.workspace_id,
         )
         return replace(base, state=task.state, task=facts)
 

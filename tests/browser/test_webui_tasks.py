@@ -93,3 +93,56 @@ def test_a_ready_shell_names_its_attach_command_instead_of_a_page_and_is_killed_
     wait(lambda: page.get_attribute(row, "data-state") == "TERMINATED", 60, "the kill")
     assert "killed" in page.inner_text(row)
     assert bob.errors == [], bob.errors
+
+
+def test_tasks_show_their_workspace_and_a_viewer_there_sees_but_cannot_kill(
+    browser: Any, live: LiveCluster
+) -> None:
+    """Bob's command in workspace ``lab`` is listed with its workspace; Carol, a Viewer of
+    ``lab``, sees it (its page names the workspace) without a kill button; the workspace filter
+    shows ``lab``'s tasks only."""
+    api = live.api
+    api.call("POST", "/workspaces", {"name": "lab"})
+    for role, name in (("Editor", "bob"), ("Viewer", "carol")):
+        api.call(
+            "POST", "/roles/add-assignments",
+            {"role_name": role, "username": name, "workspace": "lab"},
+        )  # fmt: skip
+    bob_token = api.login("bob", "bob-password")
+    body = {
+        "argv": ["python", "-c", SLEEPER],
+        "config": {"description": "lab sleeper", "resources": {"slots": 0}},
+        "workspace": "lab",
+    }
+    in_lab = api.call("POST", "/commands", body, bob_token)
+    assert in_lab["workspace"] == "lab"
+
+    bob = logged_in(browser, live, "bob")
+    bob.go("/tasks")
+    row = f'#tasks-table tr[data-task="{in_lab["id"]}"]'
+    bob.page.wait_for_selector(row)
+    assert bob.page.inner_text(f"{row} td.task-workspace") == "lab"
+    assert bob.page.locator(f"{row} button.task-kill").count() == 1
+    assert bob.errors == [], bob.errors
+
+    carol = logged_in(browser, live, "carol")
+    page = carol.page
+    carol.go("/tasks")
+    page.wait_for_selector(row)
+    assert page.inner_text(f"{row} td.task-workspace") == "lab"
+    assert page.locator(f"{row} button.task-kill").count() == 0
+    assert page.locator("#tasks-table tr[data-task]").count() == 1  # bob's others are his own
+    lab_id = next(
+        w["id"] for w in api.call("GET", "/workspaces")["workspaces"] if w["name"] == "lab"
+    )
+    page.select_option("#filter-workspace", str(lab_id))
+    wait(lambda: page.locator("#tasks-table tr[data-task]").count() == 1, 30, "lab's tasks")
+    page.select_option("#filter-workspace", "1")
+    wait(lambda: page.locator("#tasks-table p.muted").count() == 1, 30, "no uncategorized task")
+    carol.go(f"/tasks/{in_lab['id']}")
+    page.wait_for_selector("#task-facts dd")
+    assert "lab" in page.inner_text("#task-facts")
+    assert page.locator("#task-actions button.task-kill").count() == 0
+    carol.shot("tasks-viewer")
+    assert carol.errors == [], carol.errors
+    api.call("POST", f"/tasks/{in_lab['id']}/kill", {}, bob_token)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from services.api.proxy import MAX_WS_FRAME
-from tests.e2e.test_cli import Env, admin_password, as_user, embedded_cluster, ok
+from tests.e2e.test_cli import Env, admin_password, as_user, cli, embedded_cluster, ok
 from tests.helpers import wait_until, wait_until_sync
 
 
@@ -32,9 +32,11 @@ def cluster() -> Iterator[Env]:
         yield env
 
 
-def start_notebook(env: Env, *config: str, dirs: tuple[str, ...] = ()) -> dict[str, Any]:
+def start_notebook(
+    env: Env, *config: str, dirs: tuple[str, ...] = (), workspace: str | None = None
+) -> dict[str, Any]:
     """Starts a zero-slot notebook as nora with the CLI (its context holds ``data.txt`` and the
-    directories ``dirs``) and waits until it serves."""
+    directories ``dirs``; in ``workspace`` when given) and waits until it serves."""
     context = env.shared / f"ctx-{uuid.uuid4().hex[:6]}"
     context.mkdir()
     (context / "data.txt").write_text("shards: 42\n")
@@ -42,6 +44,8 @@ def start_notebook(env: Env, *config: str, dirs: tuple[str, ...] = ()) -> dict[s
         (context / name).mkdir(parents=True)
         (context / name / "README.md").write_text(f"# {name}\n")
     overrides = [a for c in ("resources.slots=0", *config) for a in ("--config", c)]
+    if workspace is not None:
+        overrides += ["--workspace", workspace]
     done = as_user(
         env, env.shared / "nora", "nora", "pw-nora-1",
         "--json", "notebook", "start", "--no-browser", "--context", str(context), *overrides,
@@ -238,3 +242,49 @@ async def test_a_notebook_opens_at_its_work_dir_with_the_whole_context_browsable
             root = await answer.json()
         assert sorted(e["name"] for e in root["content"]) == ["data.txt", "nb"]
     ok(cluster, "notebook", "kill", task["id"])
+
+
+async def test_a_running_notebook_in_a_workspace_obeys_its_roles_and_holds_the_workspace(
+    cluster: Env,
+) -> None:
+    """Nora's notebook in workspace ``lab`` runs; an Editor of ``lab`` reaches it through the
+    proxy with a bearer token (never with a browser's cookie), a Viewer of ``lab`` sees it but
+    is refused the proxy and the kill (403); deleting ``lab`` is refused (409 naming the
+    notebook) while it runs and succeeds once it was killed."""
+    ok(cluster, "workspace", "create", "lab")
+    ok(cluster, "user", "create", "ed", "--password", "pw-ed-123")
+    for role, user in (("Editor", "nora"), ("Editor", "ed"), ("Viewer", "mallory")):
+        ok(cluster, "rbac", "assign-role", role, "-u", user, "-w", "lab")
+    task = start_notebook(cluster, workspace="lab")
+    task_id = task["id"]
+    assert task["workspace"] == "lab"
+    base = f"{cluster.api_url}/proxy/{task_id}/"
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        editor = {"Authorization": f"Bearer {await login(http, cluster, 'ed', 'pw-ed-123')}"}
+        async with http.get(base + "api/status", headers=editor) as answer:
+            assert answer.status == 200 and "last_activity" in await answer.json()
+        async with http.get(base + "api/status") as answer:  # ed's login cookie only
+            assert answer.status == 403
+            assert "never in a browser" in (await answer.json())["error"]["message"]
+    async with aiohttp.ClientSession() as http:
+        viewer = {"Authorization": f"Bearer {await login(http, cluster, 'mallory', 'pw-mallory')}"}
+        async with http.get(base + "api/status", headers=viewer) as answer:
+            assert answer.status == 403
+        async with http.get(f"{cluster.api_url}/api/v1/tasks/{task_id}", headers=viewer) as answer:
+            assert answer.status == 200 and (await answer.json())["workspace"] == "lab"
+        async with http.post(
+            f"{cluster.api_url}/api/v1/tasks/{task_id}/kill", headers=viewer, json={}
+        ) as answer:
+            assert answer.status == 403
+
+    refused = cli(cluster, "workspace", "delete", "lab", "--yes")
+    assert refused.returncode != 0
+    assert f"notebook {task_id}" in refused.stdout + refused.stderr, refused
+    ok(cluster, "notebook", "kill", task_id)
+
+    def ended() -> bool:
+        shown = json.loads(ok(cluster, "--json", "cmd", "describe", task_id).stdout)
+        return bool(shown["state"] == "TERMINATED")
+
+    wait_until_sync(ended, timeout=60)
+    ok(cluster, "workspace", "delete", "lab", "--yes")

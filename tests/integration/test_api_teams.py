@@ -1,6 +1,6 @@
 """Workspaces, projects and roles on the real API: experiments live in projects, a generated
-matrix of (role by action) holds on every route it covers, an Editor of one workspace sees
-nothing of another, and time travel shows where an experiment was."""
+matrix of (role by action) holds on every route it covers (tasks included), an Editor of one
+workspace sees nothing of another, and time travel shows where an experiment was."""
 
 from __future__ import annotations
 
@@ -168,6 +168,12 @@ ACTIONS: list[tuple[str, Permission]] = [
     ("grant a role in the workspace", P.ASSIGN_ROLES),
     ("create a workspace", P.CREATE_WORKSPACE),
     ("create a group", P.UPDATE_GROUP),
+    ("read the owner's notebook", P.VIEW_TASKS),
+    ("list the owner's notebook", P.VIEW_TASKS),
+    ("read the owner's notebook's output", P.VIEW_TASKS),
+    ("open the owner's notebook", P.UPDATE_TASKS),
+    ("kill the owner's notebook", P.UPDATE_TASKS),
+    ("start a task in the workspace", P.CREATE_TASKS),
     ("read the owner's model", P.VIEW_MODEL_REGISTRY),
     ("list the owner's model", P.VIEW_MODEL_REGISTRY),
     ("read the owner's model's versions", P.VIEW_MODEL_REGISTRY),
@@ -178,10 +184,11 @@ ACTIONS: list[tuple[str, Permission]] = [
 """What each row of the matrix does, and the permission it needs."""
 
 
-async def act(api: Api, action: str, token: str, who: str, ids: dict[str, int]) -> bool:
-    """Does ``action`` as ``who``; whether it was allowed (2xx, or a 409 of the state after
-    authorization passed), refused (403, or 404 for what the caller may not see)."""
-    exp, project = ids["experiment"], ids["project"]
+async def act(api: Api, action: str, token: str, who: str, ids: dict[str, Any]) -> bool:
+    """Does ``action`` as ``who``; whether it was allowed (2xx, a 409 of the state after
+    authorization passed, or the proxy's 502 for a notebook not serving yet), refused (403, or
+    404 for what the caller may not see)."""
+    exp, project, task = ids["experiment"], ids["project"], ids["task"]
     requests: dict[str, tuple[str, str, Any]] = {
         "read the owner's experiment": ("GET", f"/api/v1/experiments/{exp}", None),
         "rename the owner's experiment": ("PATCH", f"/api/v1/experiments/{exp}", {"name": "x"}),
@@ -204,6 +211,15 @@ async def act(api: Api, action: str, token: str, who: str, ids: dict[str, int]) 
         ),
         "create a workspace": ("POST", "/api/v1/workspaces", {"name": f"ws-{who}"}),
         "create a group": ("POST", "/api/v1/groups", {"name": f"group-{who}"}),
+        "read the owner's notebook": ("GET", f"/api/v1/tasks/{task}", None),
+        "read the owner's notebook's output": ("GET", f"/api/v1/tasks/{task}/logs", None),
+        "open the owner's notebook": ("GET", f"/proxy/{task}/lab", None),
+        "kill the owner's notebook": ("POST", f"/api/v1/tasks/{task}/kill", None),
+        "start a task in the workspace": (
+            "POST",
+            "/api/v1/commands",
+            {"argv": ["true"], "workspace": "alpha", "config": {"description": who}},
+        ),
         "read the owner's model": ("GET", "/api/v1/models/owned", None),
         "read the owner's model's versions": ("GET", "/api/v1/models/owned/versions", None),
         "create a model in the workspace": (
@@ -221,11 +237,16 @@ async def act(api: Api, action: str, token: str, who: str, ids: dict[str, int]) 
     if action == "list the owner's experiment":
         listed = await api.ok("GET", "/api/v1/experiments?archived=all", token=token)
         return exp in {e["id"] for e in listed["experiments"]}
+    if action == "list the owner's notebook":
+        tasks = await api.ok("GET", "/api/v1/tasks", token=token)
+        return task in {t["id"] for t in tasks["tasks"]}
     if action == "list the owner's model":
         listed = await api.ok("GET", "/api/v1/models", token=token)
         return "owned" in {m["name"] for m in listed["models"]}
     method, path, body = requests[action]
     status, answer = await api.call(method, path, token=token, json=body)
+    if action == "open the owner's notebook" and status == 502:
+        return True
     assert status in (200, 201, 403, 404, 409), (action, who, status, answer)
     if status == 409:
         assert action.startswith("delete"), (action, who, answer)
@@ -246,11 +267,12 @@ async def test_generated_role_matrix(api: Api, store: EventStore) -> None:
     exp = await created(
         api, "POST", "/api/v1/experiments", owner, {"config": in_project("alpha", "main")}
     )
+    notebook = await created(api, "POST", "/api/v1/notebooks", owner, {"workspace": "alpha"})
     await created(
         api, "POST", "/api/v1/models", owner, {"name": "owned", "workspace_name": "alpha"}
     )
     await catch_up(store)
-    ids = {"experiment": exp["id"], "project": project["id"]}
+    ids = {"experiment": exp["id"], "project": project["id"], "task": notebook["id"]}
 
     subjects: dict[str, frozenset[Permission]] = {"no-role": frozenset()}
     tokens = {"no-role": await user(api, "no-role")}

@@ -71,7 +71,9 @@ async def write_tasks(store: EventStore, owner: str, schedule: list[Run]) -> tup
             (
                 run.start_us,
                 stream,
-                TaskRequested(task_id=task_id, kind="command", owner=owner, argv=["x"]),
+                TaskRequested(
+                    task_id=task_id, kind="command", owner=owner, argv=["x"], workspace_id=1
+                ),
             )
         )
         end = run.start_us + run.length_us

@@ -281,6 +281,41 @@ async def test_state_changes_reach_the_receiver_signed_once_each_in_order(env: E
     assert record["slack"]["delivered"] == 1
 
 
+async def test_a_workspace_webhook_hears_only_the_tasks_of_its_workspace(env: Env) -> None:
+    """A workspace webhook's task trigger fires for a task started in its workspace and not for
+    one in the default workspace; a global one fires for both; the payload names the task's
+    workspace."""
+    api, store, receiver = env.api, env.store, env.receiver
+    await workspace(api, "vision")
+    queued = [{"trigger_type": "TASK_STATE_CHANGE", "condition": {"state": "QUEUED"}}]
+    scoped = await create_hook(
+        api, api.admin, name="vision-tasks", url=receiver.url("ok", "scoped"),
+        workspace="vision", triggers=queued,
+    )  # fmt: skip
+    everywhere = await create_hook(
+        api, api.admin, name="all-tasks", url=receiver.url("ok", "all"), triggers=queued
+    )
+    inside = await api.ok(
+        "POST", "/api/v1/commands", token=api.admin, json={"argv": ["true"], "workspace": "vision"}
+    )
+    outside = await api.ok("POST", "/api/v1/commands", token=api.admin, json={"argv": ["true"]})
+    async with delivering(store, sender_policy()) as runner:
+
+        async def delivered() -> bool:
+            done = await rows(store, scoped["id"]) + await rows(store, everywhere["id"])
+            return len(done) == 3 and all(r["state"] == "delivered" for r in done)
+
+        await wait_until(delivered, timeout=30)
+        assert await runner.catch_up() == await store.head()
+    assert len(await rows(store, scoped["id"])) == 1
+    [heard] = [s.json["event_data"]["task"] for s in receiver.seen["scoped"]]
+    assert (heard["task_id"], heard["workspace_id"]) == (inside["id"], inside["workspace_id"])
+    assert [s.json["event_data"]["task"]["task_id"] for s in receiver.seen["all"]] == [
+        inside["id"],
+        outside["id"],
+    ]
+
+
 async def test_a_hanging_and_a_failing_receiver_delay_no_other_webhook(env: Env) -> None:
     """With one receiver that never answers and one that answers 500, a third webhook still
     gets all its deliveries while the hanging one's first attempt is in flight; the failing

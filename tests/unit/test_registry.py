@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from events.domain.types import TrialExited
+from events.domain.authorization import DEFAULT_WORKSPACE_ID
+from events.domain.types import TaskRequested, TrialExited
 from events.log.errors import UnknownEventError
 from events.log.registry import decode, known_types, upcast
 
@@ -51,6 +52,17 @@ def test_v1_trial_exited_is_upcast_to_current() -> None:
         "x": 1,
         "trial_id": -1_000_002,
     }
+
+
+def test_old_task_requested_is_upcast_into_the_default_workspace() -> None:
+    """A TaskRequested of version 1 (a command) or 2 (a TensorBoard) reads as a task of the
+    default workspace, its other fields unchanged."""
+    for version in (1, 2):
+        event = decode("TaskRequested", version, fixture("TaskRequested", version))
+        assert isinstance(event, TaskRequested)
+        assert event.workspace_id == DEFAULT_WORKSPACE_ID
+        assert event.owner == fixture("TaskRequested", version)["owner"]
+    assert upcast("TaskRequested", 2, {"task_id": "ab"}) == {"task_id": "ab", "workspace_id": 1}
 
 
 def test_v1_model_created_is_upcast_to_the_default_workspace_id() -> None:

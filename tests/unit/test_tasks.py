@@ -13,8 +13,12 @@ from events.domain.deciders.task import (
     ReportTaskExited,
     ReportTaskStarted,
     RunCommand,
+    StartNotebook,
+    StartShell,
     decide_kill_task,
     decide_run_command,
+    decide_start_notebook,
+    decide_start_shell,
     decide_task_exited,
     decide_task_started,
 )
@@ -101,6 +105,27 @@ def test_run_command_records_validated_config_with_defaults() -> None:
         "alice",
         "echo hi",
     )
+
+
+def test_a_task_is_requested_and_folded_in_the_workspace_it_was_started_in() -> None:
+    """Each kind's decider records the command's workspace (the default one when it names
+    none) and the fold keeps it."""
+    empty = fold_task(TASK, [])
+    decisions = [
+        decide_run_command(empty, RunCommand(TASK, "alice", ("true",), workspace_id=4)),
+        decide_start_notebook(empty, StartNotebook(TASK, "alice", workspace_id=4)),
+        decide_start_shell(empty, StartShell(TASK, "alice", workspace_id=4)),
+    ]
+    for decision in decisions:
+        assert not isinstance(decision, Refusal)
+        (requested,) = decision
+        assert isinstance(requested, TaskRequested) and requested.workspace_id == 4
+        log = Log()
+        log.add(task_stream(TASK), requested)
+        assert fold_task(TASK, task_events(log)).workspace_id == 4
+    default = decide_run_command(empty, RunCommand(TASK, "alice", ("true",)))
+    assert not isinstance(default, Refusal)
+    assert [e.workspace_id for e in default if isinstance(e, TaskRequested)] == [1]
 
 
 def test_kill_of_a_running_task_names_its_agents_and_repeats_decide_nothing() -> None:

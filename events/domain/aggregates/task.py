@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from events.domain.authorization import DEFAULT_WORKSPACE_ID
 from events.domain.config.task import TaskConfig
 from events.domain.types import (
     TaskAllocated,
@@ -54,6 +55,8 @@ class TaskView:
     description: str = ""
     tensorboard_sources: list[TensorboardSource] = field(default_factory=list)
     """What a ``tensorboard`` shows (empty for other kinds)."""
+    workspace_id: int = DEFAULT_WORKSPACE_ID
+    """The workspace the task lives in (its roles decide who else may see or change it)."""
     state: str = ""
     requested_position: int = 0
     requested_at: datetime | None = None
@@ -115,6 +118,7 @@ def apply_task(view: TaskView, recorded: RecordedEvent, event: Event | None = No
         view.code_ref = event.code_ref
         view.description = event.description
         view.tensorboard_sources = list(event.tensorboard_sources)
+        view.workspace_id = event.workspace_id
         view.state = QUEUED
         view.requested_position = recorded.position
         view.requested_at = recorded.recorded_at

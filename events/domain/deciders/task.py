@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from events.domain.aggregates.task import TaskView
+from events.domain.authorization import DEFAULT_WORKSPACE_ID
 from events.domain.config.errors import join_path
 from events.domain.config.task import TENSORBOARD_SLOTS, TaskConfig
 from events.domain.deciders import Decision, conflict, invalid, not_found
@@ -43,6 +44,8 @@ class RunCommand:
     argv: tuple[str, ...]
     config: dict[str, Any] = field(default_factory=dict)
     code_ref: str | None = None
+    workspace_id: int = DEFAULT_WORKSPACE_ID
+    """The workspace it goes in (the caller resolved it and authorized the owner there)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class StartNotebook:
     owner: str
     config: dict[str, Any] = field(default_factory=dict)
     code_ref: str | None = None
+    workspace_id: int = DEFAULT_WORKSPACE_ID
+    """The workspace it goes in (the caller resolved it and authorized the owner there)."""
 
 
 MAX_TENSORBOARD_EXPERIMENTS = 100
@@ -73,6 +78,8 @@ class StartTensorboard:
     owner: str
     sources: tuple[TensorboardSource, ...]
     config: dict[str, Any] = field(default_factory=dict)
+    workspace_id: int = DEFAULT_WORKSPACE_ID
+    """The workspace it goes in (the caller resolved it and authorized the owner there)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,8 @@ class StartShell:
     owner: str
     config: dict[str, Any] = field(default_factory=dict)
     code_ref: str | None = None
+    workspace_id: int = DEFAULT_WORKSPACE_ID
+    """The workspace it goes in (the caller resolved it and authorized the owner there)."""
 
 
 SERVING_KINDS: frozenset[str] = frozenset({"notebook", "tensorboard", "shell"})
@@ -95,7 +104,8 @@ _SERVER_NAMES: dict[TaskKind, str] = {"notebook": "JupyterLab", "shell": "Shell"
 
 @dataclass(frozen=True)
 class KillTask:
-    """Kill a task (its owner or an admin, checked by the caller)."""
+    """Kill a task (its owner, an admin or a role granting ``update_nsc`` in its workspace,
+    checked by the caller)."""
 
     actor: str
 
@@ -161,6 +171,7 @@ def decide_run_command(state: TaskView, command: RunCommand) -> Decision:
         config=command.config,
         argv=list(command.argv),
         code_ref=command.code_ref,
+        workspace_id=command.workspace_id,
     )
 
 
@@ -185,6 +196,7 @@ def _served(state: TaskView, command: StartNotebook | StartShell, *, kind: TaskK
         config=command.config,
         argv=[],
         code_ref=command.code_ref,
+        workspace_id=command.workspace_id,
     )
 
 
@@ -239,6 +251,7 @@ def decide_start_tensorboard(state: TaskView, command: StartTensorboard) -> Deci
         code_ref=None,
         default_description=tensorboard_description(command.sources),
         tensorboard_sources=list(command.sources),
+        workspace_id=command.workspace_id,
     )
 
 
@@ -264,6 +277,7 @@ def _requested(
     config: dict[str, Any],
     argv: list[str],
     code_ref: str | None,
+    workspace_id: int,
     default_description: str | None = None,
     tensorboard_sources: list[TensorboardSource] | None = None,
 ) -> Decision:
@@ -294,6 +308,7 @@ def _requested(
             code_ref=code_ref,
             description=valid.description or default,
             tensorboard_sources=tensorboard_sources or [],
+            workspace_id=workspace_id,
         )
     ]
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from events.domain.authorization import DEFAULT_WORKSPACE_ID
 from events.log.envelope import Event
 from events.log.registry import register, upcaster
 
@@ -52,10 +53,13 @@ class TaskRequested(Event):
     A ``tensorboard`` names the experiments and trials it shows in ``tensorboard_sources``,
     decided (and their reading authorized) when it was requested (version 2; a version 1
     payload is of a command or a notebook, which have none).
+
+    ``workspace_id`` is the workspace the task lives in, whose roles decide who else may see,
+    kill or open it (version 3; before, every task was in the default workspace, 1).
     """
 
     event_type = "TaskRequested"
-    schema_version = 2
+    schema_version = 3
 
     task_id: str
     kind: TaskKind
@@ -65,11 +69,17 @@ class TaskRequested(Event):
     code_ref: str | None = None
     description: str = ""
     tensorboard_sources: list[TensorboardSource] = Field(default_factory=list)
+    workspace_id: int = Field(ge=1)
 
 
 @upcaster("TaskRequested", 1)
 def _task_requested_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "tensorboard_sources": []}
+
+
+@upcaster("TaskRequested", 2)
+def _task_requested_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "workspace_id": DEFAULT_WORKSPACE_ID}
 
 
 @register
@@ -114,8 +124,9 @@ class TaskReady(Event):
 
 @register
 class TaskKillRequested(Event):
-    """The owner (or an admin) asked to kill the task; ``agent_ids`` are the agents running it
-    (none when it was not allocated yet: the scheduler then cancels it)."""
+    """The owner (or an admin, or a user whose role in the task's workspace allows it) asked
+    to kill the task; ``agent_ids`` are the agents running it (none when it was not allocated
+    yet: the scheduler then cancels it)."""
 
     event_type = "TaskKillRequested"
     schema_version = 1

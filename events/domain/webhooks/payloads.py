@@ -13,7 +13,7 @@ Default (``webhook_type: default``)::
 to ``delivery_id`` and to the ``X-Cairn-Delivery`` header; ``timestamp`` is when the event was
 recorded, in unix seconds. ``event_data`` holds ``experiment`` (with ``trial_id`` for a trial's
 happening or an alert), ``trial`` (``{id, state}``) for a trial state change, ``task``
-(``{task_id, kind, owner, state, outcome}``) for a task, and ``custom_data``
+(``{task_id, kind, owner, state, outcome, workspace_id}``) for a task, and ``custom_data``
 (``{title, description, level}``) for an alert. A test delivery carries
 ``event_data.data: "test"``.
 
@@ -65,6 +65,7 @@ def event_data(happening: Happening) -> dict[str, Any]:
             "owner": task.owner,
             "state": task.state,
             "outcome": task.outcome,
+            "workspace_id": task.workspace_id,
         }
     if happening.alert is not None:
         alert = happening.alert
