@@ -4,7 +4,7 @@ The agent has no database: it talks to the API gateway over HTTP and receives co
 It writes ``CAIRN_READY_FILE`` (when set) once registered and subscribed, and shuts down cleanly
 on SIGTERM/SIGINT: it stops taking commands, stops its runs and reports their exits. With
 ``--metrics-address HOST:PORT`` it serves ``/metrics``, ``/healthz`` and ``/readyz`` there
-(:mod:`services.observability.agent`).
+(:mod:`services.agent.metrics`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from services import credentials
 from services.agent.agent import Agent
 from services.agent.config import AgentConfig
 from services.agent.credential import CredentialError
+from services.agent.metrics import AgentMetrics
 from services.agent.runtime import safe_name
-from services.observability.agent import AgentMetrics
 from services.observability.listener import ListenerError
 from services.observability.listener import start as start_listener
 from services.runtime import add_cluster_config_flag, add_metrics_flags, cluster_config_of

@@ -22,10 +22,10 @@ from prometheus_client import Histogram
 from pydantic import BaseModel
 
 from services.api.auth import authenticate, bearer
+from services.api.cluster_gauges import ClusterGauges
 from services.api.errors import forbidden, unauthorized
 from services.api.routing import PUBLIC, Handler, RouteTable, state_of, store_of
 from services.observability import health
-from services.observability.cluster import ClusterGauges
 from services.observability.process import CONTENT_TYPE, ProcessMetrics
 
 routes = RouteTable("observability")

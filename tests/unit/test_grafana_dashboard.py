@@ -11,6 +11,8 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "cairn-dashboard.json"
 SOURCES = [
     *sorted((ROOT / "services" / "observability").glob("*.py")),
     ROOT / "services" / "api" / "routes_observability.py",
+    ROOT / "services" / "api" / "cluster_gauges.py",
+    ROOT / "services" / "agent" / "metrics.py",
 ]
 SUFFIXES = ("_bucket", "_count", "_sum")
 

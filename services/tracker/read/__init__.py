@@ -12,6 +12,7 @@ them is the reader's business.
 
 from __future__ import annotations
 
+from services.tracker.read import gauges
 from services.tracker.read.audit import AuditRow, audit_page
 from services.tracker.read.charts import (
     USAGE_CSV_COLUMNS,
@@ -94,6 +95,7 @@ __all__ = [
     "experiment_series",
     "experiment_series_width",
     "experiments_of_trials",
+    "gauges",
     "list_agents",
     "list_checkpoints",
     "list_experiments",

@@ -16,7 +16,7 @@ from events.log.errors import EventsError
 from events.log.store import EventStore
 from services.api import read as api_read
 from services.observability.process import LagGauges
-from services.tracker.read import gauges
+from services.tracker import read as tracker_read
 
 READ_TIMEOUT = 5.0
 """Seconds a scrape's reads may take before the scrape answers with ``up`` 0."""
@@ -91,11 +91,11 @@ class ClusterGauges:
     async def _read(self, store: EventStore) -> None:
         head, checkpoints = await store.consumer_positions()
         async with store.connection() as conn:
-            queue = await gauges.queue_by_pool(conn)
-            slots = await gauges.slots_by_pool(conn)
-            allocations = await gauges.allocations_by_state(conn)
-            agents = await gauges.agents(conn)
-            backlog = await gauges.webhook_backlog(conn)
+            queue = await tracker_read.gauges.queue_by_pool(conn)
+            slots = await tracker_read.gauges.slots_by_pool(conn)
+            allocations = await tracker_read.gauges.allocations_by_state(conn)
+            agents = await tracker_read.gauges.agents(conn)
+            backlog = await tracker_read.gauges.webhook_backlog(conn)
             beats = await api_read.heartbeats(conn)
         self.lag.update(head, checkpoints, None)
         _reset(self.waiting, self.oldest_wait, self.slots, self.allocations, self.agents)
