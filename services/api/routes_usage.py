@@ -1,7 +1,9 @@
 """``GET /api/v1/usage``: billed slot-seconds from the tracker's usage projection.
 
-A non-admin sees only the usage of their own experiments; an admin sees everyone's and may
-narrow it to one ``user``. Dates are UTC; ``to`` includes its whole day.
+A non-admin sees only the usage of their own experiments and tasks; an admin sees everyone's
+and may narrow it to one ``user``. Dates are UTC; ``to`` includes its whole day. By
+``workspace``, a task counts for its own workspace and an experiment for its project's (as the
+teams are now); by ``project``, tasks count as the default project's (``Uncategorized``).
 """
 
 from __future__ import annotations
@@ -100,13 +102,21 @@ def window(query: UsageQuery, now: datetime) -> tuple[datetime, datetime]:
     return start, end
 
 
+def project_workspaces(teams: Teams) -> dict[int, int]:
+    """``{project_id: workspace_id}`` as the teams are now: what the tracker's usage report
+    needs to sum experiments into workspaces (it does not read the teams stream)."""
+    return {p.project_id: p.workspace_id for p in teams.projects.values()}
+
+
 def placed(teams: Teams, rows: list[dict[str, Any]], by: str) -> list[dict[str, Any]]:
-    """Rows by project named, or summed into their workspaces (``by`` ``workspace``), by the
-    projects' place now (a deleted project's usage counts as the default one's)."""
+    """Rows by project or by workspace (``by``), named after the teams now; by project, a
+    deleted project's usage counts as the default one's; a deleted workspace's row keeps its id
+    as its name."""
     totals: dict[tuple[int, str], int] = defaultdict(int)
     for row in rows:
-        project = teams.project_or_default(int(row["project"]))
-        key = project.project_id if by == "project" else project.workspace_id
+        key = int(row[by])
+        if by == "project":
+            key = teams.project_or_default(key).project_id
         totals[(key, str(row["slot_type"]))] += int(row["slot_ms"])
     out = []
     for (key, kind), ms in sorted(totals.items()):
@@ -135,30 +145,29 @@ async def get_usage(request: web.Request) -> web.Response:
     now = datetime.now(UTC)
     start, end = window(query, now)
     start_ms, end_ms = tracker_read.epoch_ms(start), tracker_read.epoch_ms(end)
+    placing = query.by in ("project", "workspace")
+    teams = await current_teams(store_of(request)) if placing else None
     try:
         async with store_of(request).connection() as conn:
             rows = await tracker_read.usage_report(
                 conn,
                 start_ms,
                 end_ms,
-                "project" if query.by == "workspace" else query.by,
+                query.by,
                 owner=owner,
                 now_ms=tracker_read.epoch_ms(now),
+                workspaces=None if teams is None else project_workspaces(teams),
             )
     except StatementError as exc:
         if not exc.undefined_table:
             raise
         rows = []  # the tracker has not created its tables yet: nothing billed
-    if query.by in ("project", "workspace"):
-        rows = placed(await current_teams(store_of(request)), rows, query.by)
+    if teams is not None:
+        rows = placed(teams, rows, query.by)
     if query.format == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(
-            (query.by, "slot_type", "slot_seconds", "slot_ms")
-            if query.by == "workspace"
-            else tracker_read.USAGE_CSV_COLUMNS[query.by]
-        )
+        writer.writerow(tracker_read.USAGE_CSV_COLUMNS[query.by])
         for row in rows:
             writer.writerow(
                 [

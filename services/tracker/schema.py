@@ -15,6 +15,7 @@ from events.log.store import EventStore
 from services.tracker.audit import TABLES as AUDIT_TABLES
 from services.tracker.usage import MIGRATION as USAGE_MIGRATION
 from services.tracker.usage import TABLES as USAGE_TABLES
+from services.tracker.usage import TASK_WORKSPACES_MIGRATION as USAGE_TASK_WORKSPACES_MIGRATION
 from services.tracker.usage import TASKS_MIGRATION as USAGE_TASKS_MIGRATION
 from services.tracker.webhooks import TABLES as WEBHOOK_TABLES
 
@@ -219,6 +220,7 @@ MIGRATIONS: Sequence[tuple[str, str]] = (
         CREATE INDEX tr_experiments_project ON tr_experiments (project_id, experiment_id);
         """,
     ),
+    USAGE_TASK_WORKSPACES_MIGRATION,
 )
 
 

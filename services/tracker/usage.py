@@ -18,7 +18,9 @@ consumer keeps its own small lookup tables for that), so later renames or deleti
 what was billed. An experiment's deletion keeps its usage.
 
 :func:`usage_report` aggregates the rows over a window, clipping each interval to it; an
-allocation still open counts up to ``now``.
+allocation still open counts up to ``now``. A task is billed to the workspace its
+``TaskRequested`` named (kept in ``tr_usage_tasks``); an experiment to its project's workspace
+now, which the caller maps (the tracker does not read the teams stream).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Literal
 
 import structlog
 
+from events.domain.authorization import DEFAULT_WORKSPACE_ID
 from events.domain.types import (
     AgentRegistered,
     ExperimentSubmitted,
@@ -137,6 +140,16 @@ TASKS_MIGRATION: tuple[str, str] = (
 """The tracker migration that bills tasks: a ``tr_usage`` row is a trial's (``trial_id``,
 ``experiment_id``) or a task's (``task_id``); ``tr_usage_tasks`` keeps each task's owner."""
 
+TASK_WORKSPACES_MIGRATION: tuple[str, str] = (
+    "0008_usage_task_workspaces",
+    """
+    ALTER TABLE tr_usage_tasks ADD COLUMN workspace_id integer NOT NULL DEFAULT 1;
+    """,
+)
+"""The tracker migration that bills tasks to their workspace: ``tr_usage_tasks.workspace_id`` is
+the one the task's ``TaskRequested`` named (1, the default, for tasks requested before
+workspaces, and for rows written before this migration until a rebuild)."""
+
 
 def epoch_ms(at: datetime) -> int:
     """``at`` as whole milliseconds since the epoch (truncated toward the past), exactly."""
@@ -191,10 +204,11 @@ async def apply(conn: Connection, event: Event, ms: int) -> None:
         await _slots_allocated(conn, event, ms)
     elif isinstance(event, TaskRequested):
         await conn.execute(
-            """INSERT INTO tr_usage_tasks (task_id, owner) VALUES ($1, $2)
+            """INSERT INTO tr_usage_tasks (task_id, owner, workspace_id) VALUES ($1, $2, $3)
                ON CONFLICT (task_id) DO NOTHING""",
             event.task_id,
             event.owner,
+            event.workspace_id,
         )
     elif isinstance(event, TaskAllocated):
         await _task_allocated(conn, event, ms)
@@ -309,8 +323,8 @@ async def rebuild(store: EventStore, *, batch: int = 5000) -> int:
 
 # ------------------------------------------------------------------------------------ reports
 
-By = Literal["user", "pool", "experiment", "day"]
-BY_CHOICES: tuple[str, ...] = ("user", "pool", "experiment", "project", "day")
+By = Literal["user", "pool", "experiment", "project", "workspace", "day"]
+BY_CHOICES: tuple[str, ...] = ("user", "pool", "experiment", "project", "workspace", "day")
 
 
 @dataclass(frozen=True)
@@ -327,15 +341,21 @@ class Span:
     ended_ms: int | None
     project_id: int = 1
     """The project its experiment is in now (a task's: the default project)."""
+    workspace_id: int | None = None
+    """A task's workspace (``None``: an experiment's, which is its project's)."""
 
 
-def _key(span: Span, by: str) -> str | int | None:
+def _key(span: Span, by: str, workspaces: Mapping[int, int]) -> str | int | None:
     if by == "user":
         return span.owner
     if by == "pool":
         return span.resource_pool
     if by == "project":
         return span.project_id
+    if by == "workspace":
+        if span.workspace_id is not None:
+            return span.workspace_id
+        return workspaces.get(span.project_id, DEFAULT_WORKSPACE_ID)
     return span.experiment_id
 
 
@@ -345,16 +365,39 @@ def day_of(ms: int) -> str:
 
 
 def aggregate(
-    spans: Iterable[Span], start_ms: int, end_ms: int, by: str, now_ms: int
+    spans: Iterable[Span],
+    start_ms: int,
+    end_ms: int,
+    by: str,
+    now_ms: int,
+    *,
+    workspaces: Mapping[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Slot-milliseconds of ``spans`` inside ``[start_ms, end_ms)``, grouped by ``by`` and slot
     type (``day``: split at UTC midnights); an open span counts up to ``now_ms``.
 
+    Args:
+        spans: The billed spans (see :func:`spans`).
+        start_ms: The window's first instant, in epoch milliseconds.
+        end_ms: The instant after the window's last one.
+        by: ``user``, ``pool``, ``experiment``, ``project``, ``workspace`` or ``day``.
+        now_ms: Where open spans end.
+        workspaces: ``{project_id: workspace_id}`` as the teams are now; required by
+            ``workspace``. A project it lacks (a deleted one) counts as the default workspace's.
+
     Returns:
         Rows ``{<by>: key, "slot_type", "slot_ms", "slot_seconds"}`` ordered by key and type;
         ``slot_seconds`` is ``slot_ms / 1000`` (exact to the millisecond). By experiment, the
-        tasks' usage is the row whose key is ``None`` (they are no experiment's).
+        tasks' usage is the row whose key is ``None`` (they are no experiment's); by project,
+        tasks count as the default project's; by workspace, a task counts for its own workspace
+        and an experiment for its project's.
+
+    Raises:
+        ValueError: ``by`` is ``workspace`` and no ``workspaces`` mapping was given.
     """
+    if by == "workspace" and workspaces is None:
+        raise ValueError("usage by workspace needs the projects' workspaces (workspaces=)")
+    places: Mapping[int, int] = workspaces or {}
     totals: dict[tuple[str | int | None, str], int] = defaultdict(int)
     for span in spans:
         lo = max(span.started_ms, start_ms)
@@ -362,7 +405,7 @@ def aggregate(
         if hi <= lo or span.slots <= 0:
             continue
         if by != "day":
-            totals[(_key(span, by), span.slot_type)] += span.slots * (hi - lo)
+            totals[(_key(span, by, places), span.slot_type)] += span.slots * (hi - lo)
             continue
         cut = lo
         while cut < hi:
@@ -379,11 +422,14 @@ def aggregate(
 async def spans(
     conn: Connection, start_ms: int, end_ms: int, *, owner: str | None = None
 ) -> list[Span]:
-    """The ``tr_usage`` rows that may overlap ``[start_ms, end_ms)`` (``owner``: only theirs)."""
+    """The ``tr_usage`` rows that may overlap ``[start_ms, end_ms)`` (``owner``: only theirs),
+    each with its experiment's project now or its task's workspace."""
     rows = await conn.fetch(
         """SELECT u.owner, u.experiment_id, u.resource_pool, u.slot_type, u.slots,
-                  u.started_ms, u.ended_ms, coalesce(e.project_id, 1) AS project_id
+                  u.started_ms, u.ended_ms, coalesce(e.project_id, 1) AS project_id,
+                  t.workspace_id
            FROM tr_usage u LEFT JOIN tr_experiments e ON e.experiment_id = u.experiment_id
+                LEFT JOIN tr_usage_tasks t ON t.task_id = u.task_id
            WHERE u.started_ms < $2 AND (u.ended_ms IS NULL OR u.ended_ms > $1)
              AND ($3::text IS NULL OR u.owner = $3)
            ORDER BY u.allocation_id, u.resource_pool, u.slot_type""",
@@ -401,6 +447,7 @@ async def spans(
             started_ms=int(r["started_ms"]),
             ended_ms=None if r["ended_ms"] is None else int(r["ended_ms"]),
             project_id=int(r["project_id"]),
+            workspace_id=None if r["workspace_id"] is None else int(r["workspace_id"]),
         )
         for r in rows
     ]
@@ -414,10 +461,17 @@ async def usage_report(
     *,
     owner: str | None = None,
     now_ms: int | None = None,
+    workspaces: Mapping[int, int] | None = None,
 ) -> list[dict[str, Any]]:
-    """Usage in ``[start_ms, end_ms)`` grouped by ``by`` (see :func:`aggregate`)."""
+    """Usage in ``[start_ms, end_ms)`` grouped by ``by`` (see :func:`aggregate`; by
+    ``workspace``, ``workspaces`` maps each project to its workspace now).
+
+    Raises:
+        ValueError: ``by`` is ``workspace`` and no ``workspaces`` mapping was given.
+    """
     now = epoch_ms(datetime.now(UTC)) if now_ms is None else now_ms
-    return aggregate(await spans(conn, start_ms, end_ms, owner=owner), start_ms, end_ms, by, now)
+    found = await spans(conn, start_ms, end_ms, owner=owner)
+    return aggregate(found, start_ms, end_ms, by, now, workspaces=workspaces)
 
 
 CSV_COLUMNS: Mapping[str, Sequence[str]] = {

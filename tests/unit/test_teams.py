@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+import pytest
+
 from events.domain.aggregates.teams import Teams, apply_teams
 from events.domain.authorization import (
     CLUSTER_ONLY,
@@ -39,7 +41,7 @@ from events.domain.deciders.teams import (
 )
 from events.domain.types.teams import TEAMS_STREAM
 from events.log.envelope import Event, RecordedEvent
-from services.api.routes_usage import placed
+from services.api.routes_usage import placed, project_workspaces
 from services.tracker.usage import Span, aggregate
 
 P = Permission
@@ -195,25 +197,32 @@ def test_roles_are_nested_as_determined_defines_them() -> None:
 
 
 def test_usage_groups_by_project_and_sums_into_workspaces() -> None:
-    """Slot time groups by each experiment's project; by workspace the projects' rows are
-    summed under their workspace's name, and a deleted project's counts as the default one's."""
+    """Slot time groups by each experiment's project (tasks: the default one's); by workspace an
+    experiment counts for its project's workspace (a deleted project's for the default one) and
+    a task for its own, each row named after its workspace."""
     state = lab()
     spans = [
         Span("ana", 1, "default", "cpu", 2, 0, 1000, project_id=2),
         Span("ana", 2, "default", "cpu", 1, 0, 1000, project_id=1),
-        Span("cy", None, "default", "cpu", 1, 0, 500),
+        Span("cy", None, "default", "cpu", 1, 0, 500, workspace_id=1),
         Span("cy", 3, "default", "cpu", 1, 0, 250, project_id=7),
+        Span("cy", None, "default", "cpu", 3, 0, 100, workspace_id=2),
     ]
     rows = aggregate(spans, 0, 1000, "project", 1000)
-    assert {(r["project"], r["slot_ms"]) for r in rows} == {(1, 1500), (2, 2000), (7, 250)}
-    by_workspace = placed(state, rows, "workspace")
+    assert {(r["project"], r["slot_ms"]) for r in rows} == {(1, 1800), (2, 2000), (7, 250)}
+    per_workspace = aggregate(
+        spans, 0, 1000, "workspace", 1000, workspaces=project_workspaces(state)
+    )
+    by_workspace = placed(state, per_workspace, "workspace")
     assert [(r["name"], r["slot_ms"]) for r in by_workspace] == [
         ("Uncategorized", 1750),
-        ("vision", 2000),
+        ("vision", 2300),
     ]
+    with pytest.raises(ValueError, match="workspaces="):
+        aggregate(spans, 0, 1000, "workspace", 1000)
     by_project = placed(state, rows, "project")
     assert [(r["name"], r["slot_ms"]) for r in by_project] == [
-        ("Uncategorized", 1750),
+        ("Uncategorized", 2050),
         ("detection", 2000),
     ]
 

@@ -13,13 +13,15 @@ from services.tracker import projections, series, usage
 SeriesBuckets = series.SeriesBuckets
 """One series' buckets (see :class:`services.tracker.series.SeriesBuckets`)."""
 UsageBy = usage.By
-"""How a usage report groups: ``user``, ``pool``, ``experiment`` or ``day``."""
+"""How a usage report groups: ``user``, ``pool``, ``experiment``, ``project``, ``workspace``
+or ``day``."""
 USAGE_CSV_COLUMNS = usage.CSV_COLUMNS
 """The CSV header of each usage grouping."""
 epoch_ms = usage.epoch_ms
 usage_report = usage.usage_report
 """Slot-milliseconds in ``[start_ms, end_ms)`` grouped by ``by`` and slot type (``owner``: only
-their experiments; an open allocation counts up to ``now_ms``)."""
+their experiments and tasks; an open allocation counts up to ``now_ms``; by ``workspace``,
+``workspaces`` maps each project to its workspace: a task counts for its own)."""
 slot_seconds_text = usage.slot_seconds_text
 
 
