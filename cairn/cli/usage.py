@@ -1,4 +1,6 @@
-"""``cairn usage``: billed slot-seconds per user, pool, experiment or day (UTC dates)."""
+"""``cairn usage``: billed slot-seconds per user, pool, experiment, project, workspace or day
+(UTC dates); by project or workspace the rows show their names (a task counts for its own
+workspace)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from cairn.cli.output import add_json_flag, print_json, table, wants_json
 
 def register(sub: Any) -> None:
     """Adds the ``usage`` verb."""
-    p = sub.add_parser("usage", help="slot-seconds used, per user, pool, experiment or day")
+    p = sub.add_parser(
+        "usage", help="slot-seconds used, per user, pool, experiment, project, workspace or day"
+    )
     p.add_argument("--from", dest="start", metavar="D", help="first day, YYYY-MM-DD (UTC)")
     p.add_argument("--to", dest="end", metavar="D", help="last day, included (default: today)")
     p.add_argument(
