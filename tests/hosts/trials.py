@@ -1,0 +1,37 @@
+"""Tiny trials for the hosts test bed and questions about where they ran."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from events.domain import names
+from events.log.store import EventStore
+from tests.e2e.harness import events_of
+from tests.helpers import ROOT
+
+SCRIPTED = ROOT / "examples" / "scripted"
+DIGITS = ROOT / "examples" / "digits"
+
+
+def scripted(checkpoints: Path, **hparams: Any) -> dict[str, Any]:
+    """The scripted example (no ML) with ``hparams``, its checkpoints under ``checkpoints``."""
+    config = copy.deepcopy(yaml.safe_load((SCRIPTED / "config.yaml").read_text()))
+    config["hyperparameters"].update(hparams)
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(checkpoints)}
+    config["reproducibility"] = {"experiment_seed": 7}
+    return config
+
+
+async def placements(store: EventStore, trial_id: int) -> list[list[str]]:
+    """The agents of each allocation of ``trial_id``, in log order."""
+    stream = await store.read_stream(names.trial_stream(trial_id))
+    return [sorted(e.payload["placements"]) for e in stream if e.type == "SlotsAllocated"]
+
+
+async def agents_that_started_runs(store: EventStore) -> set[str]:
+    """Every agent that reported a run started (``TrialStarted``)."""
+    return {e.payload["agent_id"] for e in await events_of(store, "TrialStarted")}
