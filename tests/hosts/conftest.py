@@ -29,7 +29,10 @@ from tests.hosts.netns import SUBNET, Network, call_in, unavailable
 
 CONTROL = "control"
 AGENT_HOSTS = ("agent-1", "agent-2")
-"""The agent hosts; the agent on each has the host's name as its id."""
+"""The agent hosts a test starts agents on unless it asks for others; the agent on each has the
+host's name as its id."""
+SPARE_HOST = "agent-3"
+"""A third agent host, where a test that needs one starts an agent."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -64,7 +67,7 @@ def network() -> Iterator[Network]:
     reason = unavailable()
     if reason is not None:
         pytest.skip(reason)
-    net = Network([CONTROL, *AGENT_HOSTS])
+    net = Network([CONTROL, *AGENT_HOSTS, SPARE_HOST])
     try:
         net.up()
         yield net
@@ -111,10 +114,13 @@ async def hosts(
     network: Network, db_url: str, nats_server: ServerProcess, tmp_path: Path
 ) -> AsyncIterator[StartHosts]:
     """Starts the services in the control host and an agent in each agent host, logged in as
-    the admin: ``await hosts(slots=2, agent_timeout=15.0)``; stopped after the test."""
+    the admin: ``await hosts(slots=2, agent_timeout=15.0, agents=AGENT_HOSTS)``; stopped after
+    the test."""
     started: list[HostCluster] = []
 
-    async def start(*, slots: int = 2, agent_timeout: float = 15.0) -> HostCluster:
+    async def start(
+        *, slots: int = 2, agent_timeout: float = 15.0, agents: tuple[str, ...] = AGENT_HOSTS
+    ) -> HostCluster:
         c = HostCluster(
             db_url,
             nats_server.url,
@@ -124,7 +130,7 @@ async def hosts(
         )
         started.append(c)
         c.start_services("--agent-timeout", str(agent_timeout), timeout=60)
-        c.start_agents(slots, "--rendezvous-timeout", "120", ids=AGENT_HOSTS)
+        c.start_agents(slots, "--rendezvous-timeout", "120", ids=agents)
         await c.login()
         return c
 

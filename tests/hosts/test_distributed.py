@@ -16,12 +16,13 @@ from events.domain import names
 from events.domain.check import check_log
 from events.log.store import EventStore
 from tests.e2e.harness import experiment_state, first_trial, rank_pid, wait_for
-from tests.helpers import ROOT, wait_until
-from tests.hosts.conftest import AGENT_HOSTS, StartHosts
+from tests.helpers import ROOT, process_alive, run_pids, wait_until
+from tests.hosts.conftest import AGENT_HOSTS, SPARE_HOST, StartHosts
 from tests.hosts.netns import Network, namespace_pids
-from tests.hosts.trials import DIGITS
+from tests.hosts.trials import DIGITS, placements
 
 MAX_BATCHES = 80
+LONG_BATCHES = 200
 VALIDATE_EVERY = 20
 
 
@@ -37,6 +38,25 @@ async def reference_validations(seed: int, hparams: dict[str, Any]) -> dict[int,
     return {int(k): v[0] for k, v in json.loads(out).items()}
 
 
+async def reference_of(store: EventStore, experiment_id: int) -> dict[int, float]:
+    """:func:`reference_validations` of the experiment's first trial's seed and hparams."""
+    [requested] = [
+        e.payload for e in await store.read_stream(names.experiment_stream(experiment_id))
+        if e.type == "TrialRequested"
+    ]  # fmt: skip
+    return await reference_validations(requested["trial_seed"], requested["hparams"])
+
+
+def four_ranks(tmp_path: Path, max_batches: int) -> dict[str, Any]:
+    """The digits DDP example on 4 slots, seeded, a checkpoint at every validation."""
+    config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
+    config["hyperparameters"].update(max_batches=max_batches, validate_every=VALIDATE_EVERY)
+    config["resources"] = {"slots_per_trial": 4}
+    config["reproducibility"] = {"experiment_seed": 7}
+    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
+    return config
+
+
 @pytest.mark.timeout(600)
 async def test_four_ranks_on_two_hosts_train_as_one_host_does(
     hosts: StartHosts, network: Network, store: EventStore, tmp_path: Path
@@ -45,20 +65,9 @@ async def test_four_ranks_on_two_hosts_train_as_one_host_does(
     address handed to the other host is its bridge address, and every validation loss equals
     the one-process run's with the same seed."""
     cluster = await hosts(slots=2)
-    config = yaml.safe_load((DIGITS / "distributed.yaml").read_text())
-    config["hyperparameters"].update(max_batches=MAX_BATCHES, validate_every=VALIDATE_EVERY)
-    config["resources"] = {"slots_per_trial": 4}
-    config["reproducibility"] = {"experiment_seed": 7}
-    config["checkpoint_storage"] = {"type": "shared_fs", "host_path": str(tmp_path / "ckpt")}
-    exp = await cluster.submit(config, DIGITS)
+    exp = await cluster.submit(four_ranks(tmp_path, MAX_BATCHES), DIGITS)
     trial = await first_trial(cluster, store, exp)
-    [requested] = [
-        e.payload for e in await store.read_stream(names.experiment_stream(exp))
-        if e.type == "TrialRequested"
-    ]  # fmt: skip
-    reference = asyncio.create_task(
-        reference_validations(requested["trial_seed"], requested["hparams"])
-    )
+    reference = asyncio.create_task(reference_of(store, exp))
     allocation = names.allocation_id(trial, 1)
 
     def ranks_running() -> dict[int, int] | None:
@@ -108,5 +117,69 @@ async def test_four_ranks_on_two_hosts_train_as_one_host_does(
         == list(range(VALIDATE_EVERY, MAX_BATCHES + 1, VALIDATE_EVERY))
     )
     for steps, loss in losses.items():
+        assert loss == pytest.approx(expected[steps], rel=1e-4), steps
+    assert await check_log(store) == []
+
+
+@pytest.mark.timeout(600)
+async def test_gang_restarts_on_other_hosts_when_a_rank_host_is_cut_off(
+    hosts: StartHosts, network: Network, store: EventStore, tmp_path: Path
+) -> None:
+    """Four ranks on two of three 2-slot agent hosts; after the first checkpoint one of the two
+    hosts is cut off (its ranks alive, unable to reach their peers or the API): its agent is
+    lost after the timeout, the run is lost, and the gang restarts from the checkpoint on the
+    two hosts left; it completes with the one-process run's validation losses, and once the
+    link is back no process of the first run is left."""
+    cluster = await hosts(slots=2, agent_timeout=4.0, agents=(*AGENT_HOSTS, SPARE_HOST))
+    exp = await cluster.submit(four_ranks(tmp_path, LONG_BATCHES), DIGITS)
+    trial = await first_trial(cluster, store, exp)
+    reference = asyncio.create_task(reference_of(store, exp))
+    first = names.allocation_id(trial, 1)
+
+    async def checkpointed() -> bool:
+        stream = await store.read_stream(names.trial_stream(trial))
+        return any(e.type == "CheckpointSaved" for e in stream)
+
+    await wait_until(checkpointed, timeout=180, every=0.05, detail=cluster.logs)
+    [placed] = await placements(store, trial)
+    victim = placed[0]
+    cut_off = [p for p in run_pids(first) if p in namespace_pids(network.hosts[victim].netns)]
+    assert cut_off, f"no process of run 1 in {victim}"
+    network.cut(victim)
+
+    async def restarted_elsewhere() -> bool:
+        return len(await placements(store, trial)) == 2
+
+    await wait_for(cluster, restarted_elsewhere, timeout=90)
+    agent_events = await store.read_stream(names.agent_stream(victim))
+    assert "AgentLost" in [e.type for e in agent_events]
+    assert any(process_alive(p) for p in cut_off), "the cut-off ranks ran through the verdict"
+    [_, again] = await placements(store, trial)
+    assert victim not in again and len(again) == 2
+    network.restore(victim)
+
+    async def completed() -> bool:
+        return await experiment_state(store, exp) == "COMPLETED"
+
+    await wait_for(cluster, completed, timeout=300)
+    await wait_for(cluster, lambda: not any(process_alive(p) for p in cut_off), timeout=60)
+    events = await store.read_stream(names.trial_stream(trial))
+    exits = [(e.payload["run_id"], e.payload["outcome"]) for e in events if e.type == "TrialExited"]
+    assert exits == [(1, "lost"), (2, "completed")]
+    [restarted] = [e.payload for e in events if e.type == "TrialRestarted"]
+    [resumed] = [
+        e.payload["restored_checkpoint"]
+        for e in events
+        if e.type == "TrialStarted" and e.payload["run_id"] == 2
+    ]
+    assert resumed == restarted["latest_checkpoint"] is not None
+    losses = {
+        (e.payload["run_id"], e.payload["steps_completed"]): e.payload["metrics"]["validation_loss"]
+        for e in events
+        if e.type == "ValidationReported"
+    }
+    expected = await reference
+    assert (2, LONG_BATCHES) in losses
+    for (_, steps), loss in losses.items():
         assert loss == pytest.approx(expected[steps], rel=1e-4), steps
     assert await check_log(store) == []
