@@ -19,7 +19,7 @@ from tests.e2e.harness import experiment_state, first_trial, rank_pid, wait_for
 from tests.helpers import ROOT, process_alive, run_pids, wait_until
 from tests.hosts.conftest import AGENT_HOSTS, SPARE_HOST, StartHosts
 from tests.hosts.netns import Network, namespace_pids
-from tests.hosts.trials import DIGITS, placements
+from tests.hosts.trials import DIGITS, placements, run_output
 
 MAX_BATCHES = 80
 LONG_BATCHES = 200
@@ -170,7 +170,8 @@ async def test_gang_restarts_on_other_hosts_when_a_rank_host_is_cut_off(
     # Run 1 ends lost (the verdict on the silent agent) unless the surviving part's failure is
     # reported first; a restart placed on the cut-off agent before the verdict is lost too.
     assert exits[0] in {(1, "lost"), (1, "failed")}, exits
-    assert all(outcome == "lost" for _, outcome in exits[1:-1]), exits
+    output = await run_output(store, trial)
+    assert all(outcome == "lost" for _, outcome in exits[1:-1]), f"{exits}\n{output}"
     last_run, outcome = exits[-1]
     assert outcome == "completed", exits
     last_placement = (await placements(store, trial))[-1]

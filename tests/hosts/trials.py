@@ -35,3 +35,16 @@ async def placements(store: EventStore, trial_id: int) -> list[list[str]]:
 async def agents_that_started_runs(store: EventStore) -> set[str]:
     """Every agent that reported a run started (``TrialStarted``)."""
     return {e.payload["agent_id"] for e in await events_of(store, "TrialStarted")}
+
+
+async def run_output(store: EventStore, trial_id: int, tail: int = 40) -> str:
+    """The last ``tail`` lines of output of each run of ``trial_id`` (for failure messages)."""
+    rows = await store.fetch(
+        "SELECT allocation_id, line FROM task_logs WHERE trial_id = $1 ORDER BY id", trial_id
+    )
+    runs: dict[str, list[str]] = {}
+    for row in rows:
+        runs.setdefault(row["allocation_id"], []).append(row["line"])
+    return "\n".join(
+        f"== {allocation}\n" + "\n".join(lines[-tail:]) for allocation, lines in runs.items()
+    )
