@@ -19,7 +19,7 @@ from tests.e2e.harness import experiment_state, first_trial, rank_pid, wait_for
 from tests.helpers import ROOT, process_alive, run_pids, wait_until
 from tests.hosts.conftest import AGENT_HOSTS, SPARE_HOST, StartHosts
 from tests.hosts.netns import Network, namespace_pids
-from tests.hosts.trials import DIGITS, placements, run_output
+from tests.hosts.trials import DIGITS, explained, placements, run_output
 
 MAX_BATCHES = 80
 LONG_BATCHES = 200
@@ -86,7 +86,7 @@ async def test_four_ranks_on_two_hosts_train_as_one_host_does(
     async def completed() -> bool:
         return await experiment_state(store, exp) == "COMPLETED"
 
-    await wait_for(cluster, completed, timeout=300)
+    await explained(wait_for(cluster, completed, timeout=300), store, trial)
     events = await store.read_stream(names.trial_stream(trial))
     [placed] = [e.payload["placements"] for e in events if e.type == "SlotsAllocated"]
     assert sorted(placed) == sorted(AGENT_HOSTS)
@@ -141,7 +141,9 @@ async def test_gang_restarts_on_other_hosts_when_a_rank_host_is_cut_off(
         return any(e.type == "CheckpointSaved" for e in stream)
 
     await wait_until(checkpointed, timeout=180, every=0.05, detail=cluster.logs)
-    [placed] = await placements(store, trial)
+    placed_so_far = await placements(store, trial)
+    assert len(placed_so_far) == 1, f"run 1 ended before the cut\n{await run_output(store, trial)}"
+    [placed] = placed_so_far
     victim = placed[0]
     cut_off = [p for p in run_pids(first) if p in namespace_pids(network.hosts[victim].netns)]
     assert cut_off, f"no process of run 1 in {victim}"
@@ -163,7 +165,7 @@ async def test_gang_restarts_on_other_hosts_when_a_rank_host_is_cut_off(
     async def completed() -> bool:
         return await experiment_state(store, exp) == "COMPLETED"
 
-    await wait_for(cluster, completed, timeout=300)
+    await explained(wait_for(cluster, completed, timeout=300), store, trial)
     await wait_for(cluster, lambda: not any(process_alive(p) for p in cut_off), timeout=60)
     events = await store.read_stream(names.trial_stream(trial))
     exits = [(e.payload["run_id"], e.payload["outcome"]) for e in events if e.type == "TrialExited"]
