@@ -33,6 +33,8 @@ AGENT_HOSTS = ("agent-1", "agent-2")
 host's name as its id."""
 SPARE_HOST = "agent-3"
 """A third agent host, where a test that needs one starts an agent."""
+GATEWAY = "gateway"
+"""A host for the API alone, for a test that needs it apart from the bus and the database."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -51,9 +53,13 @@ class HostCluster(Cluster):
     host named as its id, everything else in the control host."""
 
     network: Network = field(default_factory=lambda: Network([CONTROL]))
+    api_on: str = CONTROL
+    """The host the API runs in."""
 
     def host_of(self, name: str) -> str:
         """The host that process ``name`` runs in."""
+        if name == "api":
+            return self.api_on
         return name if name in self.network.hosts else CONTROL
 
     def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
@@ -67,7 +73,7 @@ def network() -> Iterator[Network]:
     reason = unavailable()
     if reason is not None:
         pytest.skip(reason)
-    net = Network([CONTROL, *AGENT_HOSTS, SPARE_HOST])
+    net = Network([CONTROL, *AGENT_HOSTS, SPARE_HOST, GATEWAY])
     try:
         net.up()
         yield net
@@ -114,19 +120,24 @@ async def hosts(
     network: Network, db_url: str, nats_server: ServerProcess, tmp_path: Path
 ) -> AsyncIterator[StartHosts]:
     """Starts the services in the control host and an agent in each agent host, logged in as
-    the admin: ``await hosts(slots=2, agent_timeout=15.0, agents=AGENT_HOSTS)``; stopped after
-    the test."""
+    the admin: ``await hosts(slots=2, agent_timeout=15.0, agents=AGENT_HOSTS, api_on=CONTROL)``;
+    stopped after the test."""
     started: list[HostCluster] = []
 
     async def start(
-        *, slots: int = 2, agent_timeout: float = 15.0, agents: tuple[str, ...] = AGENT_HOSTS
+        *,
+        slots: int = 2,
+        agent_timeout: float = 15.0,
+        agents: tuple[str, ...] = AGENT_HOSTS,
+        api_on: str = CONTROL,
     ) -> HostCluster:
         c = HostCluster(
             db_url,
             nats_server.url,
             tmp_path,
-            api_host=network.hosts[CONTROL].address,
+            api_host=network.hosts[api_on].address,
             network=network,
+            api_on=api_on,
         )
         started.append(c)
         c.start_services("--agent-timeout", str(agent_timeout), timeout=60)

@@ -228,6 +228,22 @@ class Network:
                "-m", "statistic", "--mode", "random", "--probability", str(probability),
                "-m", "comment", "--comment", TAG, "-j", "DROP")  # fmt: skip
 
+    def _reject_rule(self, action: str, name: str, address: str, port: int) -> tuple[str, ...]:
+        return ("ip", "netns", "exec", self.hosts[name].netns, "iptables", action, "OUTPUT",
+                "-d", address, "-p", "tcp", "--dport", str(port), "-m", "comment",
+                "--comment", TAG, "-j", "REJECT", "--reject-with", "tcp-reset")  # fmt: skip
+
+    def partition(self, name: str, address: str, port: int) -> None:
+        """Host ``name`` can no longer reach ``address:port``: its connections there are
+        reset (``ss -K``) and new ones refused, everything else it reaches as before."""
+        sh(*self._reject_rule("-I", name, address, port))
+        sh("ip", "netns", "exec", self.hosts[name].netns,
+           "ss", "-K", "dst", address, "dport", "=", str(port))  # fmt: skip
+
+    def heal(self, name: str, address: str, port: int) -> None:
+        """Undoes :meth:`partition`."""
+        sh(*self._reject_rule("-D", name, address, port))
+
     def dropped(self, name: str) -> int:
         """Packets host ``name``'s random-drop rules dropped so far."""
         out = sh("ip", "netns", "exec", self.hosts[name].netns,
