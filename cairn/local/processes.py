@@ -18,7 +18,7 @@ from cairn.local import service_credentials
 from cairn.local.environment import service_nats_env
 from cairn.local.layout import join_token_file
 from cairn.local.private_files import write_private
-from cairn.local.servers import free_port, wait_for_port
+from cairn.local.servers import LOOPBACK, free_port, wait_for_port
 from cairn.local.stopping import terminate
 from cairn.local.topology import service_of
 
@@ -42,6 +42,7 @@ class ProcessCluster:
         workdir: logs, secrets and agents' work directories.
         admin_password: the initial admin's password (random unless given).
         api_port: the gateway's port.
+        api_host: the address the gateway listens on, and every process reaches it by.
         procs: the processes started, by name.
         agents: the names of the agents among them.
     """
@@ -51,6 +52,7 @@ class ProcessCluster:
     workdir: Path
     admin_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     api_port: int = field(default_factory=free_port)
+    api_host: str = LOOPBACK
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     agents: set[str] = field(default_factory=set)
     cluster_config: Path | None = None
@@ -59,7 +61,7 @@ class ProcessCluster:
     @property
     def api_url(self) -> str:
         """The API gateway's base URL."""
-        return f"http://127.0.0.1:{self.api_port}"
+        return f"http://{self.api_host}:{self.api_port}"
 
     @property
     def secrets(self) -> Path:
@@ -135,8 +137,10 @@ class ProcessCluster:
         self.start("relay", "services.relay")
         self.start("searcher", "services.searcher")
         self.start("scheduler", "services.scheduler", *scheduler_args)
-        api = self.start("api", "services.api", "--port", str(self.api_port))
-        wait_for_port(self.api_port, timeout, api)
+        api = self.start(
+            "api", "services.api", "--host", self.api_host, "--port", str(self.api_port)
+        )
+        wait_for_port(self.api_port, timeout, api, host=self.api_host)
 
     def start_agent(self, agent_id: str, slots: int, *args: str) -> subprocess.Popen[bytes]:
         """Starts an agent with ``slots`` artificial CPU slots (and any extra flags)."""

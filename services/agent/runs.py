@@ -308,6 +308,7 @@ class RunLaunching(AgentState):
                     raise ValueError(f"rendezvous of {aid} is complete but names no node rank")
                 run.master_addr = answer.chief_address
                 run.master_port = answer.chief_port
+                run.node_address = address
                 run.node_rank = answer.node_rank
                 run.num_nodes = answer.num_nodes
                 log.info(

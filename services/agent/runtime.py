@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import structlog
 from pydantic import ValidationError
 
@@ -127,6 +128,8 @@ class RunSpec:
     master_addr: str | None = None
     """The chief's address and port once the rendezvous completed (several agents only)."""
     master_port: int | None = None
+    node_address: str | None = None
+    """This agent's address in the gang, as the other agents reach it (several agents only)."""
     identity: Identity | None = None
     """The unix identity the owner's code runs as (the spec's ``agent_user_group``)."""
     task_id: str | None = None
@@ -274,6 +277,14 @@ def reachable_address(api_url: str) -> str:
         return "127.0.0.1"
 
 
+def interface_of(address: str) -> str | None:
+    """The name of this machine's network interface that holds ``address`` (``None``: none)."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    return None
+
+
 def trial_environment(
     run: RunSpec,
     *,
@@ -359,6 +370,12 @@ def trial_environment(
     else:
         gang["MASTER_ADDR"] = env.get("MASTER_ADDR", "127.0.0.1")
         gang["MASTER_PORT"] = env.get("MASTER_PORT") or str(_free_port())
+    # Gloo binds the address this machine's host name resolves to, which is loopback on many
+    # hosts (Debian's 127.0.1.1): its peers on other hosts would be told to connect there. The
+    # interface of the address the other agents reach this one by is the right one.
+    ifname = interface_of(run.node_address) if run.node_address else None
+    if ifname is not None and not env.get("GLOO_SOCKET_IFNAME"):
+        gang["GLOO_SOCKET_IFNAME"] = ifname
     env.update(gang)
     if run.launcher:
         return [env]  # the launcher starts this agent's ranks and sets RANK/LOCAL_RANK itself
