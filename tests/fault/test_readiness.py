@@ -77,11 +77,16 @@ async def test_readiness_fails_while_the_database_is_down_and_recovers(
             start_postgres, tmp_path / "pg", port=server.port, fast=True
         )
         await wait_for(cluster, lambda: cluster.ready("api"))
-        if cluster.procs["scheduler"].poll() is not None:
-            # A decider whose lease's session died exits; its supervisor (cairn up, compose's
-            # restart policy) starts it again, as here.
-            cluster.start_observed("scheduler", "services.scheduler")
-        await wait_for(cluster, lambda: cluster.ready("scheduler"))
+
+        async def scheduler_ready() -> bool:
+            if cluster.procs["scheduler"].poll() is not None:
+                # A decider whose lease's session died exits (maybe only now, after its
+                # "service failed"); its supervisor (cairn up, compose's restart policy) starts
+                # it again, as here.
+                cluster.start_observed("scheduler", "services.scheduler")
+            return await cluster.ready("scheduler")
+
+        await wait_for(cluster, scheduler_ready)
     finally:
         if cluster is not None:
             cluster.stop()
