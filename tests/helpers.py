@@ -179,3 +179,16 @@ def create_database(pg_server: ServerProcess, prefix: str = "t") -> str:
 
     asyncio.run(create())
     return pg_server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def cli_env(
+    monkeypatch: Any, home: Path, url: str, user: str = "admin", password: str = ADMIN_PASSWORD
+) -> None:
+    """Points the in-process CLI at the API ``url`` as ``user`` with a fresh ``home`` (none of
+    the caller's ``CAIRN_USER``/``CAIRN_PASSWORD``/``CAIRN_MASTER``/``CAIRN_HOME`` leaks in)."""
+    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CAIRN_HOME", str(home))
+    monkeypatch.setenv("CAIRN_MASTER", url)
+    monkeypatch.setenv("CAIRN_USER", user)
+    monkeypatch.setenv("CAIRN_PASSWORD", password)

@@ -29,7 +29,7 @@ from events.log.store import EventStore
 from services.api import routes_events
 from services.api.app import create_app
 from services.api.auth import cluster_secret, hash_token
-from tests.helpers import ADMIN_PASSWORD, wait_until
+from tests.helpers import ADMIN_PASSWORD, cli_env, wait_until
 from tests.integration.test_api_event_stream import read_events
 from tests.integration.test_api_support import TEST_CLUSTER, Api, running_api
 
@@ -154,12 +154,7 @@ async def test_users_list_and_revoke_their_tokens_and_admins_anyones(
     await api.ok("DELETE", f"/api/v1/tokens/{carols}", token=api.admin)
     assert (await api.call("GET", "/api/v1/me", token=carol))[0] == 401
 
-    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CAIRN_MASTER", api.url)
-    monkeypatch.setenv("CAIRN_USER", "bob")
-    monkeypatch.setenv("CAIRN_PASSWORD", bob_pw)
+    cli_env(monkeypatch, tmp_path / "home", api.url, "bob", bob_pw)
 
     def run(*args: str) -> tuple[int, str]:
         out = io.StringIO()

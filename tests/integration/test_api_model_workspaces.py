@@ -20,6 +20,7 @@ import pytest
 from cairn.cli import main as cli_main
 from cairn.experimental.client import Determined
 from events.log.store import EventStore
+from tests.helpers import cli_env
 from tests.integration.test_api_models import alices_experiment, status_of
 from tests.integration.test_api_support import Api, running_api, types_of
 from tests.integration.test_api_teams import created, grant, user
@@ -241,12 +242,7 @@ async def test_the_cli_and_the_sdk_create_list_and_move_models_between_workspace
     await user(api, "edna")
     await grant(api, "Editor", "edna", "a")
     await grant(api, "Editor", "edna", "b")
-    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CAIRN_MASTER", api.url)
-    monkeypatch.setenv("CAIRN_USER", "edna")
-    monkeypatch.setenv("CAIRN_PASSWORD", "edna-password-1")
+    cli_env(monkeypatch, tmp_path / "home", api.url, "edna", "edna-password-1")
 
     code, out = await asyncio.to_thread(
         run_cli, "model", "create", "cli model", "--workspace-name", "a", "--json"

@@ -20,7 +20,7 @@ from cairn.cli import main as cli_main
 from events.domain.names import task_stream
 from events.domain.types import TaskExited
 from events.log.store import EventStore
-from tests.helpers import ADMIN_PASSWORD
+from tests.helpers import cli_env
 from tests.integration.test_api_support import Api, running_api
 from tests.integration.test_api_teams import created, grant, user
 from tests.integration.test_legacy_trial_ids import fixture, insert
@@ -205,12 +205,7 @@ async def test_the_cli_starts_tasks_in_a_workspace_and_lists_by_workspace(
     the task in that workspace; ``cmd list``, ``notebook list`` and ``task list`` show a
     workspace column and take ``-w``; an unknown workspace is a clear error."""
     await created(api, "POST", "/api/v1/workspaces", api.admin, {"name": "vision"})
-    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CAIRN_MASTER", api.url)
-    monkeypatch.setenv("CAIRN_USER", "admin")
-    monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
+    cli_env(monkeypatch, tmp_path / "home", api.url)
 
     def run(*args: str) -> tuple[int, str]:
         """Runs the CLI; its exit code and what it printed (without the in-process API's log

@@ -24,7 +24,7 @@ from events.domain.types import (
 )
 from events.log.store import EventStore
 from services.tracker.service import catch_up
-from tests.helpers import ADMIN_PASSWORD
+from tests.helpers import cli_env
 from tests.integration.test_api_queries import submit, user
 from tests.integration.test_api_support import Api, allocate, running_api
 
@@ -222,12 +222,7 @@ async def test_cli_at_flags(
     position = await store.head()
     await later(store)
 
-    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CAIRN_MASTER", api.url)
-    monkeypatch.setenv("CAIRN_USER", "admin")
-    monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
+    cli_env(monkeypatch, tmp_path / "home", api.url)
 
     def run(args: tuple[str, ...]) -> tuple[int, str]:
         out = io.StringIO()

@@ -38,7 +38,7 @@ from events.log.store import EventStore
 from services.api.routes_usage import project_workspaces
 from services.api.teams import current_teams
 from services.tracker import projections, schema, usage
-from tests.helpers import ADMIN_PASSWORD
+from tests.helpers import cli_env
 from tests.integration.test_api_model_workspaces import run_cli, workspace
 from tests.integration.test_api_support import CONFIG, Api, running_api
 from tests.integration.test_api_teams import created
@@ -170,12 +170,7 @@ async def test_a_task_bills_to_its_workspace_and_an_experiment_to_its_projects_a
         assert await by_workspace(store) == expected
 
         await rows_over_the_api(api, a, b, int(project["id"]))
-        for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
-        monkeypatch.setenv("CAIRN_MASTER", api.url)
-        monkeypatch.setenv("CAIRN_USER", "admin")
-        monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
+        cli_env(monkeypatch, tmp_path / "home", api.url)
         code, out = await asyncio.to_thread(
             run_cli, "usage", "--by", "workspace", "--from", "2026-04-01", "--to", "2026-04-01"
         )

@@ -35,7 +35,7 @@ from services.tracker import webhooks as tracker_webhooks
 from services.tracker.webhook_sender import WebhookSender
 from services.tracker.webhooks import WebhookConsumer
 from services.webhooks import signing
-from tests.helpers import ADMIN_PASSWORD, wait_until
+from tests.helpers import cli_env, wait_until
 from tests.integration.test_api_support import CONFIG, TEST_CLUSTER, Api, running_api
 from tests.integration.test_api_teams import grant, user
 from tests.integration.webhook_receiver import HOST, Receiver, Seen, free_port
@@ -561,12 +561,7 @@ async def test_the_cli_creates_lists_tests_and_deletes_webhooks(
     """``cairn webhook create|list|test|signing-key|delete`` against the real API: the key it
     prints verifies the test delivery's signature, a bad trigger is a usage error."""
     api, receiver = env.api, env.receiver
-    for name in ("CAIRN_USER", "CAIRN_PASSWORD", "CAIRN_MASTER", "CAIRN_HOME"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("CAIRN_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("CAIRN_MASTER", api.url)
-    monkeypatch.setenv("CAIRN_USER", "admin")
-    monkeypatch.setenv("CAIRN_PASSWORD", ADMIN_PASSWORD)
+    cli_env(monkeypatch, tmp_path / "home", api.url)
 
     def run(*args: str) -> tuple[int, str]:
         out = io.StringIO()
