@@ -197,10 +197,10 @@ async def test_asha_search_and_a_four_rank_trial_survive_a_cut_link_a_killed_nat
         search = await cluster.submit(asha(tmp_path / "ckpt"), SCRIPTED)
 
         async def search_placed() -> bool:
-            return any(
-                [search_host] in await placements(store, trial)
-                for trial in await trial_ids(store, search)
-            )
+            for trial in await trial_ids(store, search):
+                if [search_host] in await placements(store, trial):
+                    return True
+            return False
 
         await wait_for(cluster, search_placed, timeout=60)
 
