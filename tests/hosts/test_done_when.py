@@ -258,6 +258,11 @@ async def test_asha_search_and_a_four_rank_trial_survive_a_cut_link_a_killed_nat
         assert seen.heartbeat_age.get(search_host, 0) > AGENT_TIMEOUT, seen
         assert any(lag > 0 for lag in seen.lag.values()), seen
         assert await check_log(store) == []
+        print(
+            f"search host {search_host} cut and lost, {leader_name} killed, {lossy} lossy "
+            f"({network.dropped(lossy)} packets dropped); /metrics over {seen.scrapes} scrapes: "
+            f"lost agents {seen.lost_agents}, heartbeat age {seen.heartbeat_age}, lag {seen.lag}"
+        )
     finally:
         if watcher is not None:
             watcher.cancel()
