@@ -42,8 +42,9 @@ AGENTS = (*AGENT_HOSTS, SPARE_HOST)
 AGENT_TIMEOUT = 4.0
 """The scheduler's agent timeout here, in seconds."""
 TRIALS = 16
-GANG_BATCHES = 400
-"""Long enough for the 4-rank trial to train through the faults."""
+GANG_BATCHES = 1000
+"""Long enough for the 4-rank trial to train through the faults (400 was not, now and then)."""
+GANG_VALIDATE_EVERY = 100
 
 
 def asha(checkpoints: Path) -> dict[str, Any]:
@@ -182,7 +183,9 @@ async def test_asha_search_and_a_four_rank_trial_survive_a_cut_link_a_killed_nat
 
         seen = Watched()
         watcher = asyncio.create_task(watch_metrics(cluster, seen))
-        gang_exp = await cluster.submit(four_ranks(tmp_path, GANG_BATCHES), DIGITS)
+        gang_config = four_ranks(tmp_path, GANG_BATCHES)
+        gang_config["hyperparameters"]["validate_every"] = GANG_VALIDATE_EVERY
+        gang_exp = await cluster.submit(gang_config, DIGITS)
         gang = await first_trial(cluster, store, gang_exp)
         reference = asyncio.create_task(reference_of(store, gang_exp))
         allocation = names.allocation_id(gang, 1)
@@ -212,7 +215,11 @@ async def test_asha_search_and_a_four_rank_trial_survive_a_cut_link_a_killed_nat
             return "AgentLost" in [e.type for e in stream]
 
         await wait_for(cluster, lost, timeout=60)
-        await wait_until(lambda: seen.lost_agents >= 1, timeout=30, every=0.1)
+        def shown_lost() -> bool:
+            age = seen.heartbeat_age.get(search_host, 0)
+            return seen.lost_agents >= 1 and age > AGENT_TIMEOUT
+
+        await wait_until(shown_lost, timeout=30, every=0.1, detail=lambda: str(seen))
         network.restore(search_host)
 
         # Fault 2: the events stream's leader is SIGKILLed; another member takes over.
