@@ -215,6 +215,7 @@ async def test_asha_search_and_a_four_rank_trial_survive_a_cut_link_a_killed_nat
             return "AgentLost" in [e.type for e in stream]
 
         await wait_for(cluster, lost, timeout=60)
+
         def shown_lost() -> bool:
             age = seen.heartbeat_age.get(search_host, 0)
             return seen.lost_agents >= 1 and age > AGENT_TIMEOUT
