@@ -442,12 +442,14 @@ class NatsRoutes:
     Attributes:
         server_name: this server's name in the cluster (unique; JetStream names leaders by it).
         cluster_name: the cluster's name (the same on every member).
-        cluster_port: where this server accepts routes from the others (127.0.0.1).
+        cluster_port: where this server accepts routes from the others (on ``host``).
         route_ports: every member's ``cluster_port`` (its own included: a server ignores the
             route to itself).
         route_password: the secret every route presents (user :data:`ROUTE_USER`); a process
             that does not know it cannot join the cluster.
-        http_port: the monitoring port (``/healthz``, ``/jsz``) on 127.0.0.1.
+        http_port: the monitoring port (``/healthz``, ``/jsz``) on ``host``.
+        host: the address every member listens on, for clients, routes and monitoring
+            (loopback unless told otherwise).
     """
 
     server_name: str
@@ -456,19 +458,21 @@ class NatsRoutes:
     route_ports: tuple[int, ...]
     route_password: str
     http_port: int
+    host: str = LOOPBACK
 
     def server_config(self) -> str:
         """The ``server_name``, ``http`` and ``cluster`` lines of a member's config."""
+        where = _url_host(self.host)
         routes = ", ".join(
-            f'"nats-route://{ROUTE_USER}:{self.route_password}@127.0.0.1:{port}"'
+            f'"nats-route://{ROUTE_USER}:{self.route_password}@{where}:{port}"'
             for port in self.route_ports
         )
         return (
             f"server_name: {self.server_name}\n"
-            f'http: "127.0.0.1:{self.http_port}"\n'
+            f'http: "{where}:{self.http_port}"\n'
             "cluster {\n"
             f"  name: {self.cluster_name}\n"
-            f'  listen: "127.0.0.1:{self.cluster_port}"\n'
+            f'  listen: "{where}:{self.cluster_port}"\n'
             f'  authorization {{ user: {ROUTE_USER}, password: "{self.route_password}" }}\n'
             f"  routes: [{routes}]\n"
             "}\n"
@@ -533,6 +537,7 @@ def start_nats(
     if routes is not None:
         server.name = routes.server_name
         server.extra["http_port"] = str(routes.http_port)
+        server.extra["http_host"] = routes.host
     try:
         wait_for_port(port, timeout, proc, host=host)
     except ServerStartError as exc:
@@ -577,7 +582,7 @@ class NatsCluster:
         old.stop()
         self.servers[index] = start_nats(
             old.data_dir, port=old.port, timeout=timeout, auth_dir=self.auth_dir,
-            routes=self.routes[index],
+            routes=self.routes[index], host=self.routes[index].host,
         )  # fmt: skip
         return self.servers[index]
 
@@ -588,9 +593,17 @@ class NatsCluster:
 
 
 def start_nats_cluster(
-    base_dir: Path, *, size: int = 3, name: str = "cairn", timeout: float = 30.0
+    base_dir: Path,
+    *,
+    size: int = 3,
+    name: str = "cairn",
+    timeout: float = 30.0,
+    host: str = LOOPBACK,
 ) -> NatsCluster:
-    """Starts ``size`` nats-servers under ``base_dir`` as one JetStream cluster on loopback.
+    """Starts ``size`` nats-servers under ``base_dir`` as one JetStream cluster on ``host``
+    (loopback unless told otherwise): every member's client, route and monitoring ports are on
+    that address, and :attr:`NatsCluster.url` names it. In another network namespace, call it
+    from a thread in that namespace (the members are started, and their health asked, there).
 
     Member ``i`` stores under ``base_dir/nats-i``; all share the bus's keys and users in
     ``base_dir/nats-auth`` and a route password (mode 0600) there, so every member accepts the
@@ -618,6 +631,7 @@ def start_nats_cluster(
             route_ports=cluster_ports,
             route_password=password,
             http_port=free_port(),
+            host=host,
         )
         for i in range(size)
     ]
@@ -627,7 +641,12 @@ def start_nats_cluster(
         for member in routes:
             store = base_dir / member.server_name
             server = start_nats(
-                store, timeout=timeout, auth_dir=auth_dir, routes=member, sync_always=False
+                store,
+                timeout=timeout,
+                auth_dir=auth_dir,
+                routes=member,
+                sync_always=False,
+                host=host,
             )
             servers.append(server)
         deadline = time.monotonic() + timeout
@@ -641,7 +660,8 @@ def start_nats_cluster(
 
 def _wait_healthy(server: ServerProcess, deadline: float) -> None:
     """Waits until ``server``'s ``/healthz`` answers 200 (JetStream current with its cluster)."""
-    url = f"http://127.0.0.1:{server.extra['http_port']}/healthz"
+    where = _url_host(server.extra.get("http_host", LOOPBACK))
+    url = f"http://{where}:{server.extra['http_port']}/healthz"
     last = "no answer"
     while time.monotonic() < deadline:
         if not server.alive():

@@ -89,6 +89,18 @@ MAX_REPLICAS = 5
 CLUSTER_REPLICAS = 3
 """The copies of each stream a bus of several servers keeps unless configured otherwise: one
 server of three may die and the stream still has a quorum."""
+PING_INTERVAL_SECONDS = 5.0
+"""How often the client pings its server. A connection whose peer vanished without a reset (a
+cut link, a partition that drops packets) is only noticed by unanswered pings: nats-py's
+default (every 2 minutes, 2 outstanding) leaves a service deaf for minutes. Pinging every few
+seconds costs one tiny PING/PONG per connection each interval, which a server with thousands
+of connections barely notices; much lower, and a busy server's or a slow link's late PONG
+would drop healthy connections."""
+MAX_OUTSTANDING_PINGS = 3
+"""Pings left unanswered before the client drops the connection and reconnects (to another
+server of a cluster): a silent partition is noticed within about
+``PING_INTERVAL_SECONDS * (MAX_OUTSTANDING_PINGS + 1)``, 20 s, instead of minutes; one or two
+lost PONGs (a lossy link) do not yet cost a reconnect."""
 
 
 class BusUrlError(ValueError):
@@ -166,10 +178,15 @@ def default_replicas(url: str) -> int:
 def connect_options(url: str, *, creds: Path | None = None) -> dict[str, Any]:
     """The ``nats.connect`` keyword arguments for ``url``: its servers (one, or a cluster's,
     separated by commas) and, when ``url`` (or ``creds``, which wins) names one, the
-    credentials file to log in with."""
+    credentials file to log in with; pings every :data:`PING_INTERVAL_SECONDS`, giving up
+    after :data:`MAX_OUTSTANDING_PINGS` unanswered."""
     _, named = split_url(url)
     path = creds or named
-    options: dict[str, Any] = {"servers": server_urls(url)}
+    options: dict[str, Any] = {
+        "servers": server_urls(url),
+        "ping_interval": PING_INTERVAL_SECONDS,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
+    }
     if path is not None:
         options["user_credentials"] = os.fspath(path)
     return options

@@ -22,7 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from cairn.local.servers import ServerProcess, start_nats, start_postgres
+from cairn.local.servers import (
+    NatsCluster,
+    ServerProcess,
+    start_nats,
+    start_nats_cluster,
+    start_postgres,
+)
 from tests.e2e.harness import Cluster
 from tests.helpers import create_database
 from tests.hosts.netns import SUBNET, Network, call_in, unavailable
@@ -110,6 +116,18 @@ def nats_server(network: Network, tmp_path: Path) -> Iterator[ServerProcess]:
     server = call_in(control.netns, start_nats, tmp_path / "nats", host=control.address)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def nats_cluster(network: Network, tmp_path: Path) -> Iterator[NatsCluster]:
+    """Three nats-servers routed into one JetStream cluster in the control host, every port
+    (client, route, monitoring) on its bridge address."""
+    control = network.hosts[CONTROL]
+    cluster = call_in(
+        control.netns, start_nats_cluster, tmp_path / "nats-cluster", host=control.address
+    )
+    yield cluster
+    cluster.stop()
 
 
 StartHosts = Callable[..., Awaitable[HostCluster]]

@@ -228,21 +228,37 @@ class Network:
                "-m", "statistic", "--mode", "random", "--probability", str(probability),
                "-m", "comment", "--comment", TAG, "-j", "DROP")  # fmt: skip
 
-    def _reject_rule(self, action: str, name: str, address: str, port: int) -> tuple[str, ...]:
+    def _reject_rule(
+        self, action: str, name: str, address: str, port: int, *, silent: bool
+    ) -> tuple[str, ...]:
+        verdict = ("DROP",) if silent else ("REJECT", "--reject-with", "tcp-reset")
         return ("ip", "netns", "exec", self.hosts[name].netns, "iptables", action, "OUTPUT",
                 "-d", address, "-p", "tcp", "--dport", str(port), "-m", "comment",
-                "--comment", TAG, "-j", "REJECT", "--reject-with", "tcp-reset")  # fmt: skip
+                "--comment", TAG, "-j", *verdict)  # fmt: skip
 
-    def partition(self, name: str, address: str, port: int) -> None:
-        """Host ``name`` can no longer reach ``address:port``: its connections there are
-        reset (``ss -K``) and new ones refused, everything else it reaches as before."""
-        sh(*self._reject_rule("-I", name, address, port))
-        sh("ip", "netns", "exec", self.hosts[name].netns,
-           "ss", "-K", "dst", address, "dport", "=", str(port))  # fmt: skip
+    def partition(self, name: str, address: str, port: int, *, silent: bool = False) -> None:
+        """Host ``name`` can no longer reach ``address:port``, everything else it reaches as
+        before: its connections there are reset (``ss -K``) and new ones refused, or, when
+        ``silent``, every packet it sends there is dropped (no reset, no refusal: only the
+        client's own timeouts and pings can tell)."""
+        sh(*self._reject_rule("-I", name, address, port, silent=silent))
+        if not silent:
+            sh("ip", "netns", "exec", self.hosts[name].netns,
+               "ss", "-K", "dst", address, "dport", "=", str(port))  # fmt: skip
 
-    def heal(self, name: str, address: str, port: int) -> None:
-        """Undoes :meth:`partition`."""
-        sh(*self._reject_rule("-D", name, address, port))
+    def heal(self, name: str, address: str, port: int, *, silent: bool = False) -> None:
+        """Undoes :meth:`partition` (with the same ``silent``)."""
+        sh(*self._reject_rule("-D", name, address, port, silent=silent))
+
+    def silenced(self, name: str) -> int:
+        """Packets host ``name``'s silent partitions dropped so far."""
+        out = sh("ip", "netns", "exec", self.hosts[name].netns,
+                 "iptables", "-L", "OUTPUT", "-v", "-x", "-n").stdout  # fmt: skip
+        return sum(
+            int(line.split()[0])
+            for line in out.splitlines()
+            if "DROP" in line and "statistic" not in line and "dpt:" in line
+        )
 
     def dropped(self, name: str) -> int:
         """Packets host ``name``'s random-drop rules dropped so far."""

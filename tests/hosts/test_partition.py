@@ -9,12 +9,17 @@ import aiohttp
 
 from cairn.local.servers import ServerProcess
 from events.domain.check import check_log
+from events.log.bus import MAX_OUTSTANDING_PINGS, PING_INTERVAL_SECONDS
 from events.log.store import EventStore
 from tests.e2e.harness import experiment_state, wait_for
 from tests.helpers import wait_until
 from tests.hosts.conftest import CONTROL, GATEWAY, HostCluster, StartHosts
 from tests.hosts.netns import Network
 from tests.hosts.trials import SCRIPTED, scripted
+
+NOTICED_WITHIN = PING_INTERVAL_SECONDS * (MAX_OUTSTANDING_PINGS + 1) + 10.0
+"""Seconds a silent partition may go unnoticed: the client's unanswered pings, one ping
+interval of slack and the API's own readiness refresh."""
 
 
 async def readiness(cluster: HostCluster) -> tuple[int, dict[str, Any]]:
@@ -30,9 +35,10 @@ async def test_api_cut_from_nats_is_unready_and_a_trial_still_completes(
     store: EventStore,
     tmp_path: Path,
 ) -> None:
-    """With the API on a host of its own, its connections to nats-server are reset and refused
-    (everything else reaches the bus): /readyz answers 503 naming the bus while an experiment
-    submitted through it runs to completion; healed, the API reconnects and is ready again."""
+    """With the API on a host of its own, every packet it sends to nats-server is dropped (no
+    reset: everything else reaches the bus): the client's pings alone notice within
+    ``NOTICED_WITHIN`` and /readyz answers 503 naming the bus while an experiment submitted
+    through it runs to completion; healed, the API reconnects and is ready again."""
     cluster = await hosts(slots=1, api_on=GATEWAY)
 
     async def ready() -> bool:
@@ -40,13 +46,14 @@ async def test_api_cut_from_nats_is_unready_and_a_trial_still_completes(
 
     await wait_for(cluster, ready)
     bus = (network.hosts[CONTROL].address, nats_server.port)
-    network.partition(GATEWAY, *bus)
+    network.partition(GATEWAY, *bus, silent=True)
 
     async def unready() -> dict[str, Any] | None:
         status, body = await readiness(cluster)
         return body if status == 503 else None
 
-    body = await wait_until(unready, timeout=30, every=0.1, detail=cluster.logs)
+    body = await wait_until(unready, timeout=NOTICED_WITHIN, every=0.1, detail=cluster.logs)
+    assert network.silenced(GATEWAY) > 0, "the partition dropped the API's packets"
     assert body["checks"]["bus"] != "ok" and body["checks"]["database"] == "ok", body
     exp = await cluster.submit(scripted(tmp_path / "ckpt", steps=30, sleep=0.02), SCRIPTED)
 
@@ -55,6 +62,6 @@ async def test_api_cut_from_nats_is_unready_and_a_trial_still_completes(
 
     await wait_for(cluster, completed, timeout=120)
     assert (await readiness(cluster))[0] == 503, "the partition held through the trial"
-    network.heal(GATEWAY, *bus)
+    network.heal(GATEWAY, *bus, silent=True)
     await wait_for(cluster, ready, timeout=60)
     assert await check_log(store) == []

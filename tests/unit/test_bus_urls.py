@@ -8,6 +8,8 @@ import pytest
 
 from events import settings
 from events.log.bus import (
+    MAX_OUTSTANDING_PINGS,
+    PING_INTERVAL_SECONDS,
     BusUrlError,
     connect_options,
     default_replicas,
@@ -40,6 +42,8 @@ def test_credentials_are_named_once_after_the_last_server() -> None:
     assert connect_options(first) == {
         "servers": ["nats://a:4222", "nats://b:4222"],
         "user_credentials": "/x.creds",
+        "ping_interval": PING_INTERVAL_SECONDS,
+        "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
     }
     with pytest.raises(BusUrlError, match=r"/x.creds and /y.creds"):
         split_url("nats://a:4222?creds=/x.creds,nats://b:4222?creds=/y.creds")
