@@ -2,7 +2,10 @@
 
 The agent has no database: it talks to the API gateway over HTTP and receives commands from NATS.
 It writes ``CAIRN_READY_FILE`` (when set) once registered and subscribed, and shuts down cleanly
-on SIGTERM/SIGINT: it stops taking commands, stops its runs and reports their exits. With
+on SIGTERM/SIGINT: it stops taking commands, stops its runs and reports their exits (with
+``--preempt-on-term``, a first SIGTERM preempts its trial runs first:
+:mod:`services.agent.resource_manager`; with ``--reserved-for`` it stops by itself once its one
+allocation has ended: :mod:`services.agent.reservation`). With
 ``--metrics-address HOST:PORT`` it serves ``/metrics``, ``/healthz`` and ``/readyz`` there
 (:mod:`services.agent.metrics`).
 """
@@ -13,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import faulthandler
+import re
 import signal
 import socket
 import sys
@@ -28,10 +32,14 @@ from services.agent.agent import Agent
 from services.agent.config import AgentConfig
 from services.agent.credential import CredentialError
 from services.agent.metrics import AgentMetrics
+from services.agent.resource_manager import ResourceManagerSignals
 from services.agent.runtime import safe_name
 from services.observability.listener import ListenerError
 from services.observability.listener import start as start_listener
 from services.runtime import add_cluster_config_flag, add_metrics_flags, cluster_config_of
+
+_RESERVED_FOR = re.compile(r"^[A-Za-z0-9-][A-Za-z0-9_.:@-]{0,199}$")
+"""An allocation id as ``--reserved-for`` takes it (the gateway checks it again)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +59,28 @@ def parser() -> argparse.ArgumentParser:
         "--artificial-slots", type=int, default=None, help="offer N CPU slots instead of GPUs"
     )
     p.add_argument("--resource-pool", default="default", help="resource pool to join")
+    p.add_argument(
+        "--reserved-for",
+        default=None,
+        metavar="ALLOCATION_ID",
+        help="an ephemeral agent started for this one allocation (a Slurm job's): it takes "
+        "nothing else and stops once that allocation has ended here",
+    )
+    p.add_argument(
+        "--reserved-wait",
+        type=float,
+        default=AgentConfig.reserved_wait,
+        metavar="SECONDS",
+        help="with --reserved-for: stop when the allocation has not started here this many "
+        "seconds after registration (default: %(default)s)",
+    )
+    p.add_argument(
+        "--preempt-on-term",
+        action="store_true",
+        help="a first SIGTERM (and every SIGUSR2) asks the API to preempt this agent's trial "
+        "runs, so they checkpoint and are requeued, before the agent stops; a second SIGTERM "
+        "stops it at once (for agents run by a resource manager such as Slurm)",
+    )
     p.add_argument(
         "--work-dir",
         type=Path,
@@ -146,6 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.artificial_slots is not None and args.artificial_slots < 1:
         log.error("--artificial-slots must be at least 1")
         return 2
+    if args.reserved_for is not None and not _RESERVED_FOR.match(args.reserved_for):
+        log.error("--reserved-for must name an allocation id", value=args.reserved_for)
+        return 2
+    if args.reserved_wait <= 0:
+        log.error("--reserved-wait must be positive", value=args.reserved_wait)
+        return 2
     cairn_home = settings.cairn_home()
     work_dir = args.work_dir or settings.home_or_user_dir() / "agents" / safe_name(args.agent_id)
     checkpoint_root = args.checkpoint_root
@@ -176,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         default_image=cluster.tasks.default_image,
         hide=tuple(p.absolute() for p in args.hide)
         + ((Path(cairn_home).absolute(),) if cairn_home else ()),
+        reserved_for=args.reserved_for,
+        reserved_wait=args.reserved_wait,
+        preempt_on_term=args.preempt_on_term,
     )
     try:
         with contextlib.suppress(KeyboardInterrupt):
@@ -192,9 +231,14 @@ def main(argv: list[str] | None = None) -> int:
 async def _serve(config: AgentConfig, metrics_address: tuple[str, int] | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     agent = Agent(config)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    if config.preempt_on_term:
+        handlers = ResourceManagerSignals(agent, stop)
+        loop.add_signal_handler(signal.SIGTERM, handlers.terminate)
+        loop.add_signal_handler(signal.SIGUSR2, handlers.warn)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
     listener = None
     if metrics_address is not None:
         metrics = AgentMetrics(agent)

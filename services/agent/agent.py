@@ -53,6 +53,7 @@ from services.agent.docker_runtime import remove_leftover_containers
 from services.agent.exits import ExitReporting
 from services.agent.leftovers import RunProcesses, kill_leftovers
 from services.agent.outbox import UnreportedExits
+from services.agent.reservation import hold_reservation
 from services.agent.runs import RunLaunching
 from services.agent.runtime import CodeCache
 from services.agent.slots import Slot, discover_slots
@@ -131,6 +132,8 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
                 return
             self._ready()
             beats = asyncio.create_task(self._heartbeat_loop(stop), name="heartbeat")
+            if self.config.reserved_for is not None:
+                self._spawn(hold_reservation(self, stop))
             await self._consume(sub, stop)
             beats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -223,10 +226,15 @@ class Agent(CommandHandling, RunLaunching, ExitReporting):
             self.config.hostname,
             self.incarnation,
             f"register:{self.id}:{self.incarnation}:{self._registrations}",
+            reserved_for=self.config.reserved_for,
         )
         self._registered = True
         log.info(
-            "registered", agent_id=self.id, slots=len(self.slots), incarnation=self.incarnation
+            "registered",
+            agent_id=self.id,
+            slots=len(self.slots),
+            incarnation=self.incarnation,
+            reserved_for=self.config.reserved_for,
         )
 
     @property

@@ -28,6 +28,7 @@ from services.contracts.agent import (
     JoinResponse,
     LeavingBody,
     LogsBody,
+    PendingPreemptionBody,
     PreemptionResponse,
     ReadyBody,
     RegisterBody,
@@ -253,8 +254,13 @@ class ApiClient:
         hostname: str,
         incarnation: str,
         key: str,
+        *,
+        reserved_for: str | None = None,
     ) -> Any:
-        """``POST /agents/{id}/register``."""
+        """``POST /agents/{id}/register`` (``reserved_for``: the one allocation an ephemeral
+        agent was started for; sent only when given, so an older gateway still takes the
+        registration of an ordinary agent)."""
+        reserved = {"reserved_for": reserved_for} if reserved_for is not None else {}
         body = _body(
             RegisterBody,
             resource_pool=resource_pool,
@@ -262,6 +268,7 @@ class ApiClient:
             hostname=hostname,
             incarnation=incarnation,
             idempotency_key=key,
+            **reserved,
         )
         return await self.request(
             "POST", f"/agents/{_seg(agent_id)}/register", body=body, retry_for=None
@@ -369,6 +376,22 @@ class ApiClient:
             message=message,
             idempotency_key=key,
             **shutdown,
+        )
+
+    async def pending_preemption(
+        self, allocation_id: str, agent_id: str, reason: str, key: str, *, retry_for: float
+    ) -> Any:
+        """``POST /allocations/{id}/signals/pending_preemption``: the resource manager that
+        started this agent signalled its job, so the run is to checkpoint and give its slots
+        back (the API records the preemption once)."""
+        return await self._post_allocation(
+            allocation_id,
+            "signals/pending_preemption",
+            PendingPreemptionBody,
+            retry_for=retry_for,
+            agent_id=agent_id,
+            reason=reason,
+            idempotency_key=key,
         )
 
     async def ready(

@@ -53,3 +53,14 @@ class AgentConfig:
     default_image: TaskImages | None = None
     """The image a run whose config names none runs in (``tasks.default_image``); ``None``:
     such a run is a process on this machine."""
+    reserved_for: str | None = None
+    """The one allocation this ephemeral agent (a Slurm job's) was started for: it registers
+    for it alone and stops once that allocation has ended here and its exit was reported
+    (:mod:`services.agent.reservation`)."""
+    reserved_wait: float = 600.0
+    """Seconds after registration a reserved agent waits for its allocation to be started
+    here before it stops (so an unused Slurm job does not hold its nodes)."""
+    preempt_on_term: bool = False
+    """A first SIGTERM (and every SIGUSR2) asks the API to preempt this agent's trial runs
+    rather than stopping them (a resource manager's warning: Slurm's ``scancel``, time limit or
+    ``--signal``); a second SIGTERM shuts down as usual."""

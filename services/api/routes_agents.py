@@ -242,7 +242,8 @@ _UPSERT_BEAT = f"""
 )
 async def register(request: web.Request) -> web.Response:
     """Appends AgentRegistered unless this agent process is already registered with the same
-    slots (a restarted agent comes with a new incarnation, so it always registers anew)."""
+    slots and reservation (a restarted agent comes with a new incarnation, so it always
+    registers anew)."""
     agent_id, principal = _own_agent_id(request)
     body = parse(RegisterBody, await read_json(request))
     command = RegisterAgent(
@@ -251,6 +252,7 @@ async def register(request: web.Request) -> web.Response:
         slots=tuple(body.slots),
         hostname=body.hostname,
         incarnation=body.incarnation,
+        reserved_for=body.reserved_for,
     )
 
     async def work(tx: Transaction) -> bool:
@@ -264,7 +266,12 @@ async def register(request: web.Request) -> web.Response:
     if principal.kind == "agent":
         await agent_credentials.bind_incarnation(store_of(request), agent_id, body.incarnation)
     if changed:
-        log.info("agent registered", agent_id=agent_id, slots=len(body.slots))
+        log.info(
+            "agent registered",
+            agent_id=agent_id,
+            slots=len(body.slots),
+            reserved_for=body.reserved_for,
+        )
     return web.json_response({"agent_id": agent_id, "changed": changed})
 
 

@@ -1,4 +1,5 @@
-"""Allocations (one run of a trial): spec, started/exited reports, logs, preemption long poll.
+"""Allocations (one run of a trial): spec, started/exited reports, logs, preemption long poll,
+and an agent's request to preempt the run when its resource manager (Slurm) signals its job.
 
 A task's allocation (``task-<id>.<run>``) is served by :mod:`services.api.task_runs` through the
 same endpoints, so an agent launches and reports a command as it does a trial's run."""
@@ -18,7 +19,9 @@ from events.domain.deciders import Decision
 from events.domain.deciders.trial import (
     ReportExited,
     ReportStarted,
+    RequestPendingPreemption,
     decide_exited,
+    decide_pending_preemption,
     decide_started,
     outcome_of,
 )
@@ -59,6 +62,7 @@ from services.contracts.agent import (
     IdleBody,
     LogsBody,
     LogsResponse,
+    PendingPreemptionBody,
     PreemptionQuery,
     PreemptionResponse,
     ReadyBody,
@@ -214,6 +218,53 @@ async def exited(request: web.Request, allocation_id: str, trial_id: int) -> web
     )
     if result["appended"] and not result["duplicate"]:
         log.info("trial exited", allocation_id=allocation_id, outcome=result["outcome"])
+    return web.json_response(result)
+
+
+@routes.post(
+    "/api/v1/allocations/{allocation_id}/signals/pending_preemption",
+    allow=AGENTS,
+    body=PendingPreemptionBody,
+    response=ReportResponse,
+)
+async def pending_preemption(request: web.Request) -> web.Response:
+    """Appends PreemptionRequested for the run (as the scheduler does when it preempts), asked
+    by an agent whose resource manager signalled its job; nothing once a preemption or kill is
+    pending. 403 for an agent holding no slots in the run; 404 for an unknown allocation (and a
+    task's: a task is not preempted)."""
+    body = parse(PendingPreemptionBody, await read_json(request))
+    allocation_id, trial_id = allocation_of_path(request)
+    principal = principal_of(request)
+    check_agent(principal, body.agent_id)
+    trial = await load_trial(store_of(request), trial_id)
+    alloc = allocation_of(trial, allocation_id)
+    check_holder(principal, allocation_id, alloc.run_id, alloc.placements)
+    command = RequestPendingPreemption(agent_id=body.agent_id, reason=body.reason)
+
+    async def work(tx: Transaction) -> dict[str, Any]:
+        trial = await load_trial(tx, trial_id)
+        events = await append_accepted(
+            tx,
+            trial_stream(trial_id),
+            decide_pending_preemption(trial, allocation_of(trial, allocation_id), command),
+            expected_version=trial.version,
+            actor=f"agent:{body.agent_id}",
+            causation_id=body.idempotency_key,
+        )
+        return {
+            "allocation_id": allocation_id,
+            "appended": [event.event_type for event in events],
+            "duplicate": not events,
+        }
+
+    result = await in_transaction(store_of(request), work)
+    if result["appended"]:
+        log.info(
+            "preemption requested by the resource manager",
+            allocation_id=allocation_id,
+            agent_id=body.agent_id,
+            reason=body.reason,
+        )
     return web.json_response(result)
 
 

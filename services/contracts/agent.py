@@ -28,6 +28,9 @@ from events.domain.types.agent import Slot
 
 _INCARNATION_PATTERN = r"^[A-Za-z0-9_-]*$"
 _INCARNATION_LENGTH = 64
+_ID_LENGTH = 200
+_ALLOCATION_ID_PATTERN = r"^[A-Za-z0-9-][A-Za-z0-9_.:@-]*$"
+"""An allocation id as an agent names one (a trial's ``17.2``, a task's ``task-<id>.<run>``)."""
 
 
 # --- joining, registration, heartbeats: /api/v1/agents/{agent_id}/... ---
@@ -49,12 +52,16 @@ class JoinResponse(BaseModel):
 
 
 class RegisterBody(BaseModel):
-    """What an agent offers: its slots, pool and host; ``incarnation`` names this start of it."""
+    """What an agent offers: its slots, pool and host; ``incarnation`` names this start of it;
+    ``reserved_for``, the one allocation an ephemeral agent (a Slurm job's) was started for."""
 
     resource_pool: str = "default"
     slots: list[Slot]
     hostname: str = ""
     incarnation: str = Field("", max_length=_INCARNATION_LENGTH, pattern=_INCARNATION_PATTERN)
+    reserved_for: str | None = Field(
+        None, min_length=1, max_length=_ID_LENGTH, pattern=_ALLOCATION_ID_PATTERN
+    )
     idempotency_key: str | None = None
 
 
@@ -200,6 +207,15 @@ class ExitedBody(BaseModel):
     message: str = ""
     idempotency_key: str | None = None
     agent_shutdown: bool = False
+
+
+class PendingPreemptionBody(BaseModel):
+    """The resource manager that started agent ``agent_id`` signalled it (``reason``: e.g. a
+    SIGTERM from ``scancel``): the run is to checkpoint and give its slots back."""
+
+    agent_id: str = Field(min_length=1, max_length=_ID_LENGTH)
+    reason: str = Field("", max_length=_ID_LENGTH)
+    idempotency_key: str | None = Field(None, max_length=500)
 
 
 class ReportResponse(BaseModel):

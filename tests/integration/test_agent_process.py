@@ -681,3 +681,72 @@ async def test_exit_report_cut_short_by_sigkill_is_delivered_by_the_next_process
     [exit_event] = [e for e in await cluster.events(trial) if e.type == "TrialExited"]
     assert exit_event.position < regs[1][0], "the leftover exit is reported before registering"
     assert list((cluster.tmp / "work-k1" / "unreported-exits").glob("*.json")) == []
+
+
+async def test_reserved_agent_preempts_its_trial_on_sigterm_and_exits_zero(
+    cluster: Cluster,
+) -> None:
+    """An agent run by Slurm (``--reserved-for A --preempt-on-term``) that gets SIGTERM while
+    its trial trains has the run preempted (the trial checkpoints and exits 0: outcome
+    ``preempted``, not ``lost``) and then exits by itself with status 0."""
+    trial, alloc = await cluster.allocate(
+        "slurm-1-n1", {"steps": 100000, "report_every": 5, "checkpoint_every": 0, "sleep": 0.01}
+    )
+    agent = await cluster.start_agent("slurm-1-n1", "--reserved-for", alloc, "--preempt-on-term")
+    [registered] = [
+        e.payload
+        for e in await cluster.store.read_stream("agent-slurm-1-n1")
+        if e.type == "AgentRegistered"
+    ]
+    assert registered["reserved_for"] == alloc
+    await cluster.command("slurm-1-n1", "start", alloc)
+
+    async def reporting() -> bool:
+        return bool(await cluster.of_type(trial, "ValidationReported"))
+
+    await wait_until(reporting, timeout=20)
+    agent.proc.send_signal(signal.SIGTERM)
+    exited = await cluster.exited(trial)
+    assert (exited["outcome"], exited["exit_code"]) == ("preempted", 0), agent.log()
+    [preemption] = await cluster.of_type(trial, "PreemptionRequested")
+    assert preemption["reason"] == "the resource manager signalled the job: SIGTERM"
+    assert len(await cluster.of_type(trial, "CheckpointSaved")) == 1
+    assert await agent.stop(signal_it=False) == 0, agent.log()
+
+
+async def test_reserved_agent_exits_zero_once_its_run_ended_and_was_reported(
+    cluster: Cluster,
+) -> None:
+    """A reserved agent whose run completes stops by itself (status 0) once the exit report was
+    taken; one whose allocation never starts stops after ``--reserved-wait`` seconds."""
+    trial, alloc = await cluster.allocate("slurm-2-n1", {"steps": 5, "report_every": 5})
+    agent = await cluster.start_agent("slurm-2-n1", "--reserved-for", alloc)
+    await cluster.command("slurm-2-n1", "start", alloc)
+    assert (await cluster.exited(trial))["outcome"] == "completed"
+    assert await agent.stop(signal_it=False) == 0, agent.log()
+    assert "reserved agent stopping" in agent.log()
+
+    idle = await cluster.start_agent(
+        "slurm-3-n1", "--reserved-for", "999.1", "--reserved-wait", "0.5"
+    )
+    assert await idle.stop(signal_it=False) == 0, idle.log()
+    assert "was not started here within 0.5 seconds" in idle.log()
+
+
+async def test_sigusr2_under_preempt_on_term_preempts_the_trial_but_keeps_the_agent(
+    cluster: Cluster,
+) -> None:
+    """SIGUSR2 (Slurm's warning before the time limit) has the trial preempted; the agent
+    itself keeps running."""
+    agent = await cluster.start_agent("u1", "--preempt-on-term")
+    hp = {"steps": 100000, "report_every": 5, "checkpoint_every": 0, "sleep": 0.01}
+    trial, alloc = await cluster.allocate("u1", hp)
+    await cluster.command("u1", "start", alloc)
+
+    async def reporting() -> bool:
+        return bool(await cluster.of_type(trial, "ValidationReported"))
+
+    await wait_until(reporting, timeout=20)
+    agent.proc.send_signal(signal.SIGUSR2)
+    assert (await cluster.exited(trial))["outcome"] == "preempted"
+    assert agent.proc.poll() is None, agent.log()

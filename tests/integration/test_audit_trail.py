@@ -290,6 +290,15 @@ async def test_every_mutating_route_is_found_in_the_trail(api: Api, store: Event
         ),
         (
             "POST",
+            "/api/v1/allocations/{allocation_id}/signals/pending_preemption",
+            "/api/v1/allocations/{alloc}/signals/pending_preemption",
+            agent,
+            {"agent_id": "gpu01", "reason": "SIGTERM"},
+            200,
+            "agent:gpu01",
+        ),
+        (
+            "POST",
             "/api/v1/trials/{trial_id}/reports",
             "/api/v1/trials/11/reports",
             api.trial_token(11),

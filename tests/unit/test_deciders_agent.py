@@ -41,6 +41,19 @@ def test_register_records_a_new_process_and_ignores_a_repeat() -> None:
     assert len(decide_register(registered(), more)) == 1  # type: ignore[arg-type]
 
 
+def test_a_reserved_registration_is_recorded_with_its_allocation_and_repeats_idempotently() -> None:
+    """An ephemeral agent's registration carries the allocation it was started for into the
+    fold; the same body again appends nothing."""
+    reserved = RegisterAgent("gpu03", "slurm", (Slot(slot_id="0"),), "n1", "p1", "7.3.0")
+    [event] = decide_register(AgentView("gpu03"), reserved)  # type: ignore[misc]
+    assert isinstance(event, AgentRegistered)
+    assert event.reserved_for == "7.3.0"
+    view = AgentView("gpu03", version=1, registration=event)
+    assert view.reserved_for == "7.3.0"
+    assert decide_register(view, reserved) == []
+    assert registered().reserved_for is None
+
+
 def test_leaving_is_recorded_once_for_the_registered_process_only() -> None:
     """The registered process leaving is recorded; again, or from another process, nothing."""
     assert decide_leaving(registered(), LeaveAgent("gpu03", "p1")) == [

@@ -1,5 +1,6 @@
 """The trial's deciders (:mod:`events.domain.deciders.trial`): a user's kill and an agent's
-reports on a run (started, exited, rendezvous), over folded state; no HTTP, no database."""
+reports on a run (started, exited, rendezvous, a resource manager's preemption), over folded
+state; no HTTP, no database."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from events.domain.deciders.trial import (
     RendezvousState,
     ReportExited,
     ReportStarted,
+    RequestPendingPreemption,
     decide_exited,
     decide_join,
     decide_kill,
+    decide_pending_preemption,
     decide_started,
     outcome_of,
 )
 from events.domain.types import (
     CheckpointSaved,
+    PreemptionRequested,
     RendezvousJoined,
     SlotsReleased,
     TrialExited,
@@ -172,3 +176,34 @@ def test_join_from_an_agent_without_slots_is_invalid_and_of_a_stale_run_a_confli
     assert decide_join(RendezvousState({"a1"}, set(), current=False), JOIN) == Refusal(
         "conflict", f"allocation {ALLOC} is no longer its trial's current run"
     )
+
+
+def test_pending_preemption_from_the_holding_agent_is_requested_as_the_scheduler_would() -> None:
+    """The agent holding the run asks: PreemptionRequested for the run, naming its agents."""
+    trial, alloc = run(started=True)
+    command = RequestPendingPreemption(agent_id="a1", reason="SIGTERM")
+    assert decide_pending_preemption(trial, alloc, command) == [
+        PreemptionRequested(
+            trial_id=TRIAL,
+            allocation_id=ALLOC,
+            reason="the resource manager signalled the job: SIGTERM",
+            agent_ids=["a1"],
+        )
+    ]
+
+
+def test_pending_preemption_from_an_agent_without_slots_in_the_run_is_refused() -> None:
+    """Another agent's request is invalid at agent_id and records nothing."""
+    trial, alloc = run(started=True)
+    decision = decide_pending_preemption(trial, alloc, RequestPendingPreemption("a2", "SIGTERM"))
+    assert isinstance(decision, Refusal)
+    assert (decision.reason, decision.field) == ("invalid", "agent_id")
+
+
+@pytest.mark.parametrize("flag", ["preempt", "kill", "exited"])
+def test_pending_preemption_once_a_stop_is_pending_or_the_run_ended_decides_nothing(
+    flag: str,
+) -> None:
+    """With a preemption or kill pending, or the run over, a request appends nothing."""
+    trial, alloc = run(started=True, **{flag: True})
+    assert decide_pending_preemption(trial, alloc, RequestPendingPreemption("a1", "SIGTERM")) == []

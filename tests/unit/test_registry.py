@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from events.domain.authorization import DEFAULT_WORKSPACE_ID
-from events.domain.types import TaskRequested, TrialExited
+from events.domain.types import AgentRegistered, TaskRequested, TrialExited
 from events.log.errors import UnknownEventError
 from events.log.registry import decode, known_types, upcast
 
@@ -73,6 +73,20 @@ def test_v1_model_created_is_upcast_to_the_default_workspace_id() -> None:
     assert event.schema_version == 2
     assert event.model_dump()["workspace_id"] == 1
     assert "workspace" not in event.model_dump()
+
+
+def test_v2_agent_registered_is_upcast_to_an_unreserved_agent() -> None:
+    """A version 2 AgentRegistered (before ephemeral agents) decodes with ``reserved_for`` None,
+    its other fields unchanged; a v3 keeps the allocation it names."""
+    payload = fixture("AgentRegistered", 2)
+    assert upcast("AgentRegistered", 2, payload) == {**payload, "reserved_for": None}
+    event = decode("AgentRegistered", 2, payload)
+    assert isinstance(event, AgentRegistered)
+    assert event.reserved_for is None
+    assert event.incarnation == payload["incarnation"]
+    v3 = decode("AgentRegistered", 3, fixture("AgentRegistered", 3))
+    assert isinstance(v3, AgentRegistered)
+    assert v3.reserved_for == "7.3.0"
 
 
 def test_future_version_is_refused() -> None:

@@ -66,6 +66,12 @@ class AgentView:
         return self.registration.incarnation if self.registration is not None else ""
 
     @property
+    def reserved_for(self) -> str | None:
+        """The allocation the registered (ephemeral) process was started for, if any: the
+        scheduler places nothing else on it (``None``: an ordinary agent, or none registered)."""
+        return self.registration.reserved_for if self.registration is not None else None
+
+    @property
     def placeable(self) -> bool:
         """Whether new work may go to this agent: registered, not lost, and its process is not
         leaving.

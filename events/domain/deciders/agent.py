@@ -18,24 +18,28 @@ from events.domain.types.agent import Slot
 
 @dataclass(frozen=True)
 class RegisterAgent:
-    """Agent process ``incarnation`` on ``hostname`` offers ``slots`` to ``resource_pool``."""
+    """Agent process ``incarnation`` on ``hostname`` offers ``slots`` to ``resource_pool``
+    (only to allocation ``reserved_for`` when it names one: an ephemeral agent)."""
 
     agent_id: str
     resource_pool: str
     slots: tuple[Slot, ...]
     hostname: str = ""
     incarnation: str = ""
+    reserved_for: str | None = None
 
 
 def decide_register(view: AgentView, command: RegisterAgent) -> Decision:
     """``AgentRegistered``; ``[]`` when this process is registered already with exactly these
-    slots (a restarted agent comes with a new incarnation, so it always registers anew)."""
+    slots and reservation (a restarted agent comes with a new incarnation, so it always
+    registers anew)."""
     event = AgentRegistered(
         agent_id=command.agent_id,
         resource_pool=command.resource_pool,
         slots=list(command.slots),
         hostname=command.hostname,
         incarnation=command.incarnation,
+        reserved_for=command.reserved_for,
     )
     if view.registered and view.registration == event:
         return []

@@ -1,5 +1,6 @@
 """The trial's deciders: a user's kill, and an agent's reports on one run (started, exited,
-joined the rendezvous of a run placed on several agents).
+joined the rendezvous of a run placed on several agents, asked by its resource manager to give
+the run back).
 
 Each ``decide_*`` is pure over the trial's folded state and a command and returns the events
 to append to the trial's stream (``[]``: a repeat, nothing to record) or a
@@ -18,6 +19,7 @@ from events.domain import lifecycle
 from events.domain.aggregates import AllocationView, ExperimentView, TrialView
 from events.domain.deciders import Decision, conflict, invalid, not_found
 from events.domain.types import (
+    PreemptionRequested,
     RendezvousJoined,
     SlotsReleased,
     TrialExited,
@@ -155,6 +157,42 @@ def outcome_of(events: list[Event]) -> Outcome | None:
         if isinstance(event, TrialExited):
             return event.outcome
     return None
+
+
+@dataclass(frozen=True)
+class RequestPendingPreemption:
+    """The resource manager that started agent ``agent_id`` (Slurm: ``scancel``, a time limit)
+    signalled it to give its slots back: the run is to checkpoint and exit, as when the
+    scheduler preempts it.
+
+    Attributes:
+        reason: what the agent was told, recorded in the event's reason.
+    """
+
+    agent_id: str
+    reason: str
+
+
+def decide_pending_preemption(
+    trial: TrialView, alloc: AllocationView, command: RequestPendingPreemption
+) -> Decision:
+    """``PreemptionRequested`` for the run, naming every agent of it (as the scheduler's); ``[]``
+    once a preemption or kill is pending for the run or it is no longer the trial's current
+    run (nothing left to give back). Refused (invalid at ``agent_id``) from an agent holding
+    no slots in the run."""
+    refused = _not_holding(command.agent_id, alloc)
+    if refused is not None:
+        return refused
+    if alloc.preempt or alloc.kill or not trial.is_current(alloc.allocation_id):
+        return []
+    return [
+        PreemptionRequested(
+            trial_id=trial.trial_id,
+            allocation_id=alloc.allocation_id,
+            reason=f"the resource manager signalled the job: {command.reason}",
+            agent_ids=sorted(alloc.placements),
+        )
+    ]
 
 
 # --- rendezvous ---------------------------------------------------------------------------

@@ -27,21 +27,32 @@ class AgentRegistered(Event):
     ``incarnation`` is fresh for every start of the agent process (v1 had none; upcast to ``""``),
     so a restarted agent registers anew even with the same slots, and whatever the scheduler
     placed on it before that registration is known to be gone.
+
+    ``reserved_for`` (v3; upcast to ``None``) names the allocation an ephemeral agent was
+    started for (a Slurm job's agent, say): the scheduler places nothing else on it.
     """
 
     event_type = "AgentRegistered"
-    schema_version = 2
+    schema_version = 3
 
     agent_id: str
     resource_pool: str = "default"
     slots: list[Slot]
     hostname: str = ""
     incarnation: str = ""
+    reserved_for: str | None = None
+    """The allocation this ephemeral agent was started for; the scheduler places nothing else
+    on it."""
 
 
 @upcaster("AgentRegistered", 1)
 def _agent_registered_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "incarnation": ""}
+
+
+@upcaster("AgentRegistered", 2)
+def _agent_registered_v2_to_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "reserved_for": None}
 
 
 @register
