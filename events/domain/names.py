@@ -120,6 +120,14 @@ def experiment_stream(experiment_id: int) -> str:
     return f"{EXPERIMENT_PREFIX}{experiment_id}"
 
 
+SLURM_PREFIX = "slurm-"
+
+
+def slurm_stream(allocation_id: str) -> str:
+    """The stream of a Slurm pool's allocation: ``slurm-17.1``, ``slurm-task-<id>.1``."""
+    return f"{SLURM_PREFIX}{allocation_id}"
+
+
 def agent_stream(agent_id: str) -> str:
     """The stream of an agent: ``agent-gpu03``."""
     return f"{AGENT_PREFIX}{agent_id}"

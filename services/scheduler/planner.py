@@ -328,14 +328,25 @@ def _allocate(
         e.experiment_id: e.settings.pool or settings.default_pool
         for e in state.experiments.values()
     }
+    placeable = [a for a in sorted(state.agents.values(), key=lambda a: a.agent_id) if a.placeable]
+    reserved = {
+        a.reserved_for: a.pool or settings.default_pool for a in placeable if a.reserved_for
+    }
+
+    def pool_of_request(pool: str, request_id: str) -> str:
+        return reserved_pool(pool, request_id) if reserved.get(request_id) == pool else pool
+
     agents = tuple(
         Agent(
             id=a.agent_id,
-            resource_pool=a.pool or settings.default_pool,
+            resource_pool=(
+                reserved_pool(a.pool or settings.default_pool, a.reserved_for)
+                if a.reserved_for
+                else a.pool or settings.default_pool
+            ),
             slots=tuple(Slot(s, device_type="cpu") for s in a.usable_slots()),
         )
-        for a in sorted(state.agents.values(), key=lambda a: a.agent_id)
-        if a.placeable
+        for a in placeable
     )
     allocations = []
     for trial in state.trials.values():
@@ -348,7 +359,7 @@ def _allocate(
                 request_id=run.allocation_id,
                 experiment_id=str(exp.experiment_id),
                 placements=tuple(Placement(a, tuple(s)) for a, s in sorted(run.placements.items())),
-                resource_pool=pool_of[exp.experiment_id],
+                resource_pool=pool_of_request(pool_of[exp.experiment_id], run.allocation_id),
                 priority=exp.settings.priority,
                 order=run.position,
                 preemption_requested=run.preemption is not None or run.kill,
@@ -364,7 +375,10 @@ def _allocate(
                     placements=tuple(
                         Placement(a, tuple(s)) for a, s in sorted(task.placements.items())
                     ),
-                    resource_pool=task.config.resources.resource_pool or settings.default_pool,
+                    resource_pool=pool_of_request(
+                        task.config.resources.resource_pool or settings.default_pool,
+                        task.allocation_id,
+                    ),
                     priority=task.config.resources.priority,
                     order=task.allocated_position,
                     preemptible=False,
@@ -384,7 +398,9 @@ def _allocate(
                 slots_needed=resources.slots,
                 order=task.requested_position,
                 priority=resources.priority,
-                resource_pool=resources.resource_pool or settings.default_pool,
+                resource_pool=pool_of_request(
+                    resources.resource_pool or settings.default_pool, request_id
+                ),
                 preemptible=False,
             )
         )
@@ -401,7 +417,7 @@ def _allocate(
                 trial_id=trial.trial_id,
                 priority=exp.settings.priority,
                 weight=exp.settings.weight,
-                resource_pool=pool_of[exp.experiment_id],
+                resource_pool=pool_of_request(pool_of[exp.experiment_id], request_id),
                 max_slots=exp.settings.max_slots,
             )
         )
@@ -457,6 +473,13 @@ def _allocate(
                 )
             )
     return decisions
+
+
+def reserved_pool(pool: str, allocation_id: str) -> str:
+    """The pool the planner puts an agent reserved for ``allocation_id`` in, with that
+    allocation's request alone: such an agent (a Slurm job's, started for one allocation) is
+    given that allocation and nothing else, and the allocation only such agents."""
+    return f"{pool}/{allocation_id}"
 
 
 def _finish_experiments(state: ClusterState) -> list[Decision]:

@@ -177,8 +177,12 @@ async def test_gang_restarts_on_other_hosts_when_a_rank_host_is_cut_off(
     assert all(o in {"lost", "failed"} for _, o in exits[:-1]), f"{exits}\n{output}"
     last_run, outcome = exits[-1]
     assert outcome == "completed", exits
-    last_placement = (await placements(store, trial))[-1]
-    assert victim not in last_placement and len(last_placement) == 2
+    # Once the link is back the victim is a host like any other: a run that fails after the
+    # restore (the gloo abort above) may be placed on it again. What the fault must produce is a
+    # placement without it while it was cut off (waited on above) and a finished two-host gang.
+    all_placements = await placements(store, trial)
+    assert any(victim not in p and len(p) == 2 for p in all_placements), all_placements
+    assert len(all_placements[-1]) == 2, all_placements
     [resumed] = [
         e.payload["restored_checkpoint"]
         for e in events

@@ -43,6 +43,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, Va
 from events.domain.config.common import ConfigModel
 from events.domain.config.errors import ConfigError, from_validation_error, show
 from events.domain.config.models import AbsPath
+from events.domain.config.resource_pools import ResourcePool
 from events.domain.config.safe_yaml import load_yaml
 from events.domain.webhooks.urls import UrlError, parse_prefix
 
@@ -272,6 +273,15 @@ class WebhookPolicy(ConfigModel):
         return min(delay, self.max_retry_delay.total_seconds())
 
 
+def _distinct_pools(pools: list[ResourcePool]) -> list[ResourcePool]:
+    seen: set[str] = set()
+    for pool in pools:
+        if pool.pool_name in seen:
+            raise ValueError(f"pool {pool.pool_name!r} is named twice")
+        seen.add(pool.pool_name)
+    return pools
+
+
 class ClusterConfig(ConfigModel):
     """The whole cluster config (every section optional).
 
@@ -281,6 +291,7 @@ class ClusterConfig(ConfigModel):
         accounts: token lifetime, password length and login throttling.
         unmanaged: unmanaged runs' heartbeat timeout.
         webhooks: the URLs and networks webhooks may reach, and their retries.
+        resource_pools: pools another resource manager (Slurm) owns the nodes of.
     """
 
     checkpoint_storage: CheckpointStoragePolicy = Field(default_factory=CheckpointStoragePolicy)
@@ -288,6 +299,13 @@ class ClusterConfig(ConfigModel):
     accounts: AccountPolicy = Field(default_factory=AccountPolicy)
     unmanaged: UnmanagedPolicy = Field(default_factory=UnmanagedPolicy)
     webhooks: WebhookPolicy = Field(default_factory=WebhookPolicy)
+    resource_pools: Annotated[list[ResourcePool], AfterValidator(_distinct_pools)] = Field(
+        default_factory=list, max_length=100
+    )
+
+    def slurm_pools(self) -> dict[str, ResourcePool]:
+        """The pools Slurm backs, by name."""
+        return {p.pool_name: p for p in self.resource_pools if p.resource_manager == "slurm"}
 
 
 class ClusterConfigError(ConfigError):

@@ -40,6 +40,12 @@ from events.domain.types.model import (
     ModelVersionEdited,
     ModelVersionRegistered,
 )
+from events.domain.types.slurm import (
+    SlurmJobCancelRequested,
+    SlurmJobObserved,
+    SlurmJobRefused,
+    SlurmJobSubmitted,
+)
 from events.domain.types.system import LeaderElected
 from events.domain.types.task import (
     TaskAllocated,
@@ -137,6 +143,10 @@ __all__ = [
     "SlotsDisabled",
     "SlotsEnabled",
     "SlotsReleased",
+    "SlurmJobCancelRequested",
+    "SlurmJobObserved",
+    "SlurmJobRefused",
+    "SlurmJobSubmitted",
     "TaskAllocated",
     "TaskExited",
     "TaskKillRequested",
