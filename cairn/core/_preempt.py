@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
+import signal
 import threading
 import time
 
@@ -22,6 +24,10 @@ from cairn.core._run_gone import RunGoneHandler, error_message, exit_run_gone, i
 log = logging.getLogger("cairn.core")
 
 POLL_SECONDS = 30
+
+PREEMPT_SIGNALS_VARIABLE = "CAIRN_PREEMPT_SIGNALS"
+"""Signals (``TERM,USR2``) that mean "checkpoint and exit" for this run, set by an agent that
+runs under a resource manager (``services.agent.resource_manager``)."""
 
 
 class PreemptMode(enum.Enum):
@@ -78,11 +84,34 @@ class PreemptContext:
         return self._distributed.is_chief or self.mode is PreemptMode.WorkersAskMaster
 
     def start(self) -> None:
-        """Starts the watcher thread (on-cluster only; idempotent)."""
-        if self._session is None or self._thread is not None or not self._watches:
+        """Starts the watcher thread (on-cluster only; idempotent).
+
+        Under a resource manager that signals every process of a job when it stops it (Slurm:
+        SIGTERM on ``scancel`` and at the time limit), the agent names those signals in
+        ``CAIRN_PREEMPT_SIGNALS``; each then sets the preemption flag instead of ending the
+        process, so the training loop checkpoints and exits as for any preemption.
+        """
+        if self._session is None or self._thread is not None:
+            return
+        self._catch_signals()
+        if not self._watches:
             return
         self._thread = threading.Thread(target=self._watch, name="cairn-preempt", daemon=True)
         self._thread.start()
+
+    def _catch_signals(self) -> None:
+        names = os.environ.get(PREEMPT_SIGNALS_VARIABLE, "")
+        if not names or threading.current_thread() is not threading.main_thread():
+            return
+        for name in names.split(","):
+            number = getattr(signal, f"SIG{name.strip().upper()}", None)
+            if isinstance(number, signal.Signals):
+                signal.signal(number, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if not self._flag.is_set():
+            log.warning("cairn: signal %d: checkpointing and exiting (preempted)", signum)
+        self._flag.set()
 
     def close(self) -> None:
         """Stops the watcher (it is a daemon; an in-flight poll is abandoned)."""

@@ -30,6 +30,14 @@ from services.agent.state import Allocation
 
 log = structlog.get_logger("agent")
 
+PREEMPT_SIGNALS_VARIABLE = "CAIRN_PREEMPT_SIGNALS"
+"""The variable that tells a run's processes which signals mean "checkpoint and exit" (read by
+:mod:`cairn.core`): a resource manager that stops a job signals every process of it, the
+trial's too, not only the agent."""
+PREEMPT_SIGNALS = "TERM,USR2"
+"""Slurm's: SIGTERM when a job is cancelled or reaches its time limit, SIGUSR2 as the warning
+``--signal=USR2@N`` asks for."""
+
 REQUEST_RETRY_SECONDS = 10.0
 """How long one preemption request is retried while the API is unreachable (Slurm's default
 ``KillWait`` is 30 s)."""

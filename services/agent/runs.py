@@ -25,6 +25,7 @@ from services.agent.docker_runtime import launch as launch_containers
 from services.agent.leftovers import record_of
 from services.agent.log_shipping import LogShipper
 from services.agent.processes import TrialProcesses
+from services.agent.resource_manager import PREEMPT_SIGNALS, PREEMPT_SIGNALS_VARIABLE
 from services.agent.runtime import (
     RunSpec,
     free_port,
@@ -159,6 +160,8 @@ class RunLaunching(AgentState):
                 )
                 for env in envs:
                     env.update(self.confinement.environment(identity, places))
+                    if self.config.preempt_on_term:
+                        env[PREEMPT_SIGNALS_VARIABLE] = PREEMPT_SIGNALS
                 shipper = LogShipper(self.client, aid, f"{self.id}:{self.incarnation}")
                 procs: TrialProcesses | TrialContainers
                 if image is not None:

@@ -27,9 +27,11 @@ SBATCH_ARGS_CAIRN_SETS = (
     "--gres", "--gpus", "-G", "--gpus-per-task", "--partition", "-p", "--job-name", "-J",
     "--output", "-o", "--error", "-e", "--chdir", "-D", "--export", "--comment",
     "--signal", "--nice", "--requeue", "--no-requeue", "--wrap", "--parsable",
+    "--account", "-A", "--qos", "-q", "--uid", "--gid", "--get-user-env",
 )  # fmt: skip
-"""``sbatch`` options cairn sets itself from the allocation (and so refuses in
-``sbatch_args``): the shape of the job, where its output goes, its environment."""
+"""``sbatch`` options cairn sets itself (and so refuses in ``sbatch_args``): the shape of the
+job, where its output goes, its environment, and whom it runs as and bills (the pool's
+``account`` and ``qos``, never a user's config)."""
 
 
 def _pool_name(value: str) -> str:
