@@ -252,7 +252,7 @@ async def test_every_compat_script_runs_to_completed_and_shows_its_fact(
     # ignored_fields: one warning per ignored path, exactly what the config parser names.
     expected = [w.path for w in parse_config(yaml.safe_dump(configs["ignored_fields"])).warnings]
     assert warned["ignored_fields"] == expected and len(expected) >= 28
-    assert "environment.registry_auth" in expected and "slurm" in expected
+    assert "environment.registry_auth" in expected and "slurm.gpu_type" in expected
     assert all(warned[n] == [] for n in configs if n != "ignored_fields")
     t = trials["ignored_fields"].only()
     assert trials["ignored_fields"].steps(t, "ValidationReported") == [2]

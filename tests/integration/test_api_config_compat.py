@@ -18,7 +18,7 @@ CONFIG = f"""
 name: determined-style
 entrypoint: python3 train.py
 searcher: {{name: single, metric: loss}}
-slurm: {{sbatch_args: [--exclusive]}}
+slurm: {{gpu_type: a100, sbatch_args: [--exclusive]}}
 resources: {{agent_label: gpu-node}}
 checkpoint_storage:
   type: s3
@@ -27,7 +27,7 @@ checkpoint_storage:
   access_key: AKIAEXAMPLE
   secret_key: {SECRET}
 """
-WARNED = ["slurm", "resources.agent_label"]
+WARNED = ["resources.agent_label", "slurm.gpu_type"]
 
 
 @pytest.fixture

@@ -170,7 +170,7 @@ def test_experiment_submitted_v1_upcasts_to_no_warnings() -> None:
 def test_preview_search_prints_warnings_of_one_config(tmp_path: Path) -> None:
     """``cairn preview-search FILE`` shows each ignored path on stderr, and still previews."""
     path = tmp_path / "exp.yaml"
-    path.write_text(SEARCHER + "slurm: {sbatch_args: [--exclusive]}\nresources: {agent_label: x}\n")
+    path.write_text(SEARCHER + "slurm: {gpu_type: a100}\nresources: {agent_label: x}\n")
     result = subprocess.run(
         [sys.executable, "-m", "cairn.cli", "preview-search", str(path)],
         capture_output=True,
@@ -181,7 +181,8 @@ def test_preview_search_prints_warnings_of_one_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert warnings == [
-        "warning: slurm: ignored: cairn has no Slurm launcher",
         "warning: resources.agent_label: ignored: removed from Determined in 0.20.0; "
         "use resource_pool",
+        "warning: slurm.gpu_type: ignored: Slurm jobs ask for GPUs by count (--gres=gpu:N); "
+        "choose a GPU type with the pool's partition or a --constraint in slurm.sbatch_args",
     ]

@@ -49,7 +49,6 @@ _TOP_LEVEL: dict[str, str] = {
         "deprecated in Determined; TensorBoard files go to the checkpoint storage"
     ),
     "data_layer": "removed from Determined in 0.19.10",
-    "slurm": "cairn has no Slurm launcher",
     "pbs": "cairn has no PBS launcher",
     "security": "cairn has no Kerberos support",
 }
@@ -73,6 +72,13 @@ _SEARCHER: dict[str, str] = {
     "source_trial_id": "cairn does not warm-start trials; each starts from scratch",
     "source_checkpoint_uuid": "cairn does not warm-start trials; each starts from scratch",
     "stop_once": "deprecated in Determined; ASHA stops trials and never promotes them",
+}
+
+_SLURM: dict[str, str] = {
+    "gpu_type": (
+        "Slurm jobs ask for GPUs by count (--gres=gpu:N); choose a GPU type with the pool's "
+        "partition or a --constraint in slurm.sbatch_args"
+    ),
 }
 
 _SHARED_FS: dict[str, str] = {
@@ -151,4 +157,6 @@ def ignored_fields(config: ExperimentConfig) -> list[ConfigWarning]:
     out += _section(config.searcher, "searcher.", _SEARCHER)
     out += _storage(config)
     out += _integrations(config)
+    if config.slurm is not None:
+        out += _section(config.slurm, "slurm.", _SLURM)
     return out

@@ -399,12 +399,39 @@ class RetentionPolicy(ConfigModel):
     log_retention_days: int | None = Field(None, ge=-1, le=32767)
 
 
+def _sbatch_arg(value: str) -> str:
+    """``value`` if a config may pass it to ``sbatch`` (see ``sbatch_arg_problem``).
+
+    Raises:
+        ValueError: naming the problem (the value shown cut short).
+    """
+    # Imported here: resource_pools imports this module (for AbsPath).
+    from events.domain.config.resource_pools import sbatch_arg_problem
+
+    problem = sbatch_arg_problem(value)
+    if problem is not None:
+        raise ValueError(f"{problem}, got {value[:60]!r}")
+    return value
+
+
+SbatchArg = Annotated[str, AfterValidator(_sbatch_arg)]
+
+
 class SlurmConfig(ConfigModel):
-    """Slurm launcher options (Determined's HPC launcher)."""
+    """How the trials of an experiment in a Slurm-backed resource pool are submitted
+    (``docs/slurm.md``); in any other pool the section has no effect.
+
+    Attributes:
+        slots_per_node: the most slots a trial takes on one node (``None``: the pool's).
+        gpu_type: accepted for Determined compatibility, not used (reported as ignored).
+        sbatch_args: ``sbatch`` options added to each job after the pool's; none may set what
+            cairn sets (``SBATCH_ARGS_CAIRN_SETS`` in
+            :mod:`events.domain.config.resource_pools`) or hold a newline.
+    """
 
     slots_per_node: PositiveInt | None = None
     gpu_type: str | None = None
-    sbatch_args: list[str] = Field(default_factory=list)
+    sbatch_args: list[SbatchArg] = Field(default_factory=list, max_length=64)
 
 
 class PBSConfig(ConfigModel):
