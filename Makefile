@@ -1,11 +1,11 @@
-# cairn: make install | test | lint | bench | chaos | failover | demo | test-lab | test-hosts
+# cairn: make install | test | lint | bench | chaos | failover | demo | test-lab | test-hosts | test-slurm
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock 2>/dev/null | cksum | cut -d' ' -f1)
 
 .PHONY: install lock test test-fast test-dist horovod deepspeed test-deepspeed lint bench chaos failover property demo up down clean \
-        browser web-assets screenshot test-search test-lab test-hosts
+        browser web-assets screenshot test-search test-lab test-hosts test-slurm
 
 # The web UI's chart libraries, pinned in package.json/package-lock.json, copied from
 # node_modules into the directory the API serves (services/api/web/vendor, not committed).
@@ -141,6 +141,13 @@ test-lab: install
 # the reason when namespaces cannot be made here.
 test-hosts: install
 	CAIRN_HOSTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/hosts
+
+# The Slurm test bed (never part of `make test`; needs root): Debian's slurmctld, slurmd and
+# munged (installed by deploy/slurm/install.sh when missing), started with a slurm.conf and a
+# MUNGE key under a scratch directory, one node of 8 CPUs; tests/slurm (tests/slurm/bed.py).
+test-slurm: install
+	deploy/slurm/install.sh
+	CAIRN_SLURM=1 $(PY) -m pytest -q -p no:cacheprovider tests/slurm
 
 # The README's screenshot of the demo's experiment page (docs/webui-experiment.png).
 screenshot: install browser
