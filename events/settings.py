@@ -448,6 +448,10 @@ TRIAL_SEED: Setting[int] = Setting(
 LATEST_CHECKPOINT: Setting[str | None] = Setting(
     "CAIRN_LATEST_CHECKPOINT", "str", _text, None, TRIAL, "the checkpoint uuid to resume from",
 )  # fmt: skip
+PREEMPT_SIGNALS: Setting[str | None] = Setting(
+    "CAIRN_PREEMPT_SIGNALS", "str", _text, None, TRIAL,
+    "signals (TERM,USR2) that mean checkpoint and exit: set by an agent a resource manager runs",
+)  # fmt: skip
 STEPS_COMPLETED: Setting[int] = Setting(
     "CAIRN_STEPS_COMPLETED", "int", _integer, 0, TRIAL,
     "steps of the checkpoint this run resumes from",

@@ -32,8 +32,11 @@ def job_list(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json(answer)
         return 0
+    jobs = answer.get("jobs") or []
+    slurm = any(j.get("slurm") for j in jobs)
     table(
-        ["#", "id", "type", "name", "priority", "slots", "pool", "owner", "state", "submitted"],
+        ["#", "id", "type", "name", "priority", "slots", "pool", "owner", "state", "submitted"]
+        + (["slurm job"] if slurm else []),
         [
             [
                 j["position"],
@@ -47,7 +50,16 @@ def job_list(args: argparse.Namespace) -> int:
                 j["state"],
                 when(j.get("submitted_at")),
             ]
-            for j in answer.get("jobs") or []
+            + ([_slurm_cell(j.get("slurm"))] if slurm else [])
+            for j in jobs
         ],
     )
     return 0
+
+
+def _slurm_cell(job: dict[str, str] | None) -> str:
+    """``4021 PENDING (Resources)``, or empty for a job of no Slurm pool."""
+    if not job:
+        return ""
+    reason = f" ({job['reason']})" if job.get("reason") else ""
+    return f"{job['job_id']} {job['state']}{reason}"

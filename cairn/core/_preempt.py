@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import signal
 import threading
 import time
@@ -20,14 +19,11 @@ import time
 from cairn.core._distributed import DistributedContext, DummyDistributedContext
 from cairn.core._http import HTTPStatusError, Session
 from cairn.core._run_gone import RunGoneHandler, error_message, exit_run_gone, is_run_gone
+from events import settings
 
 log = logging.getLogger("cairn.core")
 
 POLL_SECONDS = 30
-
-PREEMPT_SIGNALS_VARIABLE = "CAIRN_PREEMPT_SIGNALS"
-"""Signals (``TERM,USR2``) that mean "checkpoint and exit" for this run, set by an agent that
-runs under a resource manager (``services.agent.resource_manager``)."""
 
 
 class PreemptMode(enum.Enum):
@@ -100,7 +96,7 @@ class PreemptContext:
         self._thread.start()
 
     def _catch_signals(self) -> None:
-        names = os.environ.get(PREEMPT_SIGNALS_VARIABLE, "")
+        names = settings.PREEMPT_SIGNALS.get() or ""
         if not names or threading.current_thread() is not threading.main_thread():
             return
         for name in names.split(","):

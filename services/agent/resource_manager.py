@@ -24,13 +24,14 @@ from typing import Any, Protocol
 
 import structlog
 
+from events import settings
 from events.domain.names import task_of_allocation
 from services.agent.client import ApiClient, ApiError
 from services.agent.state import Allocation
 
 log = structlog.get_logger("agent")
 
-PREEMPT_SIGNALS_VARIABLE = "CAIRN_PREEMPT_SIGNALS"
+PREEMPT_SIGNALS_VARIABLE = settings.PREEMPT_SIGNALS.name
 """The variable that tells a run's processes which signals mean "checkpoint and exit" (read by
 :mod:`cairn.core`): a resource manager that stops a job signals every process of it, the
 trial's too, not only the agent."""

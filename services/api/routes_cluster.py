@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from events.domain.aggregates import CLUSTER_TYPES, fold_cluster, iso
 from events.domain.aggregates.jobs import job_queue
+from events.domain.aggregates.slurm import SLURM_FACTS, SlurmAllocations
 from events.domain.config.experiment_settings import DEFAULT_PRIORITY
 from services.api import projections_read as pr
 from services.api.auth import Principal, principal_of
@@ -55,6 +56,15 @@ class JobsQuery(BaseModel):
     resource_pool: str | None = Field(None, max_length=200)
 
 
+class SlurmJobEntry(BaseModel):
+    """The latest Slurm job of a job of a Slurm pool, as ``squeue`` last showed it (``reason``:
+    why it waits, e.g. ``Resources``, ``Priority``)."""
+
+    job_id: str
+    state: str
+    reason: str
+
+
 class JobEntry(BaseModel):
     """A trial or task that holds slots or waits for them; ``job_id``/``experiment_id``/``name``
     are ``null`` on another user's job unless the caller is an admin."""
@@ -70,6 +80,7 @@ class JobEntry(BaseModel):
     slots: int
     resource_pool: str
     submitted_at: str | None
+    slurm: SlurmJobEntry | None = None
 
 
 class JobsResponse(BaseModel):
@@ -148,6 +159,9 @@ async def job_queues(request: web.Request) -> web.Response:
     query = parse(JobsQuery, dict(request.query))
     principal = principal_of(request)
     cluster = fold_cluster(await store_of(request).read_types(CLUSTER_TYPES))
+    slurm = SlurmAllocations()
+    for recorded in await store_of(request).read_types(SLURM_FACTS):
+        slurm.apply(recorded)
     entries: list[dict[str, Any]] = []
     for job in job_queue(cluster):
         pool = job.resource_pool or "default"
@@ -170,9 +184,18 @@ async def job_queues(request: web.Request) -> web.Response:
                 "slots": job.slots,
                 "resource_pool": pool,
                 "submitted_at": iso(job.submitted_at),
+                "slurm": _slurm_job(slurm, job.allocation_id),
             }
         )
     return web.json_response({"jobs": entries})
+
+
+def _slurm_job(slurm: SlurmAllocations, allocation_id: str) -> dict[str, str] | None:
+    alloc = slurm.allocations.get(allocation_id)
+    job = alloc.job if alloc is not None else None
+    if job is None:
+        return None
+    return {"job_id": job.job_id, "state": job.state, "reason": job.reason}
 
 
 @routes.get("/api/v1/cluster/allocations", allow=USERS, response=HoldersResponse)

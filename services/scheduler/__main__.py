@@ -15,7 +15,6 @@ from events.log.consumer import ConsumerRunner
 from events.log.lease import LeaderLease
 from services.runtime import (
     ServiceContext,
-    add_cluster_config_flag,
     base_parser,
     cluster_config_of,
     main,
@@ -75,7 +74,6 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds after a task's placement by which its agent must list it in its "
         "heartbeats; past them a task its agent never received is recorded lost",
     )
-    add_cluster_config_flag(parser)
     return parser
 
 

@@ -42,6 +42,11 @@ class Job:
     """The sort key: placed jobs by allocation position, waiting ones by
     (priority, request position, request id), placed before waiting."""
 
+    @property
+    def allocation_id(self) -> str:
+        """The allocation the job holds, or the one it waits for."""
+        return self.order[2]
+
 
 def job_queue(cluster: Cluster) -> list[Job]:
     """The trials and tasks of ``cluster`` that hold slots or wait for them, in queue order."""

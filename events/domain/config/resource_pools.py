@@ -104,6 +104,8 @@ class SlurmSettings(ConfigModel):
         work_root: a directory shared by the scheduler's host and every node: job scripts,
             job output and the agents' work directories.
         python: the interpreter with cairn installed on the nodes.
+        pythonpath: ``PYTHONPATH`` of the jobs' agents (a source checkout of cairn shared with
+            the nodes; ``None``: cairn is installed in ``python``'s environment).
         checkpoint_root: the agents' default checkpoint storage (shared by the nodes; ``None``:
             ``<work_root>/checkpoints``).
         poll_seconds: seconds between two reads of ``squeue``.
@@ -125,6 +127,7 @@ class SlurmSettings(ConfigModel):
     join_token_file: AbsPath
     work_root: AbsPath
     python: AbsPath | None = None
+    pythonpath: AbsPath | None = None
     checkpoint_root: AbsPath | None = None
     poll_seconds: float = Field(2.0, gt=0, le=300)
     max_submissions: int = Field(3, ge=1, le=100)

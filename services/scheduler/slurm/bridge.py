@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Mapping
 
@@ -256,7 +257,13 @@ class SlurmBridge(Consumer):
             job = shape(request, pool.slurm)
             job_id = self._unrecorded.get(request.allocation_id)
             if job_id is None:
-                script = batch_script(request, pool.slurm, action.submission, request.pool)
+                script = batch_script(
+                    request,
+                    pool.slurm,
+                    action.submission,
+                    request.pool,
+                    slurm_conf=os.environ.get("SLURM_CONF"),
+                )
                 job_id = await self.commands.submit(
                     script, job_dir(pool.slurm, request.allocation_id) / str(action.submission)
                 )

@@ -76,7 +76,7 @@ class SlurmCommands:
     async def submit(self, script: str, directory: Path) -> str:
         """``sbatch --parsable`` of ``script`` (written to ``directory`` first); the job id."""
         path = await asyncio.to_thread(_write_script, directory, script)
-        out = await _run(["sbatch", "--parsable", str(path)], self.env)
+        out = await _run(["sbatch", "--parsable", str(path)], job_environment(self.env))
         job_id = out.strip().split(";", 1)[0]
         if not job_id.isdigit():
             raise SlurmCommandError(f"sbatch printed no job id: {out.strip()[:200]!r}")
@@ -110,6 +110,19 @@ class SlurmCommands:
         """``scancel`` of job ``job_id`` (its agents get SIGTERM, then SIGKILL after Slurm's
         ``KillWait``)."""
         await _run(["scancel", job_id], self.env)
+
+
+JOB_VARIABLES = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "SLURM_CONF")
+"""The only variables of the scheduler's environment ``sbatch`` sees, and so the job: the job
+inherits what its submitter had (``--export=NONE`` would keep it from it, but makes Slurm load a
+login environment on the node, which takes a minute), and nothing of the scheduler's beyond these
+is the job's business."""
+
+
+def job_environment(env: Mapping[str, str] | None) -> dict[str, str]:
+    """``env`` (``None``: this process's) reduced to :data:`JOB_VARIABLES`."""
+    source = os.environ if env is None else env
+    return {k: source[k] for k in JOB_VARIABLES if k in source}
 
 
 def _write_script(directory: Path, script: str) -> Path:

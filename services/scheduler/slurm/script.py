@@ -68,9 +68,14 @@ def job_dir(settings: SlurmSettings, allocation_id: str) -> Path:
 
 
 def batch_script(
-    request: SlurmRequest, settings: SlurmSettings, submission: int, pool: str
+    request: SlurmRequest,
+    settings: SlurmSettings,
+    submission: int,
+    pool: str,
+    slurm_conf: str | None = None,
 ) -> str:
-    """The ``sbatch`` script of ``request``'s ``submission``-th job.
+    """The ``sbatch`` script of ``request``'s ``submission``-th job (``slurm_conf``: the
+    ``SLURM_CONF`` the job's ``srun`` needs, when Slurm's config is not where it looks).
 
     Raises:
         ShapeError: see :func:`shape`.
@@ -85,7 +90,6 @@ def batch_script(
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --output={directory}/slurm-%j.out",
         "#SBATCH --no-requeue",
-        "#SBATCH --export=NONE",
         f"#SBATCH --comment=cairn:{pool}:{submission}",
     ]
     if settings.slot_type == "cuda":
@@ -126,6 +130,8 @@ def batch_script(
     lines += [
         "export PATH=/usr/local/bin:/usr/bin:/bin",
         "export CAIRN_LOG_LEVEL=info",
+        *([f"export SLURM_CONF={q(slurm_conf)}"] if slurm_conf else []),
+        *([f"export PYTHONPATH={q(settings.pythonpath)}"] if settings.pythonpath else []),
         f"exec srun --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL /bin/sh -c {q(inner)}",
         "",
     ]
