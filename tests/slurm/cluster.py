@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cairn.local.layout import join_token_file
@@ -98,5 +97,3 @@ async def trial_runs(store: EventStore, trial_id: int) -> list[Mapping[str, Any]
     stream = await store.read_stream(names.trial_stream(trial_id))
     kinds = ("SlotsAllocated", "TrialStarted", "TrialExited")
     return [{"type": e.type, **e.payload} for e in stream if e.type in kinds]
-
-

@@ -44,7 +44,9 @@ async def agreed(cluster: SlurmCluster, store: EventStore) -> None:
         return (
             set(queue) <= set(recorded)
             and not any(state in live for _, state in queue.values())
-            and all(j["state"] not in ("SUBMITTED", "PENDING", "RUNNING") for j in recorded.values())
+            and all(
+                j["state"] not in ("SUBMITTED", "PENDING", "RUNNING") for j in recorded.values()
+            )
         )
 
     await wait_for(cluster, agree, timeout=90)
@@ -115,9 +117,7 @@ async def test_two_rank_trial_runs_in_one_job_of_two_cpus(
     assert await check_log(store) == []
 
 
-async def checkpointed_run(
-    cluster: SlurmCluster, store: EventStore, trial: int
-) -> dict[str, Any]:
+async def checkpointed_run(cluster: SlurmCluster, store: EventStore, trial: int) -> dict[str, Any]:
     """Waits for the trial's first checkpoint; its running job."""
 
     async def saved() -> bool:

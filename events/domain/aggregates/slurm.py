@@ -15,7 +15,12 @@ from events.domain.types.slurm import (
 )
 from events.log.envelope import Event, RecordedEvent
 
-SLURM_FACTS = ("SlurmJobSubmitted", "SlurmJobObserved", "SlurmJobCancelRequested", "SlurmJobRefused")
+SLURM_FACTS = (
+    "SlurmJobSubmitted",
+    "SlurmJobObserved",
+    "SlurmJobCancelRequested",
+    "SlurmJobRefused",
+)
 """The event types :func:`apply_slurm` folds."""
 
 
@@ -93,9 +98,7 @@ def apply_slurm(view: SlurmAllocation, event: Event, position: int = 0) -> None:
         view.trial_id = event.trial_id
         view.task_id = event.task_id
         if view.find(event.job_id) is None:
-            view.jobs.append(
-                SlurmJob(event.job_id, event.submission, submitted_position=position)
-            )
+            view.jobs.append(SlurmJob(event.job_id, event.submission, submitted_position=position))
     elif isinstance(event, SlurmJobObserved):
         job = view.find(event.job_id)
         if job is not None:

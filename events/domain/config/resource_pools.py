@@ -63,7 +63,9 @@ def sbatch_arg_problem(arg: str) -> str | None:
         return "must be an option (start with '-')"
     name = arg.split("=", 1)[0]
     for taken in SBATCH_ARGS_CAIRN_SETS:
-        if name == taken or (len(taken) == 2 and arg.startswith(taken) and not arg.startswith("--")):
+        if name == taken or (
+            len(taken) == 2 and arg.startswith(taken) and not arg.startswith("--")
+        ):
             return f"{taken} is set by cairn from the allocation"
     return None
 

@@ -117,8 +117,11 @@ def decide(
     """
     actions: list[Action] = []
     for request in pending_requests(cluster, pools, default_pool):
-        actions.extend(_for_request(request, slurm.allocations.get(request.allocation_id), queue,
-                                    pools[request.pool]))
+        actions.extend(
+            _for_request(
+                request, slurm.allocations.get(request.allocation_id), queue, pools[request.pool]
+            )
+        )
     pending = {r.allocation_id for r in pending_requests(cluster, pools, default_pool)}
     recorded: set[str] = set()
     for alloc, job in slurm.live_jobs():
