@@ -116,15 +116,18 @@ class ProcessCluster:
         """The cluster's join token (created on first use)."""
         return join_token_file(self.workdir).read_text().strip()
 
-    def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
-        """Starts ``python -m module args`` in its own session, logging to ``<name>.log``."""
+    def start(
+        self, name: str, module: str, *args: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Starts ``python -m module args`` in its own session, logging to ``<name>.log``
+        (``extra_env``: variables added to its environment, such as ``CAIRN_FAULTS``)."""
         self.prepare()
         service = service_of(module.removeprefix("services."))
         with open(self.workdir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", module, *args],
                 cwd=self.workdir,
-                env=self.env(service),
+                env={**self.env(service), **(extra_env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

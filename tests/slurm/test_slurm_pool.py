@@ -8,6 +8,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -214,4 +215,111 @@ async def test_scheduler_sigkilled_while_jobs_pend_leaves_no_job_twice_or_unknow
     jobs = await slurm_jobs(store)
     per_run = [j["allocation_id"] for j in jobs.values()]
     assert len(per_run) == len(set(per_run)) == 3, jobs
+    assert await check_log(store) == []
+
+
+async def test_scheduler_sigkilled_between_sbatch_and_its_record_adopts_the_job(
+    slurm_cluster: SlurmCluster, store: EventStore, tmp_path: Path
+) -> None:
+    """The scheduler is SIGKILLed after sbatch returned and before the job was recorded: the
+    next scheduler finds the job by its name in squeue and adopts it, so the run has exactly
+    that one job, and it completes."""
+    slurm_cluster.kill("scheduler")
+    fault = {"CAIRN_FAULTS": "scheduler.slurm.after_sbatch=300"}
+    slurm_cluster.start("scheduler", "services.scheduler", "--agent-timeout", "15", extra_env=fault)
+    exp = await slurm_cluster.submit(in_pool(scripted(tmp_path / "ckpt", steps=20)), SCRIPTED)
+    trial = await first_trial(slurm_cluster, store, exp)
+    log = slurm_cluster.workdir / "scheduler.log"
+
+    async def paused() -> bool:
+        return "FAULT-POINT scheduler.slurm.after_sbatch" in log.read_text(errors="replace")
+
+    await wait_for(slurm_cluster, paused, timeout=60)
+    [submitted] = slurm_cluster.squeue()
+    assert await slurm_jobs(store) == {}, "the job is not recorded yet"
+    slurm_cluster.kill("scheduler")
+    assert slurm_cluster.procs["scheduler"].poll() is not None, "the scheduler was SIGKILLed"
+    slurm_cluster.start("scheduler", "services.scheduler", "--agent-timeout", "15")
+    await explained(completed(slurm_cluster, store, exp, timeout=120), store, trial)
+    await agreed(slurm_cluster, store)
+    [job] = (await slurm_jobs(store)).values()
+    assert (job["job_id"], job["adopted"], job["state"]) == (submitted, True, "COMPLETED")
+    assert await check_log(store) == []
+
+
+async def test_agent_sigkilled_in_its_job_ends_the_run_lost_and_a_new_job_resumes_it(
+    slurm_cluster: SlurmCluster, store: EventStore, tmp_path: Path
+) -> None:
+    """SIGKILL of a job's agent: the job ends, the run ends lost (no restart counted), and a new
+    job resumes the trial from its checkpoint to completion."""
+    config = in_pool(scripted(tmp_path / "ckpt", steps=300, checkpoint_every=20, sleep=0.1))
+    exp = await slurm_cluster.submit(config, SCRIPTED)
+    trial = await first_trial(slurm_cluster, store, exp)
+    job = await checkpointed_run(slurm_cluster, store, trial)
+    agent = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if f"slurm-{job['job_id']}-" in " ".join(p.info["cmdline"] or [])
+        and "services.agent" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert len(agent) == 1, agent
+    agent[0].kill()
+    agent[0].wait(10)
+    assert not agent[0].is_running(), "the agent was SIGKILLed"
+    outcomes = await resumed(slurm_cluster, store, exp, trial)
+    assert outcomes == ["lost", "completed"], outcomes
+    await agreed(slurm_cluster, store)
+    assert await check_log(store) == []
+
+
+async def test_a_command_of_a_slurm_pool_runs_as_a_job(
+    slurm_cluster: SlurmCluster, store: EventStore
+) -> None:
+    """A command task in pool hpc is one Slurm job whose agent runs it to completion."""
+    answer = await slurm_cluster.request(
+        "POST",
+        "/commands",
+        {"argv": ["python3", "-c", "print('hello from slurm')"],
+         "config": {"resources": {"resource_pool": "hpc"}}},
+    )  # fmt: skip
+    task_id = str(answer["id"])
+
+    async def exited() -> list[dict[str, Any]]:
+        stream = await store.read_stream(f"task-{task_id}")
+        return [e.payload for e in stream if e.type == "TaskExited"]
+
+    await wait_for(slurm_cluster, exited, timeout=120)
+    [end] = await exited()
+    assert end["outcome"] == "completed", end
+    await agreed(slurm_cluster, store)
+    [job] = (await slurm_jobs(store)).values()
+    assert (job["task_id"], job["state"]) == (task_id, "COMPLETED")
+    assert await check_log(store) == []
+
+
+async def test_a_trial_killed_while_its_job_pends_has_its_job_cancelled(
+    slurm_cluster: SlurmCluster, store: EventStore, tmp_path: Path
+) -> None:
+    """Killing a trial whose job still pends (the node is full) cancels the job: squeue shows
+    it CANCELLED and the trial ends CANCELED without running."""
+    bed = slurm_cluster.bed
+    assert bed is not None
+    blocker = bed.sbatch("--cpus-per-task=8", "--wrap", "sleep 600")
+    bed.wait_state(blocker, "RUNNING", timeout=60)
+    try:
+        exp = await slurm_cluster.submit(in_pool(scripted(tmp_path / "ckpt")), SCRIPTED)
+        trial = await first_trial(slurm_cluster, store, exp)
+
+        async def pending() -> bool:
+            return [j["state"] for j in (await slurm_jobs(store)).values()] == ["PENDING"]
+
+        await wait_for(slurm_cluster, pending, timeout=60)
+        await slurm_cluster.request("POST", f"/trials/{trial}/kill", {})
+        await agreed(slurm_cluster, store)
+        [job] = (await slurm_jobs(store)).values()
+        assert job["state"] == "CANCELLED"
+        runs = await trial_runs(store, trial)
+        assert [r for r in runs if r["type"] == "SlotsAllocated"] == []
+    finally:
+        bed.run("scancel", blocker)
     assert await check_log(store) == []

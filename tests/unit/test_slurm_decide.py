@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from events.domain.aggregates.slurm import SlurmAllocations
@@ -29,27 +31,22 @@ from services.scheduler.slurm.requests import SlurmRequest
 from services.scheduler.slurm.script import ShapeError, batch_script, job_name, shape
 from tests.unit.test_planner import Log, experiment
 
-POOLS = parse_cluster_config(
-    {
-        "resource_pools": [
-            {
-                "pool_name": "hpc",
-                "resource_manager": "slurm",
-                "slurm": {
-                    "partition": "debug",
-                    "slots_per_node": 2,
-                    "sbatch_args": ["--mem=1G"],
-                    "time_limit_minutes": 30,
-                    "api_url": "http://head:8080",
-                    "nats_url": "nats://head:4222",
-                    "join_token_file": "/etc/cairn/join-token",
-                    "work_root": "/shared/cairn",
-                    "max_submissions": 2,
-                },
-            }
-        ]
-    }
-).slurm_pools()
+POOL_DOC: dict[str, Any] = {
+    "pool_name": "hpc",
+    "resource_manager": "slurm",
+    "slurm": {
+        "partition": "debug",
+        "slots_per_node": 2,
+        "sbatch_args": ["--mem=1G"],
+        "time_limit_minutes": 30,
+        "api_url": "http://head:8080",
+        "nats_url": "nats://head:4222",
+        "join_token_file": "/etc/cairn/join-token",
+        "work_root": "/shared/cairn",
+        "max_submissions": 2,
+    },
+}
+POOLS = parse_cluster_config({"resource_pools": [POOL_DOC]}).slurm_pools()
 TRIAL = 11
 ALLOC = allocation_id(TRIAL, 1)
 
@@ -194,3 +191,51 @@ def test_batch_script_shapes_the_job_and_quotes_every_value() -> None:
     assert "--reserved-for 11.1" in script and "--artificial-slots 2" in script
     with pytest.raises(ShapeError, match="do not split evenly"):
         shape(SlurmRequest(ALLOC, "hpc", slots=3, priority=1), pool)
+
+
+def test_priority_bands_pick_the_qos_and_the_pool_qos_is_the_fallback() -> None:
+    """priority_qos maps a job's priority to the first band at least as high; past every band
+    the pool's qos applies."""
+    pool = POOLS["hpc"].slurm.model_copy(
+        update={
+            "qos": "low",
+            "priority_qos": parse_cluster_config(
+                {
+                    "resource_pools": [
+                        {
+                            **POOL_DOC,
+                            "slurm": {
+                                **POOL_DOC["slurm"],
+                                "priority_qos": [
+                                    {"max_priority": 60, "qos": "normal"},
+                                    {"max_priority": 20, "qos": "high"},
+                                ],
+                            },
+                        }
+                    ]
+                }
+            )
+            .slurm_pools()["hpc"]
+            .slurm.priority_qos,
+        }
+    )
+    assert [pool.qos_for(p) for p in (1, 20, 21, 60, 61)] == [
+        "high", "high", "normal", "normal", "low",
+    ]  # fmt: skip
+    script = batch_script(SlurmRequest(ALLOC, "hpc", slots=1, priority=10), pool, 1, "hpc")
+    assert "#SBATCH --qos=high" in script.splitlines()
+
+
+def test_a_dead_agent_ends_its_run_lost_and_a_time_limit_failed() -> None:
+    """A job FAILED under a running run is its agent's death (lost, no restart counted); a
+    TIMEOUT the trial did not leave in time counts as a failure."""
+    for state, outcome in (("FAILED", "lost"), ("TIMEOUT", "failed"), ("PREEMPTED", "preempted")):
+        log = slurm_log()
+        log.submitted()
+        log.observed("100", "RUNNING")
+        log.add(
+            trial_stream(TRIAL),
+            SlotsAllocated(trial_id=TRIAL, allocation_id=ALLOC, placements={"a": ["0"]}, run_id=1),
+        )
+        ends = [a for a in log.decide(queue(("100", ALLOC, state, ""))) if isinstance(a, EndRun)]
+        assert [e.outcome for e in ends] == [outcome], state

@@ -82,6 +82,18 @@ SbatchArgs = Annotated[list[str], AfterValidator(_sbatch_args)]
 """Extra ``sbatch`` options, each checked by :func:`sbatch_arg_problem`."""
 
 
+class PriorityQos(ConfigModel):
+    """A QoS for the jobs of a band of cairn priorities.
+
+    Attributes:
+        max_priority: jobs whose priority is at most this (lower runs first) get ``qos``.
+        qos: the Slurm QoS.
+    """
+
+    max_priority: int = Field(ge=1, le=99)
+    qos: Annotated[str, AfterValidator(_slurm_name)]
+
+
 class SlurmSettings(ConfigModel):
     """How cairn submits a Slurm pool's allocations.
 
@@ -99,6 +111,8 @@ class SlurmSettings(ConfigModel):
         preemption_warning: seconds before a job's time limit at which Slurm signals its agents
             (``--signal=USR2@N``) so the trial checkpoints and is requeued, not killed.
         priority_to_nice: whether cairn's priority (1-99, lower first) becomes ``--nice``.
+        priority_qos: QoS by priority band, the first whose ``max_priority`` is at least the
+            job's priority (none matches: ``qos``).
         api_url: the URL the nodes reach cairn's API by.
         nats_url: the NATS URL the nodes reach the bus by.
         join_token_file: the cluster's join token, readable by the jobs' user on every node
@@ -124,6 +138,7 @@ class SlurmSettings(ConfigModel):
     time_limit_minutes: int | None = Field(None, ge=1, le=525600)
     preemption_warning: int = Field(60, ge=0, le=3600)
     priority_to_nice: bool = True
+    priority_qos: list[PriorityQos] = Field(default_factory=list, max_length=99)
     api_url: str = Field(min_length=1, max_length=2048)
     nats_url: str = Field(min_length=1, max_length=2048)
     join_token_file: AbsPath
@@ -133,6 +148,13 @@ class SlurmSettings(ConfigModel):
     checkpoint_root: AbsPath | None = None
     poll_seconds: float = Field(2.0, gt=0, le=300)
     max_submissions: int = Field(3, ge=1, le=100)
+
+    def qos_for(self, priority: int) -> str | None:
+        """The QoS of a job of cairn priority ``priority``."""
+        for band in sorted(self.priority_qos, key=lambda b: b.max_priority):
+            if priority <= band.max_priority:
+                return band.qos
+        return self.qos
 
 
 class ResourcePool(ConfigModel):

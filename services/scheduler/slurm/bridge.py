@@ -39,6 +39,7 @@ from events.domain.types import (
     TrialExited,
     TrialStateChanged,
 )
+from events.log import faults
 from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent
 from events.log.store import EventStore, Transaction
@@ -268,6 +269,7 @@ class SlurmBridge(Consumer):
                     script, job_dir(pool.slurm, request.allocation_id) / str(action.submission)
                 )
                 self._unrecorded[request.allocation_id] = job_id
+                await faults.point("scheduler.slurm.after_sbatch")  # submitted, not recorded
         except (ShapeError, SlurmCommandError) as exc:
             log.warning("slurm refused", allocation=request.allocation_id, error=str(exc))
             refused = SlurmJobRefused(

@@ -86,12 +86,14 @@ Action = Submit | Adopt | Observe | Cancel | EndRun | GiveUp
 TRIAL_OUTCOME = {
     "PREEMPTED": "preempted",
     "TIMEOUT": "failed",
-    "FAILED": "failed",
     "OUT_OF_MEMORY": "failed",
     "DEADLINE": "failed",
 }
-"""The outcome of a trial's run whose job ended in a state while the run was going on (any
-other end state: ``lost``, a restart that counts as no failure of the trial's)."""
+"""The outcome of a trial's run whose job ended in a state while the run was going on and its
+agent did not report the run's end (any other end state: ``lost``, a restart that counts as no
+failure of the trial's). The job's script is the agent: a job ``FAILED`` is an agent that died,
+which the trial's own failures (reported by the agent) never are; a time or memory limit the
+trial did not leave in time counts against its ``max_restarts``."""
 
 
 def decide(

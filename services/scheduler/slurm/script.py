@@ -100,8 +100,9 @@ def batch_script(
         lines.append(f"#SBATCH --partition={settings.partition}")
     if settings.account:
         lines.append(f"#SBATCH --account={settings.account}")
-    if settings.qos:
-        lines.append(f"#SBATCH --qos={settings.qos}")
+    qos = settings.qos_for(request.priority)
+    if qos:
+        lines.append(f"#SBATCH --qos={qos}")
     if settings.time_limit_minutes:
         lines.append(f"#SBATCH --time={settings.time_limit_minutes}")
     if settings.preemption_warning:
