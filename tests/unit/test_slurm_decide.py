@@ -10,13 +10,15 @@ from events.domain.aggregates.slurm import SlurmAllocations
 from events.domain.config.cluster import parse_cluster_config
 from events.domain.names import allocation_id, slurm_stream, trial_stream
 from events.domain.types import (
+    AgentRegistered,
     SlotsAllocated,
     SlurmJobObserved,
     SlurmJobSubmitted,
     TrialKillRequested,
 )
+from events.domain.types.agent import Slot
 from events.log.envelope import Event, RecordedEvent
-from services.scheduler.slurm.commands import Queue, QueuedJob
+from services.scheduler.slurm.commands import Queue, QueuedJob, job_environment
 from services.scheduler.slurm.decide import (
     Action,
     Adopt,
@@ -239,3 +241,45 @@ def test_a_dead_agent_ends_its_run_lost_and_a_time_limit_failed() -> None:
         )
         ends = [a for a in log.decide(queue(("100", ALLOC, state, ""))) if isinstance(a, EndRun)]
         assert [e.outcome for e in ends] == [outcome], state
+
+
+def test_a_reserved_agent_gets_its_allocation_and_nothing_else() -> None:
+    """An agent reserved for allocation 11.1 (a Slurm job's) is given that run only: trial 12,
+    waiting in the same pool, stays queued beside the agent's free slot, and 11.1 is never
+    placed on an agent of the pool that is not reserved for it."""
+    log = slurm_log(trials=2)
+    log.add(
+        "agent-plain",
+        AgentRegistered(agent_id="plain", resource_pool="other", slots=[Slot(slot_id="0")]),
+    )
+    assert log.step() == []
+    log.add(
+        "agent-slurm-100-n1",
+        AgentRegistered(
+            agent_id="slurm-100-n1",
+            resource_pool="hpc",
+            slots=[Slot(slot_id="0"), Slot(slot_id="1")],
+            reserved_for=ALLOC,
+        ),
+    )
+    [placed] = log.step()
+    assert isinstance(placed, SlotsAllocated)
+    assert (placed.trial_id, list(placed.placements)) == (TRIAL, ["slurm-100-n1"])
+    assert log.step() == []
+
+
+def test_a_job_sees_none_of_the_schedulers_environment_but_the_basics() -> None:
+    """sbatch (and so the job) gets PATH, HOME, USER, LANG, TZ and SLURM_CONF only: no
+    credential path or secret of the scheduler's reaches a job."""
+    env = {
+        "PATH": "/usr/bin", "HOME": "/root", "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "CAIRN_DB_FILE": "/secrets/scheduler/db", "CAIRN_NATS": "nats://scheduler:pw@x",
+        "PGPASSWORD": "secret",
+    }  # fmt: skip
+    assert job_environment(env) == {
+        "PATH": "/usr/bin", "HOME": "/root", "SLURM_CONF": "/etc/slurm/slurm.conf",
+    }  # fmt: skip
+    script = batch_script(
+        SlurmRequest(ALLOC, "hpc", slots=1, priority=1), POOLS["hpc"].slurm, 1, "hpc"
+    )
+    assert "--hide /etc/cairn/join-token" in script
