@@ -323,3 +323,28 @@ async def test_a_trial_killed_while_its_job_pends_has_its_job_cancelled(
     finally:
         bed.run("scancel", blocker)
     assert await check_log(store) == []
+
+
+@pytest.mark.parametrize("service", ["api", "relay", "searcher"])
+async def test_a_service_sigkilled_while_a_job_runs_leaves_squeue_and_cairn_agreeing(
+    slurm_cluster: SlurmCluster, store: EventStore, tmp_path: Path, service: str
+) -> None:
+    """SIGKILL of the API, the relay or the searcher while a trial runs in its Slurm job, then a
+    restart: the run carries on (its agent retries what it reports), completes in that one job,
+    and squeue agrees with the log."""
+    config = in_pool(scripted(tmp_path / "ckpt", steps=120, checkpoint_every=20, sleep=0.1))
+    exp = await slurm_cluster.submit(config, SCRIPTED)
+    trial = await first_trial(slurm_cluster, store, exp)
+    await checkpointed_run(slurm_cluster, store, trial)
+    args = {"api": ("--host", slurm_cluster.api_host, "--port", str(slurm_cluster.api_port))}
+    slurm_cluster.kill(service)
+    assert slurm_cluster.procs[service].poll() is not None, f"the {service} was SIGKILLed"
+    slurm_cluster.start(service, f"services.{service}", *args.get(service, ()))
+    await explained(completed(slurm_cluster, store, exp, timeout=180), store, trial)
+    await agreed(slurm_cluster, store)
+    [job] = (await slurm_jobs(store)).values()
+    assert job["state"] == "COMPLETED"
+    assert [r["outcome"] for r in await trial_runs(store, trial) if r["type"] == "TrialExited"] == [
+        "completed"
+    ]
+    assert await check_log(store) == []
