@@ -55,6 +55,7 @@ from services.scheduler.slurm.decide import (
     decide,
     run_state,
 )
+from services.scheduler.slurm.requests import SlurmRequest
 from services.scheduler.slurm.script import ShapeError, batch_script, job_dir, shape
 
 log = structlog.get_logger("scheduler.slurm")
@@ -199,26 +200,13 @@ class SlurmBridge(Consumer):
         if isinstance(action, Submit):
             return await self._submit(action)
         if isinstance(action, Adopt):
-            request = action.request
-            pool = self.pools[request.pool]
-            job = shape(request, pool.slurm)
-            log.info("slurm job adopted", allocation=request.allocation_id, job=action.job.job_id)
-            return [
-                (
-                    slurm_stream(request.allocation_id),
-                    SlurmJobSubmitted(
-                        allocation_id=request.allocation_id,
-                        job_id=action.job.job_id,
-                        pool=request.pool,
-                        trial_id=request.trial_id,
-                        task_id=request.task_id,
-                        nodes=job.nodes,
-                        slots_per_node=job.slots_per_node,
-                        submission=action.submission,
-                        adopted=True,
-                    ),
-                )
-            ]
+            log.info(
+                "slurm job adopted", allocation=action.request.allocation_id, job=action.job.job_id
+            )
+            submitted = _submitted(
+                action.request, self.pools, action.job.job_id, action.submission, adopted=True
+            )
+            return [submitted]
         if isinstance(action, Observe):
             seen = action.job
             return [
@@ -255,7 +243,7 @@ class SlurmBridge(Consumer):
         pool = self.pools[request.pool]
         stream = slurm_stream(request.allocation_id)
         try:
-            job = shape(request, pool.slurm)
+            shape(request, pool.slurm)
             job_id = self._unrecorded.get(request.allocation_id)
             if job_id is None:
                 script = batch_script(
@@ -277,17 +265,7 @@ class SlurmBridge(Consumer):
             )
             return [(stream, refused)]
         log.info("slurm job submitted", allocation=request.allocation_id, job=job_id)
-        submitted = SlurmJobSubmitted(
-            allocation_id=request.allocation_id,
-            job_id=job_id,
-            pool=request.pool,
-            trial_id=request.trial_id,
-            task_id=request.task_id,
-            nodes=job.nodes,
-            slots_per_node=job.slots_per_node,
-            submission=action.submission,
-        )
-        return [(stream, submitted)]
+        return [_submitted(request, self.pools, job_id, action.submission)]
 
     def _end_run(self, action: EndRun) -> list[tuple[str, Event]]:
         if action.task_id is not None:
@@ -349,3 +327,27 @@ class SlurmBridge(Consumer):
                 await self.commands.cancel(job_id)
             except SlurmCommandError as exc:
                 log.warning("scancel failed", job=job_id, error=str(exc))
+
+
+def _submitted(
+    request: SlurmRequest,
+    pools: Mapping[str, ResourcePool],
+    job_id: str,
+    submission: int,
+    *,
+    adopted: bool = False,
+) -> tuple[str, Event]:
+    """The ``SlurmJobSubmitted`` recording ``job_id`` as ``request``'s job."""
+    job = shape(request, pools[request.pool].slurm)
+    event = SlurmJobSubmitted(
+        allocation_id=request.allocation_id,
+        job_id=job_id,
+        pool=request.pool,
+        trial_id=request.trial_id,
+        task_id=request.task_id,
+        nodes=job.nodes,
+        slots_per_node=job.slots_per_node,
+        submission=submission,
+        adopted=adopted,
+    )
+    return slurm_stream(request.allocation_id), event
