@@ -19,6 +19,7 @@ from events.domain.aggregates import AllocationView as Run
 from events.domain.aggregates import ExperimentView as Experiment
 from events.domain.aggregates import TaskView as Task
 from events.domain.aggregates import TrialView as Trial
+from events.domain.deciders.trial import Outcome
 from events.domain.names import (
     agent_stream,
     allocation_id,
@@ -259,6 +260,12 @@ def _forgotten(run: Run, reports: Reports | None) -> str | None:
 
 
 def _lost(trial: Trial, run: Run, message: str) -> list[Decision]:
+    return run_ended(trial, run, message)
+
+
+def run_ended(trial: Trial, run: Run, message: str, outcome: Outcome = "lost") -> list[Decision]:
+    """The exit of ``run`` decided for it, not reported by its agent (``TrialExited`` with
+    ``outcome`` and ``SlotsReleased``)."""
     stream = trial_stream(trial.trial_id)
     return [
         (
@@ -267,7 +274,7 @@ def _lost(trial: Trial, run: Run, message: str) -> list[Decision]:
                 trial_id=trial.trial_id,
                 run_id=run.run_id,
                 allocation_id=run.allocation_id,
-                outcome="lost",
+                outcome=outcome,
                 message=message,
             ),
         ),

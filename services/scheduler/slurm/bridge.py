@@ -30,19 +30,18 @@ from events.domain.aggregates.slurm import SLURM_FACTS, SlurmAllocations
 from events.domain.config.resource_pools import ResourcePool
 from events.domain.names import slurm_stream, task_stream, trial_stream
 from events.domain.types import (
-    SlotsReleased,
     SlurmJobCancelRequested,
     SlurmJobObserved,
     SlurmJobRefused,
     SlurmJobSubmitted,
     TaskExited,
-    TrialExited,
     TrialStateChanged,
 )
 from events.log import faults
 from events.log.consumer import Consumer
 from events.log.envelope import Event, RecordedEvent
 from events.log.store import EventStore, Transaction
+from services.scheduler.planner import run_ended
 from services.scheduler.slurm.commands import Queue, SlurmCommandError, SlurmCommands
 from services.scheduler.slurm.decide import (
     Action,
@@ -280,27 +279,7 @@ class SlurmBridge(Consumer):
         if found is None or action.trial_id is None:
             return []
         trial, run = found
-        stream = trial_stream(trial.trial_id)
-        return [
-            (
-                stream,
-                TrialExited(
-                    trial_id=trial.trial_id,
-                    run_id=run.run_id,
-                    allocation_id=run.allocation_id,
-                    outcome=action.outcome,
-                    message=action.message,
-                ),
-            ),
-            (
-                stream,
-                SlotsReleased(
-                    trial_id=trial.trial_id,
-                    allocation_id=run.allocation_id,
-                    placements=run.placements,
-                ),
-            ),
-        ]
+        return run_ended(trial, run, action.message, action.outcome)
 
     def _give_up(self, action: GiveUp) -> list[tuple[str, Event]]:
         request = action.request

@@ -21,6 +21,7 @@ from events.domain import lifecycle
 from events.domain.aggregates import Cluster
 from events.domain.aggregates.slurm import SlurmAllocation, SlurmAllocations, SlurmJob
 from events.domain.config.resource_pools import ResourcePool
+from events.domain.deciders.trial import Outcome
 from events.domain.names import parse_allocation_id, task_of_allocation
 from events.domain.types.slurm import SLURM_END_STATES
 from services.scheduler.slurm.commands import Queue, QueuedJob
@@ -68,7 +69,7 @@ class EndRun:
     allocation_id: str
     trial_id: int | None
     task_id: str | None
-    outcome: str
+    outcome: Outcome
     message: str
 
 
@@ -83,7 +84,7 @@ class GiveUp:
 
 Action = Submit | Adopt | Observe | Cancel | EndRun | GiveUp
 
-TRIAL_OUTCOME = {
+TRIAL_OUTCOME: dict[str, Outcome] = {
     "PREEMPTED": "preempted",
     "TIMEOUT": "failed",
     "OUT_OF_MEMORY": "failed",
@@ -118,13 +119,14 @@ def decide(
         lingering: jobs whose run ended a while ago (the caller's clock), still running.
     """
     actions: list[Action] = []
-    for request in pending_requests(cluster, pools, default_pool):
+    requests = pending_requests(cluster, pools, default_pool)
+    for request in requests:
         actions.extend(
             _for_request(
                 request, slurm.allocations.get(request.allocation_id), queue, pools[request.pool]
             )
         )
-    pending = {r.allocation_id for r in pending_requests(cluster, pools, default_pool)}
+    pending = {r.allocation_id for r in requests}
     recorded: set[str] = set()
     for alloc, job in slurm.live_jobs():
         recorded.add(job.job_id)
@@ -207,10 +209,13 @@ def _run_end(cluster: Cluster, alloc: SlurmAllocation, seen: QueuedJob) -> EndRu
         return None
     message = f"Slurm job {seen.job_id} {seen.state}" + (f": {seen.reason}" if seen.reason else "")
     if alloc.task_id is not None:
-        outcome = "failed" if seen.state in TRIAL_OUTCOME else "lost"
-        return EndRun(alloc.allocation_id, None, alloc.task_id, outcome, message)
-    outcome = TRIAL_OUTCOME.get(seen.state, "lost")
-    return EndRun(alloc.allocation_id, alloc.trial_id, None, outcome, message)
+        failed = seen.state in TRIAL_OUTCOME
+        return EndRun(
+            alloc.allocation_id, None, alloc.task_id, "failed" if failed else "lost", message
+        )
+    return EndRun(
+        alloc.allocation_id, alloc.trial_id, None, TRIAL_OUTCOME.get(seen.state, "lost"), message
+    )
 
 
 def _unneeded(
