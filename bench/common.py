@@ -110,6 +110,10 @@ class Measure:
     unit: str = "events/s"
     count: int = 0
     notes: str = ""
+    target: str = ""
+    """The goal this figure is held to, as shown in the table (``>= 0.5x``, ``< 100 ms``)."""
+    met: bool | None = None
+    """Whether the goal was met (``None``: no goal, or not decidable from this run)."""
 
     @property
     def ratio(self) -> float | None:
@@ -165,10 +169,19 @@ def measures_table(measures: Sequence[Measure], *, prefix: Sequence[str] | None 
             if m.baseline_label
             else "-",
             fmt_ratio(m.ratio),
+            _goal(m),
         ]
         for i, m in enumerate(measures)
     ]
-    print_table([f"measure ({_unit(measures)})", "cairn", "baseline", "ratio"], rows)
+    print_table([f"measure ({_unit(measures)})", "cairn", "baseline", "ratio", "goal"], rows)
+
+
+def _goal(measure: Measure) -> str:
+    """The goal column: the target, then ``met``/``MISSED`` when the run decided it."""
+    if not measure.target:
+        return "-"
+    verdict = {True: " met", False: " MISSED", None: ""}[measure.met]
+    return f"{measure.target}{verdict}"
 
 
 def _decimals(measure: Measure) -> int:
