@@ -12,12 +12,14 @@ import json
 import random
 import uuid
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import asyncpg
-from pydantic import BaseModel, ConfigDict
 
 from bench.common import BenchContext, Measure, Report, Stopwatch, per_second, progress, timed
+from events.domain.aggregates import ExperimentView, TrialView, apply_experiment, apply_trial
+from events.domain.names import trial_of_stream
 from events.domain.types import (
     CheckpointSaved,
     ExperimentSubmitted,
@@ -164,10 +166,9 @@ def _experiment_payload(rng: random.Random, exp: int, step: int) -> tuple[str, i
     return event.event_type, event.schema_version, event.model_dump_json()
 
 
-class ReplayStats(BaseModel):
-    """State of the replay fold: counts, and the best validation loss seen."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass
+class ReplayStats:
+    """What the replay fold counts beside its views, and the best validation loss seen."""
 
     events: int = 0
     validations: int = 0
@@ -177,28 +178,40 @@ class ReplayStats(BaseModel):
 
 
 class ReplayFold:
-    """A simple pure fold that decodes every payload to its model (as real folds do)."""
+    """The log folded as the services fold it: each event decoded once, then applied in place by
+    the real aggregates (``apply_experiment`` to an :class:`ExperimentView` per experiment
+    stream, ``apply_trial`` to a :class:`TrialView` per trial stream), with a few counts."""
 
-    name = "bench-replay"
-    version = 1
-    state_type = ReplayStats
+    def __init__(self) -> None:
+        self.stats = ReplayStats()
+        self.experiments: dict[str, ExperimentView] = {}
+        self.trials: dict[str, TrialView] = {}
 
-    def initial(self) -> ReplayStats:
-        """The empty state."""
-        return ReplayStats()
-
-    def apply(self, state: ReplayStats, event: RecordedEvent) -> ReplayStats:
-        """Decodes ``event`` (upcasting old versions) and counts it."""
-        payload = event.decode()
-        update: dict[str, Any] = {"events": state.events + 1, "last_position": event.position}
-        if isinstance(payload, ValidationReported):
-            update["validations"] = state.validations + 1
-            loss = payload.metrics.get("loss")
-            if loss is not None and (state.best_loss is None or loss < state.best_loss):
-                update["best_loss"] = loss
-        elif isinstance(payload, TrialExited):
-            update["exits"] = state.exits + 1
-        return state.model_copy(update=update)
+    def apply(self, recorded: RecordedEvent) -> None:
+        """Decodes ``recorded`` (upcasting old versions) and applies it to its stream's view."""
+        stats = self.stats
+        stats.events += 1
+        stats.last_position = recorded.position
+        event = recorded.decode()
+        stream = recorded.stream_id
+        if stream.startswith("trial-"):
+            trial = self.trials.get(stream)
+            if trial is None:
+                trial = self.trials[stream] = TrialView(trial_of_stream(stream) or 0)
+            apply_trial(trial, recorded, event)
+        elif stream.startswith("experiment-"):
+            experiment = self.experiments.get(stream)
+            if experiment is None:
+                experiment = ExperimentView(int(stream.partition("-")[2]))
+                self.experiments[stream] = experiment
+            apply_experiment(experiment, recorded, event)
+        if isinstance(event, ValidationReported):
+            stats.validations += 1
+            loss = event.metrics.get("loss")
+            if isinstance(loss, float) and (stats.best_loss is None or loss < stats.best_loss):
+                stats.best_loss = loss
+        elif isinstance(event, TrialExited):
+            stats.exits += 1
 
 
 def _rate(report: Report, key: str, watch: Stopwatch, count: int) -> float:
@@ -455,17 +468,18 @@ async def _cairn_read_all(store: EventStore) -> int:
 
 
 async def _cairn_fold(store: EventStore) -> tuple[int, ReplayStats]:
-    reducer = ReplayFold()
-    state = reducer.initial()
+    fold = ReplayFold()
     n, position, tick = 0, 0, _Ticker()
     while True:
         page = await store.read_all(position, limit=PAGE)
         for event in page:
-            state = reducer.apply(state, event)
+            fold.apply(event)
         n += len(page)
         tick(n)
         if len(page) < PAGE:
-            return n, state
+            if n and not fold.trials:
+                raise RuntimeError("the fold saw no trial stream")
+            return n, fold.stats
         position = page[-1].position
 
 
@@ -526,7 +540,7 @@ async def _replay(ctx: BenchContext, report: Report) -> None:
             "load_seconds": round(t_load.seconds, 2),
             "table_size": size,
             "types": {r["type"]: r["n"] for r in types},
-            "fold_state": state.model_dump(),
+            "fold_state": asdict(state),
         }
         report.notes.append(
             f"replay data set: {total:,} events ({len(types)} types, v1 and v2 TrialExited) "

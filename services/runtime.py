@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -191,6 +192,7 @@ def main(
         log.error("invalid NATS setting", error=str(exc))
         sys.exit(2)
     cluster = cluster_config_of(args, log)
+    tune_gc()
     try:
         bus = bool(args.nats) if needs_bus is None else needs_bus
         asyncio.run(_serve(name, args, run, bus, decider, cluster, consumers))
@@ -202,6 +204,24 @@ def main(
         sys.exit(2)
     except KeyboardInterrupt:
         pass
+
+
+GC_YOUNG_THRESHOLD = 20_000
+"""Allocations between two collections of the youngest generation (Python's default: 700)."""
+
+
+def tune_gc() -> None:
+    """Sets the cyclic collector up for a service that folds millions of events.
+
+    A replay allocates several objects per event, and at Python's default thresholds the
+    collector runs every 700 allocations and, now and then, walks every object the fold has
+    built: much of a replay's time on a big log. What the imports built is frozen
+    (never walked again) and the youngest generation is collected every
+    :data:`GC_YOUNG_THRESHOLD` allocations; cycles are still collected, a little later.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 20, 20)
 
 
 IDLE_TRANSACTION_TIMEOUT = 10.0

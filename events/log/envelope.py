@@ -116,34 +116,39 @@ def new(event: Event, **metadata: Any) -> NewEvent:
 _RECORDED_FIELDS = frozenset(RecordedEvent.model_fields)
 _METADATA_FIELDS = frozenset(Metadata.model_fields)
 _NO_METADATA: dict[str, Any] = dict.fromkeys(Metadata.model_fields)
+_METADATA_COUNT = len(_NO_METADATA)
+_new_metadata = Metadata.__new__
+_new_recorded = RecordedEvent.__new__
+_set = object.__setattr__
 
 
 def stored_metadata(values: dict[str, Any] | None) -> Metadata:
     """A :class:`Metadata` from the log's JSON without validation; what
     ``Metadata.model_construct(**values)`` builds (unknown keys kept as extras), at a fraction
     of its cost on a replay's hot path."""
-    meta = Metadata.__new__(Metadata)
+    meta = _new_metadata(Metadata)
     given = values or {}
-    if given.keys() <= _METADATA_FIELDS:
-        known, extra = given, {}
-    else:
-        known = {k: v for k, v in given.items() if k in _METADATA_FIELDS}
+    fields = _NO_METADATA.copy()
+    fields.update(given)
+    extra: dict[str, Any] = {}
+    if len(fields) != _METADATA_COUNT:  # keys beyond the fields: kept as extras
         extra = {k: v for k, v in given.items() if k not in _METADATA_FIELDS}
-    object.__setattr__(meta, "__dict__", {**_NO_METADATA, **known})
-    object.__setattr__(meta, "__pydantic_fields_set__", set(given))
-    object.__setattr__(meta, "__pydantic_extra__", extra)
-    object.__setattr__(meta, "__pydantic_private__", None)
+        fields = {k: v for k, v in fields.items() if k in _METADATA_FIELDS}
+    _set(meta, "__dict__", fields)
+    _set(meta, "__pydantic_fields_set__", set(given))
+    _set(meta, "__pydantic_extra__", extra)
+    _set(meta, "__pydantic_private__", None)
     return meta
 
 
 def stored_event(values: dict[str, Any]) -> RecordedEvent:
     """A :class:`RecordedEvent` from a row of our own log without validation; what
     ``RecordedEvent.model_construct(**values)`` builds when ``values`` holds every field."""
-    event = RecordedEvent.__new__(RecordedEvent)
-    object.__setattr__(event, "__dict__", values)
-    object.__setattr__(event, "__pydantic_fields_set__", set(_RECORDED_FIELDS))
-    object.__setattr__(event, "__pydantic_extra__", None)
-    object.__setattr__(event, "__pydantic_private__", None)
+    event = _new_recorded(RecordedEvent)
+    _set(event, "__dict__", values)
+    _set(event, "__pydantic_fields_set__", set(_RECORDED_FIELDS))
+    _set(event, "__pydantic_extra__", None)
+    _set(event, "__pydantic_private__", None)
     return event
 
 
