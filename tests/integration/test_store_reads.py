@@ -202,6 +202,37 @@ async def test_position_at_and_head(store: EventStore) -> None:
     assert await store.position_at(datetime(2000, 1, 1, tzinfo=UTC)) == 0
 
 
+async def test_position_at_equals_the_scan_over_gaps_and_out_of_order_times(
+    store: EventStore,
+) -> None:
+    """position_at's bisection answers as a full scan does at every moment of a log with gaps in
+    its positions and a transaction's times out of position order (within the slack)."""
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    async with store.transaction() as tx:
+        for n in range(1, 61):
+            position = n * 3 if n % 10 else n * 3 + 1  # gaps, as rolled-back appends leave
+            # Times grow with positions, except every seventh event, which was recorded 20 s
+            # earlier: a transaction that began before its neighbours and inserted after them.
+            recorded = start + timedelta(seconds=10 * n - (20 if n % 7 == 0 else 0))
+            await tx.conn.execute(
+                """INSERT INTO events (position, stream_id, stream_version, event_id, type,
+                                       schema_version, payload, recorded_at)
+                   OVERRIDING SYSTEM VALUE
+                   VALUES ($1, $2, 1, $3, 'TemplateSet', 1, $4, $5)""",
+                position,
+                f"template-t{n}",
+                uuid.uuid4(),
+                {"name": f"t{n}", "config": {}},
+                recorded,
+            )
+    moments = [start + timedelta(seconds=s) for s in range(-5, 620, 5)]
+    for moment in moments:
+        scanned = await store.fetchval(
+            "SELECT coalesce(max(position), 0) FROM events WHERE recorded_at <= $1", moment
+        )
+        assert await store.position_at(moment) == scanned, moment
+
+
 async def test_cursor_in_a_read_transaction_filters_and_may_stop_early(store: EventStore) -> None:
     """A read transaction's cursor reads filtered events upcast, and a reader may stop early."""
     await legacy_log(store)
