@@ -39,7 +39,15 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import BenchContext, Measure, Report, per_second, progress
+from bench._trial_start import (
+    PhaseStats,
+    TrialMarks,
+    breakdown,
+    marks_from_events,
+    missing_marks,
+    read_agent_marks,
+)
+from bench.common import BenchContext, Measure, Report, per_second, print_table, progress
 from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
 from events.domain.config import load_yaml
@@ -54,6 +62,8 @@ SLOTS = 2
 NOOP_HPARAMS: dict[str, Any] = {"steps": 1, "sleep": 0, "checkpoint_every": 0}
 DIGITS_HPARAMS: dict[str, Any] = {"lr": 0.01, "hidden": 128, "dropout": 0.1, "batch_size": 32}
 VALIDATE_EVERY = 100
+NOOP_TARGET = 0.9
+"""The goal for no-op trials per second, as a fraction of bare subprocesses' rate."""
 TERMINAL = ("COMPLETED", "ERROR", "CANCELED")
 _BATCH_LINE = re.compile(r"^batch (\d+): .*\(([\d.]+)s\)\s*$")
 
@@ -312,6 +322,7 @@ async def _cairn_noop(
     if len(requested) != n:
         raise RuntimeError(f"{len(requested)} trials requested, expected {n}")
     latencies, runs, waits = [], [], []
+    trials: list[TrialMarks] = []
     for trial_id, t_requested in requested.items():
         events = await store.read_stream(trial_stream(trial_id))
         exits = [e for e in events if e.type == "TrialExited"]
@@ -322,6 +333,8 @@ async def _cairn_noop(
         if starts:
             runs.append((exits[-1].recorded_at - starts[0].recorded_at).total_seconds())
             waits.append((starts[0].recorded_at - t_requested).total_seconds())
+        trials.append(marks_from_events(trial_id, t_requested, events))
+    await _add_run_marks(cluster, store, trials)
     report.details["noop_cairn"] = {
         "experiment_id": experiment_id,
         "trials": n,
@@ -331,7 +344,48 @@ async def _cairn_noop(
         "mean_started_to_exited_s": round(statistics.fmean(runs), 4) if runs else None,
         "max_requested_to_exited_s": round(max(latencies), 4),
     }
+    phases = breakdown(trials, SLOTS)
+    report.details["noop_start_breakdown"] = [p.to_json() for p in phases]
+    missing = missing_marks(trials)
+    if missing:
+        report.details["noop_start_missing_marks"] = missing
+        report.notes.append(f"trial start breakdown: marks missing for some trials: {missing}")
+    _print_breakdown(phases)
+    report.notes.append(
+        "trial start, median (p90) ms: "
+        + "; ".join(f"{p.name} {p.median * 1000:.0f} ({p.p90 * 1000:.0f})" for p in phases)
+    )
     return seconds, latencies
+
+
+async def _add_run_marks(cluster: _Cluster, store: EventStore, trials: list[TrialMarks]) -> None:
+    """Adds the agent's marks (its log lines) and each run's first output line (``task_logs``)."""
+    by_allocation = read_agent_marks(cluster.workdir / "a.log")
+    ids = [t.allocation_id for t in trials if t.allocation_id]
+    async with store.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT allocation_id, min(ts) AS first FROM task_logs"
+            " WHERE allocation_id = ANY($1::text[]) GROUP BY allocation_id",
+            ids,
+        )
+    first_output = {str(r["allocation_id"]): r["first"] for r in rows}
+    for trial in trials:
+        trial.times.update(by_allocation.get(trial.allocation_id, {}))
+        if trial.allocation_id in first_output:
+            trial.times["first_output"] = first_output[trial.allocation_id]
+
+
+def _print_breakdown(phases: Sequence[PhaseStats]) -> None:
+    """Prints the phases of a trial's start as a table (milliseconds)."""
+    progress("  trial start, phase by phase (ms):")
+    print_table(
+        ["phase", "median", "p90", "trials", "what"],
+        [
+            [p.name, f"{p.median * 1000:.0f}", f"{p.p90 * 1000:.0f}", str(p.count), p.what]
+            for p in phases
+        ],
+        indent=4,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -496,6 +550,8 @@ async def run(ctx: BenchContext) -> Report:
             unit="trials/s",
             count=n,
             notes="cairn: POST /experiments to COMPLETED recorded_at, one grid experiment",
+            target=f">= {NOOP_TARGET}x",
+            met=cairn_rate >= NOOP_TARGET * bare_rate,
         ),
         FineMeasure(
             "no-op trial latency, TrialRequested->TrialExited (s)",
