@@ -1,4 +1,5 @@
-"""Where an experiment's checkpoints live on disk (shared by the agents and the tracker).
+"""Where an experiment's checkpoints live on disk (shared by the agents, the tracker and the
+Core API; standard library and :mod:`events.settings` only, so training code imports it fast).
 
 A checkpoint is the directory ``<root>/<uuid>``; the root comes from the experiment's
 ``checkpoint_storage`` (``shared_fs``: ``host_path``/``storage_path``; ``directory``:
