@@ -23,13 +23,16 @@ trials: the k-th ``SlotsAllocated`` after the first ``slots`` ones against the (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from events.log.envelope import RecordedEvent
 
@@ -195,3 +198,37 @@ def missing_marks(trials: Sequence[TrialMarks]) -> list[str]:
         if lacking:
             out.append(f"{mark} ({lacking} of {len(trials)})")
     return out
+
+
+def cpu_seconds(pids: Mapping[str, int], *, split: str = "") -> dict[str, float]:
+    """CPU seconds (user + system) each named process and its descendants have used so far.
+
+    A process's descendants count twice over: the live ones by their own times, the ones it has
+    reaped by its children's times. The descendants of the process named ``split`` (the agent:
+    its trials) are counted apart, under ``"<split> children"``. A process that is gone counts 0.
+    """
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            proc = psutil.Process(pid)
+            times = proc.cpu_times()
+            descendants = times.children_user + times.children_system
+            for child in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child_times = child.cpu_times()
+                    descendants += child_times.user + child_times.system
+        except psutil.Error:
+            out[name] = 0.0
+            continue
+        own = times.user + times.system
+        if name == split:
+            out[name] = own
+            out[f"{name} children"] = descendants
+        else:
+            out[name] = own + descendants
+    return out
+
+
+def cpu_used(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """CPU seconds used by each process between two :func:`cpu_seconds` snapshots."""
+    return {name: max(0.0, after[name] - before.get(name, 0.0)) for name in after}

@@ -25,6 +25,7 @@ import io
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -32,7 +33,7 @@ import sys
 import tarfile
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ from bench._trial_start import (
     PhaseStats,
     TrialMarks,
     breakdown,
+    cpu_seconds,
+    cpu_used,
     marks_from_events,
     missing_marks,
     read_agent_marks,
@@ -105,6 +108,12 @@ class _Cluster(ProcessCluster):
 
     token: str = ""
     http: aiohttp.ClientSession | None = None
+    servers: dict[str, int] = field(default_factory=dict)
+    """The pids of the PostgreSQL and nats-server it runs on, by name (for CPU accounting)."""
+
+    def pids(self) -> dict[str, int]:
+        """Every process of the cluster and its servers, by name (the agent is ``a``)."""
+        return {**{name: proc.pid for name, proc in self.procs.items()}, **self.servers}
 
     async def launch(self) -> None:
         """Starts every service and the agent (checkpoints allowed under the work directory,
@@ -168,6 +177,7 @@ async def _cluster_on(
         store = await EventStore.connect(dsn, max_size=2)
         nats = await asyncio.to_thread(start_nats, work / "nats")
         cluster = _Cluster(dsn, nats.url, work)
+        cluster.servers = {"postgres": ctx.server.proc.pid, "nats": nats.proc.pid}
         yield cluster, store
     except BaseException:
         if cluster is not None:
@@ -261,8 +271,9 @@ def _argv(hparams: dict[str, Any]) -> list[str]:
 # 1. no-op trials
 
 
-async def _bare_noop(n: int, tmp: Path) -> tuple[float, list[float]]:
-    """Runs the no-op script ``n`` times, ``SLOTS`` at a time; (wall seconds, per-run seconds)."""
+async def _bare_noop(n: int, tmp: Path) -> tuple[float, list[float], float]:
+    """Runs the no-op script ``n`` times, ``SLOTS`` at a time; (wall seconds, per-run seconds,
+    CPU seconds of the runs)."""
     gate = asyncio.Semaphore(SLOTS)
     durations: list[float] = []
 
@@ -291,15 +302,23 @@ async def _bare_noop(n: int, tmp: Path) -> tuple[float, list[float]]:
 
     await one(-1)  # warm-up (page cache); not counted
     durations.clear()
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
-    return time.perf_counter() - t0, durations
+    return time.perf_counter() - t0, durations, _children_cpu() - cpu0
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the bare runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def _cairn_noop(
     cluster: _Cluster, store: EventStore, n: int, tmp: Path, report: Report
-) -> tuple[float, list[float]]:
-    """Submits the grid of ``n`` no-op trials; (POST -> COMPLETED seconds, per-trial latencies)."""
+) -> tuple[float, list[float], float]:
+    """Submits the grid of ``n`` no-op trials; (POST -> COMPLETED seconds, per-trial latencies,
+    CPU seconds of the cluster's processes, its servers' and the trials')."""
     config = _config(SCRIPTED / "config.yaml", NOOP_HPARAMS, tmp / "noop-checkpoints")
     config["name"] = "bench-noop"
     config["hyperparameters"]["index"] = {"type": "categorical", "vals": list(range(n))}
@@ -310,10 +329,12 @@ async def _cairn_noop(
     }
     config["max_restarts"] = 0
     code = _code_tarball(SCRIPTED)
+    cpu_before = cpu_seconds(cluster.pids(), split="a")
     posted = datetime.now(UTC)
     experiment_id = await cluster.submit(config, code)
     done = await _wait_terminal(store, cluster, experiment_id, timeout=120)
     seconds = (done.recorded_at - posted).total_seconds()
+    cpu = cpu_used(cpu_before, cpu_seconds(cluster.pids(), split="a"))
 
     requested: dict[int, datetime] = {}
     for event in await store.read_stream(experiment_stream(experiment_id)):
@@ -344,6 +365,10 @@ async def _cairn_noop(
         "mean_started_to_exited_s": round(statistics.fmean(runs), 4) if runs else None,
         "max_requested_to_exited_s": round(max(latencies), 4),
     }
+    report.details["noop_cpu_ms_per_trial"] = {
+        ("trial processes" if name == "a children" else name): round(v * 1000 / n, 1)
+        for name, v in sorted(cpu.items(), key=lambda kv: -kv[1])
+    }
     phases = breakdown(trials, SLOTS)
     report.details["noop_start_breakdown"] = [p.to_json() for p in phases]
     missing = missing_marks(trials)
@@ -355,7 +380,7 @@ async def _cairn_noop(
         "trial start, median (p90) ms: "
         + "; ".join(f"{p.name} {p.median * 1000:.0f} ({p.p90 * 1000:.0f})" for p in phases)
     )
-    return seconds, latencies
+    return seconds, latencies, sum(cpu.values())
 
 
 async def _add_run_marks(cluster: _Cluster, store: EventStore, trials: list[TrialMarks]) -> None:
@@ -499,10 +524,11 @@ async def run(ctx: BenchContext) -> Report:
     work.mkdir(parents=True, exist_ok=True)
 
     progress(f"trials: bare baseline, {n} no-op scripted runs as subprocesses, {SLOTS} at a time")
-    bare_seconds, bare_runs = await _bare_noop(n, work / "bare")
+    bare_seconds, bare_runs, bare_cpu = await _bare_noop(n, work / "bare")
     bare_rate = per_second(n, bare_seconds)
     progress(
-        f"  {bare_rate:.2f} runs/s ({bare_seconds:.2f}s; mean run {statistics.fmean(bare_runs):.3f}s)"
+        f"  {bare_rate:.2f} runs/s ({bare_seconds:.2f}s; mean run {statistics.fmean(bare_runs):.3f}s;"
+        f" {bare_cpu * 1000 / n:.0f} ms CPU per run)"
     )
     progress(f"trials: bare digits, {batches:,} batches")
     bare_digits = await _bare_digits(batches, work / "bare")
@@ -523,7 +549,7 @@ async def run(ctx: BenchContext) -> Report:
         progress(f"  cluster up in {time.perf_counter() - t0:.1f}s")
 
         progress(f"trials: cairn, one grid experiment of {n} no-op trials on {SLOTS} slots")
-        cairn_seconds, latencies = await _cairn_noop(cluster, store, n, work, report)
+        cairn_seconds, latencies, cairn_cpu = await _cairn_noop(cluster, store, n, work, report)
         cairn_rate = per_second(n, cairn_seconds)
         mean_latency = statistics.fmean(latencies)
         progress(
@@ -531,6 +557,10 @@ async def run(ctx: BenchContext) -> Report:
             f"TrialRequested -> TrialExited {mean_latency:.2f}s; "
             f"mean start -> exit {report.details['noop_cairn']['mean_started_to_exited_s']}s"
         )
+        cpu_split = ", ".join(
+            f"{name} {ms:.0f}" for name, ms in report.details["noop_cpu_ms_per_trial"].items()
+        )
+        progress(f"  CPU per trial {cairn_cpu * 1000 / n:.0f} ms: {cpu_split}")
 
         progress(f"trials: cairn digits, single-trial experiment, {batches:,} batches")
         cairn_digits = await _cairn_digits(cluster, store, batches, work)
@@ -552,6 +582,18 @@ async def run(ctx: BenchContext) -> Report:
             notes="cairn: POST /experiments to COMPLETED recorded_at, one grid experiment",
             target=f">= {NOOP_TARGET}x",
             met=cairn_rate >= NOOP_TARGET * bare_rate,
+        ),
+        FineMeasure(
+            "no-op trials per CPU-second (trials/CPU-s)",
+            per_second(n, cairn_cpu),
+            per_second(n, bare_cpu),
+            "bare subprocesses",
+            unit="trials/CPU-s",
+            count=n,
+            notes="cairn: the trials' processes and every service's, PostgreSQL's and "
+            "nats-server's CPU time from the POST to COMPLETED (less disturbed by other load)",
+            target=f">= {NOOP_TARGET}x",
+            met=cairn_cpu * NOOP_TARGET <= bare_cpu,
         ),
         FineMeasure(
             "no-op trial latency, TrialRequested->TrialExited (s)",
@@ -577,6 +619,7 @@ async def run(ctx: BenchContext) -> Report:
             "runs": n,
             "seconds": round(bare_seconds, 3),
             "mean_run_s": round(statistics.fmean(bare_runs), 4),
+            "cpu_ms_per_run": round(bare_cpu * 1000 / n, 1),
         },
         digits={
             "hparams": {**DIGITS_HPARAMS, "validate_every": VALIDATE_EVERY},
