@@ -6,7 +6,12 @@ a fresh database of the bench's durable PostgreSQL and a nats-server of its own.
 1. No-op trials per second on 2 slots: one ``grid`` experiment of N scripted trials that each
    complete one step (``examples/scripted``, ``steps=1 sleep=0 checkpoint_every=0``), timed from
    the POST to the ``COMPLETED`` state's ``recorded_at``; the baseline launches the same script
-   N times off-cluster as bare subprocesses, 2 at a time.
+   N times off-cluster as bare subprocesses, 2 at a time. Beside it: the same work per
+   CPU-second (every process of the cluster, PostgreSQL and nats-server included, against the
+   bare runs' own), which other load on the machine disturbs less; and each trial's start phase
+   by phase (median and p90: requested -> allocated -> command delivered -> process started ->
+   first output -> first report -> exit; see :mod:`bench._trial_start` for which fact or log
+   line marks each).
 2. Training throughput of ``examples/digits/train.py`` (fixed hyperparameters, a fixed number of
    batches): batches/s between its first and last validation line (process start, data loading
    and imports excluded), bare (lines stamped as this process reads them from the pipe) and as a
