@@ -76,11 +76,12 @@ __all__ = [
 
 _LAZY = frozenset({"StorageNotAllowedError", "check_storage"})
 
+if not TYPE_CHECKING:  # type checkers see the names imported above, and no catch-all
 
-def __getattr__(name: str) -> Any:
-    """The policy's names, imported on first use (see the module docstring)."""
-    if name in _LAZY:
-        from events.domain.checkpoint_storage import policy
+    def __getattr__(name: str) -> Any:
+        """The policy's names, imported on first use (see the module docstring)."""
+        if name in _LAZY:
+            from events.domain.checkpoint_storage import policy
 
-        return getattr(policy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+            return getattr(policy, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
