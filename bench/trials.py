@@ -6,7 +6,12 @@ a fresh database of the bench's durable PostgreSQL and a nats-server of its own.
 1. No-op trials per second on 2 slots: one ``grid`` experiment of N scripted trials that each
    complete one step (``examples/scripted``, ``steps=1 sleep=0 checkpoint_every=0``), timed from
    the POST to the ``COMPLETED`` state's ``recorded_at``; the baseline launches the same script
-   N times off-cluster as bare subprocesses, 2 at a time.
+   N times off-cluster as bare subprocesses, 2 at a time. Beside it: the same work per
+   CPU-second (every process of the cluster, PostgreSQL and nats-server included, against the
+   bare runs' own), which other load on the machine disturbs less; and each trial's start phase
+   by phase (median and p90: requested -> allocated -> command delivered -> process started ->
+   first output -> first report -> exit; see :mod:`bench._trial_start` for which fact or log
+   line marks each).
 2. Training throughput of ``examples/digits/train.py`` (fixed hyperparameters, a fixed number of
    batches): batches/s between its first and last validation line (process start, data loading
    and imports excluded), bare (lines stamped as this process reads them from the pipe) and as a
@@ -25,6 +30,7 @@ import io
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -32,14 +38,24 @@ import sys
 import tarfile
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.common import BenchContext, Measure, Report, per_second, progress
+from bench._trial_start import (
+    PhaseStats,
+    TrialMarks,
+    breakdown,
+    cpu_seconds,
+    cpu_used,
+    marks_from_events,
+    missing_marks,
+    read_agent_marks,
+)
+from bench.common import BenchContext, Measure, Report, per_second, print_table, progress
 from cairn.local.processes import ProcessCluster
 from cairn.local.servers import ServerProcess, start_nats
 from events.domain.config import load_yaml
@@ -54,6 +70,12 @@ SLOTS = 2
 NOOP_HPARAMS: dict[str, Any] = {"steps": 1, "sleep": 0, "checkpoint_every": 0}
 DIGITS_HPARAMS: dict[str, Any] = {"lr": 0.01, "hidden": 128, "dropout": 0.1, "batch_size": 32}
 VALIDATE_EVERY = 100
+NOOP_TARGET = 0.9
+"""The goal for no-op trials per second, as a fraction of bare subprocesses' rate."""
+TERMINAL_POLL = 0.25
+"""Seconds between the bench's looks for the experiment's end: the figures come from the events'
+``recorded_at``, so a slower look only notices later, and keeps the bench's own queries off the
+CPUs the trials and services share."""
 TERMINAL = ("COMPLETED", "ERROR", "CANCELED")
 _BATCH_LINE = re.compile(r"^batch (\d+): .*\(([\d.]+)s\)\s*$")
 
@@ -95,6 +117,12 @@ class _Cluster(ProcessCluster):
 
     token: str = ""
     http: aiohttp.ClientSession | None = None
+    servers: dict[str, int] = field(default_factory=dict)
+    """The pids of the PostgreSQL and nats-server it runs on, by name (for CPU accounting)."""
+
+    def pids(self) -> dict[str, int]:
+        """Every process of the cluster and its servers, by name (the agent is ``a``)."""
+        return {**{name: proc.pid for name, proc in self.procs.items()}, **self.servers}
 
     async def launch(self) -> None:
         """Starts every service and the agent (checkpoints allowed under the work directory,
@@ -158,6 +186,7 @@ async def _cluster_on(
         store = await EventStore.connect(dsn, max_size=2)
         nats = await asyncio.to_thread(start_nats, work / "nats")
         cluster = _Cluster(dsn, nats.url, work)
+        cluster.servers = {"postgres": ctx.server.proc.pid, "nats": nats.proc.pid}
         yield cluster, store
     except BaseException:
         if cluster is not None:
@@ -203,7 +232,7 @@ async def _wait_terminal(
                     )
                 return event
         cluster.check_alive()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(TERMINAL_POLL)
     raise RuntimeError(f"experiment {experiment_id} not done in {timeout:.0f}s\n{cluster.logs()}")
 
 
@@ -251,8 +280,9 @@ def _argv(hparams: dict[str, Any]) -> list[str]:
 # 1. no-op trials
 
 
-async def _bare_noop(n: int, tmp: Path) -> tuple[float, list[float]]:
-    """Runs the no-op script ``n`` times, ``SLOTS`` at a time; (wall seconds, per-run seconds)."""
+async def _bare_noop(n: int, tmp: Path) -> tuple[float, list[float], float]:
+    """Runs the no-op script ``n`` times, ``SLOTS`` at a time; (wall seconds, per-run seconds,
+    CPU seconds of the runs)."""
     gate = asyncio.Semaphore(SLOTS)
     durations: list[float] = []
 
@@ -281,15 +311,23 @@ async def _bare_noop(n: int, tmp: Path) -> tuple[float, list[float]]:
 
     await one(-1)  # warm-up (page cache); not counted
     durations.clear()
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
-    return time.perf_counter() - t0, durations
+    return time.perf_counter() - t0, durations, _children_cpu() - cpu0
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's reaped children (the bare runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def _cairn_noop(
     cluster: _Cluster, store: EventStore, n: int, tmp: Path, report: Report
-) -> tuple[float, list[float]]:
-    """Submits the grid of ``n`` no-op trials; (POST -> COMPLETED seconds, per-trial latencies)."""
+) -> tuple[float, list[float], float]:
+    """Submits the grid of ``n`` no-op trials; (POST -> COMPLETED seconds, per-trial latencies,
+    CPU seconds of the cluster's processes, its servers' and the trials')."""
     config = _config(SCRIPTED / "config.yaml", NOOP_HPARAMS, tmp / "noop-checkpoints")
     config["name"] = "bench-noop"
     config["hyperparameters"]["index"] = {"type": "categorical", "vals": list(range(n))}
@@ -300,10 +338,12 @@ async def _cairn_noop(
     }
     config["max_restarts"] = 0
     code = _code_tarball(SCRIPTED)
+    cpu_before = cpu_seconds(cluster.pids(), split="a")
     posted = datetime.now(UTC)
     experiment_id = await cluster.submit(config, code)
     done = await _wait_terminal(store, cluster, experiment_id, timeout=120)
     seconds = (done.recorded_at - posted).total_seconds()
+    cpu = cpu_used(cpu_before, cpu_seconds(cluster.pids(), split="a"))
 
     requested: dict[int, datetime] = {}
     for event in await store.read_stream(experiment_stream(experiment_id)):
@@ -312,6 +352,7 @@ async def _cairn_noop(
     if len(requested) != n:
         raise RuntimeError(f"{len(requested)} trials requested, expected {n}")
     latencies, runs, waits = [], [], []
+    trials: list[TrialMarks] = []
     for trial_id, t_requested in requested.items():
         events = await store.read_stream(trial_stream(trial_id))
         exits = [e for e in events if e.type == "TrialExited"]
@@ -322,6 +363,8 @@ async def _cairn_noop(
         if starts:
             runs.append((exits[-1].recorded_at - starts[0].recorded_at).total_seconds())
             waits.append((starts[0].recorded_at - t_requested).total_seconds())
+        trials.append(marks_from_events(trial_id, t_requested, events))
+    await _add_run_marks(cluster, store, trials)
     report.details["noop_cairn"] = {
         "experiment_id": experiment_id,
         "trials": n,
@@ -331,7 +374,68 @@ async def _cairn_noop(
         "mean_started_to_exited_s": round(statistics.fmean(runs), 4) if runs else None,
         "max_requested_to_exited_s": round(max(latencies), 4),
     }
-    return seconds, latencies
+    report.details["noop_cpu_ms_per_trial"] = {
+        ("trial processes" if name == "a children" else name): round(v * 1000 / n, 1)
+        for name, v in sorted(cpu.items(), key=lambda kv: -kv[1])
+    }
+    phases = breakdown(trials, SLOTS)
+    report.details["noop_start_breakdown"] = [p.to_json() for p in phases]
+    missing = missing_marks(trials)
+    if missing:
+        report.details["noop_start_missing_marks"] = missing
+        report.notes.append(f"trial start breakdown: marks missing for some trials: {missing}")
+    _print_breakdown(phases)
+    report.notes.append(
+        "trial start, median (p90) ms: "
+        + "; ".join(f"{p.name} {p.median * 1000:.0f} ({p.p90 * 1000:.0f})" for p in phases)
+    )
+    return seconds, latencies, sum(cpu.values())
+
+
+async def _add_run_marks(cluster: _Cluster, store: EventStore, trials: list[TrialMarks]) -> None:
+    """Adds the agent's marks (its log lines) and each run's first output line (``task_logs``)."""
+    by_allocation = read_agent_marks(cluster.workdir / "a.log")
+    ids = [t.allocation_id for t in trials if t.allocation_id]
+    async with store.connection() as conn:
+        rows = await conn.fetch(
+            "SELECT allocation_id, min(ts) AS first FROM task_logs"
+            " WHERE allocation_id = ANY($1::text[]) GROUP BY allocation_id",
+            ids,
+        )
+    first_output = {str(r["allocation_id"]): r["first"] for r in rows}
+    for trial in trials:
+        trial.times.update(by_allocation.get(trial.allocation_id, {}))
+        if trial.allocation_id in first_output:
+            trial.times["first_output"] = first_output[trial.allocation_id]
+
+
+def _bound_note(cpu_ms: dict[str, float], bare_ms: float) -> str:
+    """What bounds the no-op ratio where the CPUs are the limit: the services' CPU per trial and
+    what a trial's process spends beyond a bare run's, against the bare run's own."""
+    trial_ms = cpu_ms.get("trial processes", 0.0)
+    services_ms = sum(ms for name, ms in cpu_ms.items() if name != "trial processes")
+    extra_ms = trial_ms - bare_ms
+    bound = bare_ms / (bare_ms + services_ms + max(extra_ms, 0.0)) if bare_ms > 0 else 0.0
+    return (
+        f"no-op bound where the CPUs are the limit: a bare run {bare_ms:.0f} ms CPU; per trial the "
+        f"services, PostgreSQL and nats-server {services_ms:.0f} ms, the trial's process "
+        f"{extra_ms:+.0f} ms beyond a bare run (confinement, the Core API's HTTP client and "
+        f"reports): at most ~{bound:.2f}x; it moves with less CPU per trial in the services and "
+        "the trial's client, not with a faster interpreter start, which bare runs share"
+    )
+
+
+def _print_breakdown(phases: Sequence[PhaseStats]) -> None:
+    """Prints the phases of a trial's start as a table (milliseconds)."""
+    progress("  trial start, phase by phase (ms):")
+    print_table(
+        ["phase", "median", "p90", "trials", "what"],
+        [
+            [p.name, f"{p.median * 1000:.0f}", f"{p.p90 * 1000:.0f}", str(p.count), p.what]
+            for p in phases
+        ],
+        indent=4,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -445,10 +549,11 @@ async def run(ctx: BenchContext) -> Report:
     work.mkdir(parents=True, exist_ok=True)
 
     progress(f"trials: bare baseline, {n} no-op scripted runs as subprocesses, {SLOTS} at a time")
-    bare_seconds, bare_runs = await _bare_noop(n, work / "bare")
+    bare_seconds, bare_runs, bare_cpu = await _bare_noop(n, work / "bare")
     bare_rate = per_second(n, bare_seconds)
     progress(
-        f"  {bare_rate:.2f} runs/s ({bare_seconds:.2f}s; mean run {statistics.fmean(bare_runs):.3f}s)"
+        f"  {bare_rate:.2f} runs/s ({bare_seconds:.2f}s; mean run {statistics.fmean(bare_runs):.3f}s;"
+        f" {bare_cpu * 1000 / n:.0f} ms CPU per run)"
     )
     progress(f"trials: bare digits, {batches:,} batches")
     bare_digits = await _bare_digits(batches, work / "bare")
@@ -469,7 +574,7 @@ async def run(ctx: BenchContext) -> Report:
         progress(f"  cluster up in {time.perf_counter() - t0:.1f}s")
 
         progress(f"trials: cairn, one grid experiment of {n} no-op trials on {SLOTS} slots")
-        cairn_seconds, latencies = await _cairn_noop(cluster, store, n, work, report)
+        cairn_seconds, latencies, cairn_cpu = await _cairn_noop(cluster, store, n, work, report)
         cairn_rate = per_second(n, cairn_seconds)
         mean_latency = statistics.fmean(latencies)
         progress(
@@ -477,6 +582,10 @@ async def run(ctx: BenchContext) -> Report:
             f"TrialRequested -> TrialExited {mean_latency:.2f}s; "
             f"mean start -> exit {report.details['noop_cairn']['mean_started_to_exited_s']}s"
         )
+        cpu_split = ", ".join(
+            f"{name} {ms:.0f}" for name, ms in report.details["noop_cpu_ms_per_trial"].items()
+        )
+        progress(f"  CPU per trial {cairn_cpu * 1000 / n:.0f} ms: {cpu_split}")
 
         progress(f"trials: cairn digits, single-trial experiment, {batches:,} batches")
         cairn_digits = await _cairn_digits(cluster, store, batches, work)
@@ -496,6 +605,20 @@ async def run(ctx: BenchContext) -> Report:
             unit="trials/s",
             count=n,
             notes="cairn: POST /experiments to COMPLETED recorded_at, one grid experiment",
+            target=f">= {NOOP_TARGET}x",
+            met=cairn_rate >= NOOP_TARGET * bare_rate,
+        ),
+        FineMeasure(
+            "no-op trials per CPU-second (trials/CPU-s)",
+            per_second(n, cairn_cpu),
+            per_second(n, bare_cpu),
+            "bare subprocesses",
+            unit="trials/CPU-s",
+            count=n,
+            notes="cairn: the trials' processes and every service's, PostgreSQL's and "
+            "nats-server's CPU time from the POST to COMPLETED (less disturbed by other load)",
+            target=f">= {NOOP_TARGET}x",
+            met=cairn_cpu * NOOP_TARGET <= bare_cpu,
         ),
         FineMeasure(
             "no-op trial latency, TrialRequested->TrialExited (s)",
@@ -521,6 +644,7 @@ async def run(ctx: BenchContext) -> Report:
             "runs": n,
             "seconds": round(bare_seconds, 3),
             "mean_run_s": round(statistics.fmean(bare_runs), 4),
+            "cpu_ms_per_run": round(bare_cpu * 1000 / n, 1),
         },
         digits={
             "hparams": {**DIGITS_HPARAMS, "validate_every": VALIDATE_EVERY},
@@ -531,6 +655,7 @@ async def run(ctx: BenchContext) -> Report:
     )
     report.notes += [
         f"{os.cpu_count()} CPUs: the cluster's services share them with the trials",
+        _bound_note(report.details["noop_cpu_ms_per_trial"], bare_cpu * 1000 / n),
         f"digits, script's own timer: cairn {cairn_digits['script_batches_per_s']:,.0f} vs bare "
         f"{bare_digits['script_batches_per_s']:,.0f} batches/s",
     ]

@@ -27,7 +27,7 @@ from cairn.core._train import (
     default_tensorboard_path,
 )
 from events.domain.checkpoint_storage import CheckpointStorage, S3Storage
-from events.domain.config.storage import tensorboard_dir
+from events.domain.storage_paths import tensorboard_dir
 
 log = logging.getLogger("cairn.core")
 

@@ -310,6 +310,16 @@ def test_core_api_imports_fast_without_torch() -> None:
     assert result.stdout.strip() == "[]", result.stderr
 
 
+def test_core_api_imports_without_the_config_models() -> None:
+    """``import cairn.core`` loads neither pydantic nor the config models (each trial's start)."""
+    code = (
+        "import sys, cairn.core; print(sorted(m for m in ('pydantic', 'events.domain.config',"
+        " 'events.domain.checkpoint_storage.policy') if m in sys.modules))"
+    )
+    result = run(["-c", code], ROOT)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
 def _reported_steps(stderr: str, group: str) -> list[int]:
     pattern = re.compile(r"^\[cairn\.core\] metrics: (\{.*\})$", re.M)
     return [
