@@ -36,7 +36,7 @@ from events.log.store import read_checkpoint
 
 LEVEL_BUCKETS: tuple[int, ...] = (1024, 256, 64, 16)
 """At most this many buckets per stored width of a series: the finest width bounds how fine a
-chart of an ended trial can be; each coarser one reads four times fewer buckets."""
+chart of the trial can be; each coarser one reads four times fewer buckets."""
 
 
 @dataclass(frozen=True)
