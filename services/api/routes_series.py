@@ -3,7 +3,7 @@ and of one trial (every metric), and an experiment's logs across its trials.
 
 The tracker reads the series (through :mod:`services.tracker.read`; their SQL is in
 :mod:`services.tracker.series`): buckets of steps with the lowest and highest value of each, from
-its rollups of ended trials and from the live trials' points, so a 1,000-trial experiment
+the buckets it keeps for every trial, running or ended, so a 1,000-trial experiment
 answers with about a hundred points per trial without reading its million points.
 :mod:`services.api.downsample` sizes the buckets and turns each into at most two points. Each answer carries ``position``: the tracker's checkpoint when
 the read began; the projection holds at least the events up to it, so a client that follows

@@ -2,9 +2,10 @@
 
 Metric reports (``WorkloadCompleted``, ``ValidationReported``, ``MetricsReported``) are most of
 the log. A run of consecutive reports in a page is applied as: one lookup of the trials'
-experiments and states, one multi-row upsert of the points, one archive of rolled-back rows, a
-rebuild of the chart rollups of ended trials (rare: reports after a trial's end), one update of
-the trials' ``steps_completed``, then each validation's own effects in order.
+experiments, one multi-row upsert of the points, one archive of rolled-back rows, the chart
+buckets kept (:func:`services.tracker.series.keep_buckets`: appended in a statement or two, or
+recomputed for a trial whose rows were rolled back), one update of the trials'
+``steps_completed``, then each validation's own effects in order.
 
 Invariant: the result equals applying the reports one by one (``project_metrics.metrics``). That
 holds because a run is cut before a report whose trial already appears in it with another
@@ -32,13 +33,11 @@ from datetime import datetime
 
 import orjson
 
-from events.domain.lifecycle import TERMINAL
 from events.domain.types import MetricsReported, ValidationReported, WorkloadCompleted
 from events.log.db import Connection
-from services.tracker.series import roll_up_reported
+from services.tracker.series import NewPoint, keep_buckets
 
 Report = WorkloadCompleted | ValidationReported | MetricsReported
-TERMINAL_STATES = sorted(TERMINAL)
 
 
 @dataclass(frozen=True)
@@ -114,14 +113,10 @@ async def apply_run(conn: Connection, run: MetricRun) -> list[tuple[ValidationRe
     effects the caller applies next, in order."""
     trial_ids = sorted({p.event.trial_id for p in run.points})
     found = await conn.fetch(
-        """SELECT trial_id, experiment_id, state = ANY($2::text[]) AS ended
-           FROM tr_trials WHERE trial_id = ANY($1::bigint[])""",
+        "SELECT trial_id, experiment_id FROM tr_trials WHERE trial_id = ANY($1::bigint[])",
         trial_ids,
-        TERMINAL_STATES,
     )
     experiments = {int(r["trial_id"]): int(r["experiment_id"]) for r in found}
-    # Reports for an ended trial (rare) change the points its rollups were built from.
-    ended = [int(r["trial_id"]) for r in found if r["ended"]]
     points = [p for p in run.points if p.event.trial_id in experiments]
     if not points:
         return []
@@ -178,8 +173,11 @@ async def apply_run(conn: Connection, run: MetricRun) -> list[tuple[ValidationRe
             [runs[t] for t in arch],
             [low[t] for t in arch],
         )
-    if ended:
-        await roll_up_reported(conn, ended)
+    await keep_buckets(
+        conn,
+        [NewPoint(k[0], experiments[k[0]], k[2], k[3], rows[k].event.metrics) for k in keys],
+        rebuild=archivable,
+    )
     current = {
         int(r["trial_id"]): int(r["steps_completed"])
         for r in await conn.fetch(

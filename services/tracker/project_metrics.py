@@ -10,7 +10,6 @@ from datetime import datetime
 from typing import Any
 
 from events.domain.aggregates import metric_value
-from events.domain.lifecycle import TERMINAL
 from events.domain.types import (
     CheckpointSaved,
     CheckpointsDeleted,
@@ -41,8 +40,9 @@ async def metrics(
         return
     # One statement: upsert the point (a repeat un-archives it), apply Determined's rollback
     # (a run reporting at step s archives earlier runs' rows beyond s, every group), and move
-    # the trial's steps_completed (back to s when this report rolled something back).
-    await conn.execute(
+    # the trial's steps_completed (back to s when this report rolled something back); it
+    # answers whether it rolled anything back.
+    rolled_back = await conn.fetchval(
         """WITH ins AS (
                INSERT INTO tr_metrics (trial_id, experiment_id, run_id, "group", steps_completed,
                                        metrics, archived, reported_at)
@@ -54,11 +54,14 @@ async def metrics(
            arch AS (
                UPDATE tr_metrics SET archived = true
                WHERE trial_id = $1 AND run_id < $3 AND steps_completed > $5 AND NOT archived
+               RETURNING 1),
+           steps AS (
+               UPDATE tr_trials
+               SET steps_completed = CASE WHEN EXISTS (SELECT 1 FROM arch) THEN $5
+                                          ELSE greatest(steps_completed, $5) END
+               WHERE trial_id = $1 AND EXISTS (SELECT 1 FROM ins)
                RETURNING 1)
-           UPDATE tr_trials
-           SET steps_completed = CASE WHEN EXISTS (SELECT 1 FROM arch) THEN $5
-                                      ELSE greatest(steps_completed, $5) END
-           WHERE trial_id = $1 AND EXISTS (SELECT 1 FROM ins)""",
+           SELECT EXISTS (SELECT 1 FROM arch)""",
         e.trial_id,
         experiment_id,
         e.run_id,
@@ -67,12 +70,11 @@ async def metrics(
         dict(e.metrics),
         at,
     )
-    if await conn.fetchval(
-        "SELECT state = ANY($2::text[]) FROM tr_trials WHERE trial_id = $1",
-        e.trial_id,
-        sorted(TERMINAL),
-    ):
-        await series.roll_up_reported(conn, [e.trial_id])
+    await series.keep_buckets(
+        conn,
+        [series.NewPoint(e.trial_id, experiment_id, group_of(e), e.steps_completed, e.metrics)],
+        rebuild=[e.trial_id] if rolled_back else (),
+    )
     if isinstance(e, ValidationReported):
         await validation_effects(conn, e, experiment_id)
 

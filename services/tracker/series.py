@@ -1,30 +1,32 @@
-"""Chart series of the tracker's metrics: the rollups of ended trials and the reads that serve
-learning curves (every SQL statement of the series path lives here).
+"""Chart series of the tracker's metrics: the buckets it keeps for every trial and the reads
+that serve learning curves (every SQL statement of the series path lives here).
 
 A chart bucket groups a series' points by ``steps // width`` and keeps the first and last step
 and the lowest and highest value (the API turns each bucket into at most two points). Query
 widths are powers of two, so a bucket of width ``w`` nests in exactly one bucket of any width
-``W >= w``; the min/max of nested buckets equal the min/max of their points. That makes a
-precomputed rollup exact:
+``W >= w``; the min/max of nested buckets equal the min/max of their points. That makes stored
+buckets exact:
 
-- When a trial ends (its terminal ``TrialStateChanged``), :func:`roll_up` stores, for each of its
-  (group, metric) series, the buckets at a few power-of-two widths (``tr_series_rollups``, one
-  row per width with the buckets as parallel arrays), in the tracker's transaction.
-- A chart of width ``W`` reads each ended trial's coarsest stored width ``<= W`` and merges its
-  buckets, and buckets the points of live trials (few at a time) and of ended trials without
-  rollups (projected before they existed); both give what bucketing every point at ``W`` gives.
-  ``W`` is never finer than an ended series' finest stored width.
-- A trial that leaves its terminal state (a continued experiment) loses its rollups, and a report
-  for a trial that is still terminal recomputes them (:func:`roll_up_reported`), so no chart is
-  ever drawn from stale buckets.
+- For each (group, metric) series of a trial, ``tr_series_rollups`` holds its buckets at a few
+  power-of-two widths fixed by the series' last step (one row per width, the buckets as
+  parallel arrays): always what :func:`roll_up` computes from the trial's current points. The
+  metric projection keeps them while the trial runs (:func:`keep_buckets`: new points past the
+  last step are appended; anything else recomputes the trial), and the trial's end recomputes
+  them once more, all in the tracker's transaction.
+- A chart of width ``W`` reads each trial's coarsest stored width ``<= W`` and merges its
+  buckets, running or ended alike, and buckets the points of trials without any stored row
+  (projected before buckets were kept); both give what bucketing every point at ``W`` gives.
+  ``W`` is never finer than any series' finest stored width (a series of ``n`` steps stores
+  buckets ``n / 1024`` steps wide or finer, so only a chart of more than 1,024 buckets is
+  coarser than bucketing the points would allow).
 
 Every rule depends only on the projected rows at that point of the log, so a rebuild from
-position 0 writes the same rollups.
+position 0 writes the same buckets, whatever pages the log is projected in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +36,7 @@ from events.log.store import read_checkpoint
 
 LEVEL_BUCKETS: tuple[int, ...] = (1024, 256, 64, 16)
 """At most this many buckets per stored width of a series: the finest width bounds how fine a
-chart of an ended trial can be; each coarser one reads four times fewer buckets."""
-
-_TERMINAL = sorted(TERMINAL)
+chart of the trial can be; each coarser one reads four times fewer buckets."""
 
 
 @dataclass(frozen=True)
@@ -121,18 +121,171 @@ async def drop_rollups(conn: Connection, trial_ids: Sequence[int]) -> None:
 
 
 async def on_trial_state(conn: Connection, trial_id: int, state: str) -> None:
-    """Keeps the rollups in step with a projected trial state: built when the trial ends,
-    dropped when it runs again."""
+    """Recomputes the buckets of a trial that ends (kept ones already equal them; a trial
+    projected before buckets were kept gets them now); other states leave them as they are."""
     if state in TERMINAL:
         await roll_up(conn, trial_id)
-    else:
-        await drop_rollups(conn, [trial_id])
 
 
-async def roll_up_reported(conn: Connection, trial_ids: Sequence[int]) -> None:
-    """Recomputes the rollups of ``trial_ids``: ended trials whose points a report just changed
-    (after their rollups were built)."""
-    for trial_id in sorted(set(trial_ids)):
+# --- buckets kept while trials run (written by the tracker's metric projection) -----------------
+
+
+@dataclass(frozen=True)
+class NewPoint:
+    """One point a report just wrote to ``tr_metrics`` (unarchived): what keeping needs of it."""
+
+    trial_id: int
+    experiment_id: int
+    group: str
+    steps: int
+    metrics: Mapping[str, Any]
+
+
+@dataclass
+class _Tail:
+    """The last bucket of one stored row: how many buckets the row has, and that bucket."""
+
+    count: int
+    first: int
+    last: int
+    low: float
+    high: float
+
+
+def _numeric(metrics: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """The values of a report that the rollups' SQL takes (``jsonb_typeof = 'number'``)."""
+    # ``+ 0.0`` turns -0.0 into 0.0, as jsonb's numeric does.
+    return [
+        (k, float(v) + 0.0)
+        for k, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+
+
+def _text(values: Sequence[int] | Sequence[float]) -> str:
+    """An array literal PostgreSQL parses back to exactly ``values`` (``repr`` round-trips)."""
+    return "{" + ",".join(repr(v) for v in values) + "}"
+
+
+def _appended(
+    tail: _Tail | None, width: int, points: Sequence[tuple[int, float]]
+) -> tuple[int, list[list[Any]]]:
+    """The buckets of ``width`` after ``points`` (in step order, all past the row's last step):
+    how many stored buckets stay, and the buckets that follow them (the first one merges the
+    stored last bucket when a point falls into it)."""
+    keep = tail.count if tail is not None else 0
+    out: list[list[Any]] = []  # [bucket, first, last, low, high]
+    for x, y in points:
+        b = x // width
+        if out and out[-1][0] == b:
+            cell = out[-1]
+            cell[2], cell[3], cell[4] = x, min(cell[3], y), max(cell[4], y)
+        elif not out and tail is not None and tail.last // width == b:
+            out.append([b, tail.first, x, min(tail.low, y), max(tail.high, y)])
+            keep -= 1
+        else:
+            out.append([b, x, x, y, y])
+    return keep, out
+
+
+async def keep_buckets(
+    conn: Connection, points: Sequence[NewPoint], rebuild: Collection[int] = ()
+) -> None:
+    """Brings the stored buckets of the trials of ``points`` up to date with those points (just
+    written, one per key), so that they equal what :func:`roll_up` would store now.
+
+    A series whose new points all lie past every stored step of their trial's group, at the
+    same stored widths, gets them appended (its last bucket merged); anything else recomputes
+    the trial from its points with :func:`roll_up`: a trial in ``rebuild`` (a report rolled
+    some of its rows back), one with no stored row (new, or projected before buckets were
+    kept), a repeated or earlier step, or a series whose widths change as its steps grow
+    (each time its last step doubles, so the recomputations cost about twice the points).
+    Call it in the transaction that writes the points.
+    """
+    if not points:
+        return
+    full = set(rebuild)
+    ids = sorted({p.trial_id for p in points} - full)
+    tails: dict[int, dict[tuple[str, str], dict[int, _Tail]]] = {}
+    for r in await conn.fetch(
+        """SELECT trial_id, "group" AS g, metric AS k, width, cardinality(firsts) AS n,
+                  firsts[cardinality(firsts)] AS first, lasts[cardinality(lasts)] AS last,
+                  lows[cardinality(lows)] AS low, highs[cardinality(highs)] AS high
+           FROM tr_series_rollups WHERE trial_id = ANY($1::bigint[])""",
+        ids,
+    ):
+        stored_series = tails.setdefault(int(r["trial_id"]), {})
+        stored_series.setdefault((str(r["g"]), str(r["k"])), {})[int(r["width"])] = _Tail(
+            int(r["n"]), int(r["first"]), int(r["last"]), float(r["low"]), float(r["high"])
+        )
+    full.update(t for t in ids if t not in tails)
+    new: dict[int, dict[tuple[str, str], list[tuple[int, float]]]] = {}
+    experiments: dict[int, int] = {}
+    for p in points:
+        if p.trial_id in full:
+            continue
+        kept = tails[p.trial_id]
+        top = max(
+            (t.last for (g, _), w in kept.items() if g == p.group for t in w.values()), default=-1
+        )
+        if p.steps <= top:  # the row may replace one the buckets hold
+            full.add(p.trial_id)
+            continue
+        experiments[p.trial_id] = p.experiment_id
+        by_series = new.setdefault(p.trial_id, {})
+        for k, y in _numeric(p.metrics):
+            by_series.setdefault((p.group, k), []).append((p.steps, y))
+    updates: list[tuple[Any, ...]] = []
+    inserts: list[tuple[Any, ...]] = []
+    for trial_id, by_series in sorted(new.items()):
+        if trial_id in full:
+            continue
+        rows: list[tuple[Any, ...]] = []
+        for (g, k), pts in sorted(by_series.items()):
+            pts.sort()
+            stored = tails[trial_id].get((g, k), {})
+            top = max([pts[-1][0], *(t.last for t in stored.values())])
+            widths = level_widths(top)
+            if stored and sorted(stored) != widths:
+                full.add(trial_id)
+                break
+            for width in widths:
+                keep, cells = _appended(stored.get(width), width, pts)
+                rows.append((trial_id, g, k, width, keep, bool(stored), cells))
+        if trial_id in full:
+            continue
+        for trial, g, k, width, keep, exists, cells in rows:
+            columns = [_text([c[i] for c in cells]) for i in range(1, 5)]
+            if exists:
+                updates.append((trial, g, k, width, keep, *columns))
+            else:
+                inserts.append((trial, experiments[trial], g, k, width, *columns))
+    if updates:
+        await conn.execute(
+            """UPDATE tr_series_rollups r
+               SET firsts = r.firsts[1:u.keep] || u.firsts::bigint[],
+                   lasts = r.lasts[1:u.keep] || u.lasts::bigint[],
+                   lows = r.lows[1:u.keep] || u.lows::float8[],
+                   highs = r.highs[1:u.keep] || u.highs::float8[]
+               FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::int[],
+                           $6::text[], $7::text[], $8::text[], $9::text[])
+                    AS u(trial_id, g, k, w, keep, firsts, lasts, lows, highs)
+               WHERE r.trial_id = u.trial_id AND r."group" = u.g AND r.metric = u.k
+                 AND r.width = u.w""",
+            *(list(column) for column in zip(*updates, strict=True)),
+        )
+    if inserts:
+        await conn.execute(
+            """INSERT INTO tr_series_rollups (trial_id, experiment_id, "group", metric, width,
+                                              firsts, lasts, lows, highs)
+               SELECT u.trial_id, u.experiment_id, u.g, u.k, u.w, u.firsts::bigint[],
+                      u.lasts::bigint[], u.lows::float8[], u.highs::float8[]
+               FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[],
+                           $6::text[], $7::text[], $8::text[], $9::text[])
+                    AS u(trial_id, experiment_id, g, k, w, firsts, lasts, lows, highs)""",
+            *(list(column) for column in zip(*inserts, strict=True)),
+        )
+    for trial_id in sorted(full):
         await roll_up(conn, trial_id)
 
 
@@ -216,22 +369,19 @@ async def experiment_series(
     conn: Connection, experiment_id: int, group: str, metric: str, width: int
 ) -> list[SeriesBuckets]:
     """Every trial's series of one metric in buckets of ``width`` steps (a power of two, at least
-    :func:`experiment_width`): ended trials from their rollups, live ones (and ended ones without
-    any rollup: projected before rollups existed) from their points."""
+    :func:`experiment_width`): from their stored buckets, and trials without any (projected
+    before buckets were kept) from their points."""
     # The few trials read from their points, first: a list the planner sees is an index scan.
     raw = await conn.fetch(
         """SELECT t.trial_id FROM tr_trials t
            WHERE t.experiment_id = $1
-             AND (NOT (t.state = ANY($2::text[]))
-                  OR NOT EXISTS (SELECT 1 FROM tr_series_rollups r WHERE r.trial_id = t.trial_id))""",
+             AND NOT EXISTS (SELECT 1 FROM tr_series_rollups r WHERE r.trial_id = t.trial_id)""",
         experiment_id,
-        _TERMINAL,
     )
     rows = await conn.fetch(
         """(SELECT DISTINCT ON (r.trial_id) r.trial_id, r.width, r.firsts, r.lasts, r.lows,
                    r.highs
             FROM tr_series_rollups r
-            JOIN tr_trials t ON t.trial_id = r.trial_id AND t.state = ANY($5::text[])
             WHERE r.experiment_id = $1 AND r."group" = $2 AND r.metric = $3 AND r.width <= $4
             ORDER BY r.trial_id, r.width DESC)
            UNION ALL
@@ -242,7 +392,7 @@ async def experiment_series(
                  FROM (SELECT m.trial_id, m.steps_completed AS x,
                               (m.metrics -> $3)::float8 AS y
                        FROM tr_metrics m
-                       WHERE m.trial_id = ANY($6::bigint[])
+                       WHERE m.trial_id = ANY($5::bigint[])
                          AND m."group" = $2 AND NOT m.archived AND m.metrics ? $3
                          AND jsonb_typeof(m.metrics -> $3) = 'number') p
                  GROUP BY trial_id, b) s
@@ -252,7 +402,6 @@ async def experiment_series(
         group,
         metric,
         width,
-        _TERMINAL,
         [int(r["trial_id"]) for r in raw],
     )
     return [_merged(r, group, metric, width) for r in rows]

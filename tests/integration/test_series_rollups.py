@@ -1,6 +1,7 @@
-"""Chart rollups of ended trials (``services/tracker/series.py``): the series they serve equal a
-direct downsample of the raw points at every width, they follow continued trials and late
-reports, and a rebuild from position 0 (batched or one event at a time) writes them equal."""
+"""Chart rollups (``services/tracker/series.py``): the series they serve equal a direct
+downsample of the raw points at every width, they follow continued trials and late reports, and
+a rebuild from position 0 (batched or one event at a time) writes them equal. Running trials'
+kept buckets: ``test_series_kept.py``."""
 
 from __future__ import annotations
 
@@ -156,11 +157,11 @@ async def api(store: EventStore, tmp_path: Path) -> AsyncIterator[Api]:
 async def test_rollups_serve_what_a_direct_downsample_of_the_points_gives(
     store: EventStore, tmp_path: Path
 ) -> None:
-    """Ended trials (restarted with a rollback, long and sparse) get rollups, live ones do not;
-    the chart never gets finer than an ended series' finest rollup, and at every width the
+    """Trials (restarted with a rollback, long and sparse, live) get rollups, one without a point
+    does not; the chart never gets finer than an ended series' finest rollup, and at every width the
     served buckets equal bucketing the unarchived points directly."""
     await experiment(store, tmp_path)
-    assert await rollup_trials(store) == {11, 12}
+    assert await rollup_trials(store) == {11, 12, 13}
     assert await width_for(store, "validation", "loss", 2000) == 8  # trial 12's finest
     assert await width_for(store, "validation", "loss", 16) == 512
     # Every metric gets a rollup at widths that are powers of two.
@@ -181,13 +182,13 @@ async def test_rollups_serve_what_a_direct_downsample_of_the_points_gives(
 async def test_continued_and_late_reported_trials_never_serve_stale_rollups(
     store: EventStore, tmp_path: Path, api: Api
 ) -> None:
-    """A continued trial loses its rollup and shows its new points from the raw rows, then gets
-    a fresh rollup when it ends again; a report for an ended trial rebuilds its rollup; the
-    API's chart shows the new values in each case."""
+    """A continued trial keeps its rollup, which its new points (rolling some back) bring up to
+    date, and recomputes it when it ends again; a report for an ended trial updates its rollup;
+    the API's chart shows the new values in each case."""
     await experiment(store, tmp_path)
     await state(store, 11, "ACTIVE")
     await catch_up(store, checkpoint_root=tmp_path)
-    assert await rollup_trials(store) == {12}
+    assert await rollup_trials(store) == {11, 12, 13}
     await store.append(trial_stream(11), reports(11, 3, range(90, 181)))
     await catch_up(store, checkpoint_root=tmp_path)
     await assert_served_equals_direct(store)
@@ -197,7 +198,7 @@ async def test_continued_and_late_reported_trials_never_serve_stale_rollups(
     )
     await store.append(trial_stream(12), [late])
     await catch_up(store, checkpoint_root=tmp_path)
-    assert await rollup_trials(store) == {11, 12}
+    assert await rollup_trials(store) == {11, 12, 13}
     await assert_served_equals_direct(store)
     body = await api.ok(
         "GET", "/api/v1/experiments/1/series?metric=loss&group=validation&buckets=2000", api.admin
@@ -218,7 +219,7 @@ async def test_rebuilds_write_the_live_rollups(store: EventStore, tmp_path: Path
     await state(store, 11, "CANCELED")
     await catch_up(store, checkpoint_root=tmp_path)
     live = await snapshot(store)
-    assert {r["trial_id"] for r in live["tr_series_rollups"]} == {11, 12}
+    assert {r["trial_id"] for r in live["tr_series_rollups"]} == {11, 12, 13}
     await projections.rebuild(store)
     assert await snapshot(store) == live
     assert await one_by_one(store) == live
