@@ -1,7 +1,8 @@
 """``python -m bench [NAME ...]``: runs the benchmarks against one embedded PostgreSQL.
 
 Every module in :data:`ORDER` that exists runs in that order, then any other ``bench/<name>.py``
-defining the hook, alphabetically. The hook is::
+defining the hook, alphabetically; those in :data:`OPT_IN` (long) run only when named. The hook
+is::
 
     async def run(ctx: bench.common.BenchContext) -> bench.common.Report
 
@@ -42,6 +43,8 @@ from bench.common import (
 # The fixed running order. Append new benchmark modules here; names listed but not written yet
 # are skipped quietly, and modules not listed still run (after these, alphabetically).
 ORDER: tuple[str, ...] = ("event_store", "trials", "ingest")
+OPT_IN: tuple[str, ...] = ("scale",)
+"""Benchmarks too long for the default run (``python -m bench``): they run only when named."""
 _NOT_BENCHMARKS = {"common", "__main__"}
 
 Hook = Callable[[BenchContext], Awaitable[Report]]
@@ -56,6 +59,14 @@ def discover() -> list[str]:
         if not m.name.startswith("_") and m.name not in _NOT_BENCHMARKS
     }
     return [n for n in ORDER if n in present] + sorted(present - set(ORDER))
+
+
+def default_names(available: list[str], named: list[str]) -> list[str]:
+    """The benchmarks to run: those ``named`` (in running order), or every available one but
+    the :data:`OPT_IN` ones when none is named."""
+    if named:
+        return [n for n in available if n in named]
+    return [n for n in available if n not in OPT_IN]
 
 
 def load_hook(name: str) -> Hook | None:
@@ -73,7 +84,9 @@ def _sigterm(signum: int, frame: FrameType | None) -> None:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
+    parser.add_argument(
+        "names", nargs="*", help=f"benchmarks to run (default: all but {', '.join(OPT_IN)})"
+    )
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     parser.add_argument(
         "--fast",
@@ -191,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; have: {', '.join(available)}")
         return 2
-    names = [n for n in available if n in args.names] if args.names else available
+    names = default_names(available, args.names)
     signal.signal(signal.SIGTERM, _sigterm)
     try:
         return asyncio.run(_run_all(args, names))
