@@ -63,6 +63,10 @@ class MetricRun:
         run = self._runs.get(event.trial_id)
         return run is None or run == event.run_id
 
+    def holds(self, trial_id: int) -> bool:
+        """Whether a report of trial ``trial_id`` waits here."""
+        return trial_id in self._runs
+
     def add(self, event: Report, at: datetime) -> None:
         """Appends a report (check :meth:`fits` first)."""
         self._runs[event.trial_id] = event.run_id

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from events.log.consumer import Consumer
-from events.log.store import EventStore
+from events.log.store import EventStore, Transaction
 
 
 async def rebuild_consumer(
-    store: EventStore, consumer: Consumer, tables: Sequence[str], *, batch: int = 5000
+    store: EventStore,
+    consumer: Consumer,
+    tables: Sequence[str],
+    *,
+    batch: int = 5000,
+    finish: Callable[[Transaction], Awaitable[None]] | None = None,
 ) -> int:
     """Truncates ``tables``, replays the log to its head through ``consumer.handle_page`` and
     moves the consumer's checkpoint to that head.
@@ -25,6 +30,7 @@ async def rebuild_consumer(
         consumer: the projection's consumer (its ``name`` and ``types`` are used).
         tables: the tables it owns, emptied first.
         batch: events read per page.
+        finish: run after the last page, before the checkpoint moves, in the transaction.
 
     Returns:
         How many events were applied.
@@ -43,5 +49,7 @@ async def rebuild_consumer(
             if len(events) < batch:
                 break
             position = events[-1].position
+        if finish is not None:
+            await finish(tx)
         await tx.set_checkpoint(consumer.name, head)
     return applied

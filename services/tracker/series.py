@@ -26,7 +26,9 @@ position 0 writes the same buckets, whatever pages the log is projected in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,9 +77,39 @@ _POINTS = """
 """
 
 
+_DEFERRED: ContextVar[set[int] | None] = ContextVar("tracker_deferred_buckets", default=None)
+"""The trials whose buckets a rebuild computes once at its end (``None``: keep them live)."""
+
+
+@contextlib.contextmanager
+def deferred_buckets() -> Iterator[set[int]]:
+    """Within it, :func:`keep_buckets` only notes the trials it was given, and the caller rolls
+    up those still noted (:func:`roll_up` un-notes a trial) before its transaction commits.
+
+    For a rebuild, which projects the whole log in one transaction: keeping every trial's
+    buckets page by page rewrites them many times (and recomputes each series whenever its
+    last step doubles), while one :func:`roll_up` per trial at the end stores the same rows.
+    """
+    noted: set[int] = set()
+    token = _DEFERRED.set(noted)
+    try:
+        yield noted
+    finally:
+        _DEFERRED.reset(token)
+
+
+async def roll_up_deferred(conn: Connection, noted: set[int]) -> None:
+    """Rolls up the trials :func:`deferred_buckets` noted, in id order."""
+    for trial_id in sorted(noted):
+        await roll_up(conn, trial_id)
+
+
 async def roll_up(conn: Connection, trial_id: int) -> None:
     """Replaces the rollups of ``trial_id`` with buckets of its current points (the trial has
     ended; call it in the transaction that projects the ending)."""
+    noted = _DEFERRED.get()
+    if noted is not None:
+        noted.discard(trial_id)
     await drop_rollups(conn, [trial_id])
     experiment_id = await conn.fetchval(
         "SELECT experiment_id FROM tr_trials WHERE trial_id = $1", trial_id
@@ -203,6 +235,10 @@ async def keep_buckets(
     Call it in the transaction that writes the points.
     """
     if not points:
+        return
+    noted = _DEFERRED.get()
+    if noted is not None:  # a rebuild: rolled up once at its end
+        noted.update(p.trial_id for p in points)
         return
     full = set(rebuild)
     ids = sorted({p.trial_id for p in points} - full)

@@ -1,6 +1,7 @@
 """Batched projection of metric reports (``services/tracker/batch.py``) equals applying the same
 log one event at a time, on random report sequences with restarts, rollbacks, repeats,
-validations and checkpoints, for any page size."""
+validations, checkpoints and runs' starts and ends interleaved across trials, for any page
+size."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from events.domain.types import (
     CheckpointSaved,
     ExperimentSubmitted,
     MetricsReported,
+    SlotsAllocated,
+    SlotsReleased,
+    TrialExited,
     TrialRequested,
+    TrialStarted,
     ValidationReported,
     WorkloadCompleted,
 )
@@ -36,13 +41,28 @@ reports = st.lists(
     st.tuples(
         st.integers(0, 2),  # trial
         st.integers(1, 3),  # run
-        st.sampled_from(["training", "validation", "custom", "checkpoint"]),
+        st.sampled_from(["training", "validation", "custom", "checkpoint", "start", "end"]),
         st.integers(0, 12),  # steps
         st.floats(0, 10, allow_nan=False),  # loss
     ),
     min_size=1,
     max_size=40,
 )
+
+
+def lifecycle(trial: int, run: int, kind: str) -> list[Event]:
+    """The facts of a run's start (allocation, start) or end (exit, release)."""
+    allocation = f"a-{trial}-{run}"
+    placements = {"agent-1": ["slot-0"]}
+    if kind == "start":
+        return [
+            SlotsAllocated(trial_id=trial, allocation_id=allocation, placements=placements),
+            TrialStarted(trial_id=trial, allocation_id=allocation, run_id=run, agent_id="agent-1"),
+        ]
+    return [
+        TrialExited(trial_id=trial, run_id=run, allocation_id=allocation, outcome="completed"),
+        SlotsReleased(trial_id=trial, allocation_id=allocation, placements=placements),
+    ]
 
 
 def report(trial: int, run: int, kind: str, steps: int, loss: float) -> Event:
@@ -107,9 +127,12 @@ async def test_batched_pages_equal_one_event_at_a_time(
     for trial, run, kind, steps, loss in sequence:
         if kind == "checkpoint" and steps % 2:  # a few checkpoints, the rest validations
             kind = "validation"
-        await store.append(
-            trial_stream(trials[trial]), [report(trials[trial], run, kind, steps, loss)]
+        facts = (
+            lifecycle(trials[trial], run, kind)
+            if kind in ("start", "end")
+            else [report(trials[trial], run, kind, steps, loss)]
         )
+        await store.append(trial_stream(trials[trial]), facts)
 
     expected = await one_by_one(store)
     await projections.rebuild(store)
