@@ -119,6 +119,9 @@ _NO_METADATA: dict[str, Any] = dict.fromkeys(Metadata.model_fields)
 _METADATA_COUNT = len(_NO_METADATA)
 _new_metadata = Metadata.__new__
 _new_recorded = RecordedEvent.__new__
+# One set shared by every stored event: a frozen model's fields are never set again, and a
+# copy (``model_copy``) copies the set before it adds to it.
+_ALL_RECORDED_FIELDS = set(_RECORDED_FIELDS)
 _set = object.__setattr__
 
 
@@ -146,7 +149,7 @@ def stored_event(values: dict[str, Any]) -> RecordedEvent:
     ``RecordedEvent.model_construct(**values)`` builds when ``values`` holds every field."""
     event = _new_recorded(RecordedEvent)
     _set(event, "__dict__", values)
-    _set(event, "__pydantic_fields_set__", set(_RECORDED_FIELDS))
+    _set(event, "__pydantic_fields_set__", _ALL_RECORDED_FIELDS)
     _set(event, "__pydantic_extra__", None)
     _set(event, "__pydantic_private__", None)
     return event
