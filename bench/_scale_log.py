@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import zip_longest
 from typing import Any
 
+from bench.event_store import INSERT_COLUMNS
 from events.domain.config import parse_config
 from events.domain.names import agent_stream, experiment_stream, task_stream, trial_stream
 from events.domain.search import Create, make_method
@@ -54,16 +55,7 @@ from events.domain.types.audit import AUDIT_STREAM
 from events.domain.types.teams import TEAMS_STREAM
 from events.log.envelope import Event
 
-COLUMNS = (
-    "event_id",
-    "stream_id",
-    "stream_version",
-    "type",
-    "schema_version",
-    "payload",
-    "metadata",
-    "recorded_at",
-)
+COLUMNS = (*INSERT_COLUMNS, "recorded_at")
 """The ``events`` columns the rows fill (``position`` is the table's own, in COPY order)."""
 
 TRIALS_PER_EXPERIMENT = 10
