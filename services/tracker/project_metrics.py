@@ -5,7 +5,8 @@ in batches, :mod:`services.tracker.batch`, equal to :func:`metrics` one at a tim
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -121,6 +122,97 @@ async def validation_effects(conn: Connection, e: ValidationReported, experiment
             value,
             smaller,
         )
+
+
+async def validations_effects(
+    conn: Connection, validations: Sequence[tuple[ValidationReported, int]]
+) -> None:
+    """:func:`validation_effects` of ``validations`` (each with its experiment), in that order,
+    in four statements whatever their number.
+
+    Applied one by one, the effects end as: each trial's latest validation is its last one and
+    its best the extreme of its values and the stored best; each checkpoint gets the last
+    validation of its step; each experiment's best moves to the first validation that reaches
+    the extreme of its values if that beats the stored best strictly (a tie keeps the earlier).
+    """
+    if len(validations) == 1:
+        await validation_effects(conn, *validations[0])
+        return
+    rows = await conn.fetch(
+        """SELECT experiment_id, searcher_metric, smaller_is_better FROM tr_experiments
+           WHERE experiment_id = ANY($1::bigint[])""",
+        sorted({experiment_id for _, experiment_id in validations}),
+    )
+    settings = {
+        int(r["experiment_id"]): (str(r["searcher_metric"] or ""), bool(r["smaller_is_better"]))
+        for r in rows
+    }
+    trials: dict[int, list[Any]] = {}  # trial -> [latest doc, best value, smaller]
+    checkpoints: dict[tuple[int, int], tuple[str, float | None]] = {}
+    experiments: dict[int, tuple[float, int, bool]] = {}  # -> (best value, its trial, smaller)
+    for e, experiment_id in validations:
+        name, smaller = settings.get(experiment_id, ("", True))
+        value = metric_value(e.metrics, name)
+        doc = _dumps(validation_doc(e.run_id, e.steps_completed, e.metrics))
+        trial = trials.setdefault(e.trial_id, [doc, None, smaller])
+        trial[0] = doc
+        if value is not None and (trial[1] is None or _better(value, trial[1], smaller)):
+            trial[1] = value
+        checkpoints[(e.trial_id, e.steps_completed)] = (doc, value)
+        if value is not None:
+            best = experiments.get(experiment_id)
+            if best is None or _better(value, best[0], smaller):
+                experiments[experiment_id] = (value, e.trial_id, smaller)
+    ids = sorted(trials)
+    await conn.execute(
+        """UPDATE tr_trials t SET latest_validation = u.doc::jsonb,
+               best_metric = CASE WHEN u.v IS NULL THEN t.best_metric
+                                  WHEN t.best_metric IS NULL THEN u.v
+                                  WHEN u.smaller THEN least(t.best_metric, u.v)
+                                  ELSE greatest(t.best_metric, u.v) END
+           FROM unnest($1::bigint[], $2::text[], $3::float8[], $4::bool[])
+                AS u(trial_id, doc, v, smaller)
+           WHERE t.trial_id = u.trial_id""",
+        ids,
+        [trials[t][0] for t in ids],
+        [trials[t][1] for t in ids],
+        [trials[t][2] for t in ids],
+    )
+    steps = sorted(checkpoints)
+    await conn.execute(
+        """UPDATE tr_checkpoints c SET validation = u.doc::jsonb, searcher_metric = u.v
+           FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::float8[])
+                AS u(trial_id, steps, doc, v)
+           WHERE c.trial_id = u.trial_id AND c.steps_completed = u.steps""",
+        [t for t, _ in steps],
+        [s for _, s in steps],
+        [checkpoints[k][0] for k in steps],
+        [checkpoints[k][1] for k in steps],
+    )
+    if experiments:
+        exps = sorted(experiments)
+        await conn.execute(
+            """UPDATE tr_experiments x SET best_metric = u.v, best_trial_id = u.trial_id
+               FROM unnest($1::bigint[], $2::float8[], $3::bigint[], $4::bool[])
+                    AS u(experiment_id, v, trial_id, smaller)
+               WHERE x.experiment_id = u.experiment_id
+                 AND (x.best_metric IS NULL OR (u.smaller AND u.v < x.best_metric)
+                      OR (NOT u.smaller AND u.v > x.best_metric))""",
+            exps,
+            [experiments[x][0] for x in exps],
+            [experiments[x][1] for x in exps],
+            [experiments[x][2] for x in exps],
+        )
+
+
+def _better(value: float, than: float, smaller: bool) -> bool:
+    """Whether ``value`` beats ``than`` strictly."""
+    return value < than if smaller else value > than
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    """A JSON document as the jsonb codec writes it."""
+    return json.dumps(doc, separators=(",", ":"))
 
 
 async def checkpoint_saved(conn: Connection, e: CheckpointSaved, at: datetime) -> None:

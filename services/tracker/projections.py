@@ -133,8 +133,8 @@ async def _flush(conn: Connection, run: MetricRun) -> None:
         return
     validations = await apply_run(conn, run)
     run.clear()
-    for event, experiment_id in validations:
-        await reports.validation_effects(conn, event, experiment_id)
+    if validations:
+        await reports.validations_effects(conn, validations)
 
 
 async def apply(conn: Connection, event: Event, at: datetime, position: int) -> None:

@@ -76,6 +76,14 @@ _POINTS = """
     WHERE m.trial_id = $1 AND NOT m.archived AND jsonb_typeof(k.value) = 'number'
 """
 
+_POINTS_OF_MANY = """
+    SELECT m.trial_id AS t, m."group" AS g, k.key AS k, m.steps_completed AS x,
+           k.value::float8 AS y
+    FROM tr_metrics m, jsonb_each(m.metrics) k
+    WHERE m.trial_id = ANY($1::bigint[]) AND NOT m.archived AND jsonb_typeof(k.value) = 'number'
+"""
+"""The points of :data:`_POINTS` for several trials, each named (``t``)."""
+
 
 _DEFERRED: ContextVar[set[int] | None] = ContextVar("tracker_deferred_buckets", default=None)
 """The trials whose buckets a rebuild computes once at its end (``None``: keep them live)."""
@@ -83,12 +91,14 @@ _DEFERRED: ContextVar[set[int] | None] = ContextVar("tracker_deferred_buckets", 
 
 @contextlib.contextmanager
 def deferred_buckets() -> Iterator[set[int]]:
-    """Within it, :func:`keep_buckets` only notes the trials it was given, and the caller rolls
-    up those still noted (:func:`roll_up` un-notes a trial) before its transaction commits.
+    """Within it, :func:`keep_buckets` and :func:`roll_up` only note the trials they were given,
+    and the caller rolls them up with :func:`roll_up_deferred` before its transaction commits.
 
     For a rebuild, which projects the whole log in one transaction: keeping every trial's
     buckets page by page rewrites them many times (and recomputes each series whenever its
-    last step doubles), while one :func:`roll_up` per trial at the end stores the same rows.
+    last step doubles), and rolling a trial up as it ends costs three statements a trial,
+    while :func:`roll_up_deferred` at the end stores the same rows for hundreds of trials a
+    statement (every rule stores what :func:`roll_up` computes from the points at that time).
     """
     noted: set[int] = set()
     token = _DEFERRED.set(noted)
@@ -98,18 +108,59 @@ def deferred_buckets() -> Iterator[set[int]]:
         _DEFERRED.reset(token)
 
 
+ROLL_UP_CHUNK = 200
+"""Trials rolled up by one statement of :func:`roll_up_deferred`."""
+
+
 async def roll_up_deferred(conn: Connection, noted: set[int]) -> None:
-    """Rolls up the trials :func:`deferred_buckets` noted, in id order."""
-    for trial_id in sorted(noted):
-        await roll_up(conn, trial_id)
+    """Rolls up the trials :func:`deferred_buckets` noted, :data:`ROLL_UP_CHUNK` at a time: for
+    each, what :func:`roll_up` stores."""
+    ids = sorted(noted)
+    for start in range(0, len(ids), ROLL_UP_CHUNK):
+        await _roll_up_many(conn, ids[start : start + ROLL_UP_CHUNK])
+
+
+async def _roll_up_many(conn: Connection, trial_ids: list[int]) -> None:
+    await drop_rollups(conn, trial_ids)
+    tops = await conn.fetch(
+        f"""SELECT p.t, t.experiment_id AS e, p.g, p.k, max(p.x) AS top
+            FROM ({_POINTS_OF_MANY}) p JOIN tr_trials t ON t.trial_id = p.t
+            GROUP BY p.t, t.experiment_id, p.g, p.k""",
+        trial_ids,
+    )
+    levels = [
+        (int(r["t"]), int(r["e"]), str(r["g"]), str(r["k"]), width)
+        for r in tops
+        for width in level_widths(int(r["top"]))
+    ]
+    if not levels:
+        return
+    await conn.execute(
+        f"""INSERT INTO tr_series_rollups (trial_id, experiment_id, "group", metric, width,
+                                          firsts, lasts, lows, highs)
+            SELECT t, e, g, k, w, array_agg(first ORDER BY b), array_agg(last ORDER BY b),
+                   array_agg(low ORDER BY b), array_agg(high ORDER BY b)
+            FROM (SELECT p.t, l.e, p.g, p.k, l.w, p.x / l.w AS b, min(p.x) AS first,
+                         max(p.x) AS last, min(p.y) AS low, max(p.y) AS high
+                  FROM ({_POINTS_OF_MANY}) p
+                  JOIN unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[])
+                       AS l(t, e, g, k, w)
+                    ON l.t = p.t AND l.g = p.g AND l.k = p.k
+                  GROUP BY p.t, l.e, p.g, p.k, l.w, b) s
+            GROUP BY t, e, g, k, w""",
+        trial_ids,
+        *(list(column) for column in zip(*levels, strict=True)),
+    )
 
 
 async def roll_up(conn: Connection, trial_id: int) -> None:
     """Replaces the rollups of ``trial_id`` with buckets of its current points (the trial has
-    ended; call it in the transaction that projects the ending)."""
+    ended; call it in the transaction that projects the ending). Within
+    :func:`deferred_buckets` it only notes the trial, rolled up at the end."""
     noted = _DEFERRED.get()
     if noted is not None:
-        noted.discard(trial_id)
+        noted.add(trial_id)
+        return
     await drop_rollups(conn, [trial_id])
     experiment_id = await conn.fetchval(
         "SELECT experiment_id FROM tr_trials WHERE trial_id = $1", trial_id

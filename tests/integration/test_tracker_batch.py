@@ -9,7 +9,7 @@ import itertools
 import os
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from events.domain.config import parse_config
@@ -98,6 +98,19 @@ async def one_by_one(store: EventStore) -> dict[str, list[dict[str, Any]]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(sequence=reports, page=st.integers(1, 9))
+# Within one batch: a trial's last validation is its latest, a checkpoint gets the last
+# validation of its step, and an experiment's best stays with the first trial that reached it.
+@example(
+    sequence=[
+        (0, 1, "checkpoint", 2, 0.0),
+        (0, 1, "validation", 2, 1.0),
+        (0, 1, "validation", 2, 3.0),
+        (0, 1, "validation", 5, 2.0),
+        (1, 1, "validation", 1, 1.0),
+        (2, 1, "validation", 1, 4.0),
+    ],
+    page=9,
+)
 async def test_batched_pages_equal_one_event_at_a_time(
     store: EventStore, sequence: list[tuple[int, int, str, int, float]], page: int
 ) -> None:
