@@ -37,6 +37,8 @@ SUBNET = "10.77.0.0/24"
 WORKSTATION = "10.77.0.254"
 """The root namespace's address on the bridge (the tests' own connections come from it)."""
 NETNS_PREFIX = "cairnh-"
+LINK_PREFIX = "cairnv"
+"""The root namespace's ends of the hosts' veths (``cairnv1``, ``cairnv2``, ...)."""
 TAG = "cairn-hosts"
 """The comment on every iptables rule the test bed adds."""
 CLONE_NEWNET = 0x40000000
@@ -97,7 +99,7 @@ class Host:
     def link(self) -> str:
         """The root namespace's end of its veth (a bridge port); setting it down cuts the
         host off."""
-        return f"cairnv{self.index}"
+        return f"{LINK_PREFIX}{self.index}"
 
 
 def _enter(netns: str) -> None:
@@ -167,6 +169,13 @@ def sweep() -> None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             sh("ip", "netns", "delete", name, check=False)
+    # A deleted namespace lives on until the kernel has reaped its last process, and its veths
+    # with it: removing the root end now frees the name for the next bed at once.
+    for line in sh("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        fields = line.split(": ")
+        link = fields[1].split("@")[0] if len(fields) > 1 else ""
+        if link.startswith(LINK_PREFIX):
+            sh("ip", "link", "delete", link, check=False)
     sh("ip", "link", "delete", BRIDGE, check=False)
     while sh(*_forward_rule("-D"), check=False).returncode == 0:
         pass
