@@ -13,7 +13,8 @@ from events.domain.names import trial_stream
 from events.log.store import EventStore
 from services.tracker import projections
 from services.tracker.service import catch_up
-from tests.helpers import spawn, wait_for_line, wait_until
+from tests.fault.test_tracker_kill import run_tracker_to
+from tests.helpers import spawn, wait_for_line
 from tests.integration.test_series_kept import TRIALS, kept, recomputed, start
 from tests.integration.test_series_rollups import reports
 from tests.integration.test_tracker import snapshot
@@ -56,17 +57,7 @@ async def test_tracker_killed_mid_run_keeps_the_same_buckets(
             tracker.wait(10)
     assert await kept(store) == committed
 
-    restarted = spawn("services.tracker", *args, env=service_env())
-    try:
-        await asyncio.to_thread(wait_for_line, restarted, "ready")
-
-        async def caught_up() -> bool:
-            return await store.checkpoint(projections.NAME) >= head
-
-        await wait_until(caught_up, timeout=120)
-    finally:
-        restarted.send_signal(signal.SIGTERM)
-        restarted.wait(10)
+    await run_tracker_to(store, args, service_env(), head, timeout=120)
     after = await kept(store)
     assert after != committed
     assert after == await recomputed(store)

@@ -55,6 +55,24 @@ async def seed(store: EventStore) -> None:
         await store.append(trial_stream(trial), events)
 
 
+async def run_tracker_to(
+    store: EventStore, args: tuple[str, ...], env: dict[str, str], head: int, timeout: float
+) -> None:
+    """Starts a tracker process, waits until its projections' checkpoint reaches ``head``, then
+    stops it with SIGTERM."""
+    tracker = spawn("services.tracker", *args, env=env)
+    try:
+        await asyncio.to_thread(wait_for_line, tracker, "ready")
+
+        async def caught_up() -> bool:
+            return await store.checkpoint(projections.NAME) >= head
+
+        await wait_until(caught_up, timeout=timeout)
+    finally:
+        tracker.send_signal(signal.SIGTERM)
+        tracker.wait(10)
+
+
 async def test_tracker_killed_mid_page_loses_nothing_and_applies_nothing_twice(
     store: EventStore,
     db_url: str,
@@ -84,17 +102,7 @@ async def test_tracker_killed_mid_page_loses_nothing_and_applies_nothing_twice(
     assert await store.fetchval("SELECT count(*) FROM tr_metrics") == 0
     assert await store.checkpoint(projections.NAME) == 0
 
-    restarted = spawn("services.tracker", *args, env=service_env())
-    try:
-        await asyncio.to_thread(wait_for_line, restarted, "ready")
-
-        async def caught_up() -> bool:
-            return await store.checkpoint(projections.NAME) >= head
-
-        await wait_until(caught_up, timeout=60)
-    finally:
-        restarted.send_signal(signal.SIGTERM)
-        restarted.wait(10)
+    await run_tracker_to(store, args, service_env(), head, timeout=60)
     live = await snapshot(store)
     assert sum(1 for r in live["tr_metrics"] if r["group"] == "training") == POINTS
     await projections.rebuild(store)
