@@ -121,6 +121,8 @@ async def roll_up_deferred(conn: Connection, noted: set[int]) -> None:
 
 
 async def _roll_up_many(conn: Connection, trial_ids: list[int]) -> None:
+    """Replaces the rollups of ``trial_ids`` with buckets of their current points (trials not
+    in ``tr_trials`` get none)."""
     await drop_rollups(conn, trial_ids)
     tops = await conn.fetch(
         f"""SELECT p.t, t.experiment_id AS e, p.g, p.k, max(p.x) AS top
@@ -135,6 +137,7 @@ async def _roll_up_many(conn: Connection, trial_ids: list[int]) -> None:
     ]
     if not levels:
         return
+    # Values are finite (the gateway keeps only those), so min/max are plain numbers.
     await conn.execute(
         f"""INSERT INTO tr_series_rollups (trial_id, experiment_id, "group", metric, width,
                                           firsts, lasts, lows, highs)
@@ -161,39 +164,7 @@ async def roll_up(conn: Connection, trial_id: int) -> None:
     if noted is not None:
         noted.add(trial_id)
         return
-    await drop_rollups(conn, [trial_id])
-    experiment_id = await conn.fetchval(
-        "SELECT experiment_id FROM tr_trials WHERE trial_id = $1", trial_id
-    )
-    if experiment_id is None:
-        return
-    tops = await conn.fetch(
-        f"SELECT g, k, max(x) AS top FROM ({_POINTS}) p GROUP BY g, k", trial_id
-    )
-    levels = [
-        (str(r["g"]), str(r["k"]), width) for r in tops for width in level_widths(int(r["top"]))
-    ]
-    if not levels:
-        return
-    # Values are finite (the gateway keeps only those), so min/max are plain numbers.
-    await conn.execute(
-        f"""INSERT INTO tr_series_rollups (trial_id, experiment_id, "group", metric, width,
-                                          firsts, lasts, lows, highs)
-            SELECT $1, $2, g, k, w, array_agg(first ORDER BY b), array_agg(last ORDER BY b),
-                   array_agg(low ORDER BY b), array_agg(high ORDER BY b)
-            FROM (SELECT p.g, p.k, l.w, p.x / l.w AS b, min(p.x) AS first, max(p.x) AS last,
-                         min(p.y) AS low, max(p.y) AS high
-                  FROM ({_POINTS}) p
-                  JOIN unnest($3::text[], $4::text[], $5::bigint[]) AS l(g, k, w)
-                    ON l.g = p.g AND l.k = p.k
-                  GROUP BY p.g, p.k, l.w, b) s
-            GROUP BY g, k, w""",
-        trial_id,
-        int(experiment_id),
-        [g for g, _, _ in levels],
-        [k for _, k, _ in levels],
-        [w for _, _, w in levels],
-    )
+    await _roll_up_many(conn, [trial_id])
 
 
 async def drop_rollups(conn: Connection, trial_ids: Sequence[int]) -> None:
